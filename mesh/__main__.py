@@ -1,0 +1,5 @@
+import sys
+
+from mesh.cli.main import main
+
+sys.exit(main())
