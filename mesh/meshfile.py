@@ -193,7 +193,7 @@ class MeshFile(_Strict):
                         str(reg.port),
                         "--data-dir",
                         str(data_dir),
-                    ),  # fmt: skip
+                    ),
                     url=registry_url,
                     health_url=f"{registry_url}/health",
                     env=dict(self.env),
@@ -224,7 +224,7 @@ class MeshFile(_Strict):
                             str(data_dir),
                             "--registry",
                             registry_url,
-                        ),  # fmt: skip
+                        ),
                         url=url,
                         health_url=f"{url}/health",
                         env={**self.env, "MESH_REGISTRY": registry_url, **node.env},
