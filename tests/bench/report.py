@@ -1,0 +1,189 @@
+"""Ratios, targets and the one printed table, computed from the rows of ONE run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.bench.scenarios import A2A, FLOOR, LOCAL, MESH, REMOTE
+
+__all__ = ["add_ratios", "delegation", "render", "targets"]
+
+# (name in the JSON, how to read it from a row); for each, a ratio row/base is reported.
+_METRICS: tuple[tuple[str, str], ...] = (
+    ("latency_p50", "latency.latency_ms.p50"),
+    ("peak_rps", "peak_rps"),
+    ("cpu_ms_per_request", "cpu_ms_per_request"),
+    ("rss_after_mb", "rss_after_mb"),
+    ("spawn_to_healthy_s", "spawn_to_healthy_s"),
+)
+
+
+def _get(row: dict[str, Any] | None, path: str) -> float | None:
+    value: Any = row
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def _ok(rows: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    return next((r for r in rows if r["key"] == key and r["status"] == "ok"), None)
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Give each measured row ``ratios.vs_<base>.<metric>`` = row / base for both baselines."""
+    for base_key in (FLOOR, A2A):
+        base = _ok(rows, base_key)
+        for row in rows:
+            if row["status"] != "ok":
+                continue
+            row.setdefault("ratios", {})[f"vs_{base_key}"] = {
+                name: _ratio(_get(row, path), _get(base, path)) for name, path in _METRICS
+            }
+
+
+def delegation(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The cost of one delegation hop: remote-tool p50 minus local-tool p50, against one bare
+    a2a-sdk round trip (p50) from the same run."""
+    local, remote, a2a = _ok(rows, LOCAL), _ok(rows, REMOTE), _ok(rows, A2A)
+    if local is None or remote is None:
+        return None
+    hop = (_get(remote, "latency.latency_ms.p50") or 0.0) - (
+        _get(local, "latency.latency_ms.p50") or 0.0
+    )
+    base = _get(a2a, "latency.latency_ms.p50")
+    return {
+        "local_p50_ms": _get(local, "latency.latency_ms.p50"),
+        "remote_p50_ms": _get(remote, "latency.latency_ms.p50"),
+        "hop_ms": round(hop, 3),
+        "a2a_round_trip_p50_ms": base,
+        "hop_vs_a2a_round_trip": _ratio(hop, base),
+    }
+
+
+def _target(
+    name: str, value: float | None, limit: float, *, at_most: bool, aim: str = ""
+) -> dict[str, Any]:
+    met = None if value is None else (value <= limit if at_most else value >= limit)
+    return {
+        "name": name,
+        "value": value,
+        "limit": f"{'<=' if at_most else '>='} {limit:g}",
+        "met": met,
+        **({"aim": aim} if aim else {}),
+    }
+
+
+def targets(rows: list[dict[str, Any]], hop: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The issue's targets, each with its value from this run and whether it was met."""
+    mesh, a2a = _ok(rows, MESH), _ok(rows, A2A)
+    growth = _get(mesh, "rss_growth_bytes_per_task")
+    return [
+        _target(
+            "mesh node (durable) peak throughput / bare a2a-sdk (in-memory)",
+            _ratio(_get(mesh, "peak_rps"), _get(a2a, "peak_rps")),
+            1.0,
+            at_most=False,
+            aim=">= 2",
+        ),
+        _target(
+            "delegation hop (remote - local tool, p50) / bare a2a-sdk round trip (p50)",
+            hop["hop_vs_a2a_round_trip"] if hop else None,
+            1.5,
+            at_most=True,
+        ),
+        _target(
+            "mesh node RSS after load / bare a2a-sdk RSS after load",
+            _ratio(_get(mesh, "rss_after_mb"), _get(a2a, "rss_after_mb")),
+            1.2,
+            at_most=True,
+        ),
+        # "No growth once persisted": allow allocator noise well below one task's size (~8 KB
+        # each in the SDK's in-memory store).
+        _target("mesh node RSS growth per task (bytes)", growth, 1024, at_most=True),
+        _target(
+            "mesh node spawn-to-healthy / bare a2a-sdk",
+            _ratio(_get(mesh, "spawn_to_healthy_s"), _get(a2a, "spawn_to_healthy_s")),
+            1.5,
+            at_most=True,
+        ),
+    ]
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render(result: dict[str, Any]) -> str:
+    """The one table: a row per server setup, then the targets."""
+    rows = result["rows"]
+    levels = [str(n) for n in result["options"]["levels"]]
+    head = ["row", "p50 ms", "p90 ms", "p99 ms", *(f"rps@{n}" for n in levels)]
+    head += ["cpu ms/req", "RSS MB", "B/task", "spawn s", "rps x floor", "rps x a2a", "p50 x a2a"]
+    lines: list[list[str]] = []
+    for row in rows:
+        if row["status"] != "ok":
+            lines.append([row["key"], f"{row['status']}: {row.get('reason', '')}"])
+            continue
+        lat = row["latency"]["latency_ms"]
+        vs_floor = row["ratios"][f"vs_{FLOOR}"]
+        vs_a2a = row["ratios"][f"vs_{A2A}"]
+        lines.append(
+            [
+                row["key"],
+                _fmt(lat["p50"]),
+                _fmt(lat["p90"]),
+                _fmt(lat["p99"]),
+                *(_fmt(row["throughput"][n]["rps"], 0) for n in levels),
+                _fmt(row["cpu_ms_per_request"]),
+                f"{row['rss_start_mb']:.0f}->{row['rss_after_mb']:.0f}",
+                _fmt(row["rss_growth_bytes_per_task"], 0),
+                _fmt(row["spawn_to_healthy_s"]),
+                _fmt(vs_floor["peak_rps"]),
+                _fmt(vs_a2a["peak_rps"]),
+                _fmt(vs_a2a["latency_p50"]),
+            ]
+        )
+    widths = [max(len(h), *(len(r[i]) for r in lines if len(r) > i)) for i, h in enumerate(head)]
+    out = [
+        "  ".join(
+            h.rjust(w) if i else h.ljust(w)
+            for i, (h, w) in enumerate(zip(head, widths, strict=True))
+        )
+    ]
+    for r in lines:
+        if len(r) == 2:
+            out.append(f"{r[0].ljust(widths[0])}  {r[1]}")
+            continue
+        out.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+    hop = result.get("delegation")
+    if hop:
+        out.append(
+            f"\ndelegation hop: {hop['hop_ms']:.2f} ms (remote {hop['remote_p50_ms']:.2f} - local "
+            f"{hop['local_p50_ms']:.2f}) = {_fmt(hop['hop_vs_a2a_round_trip'])}x a bare a2a-sdk "
+            "round trip"
+        )
+    for name, imp in result.get("imports", {}).items():
+        if "seconds" in imp:
+            out.append(
+                f"import {name}: {1000 * imp['seconds']:.0f} ms, {imp['modules_loaded']} modules, "
+                f"google.genai imported: {imp['google_genai_imported']}"
+            )
+    out.append("\ntargets:")
+    for t in result["targets"]:
+        verdict = {True: "MET", False: "NOT MET", None: "n/a"}[t["met"]]
+        aim = f" (aim {t['aim']})" if "aim" in t else ""
+        out.append(
+            f"  [{verdict:>7}] {t['name']}: {_fmt(t['value'], 3)} (target {t['limit']}{aim})"
+        )
+    return "\n".join(out)

@@ -1,0 +1,180 @@
+"""The rows of the benchmark table: which processes to start and what to send them.
+
+Every row is loaded with the same kind of request so the rows compare: a JSON object
+``{"applicant_id", "amount"}``, bare over HTTP for the floor, as the data part of an A2A
+``SendMessage`` for the A2A rows. The delegation rows send the coordinator a text message that
+its scripted model answers by calling one tool: remote (a specialist node) or local.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.bench.load import ID, Target
+
+__all__ = ["A2A", "FLOOR", "MESH", "ROWS", "Ctx", "Row", "ServerSpec"]
+
+FLOOR = "fastapi"
+A2A = "a2a-sdk"
+MESH = "mesh-node"
+LOCAL = "coord-local"
+REMOTE = "coord-remote"
+
+A2A_HEADERS = {"A2A-Version": "1.0"}
+PY = sys.executable
+
+
+@dataclass
+class Ctx:
+    """Where a row's processes live: a port per server name and a scratch directory."""
+
+    ports: dict[str, int]
+    tmp: Path
+
+    def url(self, server: str) -> str:
+        return f"http://127.0.0.1:{self.ports[server]}"
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str
+    argv: Callable[[Ctx], list[str]]
+    env: Callable[[Ctx], dict[str, str]] = field(default=lambda ctx: {})
+    health: str = "/health"
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    label: str
+    # Started in order; the LAST one receives the load.
+    servers: tuple[ServerSpec, ...]
+    target: Callable[[Ctx], Target]
+    # Why the row cannot run here (a module not written yet), or None.
+    missing: Callable[[], str | None] = field(default=lambda: None)
+
+
+def send_message_body(parts: list[dict[str, object]], skill: str | None) -> str:
+    """A JSON-RPC SendMessage whose messageId is the load generator's unique ``{{ID}}``."""
+    message: dict[str, object] = {"role": "ROLE_USER", "messageId": ID, "parts": parts}
+    if skill:
+        message["metadata"] = {"skill": skill}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "SendMessage",
+        # historyLength 0: every A2A row returns the task without echoing the request back.
+        "params": {"message": message, "configuration": {"historyLength": 0}},
+    }
+    return json.dumps(body, separators=(",", ":"))
+
+
+SCORE_PARTS: list[dict[str, object]] = [{"data": {"applicant_id": "a-1001", "amount": 25000}}]
+
+
+def _need(*modules: str) -> Callable[[], str | None]:
+    def check() -> str | None:
+        for name in modules:
+            try:
+                found = importlib.util.find_spec(name) is not None
+            except ModuleNotFoundError:
+                found = False
+            if not found:
+                return f"{name} is not available yet"
+        return None
+
+    return check
+
+
+def _mesh_serve(spec: str, server: str) -> Callable[[Ctx], list[str]]:
+    def argv(ctx: Ctx) -> list[str]:
+        return [
+            PY,
+            "-m",
+            "tests.bench.servers.mesh_node",
+            "serve",
+            spec,
+            "--port",
+            str(ctx.ports[server]),
+            "--data-dir",
+            str(ctx.tmp / server),
+        ]
+
+    return argv
+
+
+def _modules_file(server: str) -> Callable[[Ctx], dict[str, str]]:
+    return lambda ctx: {"MESH_BENCH_MODULES": str(ctx.tmp / f"{server}.modules.json")}
+
+
+def _a2a_target(parts: list[dict[str, object]], skill: str | None) -> Callable[[Ctx], Target]:
+    def build(ctx: Ctx) -> Target:
+        last = next(reversed(ctx.ports))
+        return Target(
+            url=ctx.url(last) + "/",
+            body=send_message_body(parts, skill),
+            expect="TASK_STATE_COMPLETED",
+            headers=A2A_HEADERS,
+        )
+
+    return build
+
+
+ROWS: tuple[Row, ...] = (
+    Row(
+        key=FLOOR,
+        label="bare FastAPI JSON echo",
+        servers=(
+            ServerSpec(
+                "fastapi",
+                lambda ctx: [
+                    PY,
+                    "-m",
+                    "tests.bench.servers.fastapi_echo",
+                    "--port",
+                    str(ctx.ports["fastapi"]),
+                ],
+            ),
+        ),
+        target=lambda ctx: Target(
+            url=ctx.url("fastapi") + "/echo",
+            body=json.dumps({"applicant_id": ID, "amount": 25000}, separators=(",", ":")),
+            expect='"applicant_id"',
+        ),
+    ),
+    Row(
+        key=A2A,
+        label="bare a2a-sdk, in-memory store",
+        servers=(
+            ServerSpec(
+                "a2a",
+                lambda ctx: [
+                    PY,
+                    "-m",
+                    "tests.bench.servers.a2a_echo",
+                    "--port",
+                    str(ctx.ports["a2a"]),
+                ],
+            ),
+        ),
+        target=_a2a_target(SCORE_PARTS, "score"),
+    ),
+    Row(
+        key=MESH,
+        label="mesh node, typed skill, SQLite + metrics",
+        servers=(
+            ServerSpec(
+                "bureau",
+                _mesh_serve("agents.credit_bureau:agent", "bureau"),
+                env=_modules_file("bureau"),
+            ),
+        ),
+        target=_a2a_target(SCORE_PARTS, "score"),
+        missing=_need("mesh.node", "mesh.cli.serve", "agents.credit_bureau"),
+    ),
+)

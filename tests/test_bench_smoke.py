@@ -1,0 +1,127 @@
+"""The benchmark script works end to end: a tiny run (1 s phases) of every row, checked for the
+shape of its JSON and table. Timings are not asserted: this machine's load is not ours."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.bench import report
+from tests.bench.__main__ import parse_args
+from tests.bench.scenarios import A2A, FLOOR, MESH, ROWS
+from tests.support import ROOT, clean_env
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("wrk") is None, reason="wrk not installed (.ci/system-deps)"
+)
+
+
+def _check_load(load: dict[str, Any], connections: int) -> None:
+    assert load["connections"] == connections
+    assert load["requests"] > 0
+    assert load["errors"] == 0, load.get("first_error")
+    assert load["rps"] > 0
+    lat = load["latency_ms"]
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
+    assert load["client_cpu_util"] >= 0
+
+
+@pytest.mark.integration
+def test_quick_bench_writes_one_table_and_its_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.bench", "--quick", "--warmup", "5", "--json", str(out)],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rps@16" in proc.stdout
+    assert "targets:" in proc.stdout
+    result = json.loads(out.read_text())
+
+    assert result["machine"]["cores"] >= 1
+    assert result["options"]["levels"] == [16, 64]
+    rows = {r["key"]: r for r in result["rows"]}
+    assert list(rows) == [r.key for r in ROWS]
+    # The two baselines need only installed packages: they must always run.
+    assert rows[FLOOR]["status"] == "ok"
+    assert rows[A2A]["status"] == "ok"
+    for row in rows.values():
+        assert row["status"] in {"ok", "skipped"}, row
+        if row["status"] != "ok":
+            continue
+        _check_load(row["latency"], 1)
+        assert set(row["throughput"]) == {"16", "64"}
+        for level, load in row["throughput"].items():
+            _check_load(load, int(level))
+            assert load["server_cpu_util"] > 0
+        assert row["peak_rps"] == max(t["rps"] for t in row["throughput"].values())
+        assert row["cpu_ms_per_request"] > 0
+        assert row["rss_after_mb"] > 0
+        assert row["rss_start_mb"] > 0
+        assert 0 < row["spawn_to_healthy_s"] < 60
+        for proc_facts in row["processes"]:
+            assert proc_facts["cpu_s"] > 0
+    assert rows[FLOOR]["ratios"][f"vs_{FLOOR}"]["peak_rps"] == 1.0
+    assert rows[A2A]["ratios"][f"vs_{A2A}"]["latency_p50"] == 1.0
+    assert len(result["targets"]) == 5
+    for target in result["targets"]:
+        assert target["met"] in {True, False, None}
+        # A target is judged exactly when the rows it needs were measured.
+        assert (target["value"] is None) == (target["met"] is None)
+    if rows[MESH]["status"] == "ok":
+        assert all(t["met"] is not None for t in result["targets"] if "mesh node" in t["name"])
+        modules = rows[MESH]["processes"][0]["modules"]["loaded"]
+        assert modules["google.genai"] is False
+    assert result["imports"]["mesh"]["google_genai_imported"] is False
+
+
+def _row(key: str, *, p50: float, rps: float, rss: float, spawn: float) -> dict[str, Any]:
+    return {
+        "key": key,
+        "status": "ok",
+        "latency": {"latency_ms": {"p50": p50}},
+        "peak_rps": rps,
+        "cpu_ms_per_request": 1.0,
+        "rss_after_mb": rss,
+        "spawn_to_healthy_s": spawn,
+        "rss_growth_bytes_per_task": 0.0,
+    }
+
+
+def test_targets_and_ratios_come_from_the_rows_of_the_run() -> None:
+    rows = [
+        _row(FLOOR, p50=0.5, rps=8000, rss=50, spawn=0.5),
+        _row(A2A, p50=2.0, rps=400, rss=80, spawn=1.0),
+        _row(MESH, p50=3.0, rps=600, rss=100, spawn=2.0),
+        _row("coord-local", p50=4.0, rps=200, rss=90, spawn=1.0),
+        _row("coord-remote", p50=8.0, rps=100, rss=180, spawn=1.0),
+    ]
+    report.add_ratios(rows)
+    assert rows[2]["ratios"]["vs_a2a-sdk"]["peak_rps"] == 1.5
+    assert rows[2]["ratios"]["vs_fastapi"]["latency_p50"] == 6.0
+    hop = report.delegation(rows)
+    assert hop is not None
+    assert hop["hop_ms"] == 4.0
+    assert hop["hop_vs_a2a_round_trip"] == 2.0
+    # throughput 1.5x (>= 1), hop 2x (> 1.5), RSS 1.25x (> 1.2), growth 0, spawn 2x (> 1.5)
+    assert [t["met"] for t in report.targets(rows, hop)] == [True, False, False, True, False]
+
+
+def test_bad_options_are_refused_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--only", "nope"])
+    assert "--only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--levels", "x"])
+    assert "--levels" in capsys.readouterr().err
