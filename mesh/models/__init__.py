@@ -1,0 +1,64 @@
+"""Models: the ``Model`` interface, the offline ``ScriptedModel`` and (lazily) ``GeminiModel``.
+
+``resolve_model`` turns an agent's ``model`` setting into a ``Model``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from mesh.models.base import Model, ModelRequest, ModelResponse, ToolDeclaration
+
+if TYPE_CHECKING:
+    from mesh.agent import Agent
+
+__all__ = [
+    "KEY_VARIABLES",
+    "Model",
+    "ModelRequest",
+    "ModelResponse",
+    "ToolDeclaration",
+    "gemini_configured",
+    "resolve_model",
+]
+
+log = logging.getLogger("mesh.models")
+
+#: Any of these (non-empty) switches a named model onto Gemini.
+KEY_VARIABLES = ("GOOGLE_API_KEY", "GEMINI_API_KEY")
+_VERTEX = ("GOOGLE_GENAI_USE_VERTEXAI",)
+
+
+def gemini_configured(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` holds a Gemini API key or selects Vertex AI."""
+    if any(env.get(name) for name in KEY_VARIABLES):
+        return True
+    return any(env.get(name, "").strip().lower() in {"1", "true", "yes"} for name in _VERTEX)
+
+
+def resolve_model(agent: Agent, env: Mapping[str, str]) -> Model:
+    """The ``Model`` an agent runs on.
+
+    A ``Model`` instance passes through. A model name becomes ``GeminiModel(name)`` when Gemini
+    is configured in ``env`` (``GOOGLE_API_KEY``, ``GEMINI_API_KEY`` or
+    ``GOOGLE_GENAI_USE_VERTEXAI``); otherwise the agent runs offline on
+    ``ScriptedModel(agent.script)`` (an echo script when it has none), and one log line says so.
+    """
+    if isinstance(agent.model, Model):
+        return agent.model
+    name = agent.model_name
+    if name is not None and gemini_configured(env):
+        from mesh.models.gemini import GeminiModel  # imports google.genai: only when needed
+
+        api_key = next((env[k] for k in KEY_VARIABLES if env.get(k)), None)
+        return GeminiModel(name, api_key=api_key)
+    from mesh.models.scripted import ScriptedModel
+
+    log.info(
+        "no Gemini key configured (GOOGLE_API_KEY/GEMINI_API_KEY): %s uses the offline "
+        "scripted model",
+        agent.name,
+    )
+    return ScriptedModel(agent.script)

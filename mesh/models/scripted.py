@@ -1,0 +1,406 @@
+"""``ScriptedModel``: a deterministic offline model that follows a small declarative ``Script``.
+
+It is what an agent runs on when no Gemini key is configured (the demo loan desk works offline),
+and what tests use instead of a live model. A script is a list of ``Rule``s; the first rule whose
+``when`` regex matches the user's latest message decides the turn:
+
+    Script(rules=[Rule(
+        when=r"(?i)approve (?P<applicant_id>APP-\\d+) for (?P<amount>[\\d,]+)",
+        steps=[  # each step = the tool calls of ONE model response (they run concurrently)
+            [Call("lookup_applicant", {"applicant_id": "{applicant_id}"})],
+            [Call("score", {"applicant_id": "{applicant_id}", "amount": "{amount|number}"}),
+             Call("verify_income", {"applicant_id": "{applicant_id}"})]],
+        answer="Score {score.score} ({score.tier}); income verified: {verify_income.verified}",
+        on_error="I could not complete the assessment: {error}",
+    )], fallback="I can answer questions like 'approve APP-612 for 400,000'.")
+
+The model keeps no state of its own: the step to play is the number of tool-result rounds since
+the latest user message in the request, so any number of sessions can share one instance.
+The template language is documented in docs/runtime.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mesh.errors import ConfigError
+from mesh.models.base import Model, ModelRequest, ModelResponse
+from mesh.tools import current_context
+from mesh.types import Content, FunctionCall, Part, Usage
+
+__all__ = [
+    "DEFAULT_ON_ERROR",
+    "DEFAULT_SCRIPT",
+    "Call",
+    "Rule",
+    "Script",
+    "ScriptedModel",
+    "example_from_schema",
+]
+
+DEFAULT_ON_ERROR = "I could not complete that: {error}"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One tool call of a step. String values in ``args`` are templates."""
+
+    tool: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """When ``when`` matches (``re.search``) the user's message: play ``steps``, then answer.
+
+    ``answer`` is a text template; ``answer_data`` a JSON template used when the request asks for
+    structured output. ``on_error`` answers as soon as a tool returned an error (None: carry on).
+    """
+
+    when: str
+    steps: Sequence[Sequence[Call] | Call] = ()
+    answer: str = ""
+    answer_data: Mapping[str, Any] | None = None
+    on_error: str | None = DEFAULT_ON_ERROR
+    pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    #: ``steps`` normalised: one tuple of calls per model response.
+    calls: tuple[tuple[Call, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "pattern", re.compile(self.when))
+        except re.error as exc:
+            raise ConfigError(
+                f"script rule when={self.when!r} is not a valid regex: {exc}"
+            ) from exc
+        steps: list[tuple[Call, ...]] = []
+        for step in self.steps:
+            calls = (step,) if isinstance(step, Call) else tuple(step)
+            for call in calls:
+                if not isinstance(call, Call):
+                    raise ConfigError(
+                        f"script rule when={self.when!r}: a step holds Call(...) objects, "
+                        f"got {call!r}"
+                    )
+            steps.append(calls)
+        object.__setattr__(self, "calls", tuple(steps))
+
+
+@dataclass(frozen=True)
+class Script:
+    """The rules, tried in order, and the ``fallback`` answer when none matches."""
+
+    rules: Sequence[Rule] = ()
+    fallback: str = "{input}"
+
+
+#: What an agent without a script does offline: echo the message back.
+DEFAULT_SCRIPT = Script(rules=(), fallback="{input}")
+
+
+# -- templates --------------------------------------------------------------------------------
+
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][\w.-]*)(?:\|(\w+))?\}")
+_WHOLE = re.compile(r"^\{([A-Za-z_][\w.-]*)(?:\|(\w+))?\}$")
+_MISSING = object()
+
+
+@dataclass
+class _Scope:
+    """What templates can name."""
+
+    input: str = ""
+    groups: Mapping[str, Any] = field(default_factory=dict)
+    state: Mapping[str, Any] = field(default_factory=dict)
+    results: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def lookup(self, path: str) -> Any:
+        root, *rest = path.split(".")
+        value: Any
+        if root in self.groups:
+            value = self.groups[root]
+        elif root == "input":
+            value = self.input
+            if rest:
+                try:  # a typed request arrives as JSON text: {input.field} reads into it
+                    value = json.loads(self.input)
+                except ValueError:
+                    return _MISSING
+        elif root == "state":
+            value = self.state
+        elif root == "error":
+            value = self.error if self.error is not None else _MISSING
+        elif root in self.results:
+            value = self.results[root]
+        else:
+            return _MISSING
+        for key in rest:
+            if isinstance(value, Mapping) and key in value:
+                value = value[key]
+            elif isinstance(value, list | tuple) and key.isdigit() and int(key) < len(value):
+                value = value[int(key)]
+            else:
+                return _MISSING
+        return value
+
+
+def _number(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    cleaned = re.sub(r"[^\d.eE+-]", "", value)  # "400,000" / "$1 200.50" -> digits
+    try:
+        number = float(cleaned)
+    except ValueError:
+        return value
+    return int(number) if number.is_integer() and "." not in cleaned else number
+
+
+_FILTERS: dict[str, Any] = {
+    "number": _number,
+    "int": lambda v: int(_number(v)) if isinstance(_number(v), int | float) else v,
+    "lower": lambda v: str(v).lower(),
+    "upper": lambda v: str(v).upper(),
+    "json": lambda v: json.dumps(v),
+}
+
+
+def _apply(value: Any, filter_name: str | None) -> Any:
+    if filter_name is None or value is _MISSING:
+        return value
+    fn = _FILTERS.get(filter_name)
+    if fn is None:
+        raise ConfigError(f"unknown template filter |{filter_name}; use one of {sorted(_FILTERS)}")
+    return fn(value)
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return json.dumps(value)
+
+
+def _render_text(template: str, scope: _Scope) -> str:
+    def replace(match: re.Match[str]) -> str:
+        token = match.group(0)
+        if token in ("{{", "}}"):
+            return token[0]
+        value = _apply(scope.lookup(match.group(1)), match.group(2))
+        # An unknown name stays as written: visible in the answer, and literal braces survive.
+        return token if value is _MISSING else _as_text(value)
+
+    return _PLACEHOLDER.sub(replace, template)
+
+
+def _render(template: Any, scope: _Scope) -> Any:
+    """Render a template value: strings interpolated, a string that is one whole placeholder
+    replaced by the value itself (keeping its type), dicts and lists recursively."""
+    if isinstance(template, str):
+        whole = _WHOLE.match(template)
+        if whole:
+            value = _apply(scope.lookup(whole.group(1)), whole.group(2))
+            return template if value is _MISSING else value
+        return _render_text(template, scope)
+    if isinstance(template, Mapping):
+        return {k: _render(v, scope) for k, v in template.items()}
+    if isinstance(template, list | tuple):
+        return [_render(v, scope) for v in template]
+    return template
+
+
+# -- structured output without answer_data -----------------------------------------------------
+
+
+def example_from_schema(schema: Mapping[str, Any], defs: Mapping[str, Any] | None = None) -> Any:
+    """A minimal value valid against ``schema`` (required fields only, smallest values)."""
+    defs = defs if defs is not None else schema.get("$defs", {})
+    if "$ref" in schema:
+        return example_from_schema(defs.get(str(schema["$ref"]).rsplit("/", 1)[-1], {}), defs)
+    if "const" in schema:
+        return schema["const"]
+    if "default" in schema:
+        return schema["default"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if schema.get(key):
+            options = [o for o in schema[key] if o.get("type") != "null"] or schema[key]
+            return example_from_schema(options[0], defs)
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {
+            name: example_from_schema(props[name], defs)
+            for name in schema.get("required", [])
+            if name in props
+        }
+    if kind == "array":
+        item = example_from_schema(schema.get("items", {}), defs)
+        return [item] * int(schema.get("minItems", 0))
+    if kind == "integer":
+        return int(schema.get("minimum", 0))
+    if kind == "number":
+        return float(schema.get("minimum", 0))
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    return "x" * int(schema.get("minLength", 0))
+
+
+# -- the model --------------------------------------------------------------------------------
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _content_words(content: Content) -> int:
+    n = 0
+    for part in content.parts:
+        if part.text:
+            n += _words(part.text)
+        if part.function_call:
+            n += 1 + _words(json.dumps(part.function_call.args))
+        if part.function_response:
+            n += 1 + _words(json.dumps(part.function_response.response))
+    return n
+
+
+class ScriptedModel(Model):
+    """A ``Model`` that plays a ``Script``. Deterministic; reports word counts as token usage."""
+
+    def __init__(self, script: Script | None = None, *, name: str = "scripted") -> None:
+        self.script = script or DEFAULT_SCRIPT
+        self.name = name
+
+    async def generate(self, request: ModelRequest) -> ModelResponse:
+        content = self._respond(request)
+        return ModelResponse(
+            content=content,
+            usage=self._usage(request, content),
+            finish_reason="STOP",
+            model_version=self.name,
+        )
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelResponse]:
+        """Text arrives in a few chunks; like real providers, chunks carry running usage totals
+        (which consumers must ignore), and the final response holds the whole content."""
+        final = await self.generate(request)
+        text = final.content.text
+        if text and not final.content.function_calls:
+            pieces = re.findall(r"\S+\s*", text)
+            size = max(1, -(-len(pieces) // 3))
+            sent = ""
+            for i in range(0, len(pieces), size):
+                chunk = "".join(pieces[i : i + size])
+                sent += chunk
+                yield ModelResponse(
+                    content=Content.model(chunk),
+                    usage=Usage(
+                        input_tokens=final.usage.input_tokens if final.usage else 0,
+                        output_tokens=_words(sent),
+                    ),
+                    partial=True,
+                )
+        yield final
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "rules": len(self.script.rules)}
+
+    # -- the decision ---------------------------------------------------------------------
+
+    def _respond(self, request: ModelRequest) -> Content:
+        contents = request.contents
+        start = next(
+            (
+                i
+                for i in range(len(contents) - 1, -1, -1)
+                if contents[i].role == "user" and any(p.text for p in contents[i].parts)
+            ),
+            -1,
+        )
+        message = contents[start].text if start >= 0 else ""
+        after = contents[start + 1 :]
+        round_index = sum(1 for c in after if c.function_responses)
+        results: dict[str, Any] = {}
+        error: str | None = None
+        for c in after:
+            for r in c.function_responses:
+                if "error" in r.response:
+                    err = r.response["error"]
+                    text = err.get("message", err) if isinstance(err, Mapping) else err
+                    error = error or f"{r.name}: {text}"
+                    results[r.name] = r.response
+                else:
+                    results[r.name] = r.response.get("result")
+        ctx = current_context()
+        scope = _Scope(
+            input=message,
+            state=dict(ctx.state) if ctx is not None else {},
+            results=results,
+            error=error,
+        )
+        rule, match = self._match(message)
+        if rule is None or match is None:
+            return self._answer(request, self.script.fallback, None, scope)
+        scope.groups = {k: v for k, v in match.groupdict().items()}
+        if error is not None and rule.on_error is not None:
+            return self._answer(request, rule.on_error, None, scope)
+        steps = rule.calls
+        if round_index < len(steps):
+            calls_before = sum(1 for c in contents if c.function_calls)
+            return Content(
+                role="model",
+                parts=tuple(
+                    Part(
+                        function_call=FunctionCall(
+                            id=f"call_{calls_before}_{i}",
+                            name=call.tool,
+                            args=dict(_render(dict(call.args), scope)),
+                        )
+                    )
+                    for i, call in enumerate(steps[round_index])
+                ),
+            )
+        return self._answer(request, rule.answer, rule.answer_data, scope)
+
+    def _match(self, message: str) -> tuple[Rule | None, re.Match[str] | None]:
+        for rule in self.script.rules:
+            match = rule.pattern.search(message)
+            if match:
+                return rule, match
+        return None, None
+
+    @staticmethod
+    def _answer(
+        request: ModelRequest, text: str, data: Mapping[str, Any] | None, scope: _Scope
+    ) -> Content:
+        if request.response_schema is not None:
+            value = (
+                _render(dict(data), scope)
+                if data is not None
+                else example_from_schema(request.response_schema)
+            )
+            return Content.model(json.dumps(value))
+        return Content.model(_render_text(text, scope))
+
+    @staticmethod
+    def _usage(request: ModelRequest, content: Content) -> Usage:
+        prompt = _words(request.system_instruction or "")
+        prompt += sum(_content_words(c) for c in request.contents)
+        prompt += sum(
+            _words(f"{t.name} {t.description} {json.dumps(t.parameters)}") for t in request.tools
+        )
+        output = _content_words(content)
+        return Usage(input_tokens=prompt, output_tokens=output, total_tokens=prompt + output)
