@@ -236,12 +236,11 @@ class GeminiModel(Model):
         where = f"gemini model {self.name!r}"
         if isinstance(exc, errors.APIError):
             code = int(exc.code) if exc.code else None
-            message = f"{where}: HTTP {code} {exc.status or ''}: {exc.message or exc}".replace(
-                "  ", " "
-            )
+            status = f" {exc.status}" if exc.status else ""
+            message = f"{where}: HTTP {code}{status}: {exc.message or exc}"
             if code == 429:
                 return ModelRateLimited(
-                    f"{message} (rate limit or quota; retried {self.retries}x)",
+                    f"{message} (rate limit or quota; gave up after {self.retries} attempt(s))",
                     status=429,
                     retryable=True,
                 )
