@@ -1,0 +1,145 @@
+"""``Registrar``: a node's side of discovery: register when ready, heartbeat, deregister.
+
+    registrar = Registrar(backend, Registration(instance_id, agent, url, version))
+    await registrar.start()        # returns at once; registration happens in the background
+    ...
+    await registrar.aclose()       # deregisters (bounded time)
+
+The background task registers, then heartbeats every ``interval_s``. When the registry is down it
+keeps trying with exponential backoff (capped at ``max_backoff_s``), logging once per state
+change rather than per attempt. A heartbeat answered "unknown instance" (the registry lost or
+expired us) registers again at once. The backend is not closed here: its owner closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
+from mesh.discovery.base import DiscoveryBackend, Registration, UnknownInstance
+from mesh.errors import DiscoveryError
+
+__all__ = ["Registrar", "RegistrarState"]
+
+RegistrarState = Literal["idle", "registering", "registered", "retrying", "stopped"]
+
+
+class Registrar:
+    def __init__(
+        self,
+        backend: DiscoveryBackend,
+        registration: Registration,
+        *,
+        interval_s: float = 5.0,
+        first_backoff_s: float = 0.5,
+        max_backoff_s: float | None = None,
+        close_timeout_s: float = 3.0,
+        logger: logging.Logger | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.backend = backend
+        self.registration = registration
+        self.interval_s = interval_s
+        self._first_backoff_s = first_backoff_s
+        # Never retry less often than we would heartbeat: a returning registry sees us soon.
+        self._max_backoff_s = max_backoff_s if max_backoff_s is not None else max(interval_s, 1.0)
+        self._close_timeout_s = close_timeout_s
+        self._log = logger or logging.getLogger("mesh.discovery")
+        self._sleep = sleep
+        self._state: RegistrarState = "idle"
+        self._last_error = ""
+        self._task: asyncio.Task[None] | None = None
+        self._registered_once = False
+        self._registered = asyncio.Event()
+
+    @property
+    def state(self) -> RegistrarState:
+        """``idle`` -> ``registering`` -> ``registered`` (<-> ``retrying``) -> ``stopped``."""
+        return self._state
+
+    @property
+    def last_error(self) -> str:
+        """Why the last attempt failed ('' after a success)."""
+        return self._last_error
+
+    async def start(self) -> None:
+        """Start registering in the background (returns immediately)."""
+        if self._task is not None or self._state == "stopped":
+            return
+        self._set_state("registering")
+        self._task = asyncio.create_task(self._run(), name=f"registrar-{self.registration.agent}")
+
+    async def wait_registered(self) -> None:
+        """Wait until registered at least once (bound it with ``asyncio.timeout``)."""
+        await self._registered.wait()
+
+    async def aclose(self) -> None:
+        """Stop heartbeating and deregister (giving up after ``close_timeout_s``)."""
+        if self._state == "stopped":
+            return
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._registered_once:
+            try:
+                await asyncio.wait_for(
+                    self.backend.deregister(self.registration.instance_id), self._close_timeout_s
+                )
+                self._log.info(
+                    "deregistered %s (%s)", self.registration.agent, self.registration.instance_id
+                )
+            except (DiscoveryError, TimeoutError) as exc:
+                # The registry will notice by TTL and probes; stopping must not hang on it.
+                self._log.warning("could not deregister %s: %s", self.registration.agent, exc)
+        self._set_state("stopped")
+
+    def _set_state(self, state: RegistrarState, error: str = "") -> None:
+        changed = state != self._state
+        self._state = state
+        self._last_error = error
+        if not changed:
+            return
+        reg = self.registration
+        if state == "registered":
+            self._log.info(
+                "registered %s (%s) at %s with %s",
+                reg.agent,
+                reg.instance_id,
+                reg.url,
+                self.backend,
+            )
+        elif state == "retrying":
+            self._log.warning(
+                "cannot reach discovery for %s: %s; retrying in the background", reg.agent, error
+            )
+        elif state == "registering" and self._registered_once:
+            self._log.warning("discovery forgot %s (%s): registering again", reg.agent, error)
+
+    async def _run(self) -> None:
+        backoff = self._first_backoff_s
+        while True:
+            try:
+                if self._state == "registered":
+                    await self.backend.heartbeat(self.registration.instance_id)
+                else:
+                    await self.backend.register(self.registration)
+                    self._registered_once = True
+                    self._registered.set()
+                    self._set_state("registered")
+            except UnknownInstance as exc:
+                self._set_state("registering", str(exc))
+                continue
+            except DiscoveryError as exc:
+                # After an outage, register again rather than heartbeat: it is idempotent and
+                # covers a registry that came back without our record.
+                self._set_state("retrying", str(exc))
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff_s)
+                continue
+            backoff = self._first_backoff_s
+            await self._sleep(self.interval_s)

@@ -1,0 +1,157 @@
+"""``RegistryBackend``: ``DiscoveryBackend`` over the mesh registry's HTTP API (``/v1``).
+
+Policy (caching, retries, backoff) belongs to ``DiscoveryClient`` and ``Registrar``; this module
+only moves requests and translates failures into ``DiscoveryError`` once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from mesh.discovery.base import Instance, Registration, UnknownInstance
+from mesh.errors import AgentNotFound, DiscoveryError
+
+__all__ = ["DEFAULT_REGISTRY_URL", "RegistryBackend"]
+
+DEFAULT_REGISTRY_URL = "http://127.0.0.1:8400"
+
+
+class RegistryBackend:
+    """Talks to one registry. ``token`` is sent as a bearer token on writes."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_REGISTRY_URL,
+        *,
+        token: str | None = None,
+        timeout: float = 5.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._token = token
+        self._owns_http = http is None
+        # trust_env=False: a proxy from the environment must never sit between a node and
+        # a registry on 127.0.0.1.
+        self._http = http or httpx.AsyncClient(timeout=timeout, trust_env=False)
+
+    def __repr__(self) -> str:
+        return f"RegistryBackend({self.url!r})"
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        write: bool = False,
+        json: Any = None,
+        params: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self._token}"} if write and self._token else {}
+        try:
+            response = await self._http.request(
+                method, self.url + path, json=json, params=params, headers=headers
+            )
+        except httpx.HTTPError as exc:
+            raise DiscoveryError(
+                f"no registry at {self.url}: start one with `mesh registry` or set "
+                f"MESH_REGISTRY ({type(exc).__name__}: {exc})"
+            ) from exc
+        if response.status_code in (401, 403):
+            raise DiscoveryError(
+                f"the registry at {self.url} refused the request: {_message(response)} "
+                "(set MESH_REGISTRY_TOKEN to the registry's token)"
+            )
+        return response
+
+    async def register(self, registration: Registration) -> None:
+        body = {
+            "instance_id": registration.instance_id,
+            "url": registration.url,
+            "agent": registration.agent,
+            "version": registration.version,
+            "card_path": registration.card_path,
+        }
+        response = await self._request("POST", "/v1/instances", write=True, json=body)
+        if response.status_code != 201:
+            raise DiscoveryError(
+                f"the registry at {self.url} rejected {registration.agent} at "
+                f"{registration.url}: {_message(response)}"
+            )
+
+    async def heartbeat(self, instance_id: str) -> None:
+        response = await self._request("PUT", f"/v1/instances/{instance_id}/heartbeat", write=True)
+        if response.status_code == 404:
+            raise UnknownInstance(f"the registry at {self.url} does not know {instance_id}")
+        _check(response, self.url)
+
+    async def deregister(self, instance_id: str) -> None:
+        response = await self._request("DELETE", f"/v1/instances/{instance_id}", write=True)
+        if response.status_code != 404:
+            _check(response, self.url)
+
+    async def find(
+        self, *, agent: str | None = None, skill: str | None = None, passing_only: bool = True
+    ) -> list[Instance]:
+        params = {"status": "passing" if passing_only else "any"}
+        if agent:
+            params["agent"] = agent
+        if skill:
+            params["skill"] = skill
+        response = await self._request("GET", "/v1/instances", params=params)
+        _check(response, self.url)
+        return [_instance(i) for i in response.json().get("instances", [])]
+
+    async def list_agents(
+        self, *, skill: str | None = None, tag: str | None = None, q: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Agent summaries (``GET /v1/agents``): name, description, version, skills, instances."""
+        params = {k: v for k, v in {"skill": skill, "tag": tag, "q": q}.items() if v}
+        response = await self._request("GET", "/v1/agents", params=params)
+        _check(response, self.url)
+        agents: list[dict[str, Any]] = response.json().get("agents", [])
+        return agents
+
+    async def get_agent(self, name: str) -> dict[str, Any]:
+        """One agent with card, skills (with schemas) and instances. ``AgentNotFound`` if none."""
+        response = await self._request("GET", f"/v1/agents/{name}")
+        if response.status_code == 404:
+            raise AgentNotFound(
+                f"no agent named {name!r} in the registry at {self.url}; is it running? "
+                "try: mesh ls"
+            )
+        _check(response, self.url)
+        agent: dict[str, Any] = response.json()
+        return agent
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}"
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return f"HTTP {response.status_code}"
+
+
+def _check(response: httpx.Response, url: str) -> None:
+    if response.status_code >= 400:
+        raise DiscoveryError(f"the registry at {url} answered {_message(response)}")
+
+
+def _instance(data: dict[str, Any]) -> Instance:
+    return Instance(
+        instance_id=str(data["instance_id"]),
+        agent=str(data["agent"]),
+        url=str(data["url"]),
+        version=str(data.get("version", "")),
+        status=data.get("status", "passing"),
+        skills=tuple(data.get("skills", ())),
+        meta={"status_reason": str(data.get("status_reason", ""))},
+    )

@@ -1,0 +1,195 @@
+"""The registry's JSON API under ``/v1`` (contract: docs/architecture.md, "Registry API").
+
+Errors are ``{"error": code, "message": text}`` with a 4xx status; the message says what is
+wrong and, where it helps, what to do.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+
+from registry.card import CardRejected, agent_record, fetch_card
+from registry.state import RegistryState, get_state
+from registry.store import InstanceRecord
+from registry.wire import (
+    AgentDetail,
+    AgentList,
+    AgentSummary,
+    ErrorBody,
+    InstanceCounts,
+    InstanceList,
+    InstanceOut,
+    RegisterBody,
+    SkillOut,
+    StatusFilter,
+    TargetGroup,
+)
+
+__all__ = ["ApiError", "router"]
+
+
+class ApiError(Exception):
+    """Raised by a route; rendered as ``{"error": code, "message": message}`` with ``status``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+State = Annotated[RegistryState, Depends(get_state)]
+
+
+def require_token(request: Request, state: State) -> None:
+    """Writes need ``Authorization: Bearer <token>`` when the registry has a token."""
+    token = state.settings.token
+    if not token:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise ApiError(
+            401,
+            "unauthorized",
+            "this registry requires a token for writes: send 'Authorization: Bearer <token>' "
+            "(nodes: set MESH_REGISTRY_TOKEN)",
+        )
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise ApiError(403, "forbidden", "wrong registry token")
+
+
+_errors: dict[int | str, dict[str, object]] = {
+    401: {"model": ErrorBody},
+    403: {"model": ErrorBody},
+    404: {"model": ErrorBody},
+    422: {"model": ErrorBody},
+}
+
+router = APIRouter(prefix="/v1", responses=_errors)
+Writer = Depends(require_token)
+
+
+@router.post("/instances", status_code=201, dependencies=[Writer], tags=["instances"])
+async def register(body: RegisterBody, state: State) -> InstanceOut:
+    """Register (or re-register) an instance. The registry fetches and validates its card."""
+    try:
+        card = await fetch_card(state.http, body.url, body.card_path)
+        now = time.time()
+        agent = agent_record(card, expected_name=body.agent, now=now)
+    except CardRejected as exc:
+        raise ApiError(422, "invalid_card", str(exc)) from exc
+    stored = await state.store.put(
+        agent,
+        InstanceRecord(
+            instance_id=body.instance_id,
+            agent=body.agent,
+            url=body.url,
+            version=body.version or agent.version,
+            status="passing",
+            status_reason="registered (card fetched)",
+            status_changed_at=now,
+            last_heartbeat_at=now,
+            registered_at=now,
+        ),
+    )
+    return InstanceOut.of(stored, agent)
+
+
+@router.put("/instances/{instance_id}/heartbeat", dependencies=[Writer], tags=["instances"])
+async def heartbeat(instance_id: str, state: State) -> InstanceOut:
+    """Keep an instance alive. 404 ``unknown_instance``: register again."""
+    stored = await state.store.heartbeat(instance_id, time.time())
+    if stored is None:
+        raise ApiError(
+            404, "unknown_instance", f"no instance {instance_id!r} here: register it again"
+        )
+    return InstanceOut.of(stored, await state.store.agent(stored.agent))
+
+
+@router.delete(
+    "/instances/{instance_id}", status_code=204, dependencies=[Writer], tags=["instances"]
+)
+async def deregister(instance_id: str, state: State) -> Response:
+    """Forget an instance (idempotent: unknown ids answer 204 too)."""
+    await state.store.remove(instance_id)
+    return Response(status_code=204)
+
+
+@router.get("/instances", tags=["instances"])
+async def list_instances(
+    state: State,
+    agent: str | None = None,
+    skill: str | None = None,
+    status: Annotated[StatusFilter, Query(description="'any' for every status")] = "passing",
+) -> InstanceList:
+    """Instances, by default only passing ones."""
+    found = await state.catalog.instances(agent=agent, skill=skill, status=status)
+    return InstanceList(instances=[InstanceOut.of(i, a) for i, a in found])
+
+
+@router.get("/agents", tags=["agents"])
+async def list_agents(
+    state: State,
+    skill: Annotated[str | None, Query(description="skill id the agent offers")] = None,
+    tag: str | None = None,
+    q: Annotated[str | None, Query(description="free text: name, description, skills")] = None,
+) -> AgentList:
+    """Agents with their skills and instance counts."""
+    views = await state.catalog.agents(skill=skill, tag=tag, q=q)
+    return AgentList(
+        agents=[
+            AgentSummary(
+                name=v.agent.name,
+                description=v.agent.description,
+                version=v.agent.version,
+                skills=[SkillOut.of(s, schemas=False) for s in v.agent.skills],
+                tags=list(v.agent.tags),
+                instances=InstanceCounts(passing=v.passing, total=len(v.instances)),
+            )
+            for v in views
+        ]
+    )
+
+
+@router.get("/agents/{name}", tags=["agents"])
+async def get_agent(name: str, state: State) -> AgentDetail:
+    """One agent: card, skills with schemas, every instance (any status)."""
+    view = await state.catalog.agent(name)
+    if view is None:
+        raise ApiError(404, "unknown_agent", f"no agent named {name!r} is registered")
+    return AgentDetail(
+        name=view.agent.name,
+        description=view.agent.description,
+        version=view.agent.version,
+        card=view.agent.card,
+        skills=[SkillOut.of(s, schemas=True) for s in view.agent.skills],
+        tags=list(view.agent.tags),
+        instances=[InstanceOut.of(i, view.agent) for i in view.instances],
+    )
+
+
+@router.get("/prometheus/targets", tags=["prometheus"])
+async def prometheus_targets(state: State) -> list[TargetGroup]:
+    """Prometheus HTTP SD: one target group per live (passing or warning) instance.
+
+    One group per instance (not per agent) so each target carries its own ``instance`` label
+    (the instance id); ``agent`` and ``version`` are on every group.
+    """
+    groups = []
+    for inst, _agent in await state.catalog.instances(status="any"):
+        if inst.status == "critical":
+            continue
+        scheme, _, rest = inst.url.partition("://")
+        host, _, path = rest.partition("/")
+        labels = {"agent": inst.agent, "version": inst.version, "instance": inst.instance_id}
+        if scheme == "https":
+            labels["__scheme__"] = "https"
+        if path:
+            labels["__metrics_path__"] = f"/{path}/metrics"
+        groups.append(TargetGroup(targets=[host], labels=labels))
+    return groups

@@ -1,0 +1,153 @@
+"""``create_app(settings)``: the registry's FastAPI app.
+
+The lifespan owns everything holding a connection: the SQLite store, the HTTP client used for
+cards and probes, and the prober task. Routes: the JSON API under ``/v1`` (``registry.api``),
+the operator page (``registry.page``), ``/health`` and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from mesh.errors import StoreError
+from registry import api, page
+from registry.catalog import Catalog
+from registry.metrics import RegistryMetrics
+from registry.prober import Prober
+from registry.settings import RegistrySettings
+from registry.sqlite_store import SqliteRegistryStore
+from registry.state import RegistryState
+from registry.store import RegistryStore
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("registry")
+
+
+def _error(status: int, code: str, message: str, **extra: object) -> JSONResponse:
+    return JSONResponse({"error": code, "message": message, **extra}, status_code=status)
+
+
+def _field_errors(exc: RequestValidationError) -> tuple[str, list[dict[str, str]]]:
+    fields = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
+        fields.append({"field": ".".join(loc) or "body", "message": str(err.get("msg", ""))})
+    text = "; ".join(f"{f['field']}: {f['message']}" for f in fields)
+    return text or "invalid request", fields
+
+
+def create_app(
+    settings: RegistrySettings,
+    *,
+    store: RegistryStore | None = None,
+    metrics: RegistryMetrics | None = None,
+) -> FastAPI:
+    """The registry app. ``store`` defaults to SQLite under ``settings.data_dir``."""
+    metrics = metrics or RegistryMetrics.create()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned_store = store or await SqliteRegistryStore.open(settings.db_path)
+        http = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.card_timeout_s), follow_redirects=False, trust_env=False
+        )
+        prober = Prober(
+            owned_store,
+            http,
+            interval_s=settings.probe_interval_s,
+            timeout_s=settings.probe_timeout_s,
+            ttl_s=settings.ttl_s,
+            remove_after_s=settings.remove_after_s,
+            metrics=metrics,
+        )
+        app.state.registry = RegistryState(
+            settings=settings,
+            store=owned_store,
+            catalog=Catalog(owned_store),
+            http=http,
+            prober=prober,
+            metrics=metrics,
+        )
+        prober.start()
+        log.info(
+            "registry on http://%s:%d (data %s, writes %s)",
+            settings.host,
+            settings.port,
+            settings.db_path,
+            "need a token" if settings.token else "open",
+        )
+        try:
+            yield
+        finally:
+            await prober.aclose()
+            await http.aclose()
+            if store is None:
+                await owned_store.aclose()
+
+    app = FastAPI(
+        title="mesh registry",
+        version="1",
+        description="Where mesh agents register and find each other.",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(api.ApiError)
+    async def _api_error(request: Request, exc: api.ApiError) -> JSONResponse:
+        response = _error(exc.status, exc.code, exc.message)
+        if exc.status == 401:
+            response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, fields = _field_errors(exc)
+        return _error(422, "invalid_request", message, fields=fields)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(StoreError)
+    async def _store_error(request: Request, exc: StoreError) -> JSONResponse:
+        log.error("store error on %s %s: %s", request.method, request.url.path, exc)
+        return _error(503, "store_unavailable", "the registry's store failed; see its log")
+
+    @app.middleware("http")
+    async def _count(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        response = await call_next(request)
+        route = request.scope.get("route")
+        # The route template, never the raw path: labels stay bounded.
+        label = getattr(route, "path", None) or "unmatched"
+        metrics.requests.labels(route=label, status=str(response.status_code)).inc()
+        return response
+
+    @app.get("/health", tags=["registry"])
+    async def health(request: Request) -> JSONResponse:
+        """200 ``{"status": "ok"}`` when the store answers, 503 otherwise."""
+        state: RegistryState = request.app.state.registry
+        try:
+            await state.store.ping()
+        except StoreError as exc:
+            return JSONResponse({"status": "failing", "store": str(exc)}, status_code=503)
+        return JSONResponse({"status": "ok", "store": "ok"})
+
+    @app.get("/metrics", tags=["registry"])
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.collector), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(api.router)
+    app.include_router(page.router)
+    return app

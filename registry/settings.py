@@ -1,0 +1,30 @@
+"""``RegistrySettings``: how one registry process runs (built by the CLI, read once)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["RegistrySettings"]
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    host: str = "127.0.0.1"
+    port: int = 8400
+    data_dir: Path = Path(".mesh/registry")
+    # When set, writes (register, heartbeat, deregister) need ``Authorization: Bearer <token>``.
+    token: str | None = None
+    # How often each instance's /health is probed, and how long one probe may take.
+    probe_interval_s: float = 5.0
+    probe_timeout_s: float = 2.0
+    # An instance with no heartbeat for this long is critical (nodes heartbeat every 5 s).
+    ttl_s: float = 30.0
+    # A critical instance is removed after this long.
+    remove_after_s: float = 300.0
+    # Timeout for fetching a registering instance's card.
+    card_timeout_s: float = 5.0
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "registry.db"

@@ -1,0 +1,31 @@
+"""``RegistryState``: what the app's lifespan opens and the routes use (``app.state.registry``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from starlette.requests import Request
+
+from registry.catalog import Catalog
+from registry.metrics import RegistryMetrics
+from registry.prober import Prober
+from registry.settings import RegistrySettings
+from registry.store import RegistryStore
+
+__all__ = ["RegistryState", "get_state"]
+
+
+@dataclass
+class RegistryState:
+    settings: RegistrySettings
+    store: RegistryStore
+    catalog: Catalog
+    http: httpx.AsyncClient
+    prober: Prober
+    metrics: RegistryMetrics
+
+
+def get_state(request: Request) -> RegistryState:
+    state: RegistryState = request.app.state.registry
+    return state
