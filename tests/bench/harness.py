@@ -23,7 +23,7 @@ from tests.bench.load import LoadResult, run_wrk, warm_up
 from tests.bench.scenarios import Ctx, Row, ServerSpec
 from tests.support import Proc, clean_env, free_port
 
-__all__ = ["Options", "run_row"]
+__all__ = ["Options", "run_row", "spawn"]
 
 MB = 1024 * 1024
 
@@ -48,7 +48,7 @@ def _healthy(port: int, path: str) -> bool:
         conn.close()
 
 
-def _spawn(spec: ServerSpec, ctx: Ctx, timeout_s: float) -> tuple[Proc, float]:
+def spawn(spec: ServerSpec, ctx: Ctx, timeout_s: float) -> tuple[Proc, float]:
     """Start ``spec`` and return it with the seconds from spawn to its first /health 200."""
     t0 = time.monotonic()
     proc = Proc.start(spec.argv(ctx), name=spec.name, tmp=ctx.tmp, env=clean_env(**spec.env(ctx)))
@@ -82,7 +82,7 @@ def run_row(row: Row, opts: Options, tmp: Path) -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
     try:
         for spec in row.servers:
-            proc, spawn_s = _spawn(spec, ctx, opts.health_timeout_s)
+            proc, spawn_s = spawn(spec, ctx, opts.health_timeout_s)
             procs.append(proc)
             facts.append(
                 {

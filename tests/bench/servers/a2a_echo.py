@@ -37,7 +37,9 @@ class EchoExecutor(AgentExecutor):
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         message, task_id = context.message, context.task_id
         # The handler always builds the context with both; the SDK's types allow None.
-        assert message is not None and task_id is not None and context.context_id is not None
+        assert message is not None
+        assert task_id is not None
+        assert context.context_id is not None
         task = context.current_task
         context_id = task.context_id if task else context.context_id
         if task is None:
