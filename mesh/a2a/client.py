@@ -1,0 +1,399 @@
+"""``A2APeer``: a small client for one peer node, over a2a-sdk's JSON-RPC client.
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        peer = A2APeer(http, "http://127.0.0.1:8017")
+        result = await peer.send({"applicant_id": "APP-501", "amount": 250000}, skill="score")
+        result.state, result.data            # "completed", {"score": 712, ...}
+
+Transport and protocol errors are translated here, once, into ``RemoteError`` (reason
+``unavailable`` / ``deadline`` / ``failed`` / ``rejected``). A task that ran and failed is NOT an
+exception: it comes back as a ``TaskResult`` with ``state`` "failed"/"rejected"/"canceled" and
+``error = {"reason", "message"}``; the caller decides what to do.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from a2a.client import (
+    A2ACardResolver,
+    A2AClientError,
+    A2AClientTimeoutError,
+    AgentCardResolutionError,
+    Client,
+    ClientCallContext,
+    ClientConfig,
+    ClientFactory,
+)
+from a2a.helpers import get_data_parts, get_text_parts, new_data_part, new_text_part
+from a2a.types import (
+    AgentCard,
+    CancelTaskRequest,
+    GetTaskRequest,
+    ListTasksRequest,
+    Message,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    StreamResponse,
+    Task,
+    TaskState,
+)
+from a2a.utils.errors import A2AError, InvalidParamsError, TaskNotFoundError
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.struct_pb2 import Struct
+
+from mesh.a2a.card import JSON_MODE, card_to_dict
+from mesh.errors import RemoteError
+
+__all__ = ["A2APeer", "TaskPage", "TaskResult", "TaskUpdate", "state_name"]
+
+_FAILED_STATES = {"failed", "rejected", "canceled"}
+
+
+def state_name(state: int) -> str:
+    """``TASK_STATE_COMPLETED`` -> ``"completed"``, ``TASK_STATE_INPUT_REQUIRED`` -> ``"input-required"``."""
+    name = str(TaskState.Name(state))
+    return name.removeprefix("TASK_STATE_").lower().replace("_", "-")
+
+
+def _struct(value: Any) -> dict[str, Any]:
+    return dict(MessageToDict(value)) if value else {}
+
+
+def _whole(value: Any) -> Any:
+    """Undo protobuf's numbers-are-doubles for whole numbers (``712.0`` -> ``712``)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """A task as the caller sees it. ``data``: the first JSON artifact part; ``text``: the text
+    artifact parts (or the status message when there is no artifact)."""
+
+    task_id: str
+    context_id: str
+    state: str
+    data: dict[str, Any] | None = None
+    text: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "completed"
+
+    @property
+    def done(self) -> bool:
+        return self.state in {"completed", *_FAILED_STATES}
+
+    @classmethod
+    def from_task(cls, task: Task) -> TaskResult:
+        data: dict[str, Any] | None = None
+        texts: list[str] = []
+        for artifact in task.artifacts:
+            for value in get_data_parts(list(artifact.parts)):
+                if data is None and isinstance(value, dict):
+                    data = _whole(value)
+            texts.extend(get_text_parts(list(artifact.parts)))
+        status_text = "\n".join(get_text_parts(list(task.status.message.parts)))
+        state = state_name(task.status.state)
+        metadata = _struct(task.metadata)
+        error: dict[str, Any] | None = None
+        if state in _FAILED_STATES:
+            found = metadata.get("error")
+            error = (
+                dict(found)
+                if isinstance(found, dict)
+                else {"reason": state, "message": status_text or state}
+            )
+        return cls(
+            task_id=task.id,
+            context_id=task.context_id,
+            state=state,
+            data=data,
+            text="".join(texts) if texts else ("" if data is not None else status_text),
+            metadata=metadata,
+            error=error,
+        )
+
+
+@dataclass(frozen=True)
+class TaskUpdate:
+    """One streamed event: ``kind`` is "task", "status", "artifact" or "message"."""
+
+    kind: str
+    task_id: str
+    context_id: str
+    state: str = ""
+    text: str = ""
+    data: dict[str, Any] | None = None
+    partial: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    tasks: list[TaskResult]
+    next_page_token: str
+    total_size: int
+
+
+def _update(resp: StreamResponse) -> TaskUpdate | None:
+    kind = resp.WhichOneof("payload")
+    if kind == "task":
+        t = resp.task
+        return TaskUpdate("task", t.id, t.context_id, state=state_name(t.status.state))
+    if kind == "status_update":
+        s = resp.status_update
+        meta = _struct(s.status.message.metadata)
+        return TaskUpdate(
+            "status",
+            s.task_id,
+            s.context_id,
+            state=state_name(s.status.state),
+            text="\n".join(get_text_parts(list(s.status.message.parts))),
+            partial=bool(meta.get("partial")),
+            metadata=_struct(s.metadata),
+        )
+    if kind == "artifact_update":
+        a = resp.artifact_update
+        data = next(
+            (_whole(d) for d in get_data_parts(list(a.artifact.parts)) if isinstance(d, dict)), None
+        )
+        return TaskUpdate(
+            "artifact",
+            a.task_id,
+            a.context_id,
+            text="".join(get_text_parts(list(a.artifact.parts))),
+            data=data,
+        )
+    if kind == "message":
+        m = resp.message
+        return TaskUpdate(
+            "message", m.task_id, m.context_id, text="\n".join(get_text_parts(list(m.parts)))
+        )
+    return None
+
+
+class A2APeer:
+    """One peer node at ``base_url``. ``http`` is owned by the caller (timeouts included)."""
+
+    def __init__(self, http: httpx.AsyncClient, base_url: str, *, card: AgentCard | None = None):
+        self.http = http
+        self.base_url = base_url.rstrip("/")
+        self._card = card
+        self._clients: dict[bool, Client] = {}
+
+    @property
+    def name(self) -> str:
+        return self._card.name if self._card is not None else self.base_url
+
+    @contextmanager
+    def _errors(self, skill: str = "") -> Iterator[None]:
+        """The one place a2a-sdk / httpx errors become mesh errors."""
+        try:
+            yield
+        except RemoteError:
+            raise
+        except (A2AClientTimeoutError, httpx.TimeoutException) as exc:
+            raise RemoteError(
+                f"{self.name} did not answer in time",
+                peer=self.name,
+                skill=skill,
+                reason="deadline",
+            ) from exc
+        except AgentCardResolutionError as exc:
+            raise RemoteError(
+                f"cannot read the agent card of {self.base_url}: {exc}; is the node running?",
+                peer=self.name,
+                skill=skill,
+                reason="unavailable",
+            ) from exc
+        except (A2AClientError, httpx.HTTPError) as exc:
+            raise RemoteError(
+                f"{self.name} is unavailable: {exc}",
+                peer=self.name,
+                skill=skill,
+                reason="unavailable",
+            ) from exc
+        except TaskNotFoundError as exc:
+            raise RemoteError(
+                f"{self.name}: task not found", peer=self.name, skill=skill, reason="failed"
+            ) from exc
+        except InvalidParamsError as exc:
+            raise RemoteError(
+                f"{self.name} rejected the request: {exc}",
+                peer=self.name,
+                skill=skill,
+                reason="rejected",
+            ) from exc
+        except A2AError as exc:
+            raise RemoteError(
+                f"{self.name} answered with an error: {type(exc).__name__}: {exc}",
+                peer=self.name,
+                skill=skill,
+                reason="failed",
+            ) from exc
+
+    async def card(self) -> AgentCard:
+        """The peer's agent card (fetched once)."""
+        if self._card is None:
+            with self._errors():
+                self._card = await A2ACardResolver(self.http, self.base_url).get_agent_card()
+        return self._card
+
+    async def card_dict(self) -> dict[str, Any]:
+        return card_to_dict(await self.card())
+
+    async def _client(self, streaming: bool) -> Client:
+        if streaming not in self._clients:
+            card = AgentCard()
+            card.CopyFrom(await self.card())
+            # Talk to the address we were given: the card may advertise a bind address.
+            for iface in card.supported_interfaces:
+                iface.url = self.base_url
+            config = ClientConfig(streaming=streaming, httpx_client=self.http)
+            self._clients[streaming] = ClientFactory(config).create(card)
+        return self._clients[streaming]
+
+    @staticmethod
+    def message(
+        payload: dict[str, Any] | str,
+        *,
+        skill: str | None = None,
+        message_id: str | None = None,
+        context_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Message:
+        """The A2A message for a typed (dict) or text (str) request."""
+        meta: dict[str, Any] = dict(metadata or {})
+        if skill:
+            meta["skill"] = skill
+        struct = Struct()
+        struct.update(meta)
+        part = (
+            new_text_part(payload)
+            if isinstance(payload, str)
+            else new_data_part(payload, media_type=JSON_MODE)
+        )
+        return Message(
+            role=Role.ROLE_USER,
+            message_id=message_id or uuid.uuid4().hex,
+            context_id=context_id or "",
+            parts=[part],
+            metadata=struct,
+        )
+
+    async def send(
+        self,
+        payload: dict[str, Any] | str,
+        *,
+        skill: str | None = None,
+        message_id: str | None = None,
+        context_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - forwarded to the SDK per call
+        wait: bool = True,
+    ) -> TaskResult:
+        """Send one message and return the task (finished, unless ``wait=False``)."""
+        msg = self.message(
+            payload, skill=skill, message_id=message_id, context_id=context_id, metadata=metadata
+        )
+        request = SendMessageRequest(
+            message=msg,
+            configuration=SendMessageConfiguration(history_length=0, return_immediately=not wait),
+        )
+        call = ClientCallContext(timeout=timeout) if timeout is not None else None
+        result: TaskResult | None = None
+        with self._errors(skill or ""):
+            client = await self._client(streaming=False)
+            async for resp in client.send_message(request, context=call):
+                if resp.WhichOneof("payload") == "task":
+                    result = TaskResult.from_task(resp.task)
+                elif resp.WhichOneof("payload") == "message":
+                    m = resp.message
+                    text = "\n".join(get_text_parts(list(m.parts)))
+                    result = TaskResult("", m.context_id, "completed", text=text)
+        if result is None:
+            raise RemoteError(
+                f"{self.name} returned no task", peer=self.name, skill=skill or "", reason="failed"
+            )
+        return result
+
+    async def stream(
+        self,
+        payload: dict[str, Any] | str,
+        *,
+        skill: str | None = None,
+        message_id: str | None = None,
+        context_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - forwarded to the SDK per call
+    ) -> AsyncIterator[TaskUpdate]:
+        """Send one message and yield its events as they arrive; then ``get_task`` for the end."""
+        msg = self.message(
+            payload, skill=skill, message_id=message_id, context_id=context_id, metadata=metadata
+        )
+        request = SendMessageRequest(
+            message=msg, configuration=SendMessageConfiguration(history_length=0)
+        )
+        call = ClientCallContext(timeout=timeout) if timeout is not None else None
+        with self._errors(skill or ""):
+            client = await self._client(streaming=True)
+            async for resp in client.send_message(request, context=call):
+                update = _update(resp)
+                if update is not None:
+                    yield update
+
+    async def get_task(self, task_id: str, *, history_length: int = 0) -> TaskResult:
+        with self._errors():
+            client = await self._client(streaming=False)
+            task = await client.get_task(GetTaskRequest(id=task_id, history_length=history_length))
+        return TaskResult.from_task(task)
+
+    async def cancel(self, task_id: str) -> TaskResult:
+        with self._errors():
+            client = await self._client(streaming=False)
+            task = await client.cancel_task(CancelTaskRequest(id=task_id))
+        return TaskResult.from_task(task)
+
+    async def list_tasks(
+        self,
+        *,
+        context_id: str | None = None,
+        page_size: int = 50,
+        page_token: str = "",
+    ) -> TaskPage:
+        with self._errors():
+            client = await self._client(streaming=False)
+            page = await client.list_tasks(
+                ListTasksRequest(
+                    context_id=context_id or "",
+                    page_size=page_size,
+                    page_token=page_token,
+                    include_artifacts=True,
+                )
+            )
+        return TaskPage(
+            tasks=[TaskResult.from_task(t) for t in page.tasks],
+            next_page_token=page.next_page_token,
+            total_size=page.total_size,
+        )
+
+    async def aclose(self) -> None:
+        """Close the SDK clients (the caller's ``httpx`` client stays open)."""
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()

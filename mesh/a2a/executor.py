@@ -1,0 +1,313 @@
+"""``MeshExecutor``: the A2A ``AgentExecutor`` of a node; turns one message into one task.
+
+Order of work for a message: record the idempotency key, read the metadata (skill, caller,
+traceparent, deadline), pick and validate the skill's input (invalid -> REJECTED naming the
+field, before any work), refuse a deadline already past, then run the skill under
+``asyncio.timeout`` and publish the validated output as an artifact (a data part for typed
+skills, a text part for chat). Every failure ends the task cleanly (FAILED with a message and
+``metadata.error = {reason, message}``): no exception text reaches the caller as -32603.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from a2a.helpers import get_data_parts, get_text_parts, new_data_part, new_text_part
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.owner_resolver import resolve_user_scope
+from a2a.server.tasks import TaskUpdater
+from a2a.types import Message, Part, Task, TaskState, TaskStatus
+from google.protobuf.json_format import MessageToDict
+from pydantic import BaseModel
+
+from mesh.a2a.card import JSON_MODE, TEXT_MODE
+from mesh.a2a.dispatcher import Outcome, SkillDispatcher
+from mesh.a2a.idempotency import IdempotencyKeys, message_key
+from mesh.errors import MeshError, SkillInputError
+from mesh.events import Event
+from mesh.metrics import NodeMetrics, TaskOutcome
+from mesh.skills import Skill, SkillContext
+
+__all__ = ["MeshExecutor"]
+
+log = logging.getLogger("mesh.task")
+
+
+@dataclass
+class _Request:
+    """The facts of one message, read once."""
+
+    skill_id: str
+    caller: str
+    traceparent: str | None
+    deadline: float | None
+    metadata: dict[str, Any]
+
+
+def _message_metadata(message: Message | None) -> dict[str, Any]:
+    if message is None or not message.metadata:
+        return {}
+    return dict(MessageToDict(message.metadata))
+
+
+def _deadline(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise SkillInputError("metadata field 'deadline' must be epoch seconds (a number)")
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise SkillInputError(
+            f"metadata field 'deadline' must be epoch seconds (a number), got {value!r}"
+        ) from exc
+
+
+class MeshExecutor(AgentExecutor):
+    """Runs the skills of ``dispatcher.agent`` for A2A requests."""
+
+    def __init__(
+        self,
+        dispatcher: SkillDispatcher,
+        *,
+        keys: IdempotencyKeys | None = None,
+        metrics: NodeMetrics | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.keys = keys
+        self.metrics = metrics
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def wait_idle(self, seconds: float) -> bool:
+        """Wait (at most ``seconds``) until no task runs. True when idle."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        message = context.message
+        task_id = str(context.task_id)
+        current = context.current_task
+        # A follow-up naming a task but no context gets a fresh context id from the SDK.
+        context_id = current.context_id if current is not None else str(context.context_id)
+        if current is None:
+            await event_queue.enqueue_event(
+                Task(
+                    id=task_id,
+                    context_id=context_id,
+                    status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                    history=[message] if message is not None else [],
+                )
+            )
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        if self.keys is not None and message is not None:
+            key = message_key(message, context.call_context)
+            if key is not None:
+                await self.keys.record(key, task_id)
+
+        started = time.monotonic()
+        self.in_flight += 1
+        self._idle.clear()
+        if self.metrics:
+            self.metrics.task_started()
+        outcome: TaskOutcome = "failed"
+        skill_id = "unknown"
+        req: _Request | None = None
+        try:
+            try:
+                req = self._read(message)
+                skill_id = req.skill_id or "unknown"
+                skill, payload = self._validate(req, message)
+                skill_id = skill.id
+            except SkillInputError as exc:
+                outcome = "rejected"
+                if req is not None and req.skill_id:
+                    skill_id = req.skill_id
+                await self._end(updater, TaskState.TASK_STATE_REJECTED, "rejected", str(exc), req)
+                return
+            outcome = await self._run(skill, payload, req, context, updater, task_id, context_id)
+        except asyncio.CancelledError:
+            outcome = "canceled"
+            raise
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+            seconds = time.monotonic() - started
+            if self.metrics:
+                self.metrics.task_done(skill_id, outcome, seconds)
+            log.info(
+                "task agent=%s skill=%s task=%s outcome=%s duration_ms=%.1f traceparent=%s",
+                self.dispatcher.agent.name,
+                skill_id,
+                task_id,
+                outcome,
+                seconds * 1000,
+                (req.traceparent if req else None) or "-",
+            )
+
+    def _read(self, message: Message | None) -> _Request:
+        meta = _message_metadata(message)
+        skill = meta.get("skill")
+        if skill is not None and not isinstance(skill, str):
+            raise SkillInputError("metadata field 'skill' must be a string (a skill id)")
+        traceparent = meta.get("traceparent")
+        return _Request(
+            skill_id=skill or "",
+            caller=str(meta.get("caller") or ""),
+            traceparent=traceparent if isinstance(traceparent, str) else None,
+            deadline=_deadline(meta.get("deadline")),
+            metadata=meta,
+        )
+
+    def _validate(self, req: _Request, message: Message | None) -> tuple[Skill, BaseModel | str]:
+        parts = list(message.parts) if message is not None else []
+        data = get_data_parts(parts)
+        texts = get_text_parts(parts)
+        skill = self.dispatcher.resolve(
+            req.skill_id or None, has_data=bool(data), has_text=bool(texts)
+        )
+        req.skill_id = skill.id
+        if skill.typed:
+            if len(data) != 1:
+                raise SkillInputError(
+                    f"skill '{skill.id}' expects exactly one data part (application/json) "
+                    f"matching its input schema, got {len(data)}"
+                )
+            return skill, self.dispatcher.validate_input(skill, data[0])
+        text = "\n".join(texts).strip()
+        if not text:
+            raise SkillInputError(f"skill '{skill.id}' expects a text part, got none")
+        return skill, text
+
+    async def _run(
+        self,
+        skill: Skill,
+        payload: BaseModel | str,
+        req: _Request,
+        context: RequestContext,
+        updater: TaskUpdater,
+        task_id: str,
+        context_id: str,
+    ) -> TaskOutcome:
+        if req.deadline is not None and req.deadline <= time.time():
+            await self._end(
+                updater, TaskState.TASK_STATE_REJECTED, "deadline", "deadline exceeded", req
+            )
+            return "rejected"
+        await updater.start_work(
+            updater.new_agent_message([new_text_part(f"running skill '{skill.id}'")])
+        )
+        ctx = SkillContext(
+            skill_id=skill.id,
+            task_id=task_id,
+            context_id=context_id,
+            deadline=req.deadline,
+            traceparent=req.traceparent,
+            metadata={"caller": req.caller} if req.caller else {},
+        )
+        owner = resolve_user_scope(context.call_context) if context.call_context else ""
+        user_id = owner or req.caller or "a2a"
+
+        async def progress(event: Event) -> None:
+            await self._progress(updater, event)
+
+        loop = asyncio.get_running_loop()
+        when = None if req.deadline is None else loop.time() + (req.deadline - time.time())
+        try:
+            async with asyncio.timeout_at(when):
+                result = await self.dispatcher.run(
+                    skill, payload, ctx, user_id=user_id, progress=progress
+                )
+        except TimeoutError:
+            await self._end(
+                updater, TaskState.TASK_STATE_FAILED, "deadline", "deadline exceeded", req
+            )
+            return "failed"
+        except SkillInputError as exc:
+            await self._end(updater, TaskState.TASK_STATE_REJECTED, "rejected", str(exc), req)
+            return "rejected"
+        except MeshError as exc:
+            await self._end(updater, TaskState.TASK_STATE_FAILED, "failed", str(exc), req)
+            return "failed"
+        except Exception:
+            log.exception("skill %r raised", skill.id)
+            await self._end(
+                updater,
+                TaskState.TASK_STATE_FAILED,
+                "failed",
+                f"skill '{skill.id}' failed with an internal error (details in the node log)",
+                req,
+            )
+            return "failed"
+        await self._publish(updater, skill, result, req)
+        return "completed"
+
+    async def _progress(self, updater: TaskUpdater, event: Event) -> None:
+        """Forward a runner event as a WORKING status update (partial text, tool calls)."""
+        if event.partial and event.text:
+            parts, meta = [new_text_part(event.text)], {"partial": True}
+        elif event.function_calls:
+            names = ", ".join(c.name for c in event.function_calls)
+            parts, meta = [new_text_part(f"calling {names}")], {"tool_calls": True}
+        else:
+            return
+        await updater.update_status(
+            TaskState.TASK_STATE_WORKING, message=updater.new_agent_message(parts, meta)
+        )
+
+    async def _publish(
+        self, updater: TaskUpdater, skill: Skill, result: Outcome, req: _Request
+    ) -> None:
+        if skill.typed:
+            part: Part = new_data_part(result.data or {}, media_type=JSON_MODE)
+        else:
+            part = new_text_part(result.text, media_type=TEXT_MODE)
+        await updater.add_artifact([part], name=skill.id, last_chunk=True)
+        await updater.update_status(
+            TaskState.TASK_STATE_COMPLETED,
+            metadata={**self._task_metadata(req), "usage": result.usage.as_dict()},
+        )
+
+    def _task_metadata(self, req: _Request | None) -> dict[str, Any]:
+        if req is None:
+            return {}
+        meta: dict[str, Any] = {"skill": req.skill_id}
+        if req.caller:
+            meta["caller"] = req.caller
+        if req.traceparent:
+            meta["traceparent"] = req.traceparent
+        return meta
+
+    async def _end(
+        self,
+        updater: TaskUpdater,
+        state: TaskState,
+        reason: str,
+        text: str,
+        req: _Request | None,
+    ) -> None:
+        meta = {**self._task_metadata(req), "error": {"reason": reason, "message": text}}
+        await updater.update_status(
+            state, message=updater.new_agent_message([new_text_part(text)]), metadata=meta
+        )
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task = context.current_task
+        context_id = task.context_id if task is not None else str(context.context_id)
+        updater = TaskUpdater(event_queue, str(context.task_id), context_id)
+        await updater.update_status(
+            TaskState.TASK_STATE_CANCELED,
+            message=updater.new_agent_message([new_text_part("canceled by request")]),
+            metadata={"error": {"reason": "canceled", "message": "canceled by request"}},
+        )

@@ -1,0 +1,235 @@
+"""Idempotent ``SendMessage``: the same message sent twice runs the work once.
+
+A message is identified by ``(owner, caller, messageId)``: the authenticated user ('' when
+anonymous), the ``caller`` of the message metadata (the calling agent), and the message id the
+caller chose. When the executor starts a task it records that key against the task id
+(``IdempotencyKeys.record``), in the node's database so it survives a restart. A second
+message with the same key gets the existing task back instead of a new run; if the original is
+still running here, a blocking send waits for it to finish first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from a2a.server.agent_execution import AgentExecutor
+from a2a.server.agent_execution.active_task import INTERRUPTED_TASK_STATES, TERMINAL_TASK_STATES
+from a2a.server.context import ServerCallContext
+from a2a.server.events import Event as A2AEvent
+from a2a.server.owner_resolver import resolve_user_scope
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.tasks import TaskStore
+from a2a.types import (
+    AgentCard,
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    SendMessageRequest,
+    Task,
+)
+from a2a.utils.errors import TaskNotFoundError
+from a2a.utils.task import apply_history_length
+
+from mesh.sqlite import Database
+
+__all__ = ["IdempotencyKeys", "IdempotentRequestHandler", "MessageKey", "WatchedTaskStore"]
+
+MessageKey = tuple[str, str, str]  # (owner, caller, message_id)
+
+_SCHEMA = """
+create table if not exists a2a_message_keys (
+    owner text not null,
+    caller text not null,
+    message_id text not null,
+    task_id text not null,
+    primary key (owner, caller, message_id)
+) without rowid;
+"""
+_SETTLED = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
+
+
+def message_key(message: Message, context: ServerCallContext | None) -> MessageKey | None:
+    """The idempotency key of ``message``, None when it has no id."""
+    if not message.message_id:
+        return None
+    owner = resolve_user_scope(context) if context is not None else ""
+    caller = message.metadata.get("caller", "")
+    return (owner, str(caller), message.message_id)
+
+
+class IdempotencyKeys:
+    """``(owner, caller, message_id) -> task_id``, in ``db`` or (``db=None``) in memory."""
+
+    def __init__(self, db: Database | None) -> None:
+        self._db = db
+        self._memory: dict[MessageKey, str] = {}
+        # Keys whose first message is being handled right now in this process.
+        self._pending: dict[MessageKey, asyncio.Future[str | None]] = {}
+
+    async def initialize(self) -> None:
+        if self._db is not None:
+            await self._db.ensure_schema("a2a_message_keys", _SCHEMA)
+
+    async def claim(self, key: MessageKey) -> str | None:
+        """The task id of an already accepted message, or None: the caller now owns ``key``
+        and must call ``end(key)`` when its send is over. Concurrent duplicates wait here."""
+        for _ in range(3):  # a first send that ended without a task lets the next one in
+            pending = self._pending.get(key)
+            if pending is None:
+                break
+            task_id = await asyncio.shield(pending)
+            if task_id is not None:
+                return task_id
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._pending[key] = fut
+        try:
+            found = await self._read(key)
+        except BaseException:
+            self.end(key)
+            raise
+        if found is not None:
+            fut.set_result(found)
+            self._pending.pop(key, None)
+        return found
+
+    async def _read(self, key: MessageKey) -> str | None:
+        if self._db is None:
+            return self._memory.get(key)
+
+        def read(conn: sqlite3.Connection) -> Any:
+            return conn.execute(
+                "select task_id from a2a_message_keys where owner = ? and caller = ? "
+                "and message_id = ?",
+                key,
+            ).fetchone()
+
+        row = await self._db.read(read)
+        return None if row is None else str(row[0])
+
+    def end(self, key: MessageKey) -> None:
+        fut = self._pending.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def record(self, key: MessageKey, task_id: str) -> None:
+        """The executor accepted ``key`` as task ``task_id`` (first writer wins)."""
+        fut = self._pending.get(key)
+        if fut is not None and not fut.done():
+            fut.set_result(task_id)
+        if self._db is None:
+            self._memory.setdefault(key, task_id)
+            return
+        await self._db.write(
+            lambda conn: conn.execute(
+                "insert or ignore into a2a_message_keys (owner, caller, message_id, task_id) "
+                "values (?, ?, ?, ?)",
+                (*key, task_id),
+            )
+        )
+
+
+class WatchedTaskStore(TaskStore):
+    """Delegates to ``inner`` and wakes whoever waits for a task to settle (end or pause)."""
+
+    def __init__(self, inner: TaskStore) -> None:
+        self.inner = inner
+        self._waiters: dict[str, list[asyncio.Event]] = {}
+
+    def waiter(self, task_id: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._waiters.setdefault(task_id, []).append(event)
+        return event
+
+    def forget(self, task_id: str, event: asyncio.Event) -> None:
+        events = self._waiters.get(task_id, [])
+        if event in events:
+            events.remove(event)
+        if not events:
+            self._waiters.pop(task_id, None)
+
+    async def save(self, task: Task, context: ServerCallContext) -> None:
+        await self.inner.save(task, context)
+        if task.status.state in _SETTLED:
+            for event in self._waiters.pop(task.id, []):
+                event.set()
+
+    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
+        return await self.inner.get(task_id, context)
+
+    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        return await self.inner.list(params, context)
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        await self.inner.delete(task_id, context)
+
+
+class IdempotentRequestHandler(DefaultRequestHandler):
+    """``DefaultRequestHandler`` that answers a repeated message with the task it started."""
+
+    def __init__(
+        self,
+        *,
+        agent_executor: AgentExecutor,
+        task_store: TaskStore,
+        agent_card: AgentCard,
+        keys: IdempotencyKeys,
+    ) -> None:
+        self._watched = (
+            task_store if isinstance(task_store, WatchedTaskStore) else WatchedTaskStore(task_store)
+        )
+        super().__init__(
+            agent_executor=agent_executor, task_store=self._watched, agent_card=agent_card
+        )
+        self.keys = keys
+
+    async def _replay(
+        self, task_id: str, params: SendMessageRequest, context: ServerCallContext
+    ) -> Task:
+        waiter = self._watched.waiter(task_id)
+        try:
+            task = await self._watched.get(task_id, context)
+            if task is None:
+                raise TaskNotFoundError(f"Task {task_id} not found")
+            running_here = await self._active_task_registry.get(task_id) is not None
+            if (
+                task.status.state not in _SETTLED
+                and running_here
+                and not params.configuration.return_immediately
+            ):
+                await waiter.wait()
+                task = await self._watched.get(task_id, context) or task
+        finally:
+            self._watched.forget(task_id, waiter)
+        return apply_history_length(task, params.configuration)
+
+    async def on_message_send(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> Message | Task:
+        key = message_key(params.message, context)
+        if key is None:
+            return await super().on_message_send(params, context)  # type: ignore[no-any-return]
+        existing = await self.keys.claim(key)
+        if existing is not None:
+            return await self._replay(existing, params, context)
+        try:
+            return await super().on_message_send(params, context)  # type: ignore[no-any-return]
+        finally:
+            self.keys.end(key)
+
+    async def on_message_send_stream(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[A2AEvent, None]:
+        key = message_key(params.message, context)
+        existing = await self.keys.claim(key) if key is not None else None
+        if existing is not None:
+            yield await self._replay(existing, params, context)
+            return
+        try:
+            async for event in super().on_message_send_stream(params, context):
+                yield event
+        finally:
+            if key is not None:
+                self.keys.end(key)

@@ -1,0 +1,105 @@
+"""``A2AService``: the A2A side of a node (card route, JSON-RPC route, handler, task store).
+
+Built inside the node's lifespan, because the store needs the open database:
+
+    service = await A2AService.create(agent, url=..., db=db, runner=runner, metrics=metrics)
+    service.mount(app)                 # GET /.well-known/agent-card.json, POST / (JSON-RPC)
+    ...
+    await service.drain(20)    # wait for in-flight tasks
+    await service.aclose()
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from a2a.server.routes import (
+    add_a2a_routes_to_fastapi,
+    create_agent_card_routes,
+    create_jsonrpc_routes,
+)
+from a2a.server.tasks import InMemoryTaskStore, TaskStore
+
+from mesh.a2a.card import CARD_CACHE_CONTROL, build_card
+from mesh.a2a.dispatcher import SkillDispatcher, TurnRunner
+from mesh.a2a.executor import MeshExecutor
+from mesh.a2a.idempotency import IdempotencyKeys, IdempotentRequestHandler
+from mesh.a2a.store import SqliteTaskStore
+from mesh.agent import Agent
+from mesh.metrics import NodeMetrics
+from mesh.sqlite import Database
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+__all__ = ["SEND_METHODS", "A2AService"]
+
+#: JSON-RPC methods that start work (refused while a node drains).
+SEND_METHODS = frozenset({"SendMessage", "SendStreamingMessage"})
+
+
+class A2AService:
+    """Handler, executor and stores of one node. ``store`` is "sqlite" or "memory"."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        url: str,
+        executor: MeshExecutor,
+        handler: IdempotentRequestHandler,
+        store_kind: str,
+    ) -> None:
+        self.agent = agent
+        self.url = url
+        self.executor = executor
+        self.handler = handler
+        self.store_kind = store_kind
+        self.card = build_card(agent, url)
+
+    @classmethod
+    async def create(
+        cls,
+        agent: Agent,
+        *,
+        url: str,
+        db: Database,
+        runner: TurnRunner | None = None,
+        metrics: NodeMetrics | None = None,
+        store: str = "sqlite",
+    ) -> A2AService:
+        task_store: TaskStore
+        if store == "memory":
+            # Benchmark baseline only: tasks and idempotency keys die with the process.
+            task_store = InMemoryTaskStore()
+            keys = IdempotencyKeys(None)
+        else:
+            sqlite_store = SqliteTaskStore(db)
+            await sqlite_store.initialize()
+            task_store = sqlite_store
+            keys = IdempotencyKeys(db)
+        await keys.initialize()
+        executor = MeshExecutor(SkillDispatcher(agent, runner), keys=keys, metrics=metrics)
+        card = build_card(agent, url)
+        handler = IdempotentRequestHandler(
+            agent_executor=executor, task_store=task_store, agent_card=card, keys=keys
+        )
+        return cls(agent, url, executor, handler, store)
+
+    def mount(self, app: FastAPI) -> None:
+        add_a2a_routes_to_fastapi(
+            app,
+            agent_card_routes=create_agent_card_routes(self.card, cache_control=CARD_CACHE_CONTROL),
+            jsonrpc_routes=create_jsonrpc_routes(self.handler, rpc_url="/"),
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return self.executor.in_flight
+
+    async def drain(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for running tasks to finish. True when none is left."""
+        return await self.executor.wait_idle(seconds)
+
+    async def aclose(self) -> None:
+        """Stop the handler (cancels whatever still runs)."""
+        await self.handler.aclose()

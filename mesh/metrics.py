@@ -1,0 +1,173 @@
+"""Every Prometheus metric a node exposes, on one injected ``CollectorRegistry``.
+
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry, agent="credit-bureau", version="0.1.0")
+    metrics.task_done("score", "completed", seconds=0.012)
+
+Names follow ``mesh_<what>_<unit>``; labels stay bounded (agent, skill, model, tool, peer,
+outcome), never ids. ``NodeMetrics`` also implements the runner's observer protocol
+(``on_model_call``, ``on_tool_call``, ``on_session_created``), so a ``Runner`` reports straight
+into it. The delegation metrics are defined here too, for ``mesh.remote`` / ``mesh.resilience``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from mesh.types import Usage
+
+__all__ = ["CONTENT_TYPE_LATEST", "BreakerState", "NodeMetrics", "TaskOutcome", "render"]
+
+TaskOutcome = Literal["completed", "failed", "rejected", "canceled"]
+BreakerState = Literal["closed", "half-open", "open"]
+_BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}
+
+# Tasks range from sub-millisecond function skills to multi-minute LLM turns.
+_TASK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_MODEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text exposition of ``registry``."""
+    return generate_latest(registry)
+
+
+class NodeMetrics:
+    """The metrics of one node (agent), registered on ``registry``."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        agent: str,
+        *,
+        version: str = "",
+        process_collectors: bool = True,
+    ) -> None:
+        self.registry = registry
+        self.agent = agent
+        if process_collectors:
+            ProcessCollector(registry=registry)
+            PlatformCollector(registry=registry)
+        r = registry
+        self.node_info = Gauge("mesh_node_info", "Node identity.", ["agent", "version"], registry=r)
+        self.node_info.labels(agent, version).set(1)
+        self.requests = Counter(
+            "mesh_requests_total",
+            "A2A JSON-RPC requests by method.",
+            ["agent", "method", "outcome"],
+            registry=r,
+        )
+        self.tasks = Counter(
+            "mesh_tasks_total", "Tasks finished.", ["agent", "skill", "outcome"], registry=r
+        )
+        self.task_duration = Histogram(
+            "mesh_task_duration_seconds",
+            "Task wall time.",
+            ["agent", "skill"],
+            buckets=_TASK_BUCKETS,
+            registry=r,
+        )
+        self.tasks_in_flight = Gauge(
+            "mesh_tasks_in_flight", "Tasks running now.", ["agent"], registry=r
+        )
+        self.model_calls = Counter(
+            "mesh_model_calls_total", "Model calls.", ["agent", "model", "outcome"], registry=r
+        )
+        self.model_latency = Histogram(
+            "mesh_model_latency_seconds",
+            "Model call latency.",
+            ["agent", "model"],
+            buckets=_MODEL_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "mesh_tokens_total", "Model tokens.", ["agent", "model", "kind"], registry=r
+        )
+        self.tool_calls = Counter(
+            "mesh_tool_calls_total", "Tool calls.", ["agent", "tool", "outcome"], registry=r
+        )
+        self.sessions_created = Counter(
+            "mesh_sessions_created_total", "Sessions created.", ["agent"], registry=r
+        )
+        self.delegations = Counter(
+            "mesh_delegations_total",
+            "Delegations to peer agents.",
+            ["agent", "peer", "skill", "outcome"],
+            registry=r,
+        )
+        self.delegation_duration = Histogram(
+            "mesh_delegation_duration_seconds",
+            "Delegation wall time, retries included.",
+            ["agent", "peer", "skill"],
+            buckets=_TASK_BUCKETS,
+            registry=r,
+        )
+        self.delegation_retries = Counter(
+            "mesh_delegation_retries_total",
+            "Delegation retries.",
+            ["agent", "peer", "skill"],
+            registry=r,
+        )
+        self.circuit_breaker = Gauge(
+            "mesh_circuit_breaker_state",
+            "Circuit breaker per peer target: 0 closed, 1 half-open, 2 open.",
+            ["agent", "peer", "target"],
+            registry=r,
+        )
+        self.tasks_in_flight.labels(agent).set(0)
+        self.sessions_created.labels(agent)
+
+    # -- node ---------------------------------------------------------------------------------
+    def request(self, method: str, ok: bool) -> None:
+        self.requests.labels(self.agent, method, "ok" if ok else "error").inc()
+
+    def task_started(self) -> None:
+        self.tasks_in_flight.labels(self.agent).inc()
+
+    def task_done(self, skill: str, outcome: TaskOutcome, seconds: float) -> None:
+        self.tasks_in_flight.labels(self.agent).dec()
+        self.tasks.labels(self.agent, skill, outcome).inc()
+        self.task_duration.labels(self.agent, skill).observe(seconds)
+
+    # -- runner observer ----------------------------------------------------------------------
+    def on_model_call(self, model_name: str, seconds: float, usage: Usage | None, ok: bool) -> None:
+        self.model_calls.labels(self.agent, model_name, "ok" if ok else "error").inc()
+        self.model_latency.labels(self.agent, model_name).observe(seconds)
+        if usage is not None:
+            for kind, value in (
+                ("input", usage.input_tokens),
+                ("output", usage.output_tokens),
+                ("cached", usage.cached_tokens),
+                ("thinking", usage.thinking_tokens),
+            ):
+                if value:
+                    self.tokens.labels(self.agent, model_name, kind).inc(value)
+
+    def on_tool_call(self, tool_name: str, ok: bool) -> None:
+        self.tool_calls.labels(self.agent, tool_name, "ok" if ok else "error").inc()
+
+    def on_session_created(self) -> None:
+        self.sessions_created.labels(self.agent).inc()
+
+    # -- delegation ---------------------------------------------------------------------------
+    def delegation(self, peer: str, skill: str, outcome: str, seconds: float) -> None:
+        """One finished delegation; outcome: ok/rejected/unavailable/deadline/failed/canceled."""
+        self.delegations.labels(self.agent, peer, skill, outcome).inc()
+        self.delegation_duration.labels(self.agent, peer, skill).observe(seconds)
+
+    def delegation_retry(self, peer: str, skill: str) -> None:
+        self.delegation_retries.labels(self.agent, peer, skill).inc()
+
+    def breaker_state(self, peer: str, target: str, state: BreakerState) -> None:
+        self.circuit_breaker.labels(self.agent, peer, target).set(_BREAKER_VALUE[state])

@@ -1,0 +1,95 @@
+"""``NodeSettings``: everything a node reads from flags and the environment, read ONCE.
+
+Only entry points (``mesh serve``) build settings; the rest of mesh receives them. Flags win
+over ``MESH_*`` variables, which win over defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from mesh.errors import ConfigError
+
+__all__ = ["DEFAULT_REGISTRY", "NodeSettings", "StoreKind"]
+
+DEFAULT_REGISTRY = "http://127.0.0.1:8400"
+StoreKind = Literal["sqlite", "memory"]
+_LEVELS = {"DEBUG", "INFO", "WARNING", "ERROR"}
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """How one node runs. ``data_dir`` holds ``node.db`` (tasks, sessions, idempotency keys)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = Path(".mesh/node")
+    # The URL other agents use (the card and the registry advertise it).
+    public_url: str | None = None
+    # Registry to announce the node to; None: do not register.
+    registry: str | None = None
+    registry_token: str | None = None
+    discovery: str = "registry"
+    store: StoreKind = "sqlite"
+    log_level: str = "INFO"
+    introspect_instruction: bool = False
+    # Seconds in-flight tasks get to finish after SIGTERM.
+    grace_seconds: float = 20.0
+    # Largest accepted request body (JSON-RPC), bytes.
+    max_body_bytes: int = 10 * 1024 * 1024
+
+    @property
+    def url(self) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in {"0.0.0.0", "::", ""} else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "node.db"
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str],
+        *,
+        agent_name: str,
+        host: str | None = None,
+        port: int | None = None,
+        data_dir: str | Path | None = None,
+        registry: str | None = None,
+        no_register: bool = False,
+        store: str | None = None,
+        grace_seconds: float | None = None,
+    ) -> NodeSettings:
+        """Settings from flags (given values) over ``MESH_*`` variables over defaults."""
+        level = env.get("MESH_LOG_LEVEL", "INFO").upper()
+        if level not in _LEVELS:
+            raise ConfigError(f"MESH_LOG_LEVEL={level!r}: use one of {sorted(_LEVELS)}")
+        store_kind = store or "sqlite"
+        if store_kind not in ("sqlite", "memory"):
+            raise ConfigError(f"--store {store_kind!r}: use 'sqlite' or 'memory'")
+        chosen_port = 8000 if port is None else port
+        if not 0 < chosen_port < 65536:
+            raise ConfigError(f"--port {chosen_port}: use a port between 1 and 65535")
+        base = data_dir or env.get("MESH_DATA_DIR") or Path(".mesh") / agent_name
+        reg: str | None = None
+        if not no_register:
+            reg = registry or env.get("MESH_REGISTRY") or None
+        return cls(
+            host=host or "127.0.0.1",
+            port=chosen_port,
+            data_dir=Path(base),
+            public_url=env.get("MESH_PUBLIC_URL") or None,
+            registry=reg,
+            registry_token=env.get("MESH_REGISTRY_TOKEN") or None,
+            discovery=env.get("MESH_DISCOVERY", "registry"),
+            store=store_kind,  # type: ignore[arg-type]
+            log_level=level,
+            introspect_instruction=env.get("MESH_INTROSPECT_INSTRUCTION") == "1",
+            grace_seconds=20.0 if grace_seconds is None else grace_seconds,
+        )
