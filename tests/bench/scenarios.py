@@ -77,6 +77,9 @@ def send_message_body(parts: list[dict[str, object]], skill: str | None) -> str:
 SCORE_PARTS: list[dict[str, object]] = [{"data": {"applicant_id": "a-1001", "amount": 25000}}]
 
 
+SCORE_TEXT: list[dict[str, object]] = [{"text": "score a-1001 for 25000"}]
+
+
 def _need(*modules: str) -> Callable[[], str | None]:
     def check() -> str | None:
         for name in modules:
@@ -103,6 +106,8 @@ def _mesh_serve(spec: str, server: str) -> Callable[[Ctx], list[str]]:
             str(ctx.ports[server]),
             "--data-dir",
             str(ctx.tmp / server),
+            # No registry in the benchmark: the rows measure serving, not discovery.
+            "--no-register",
         ]
 
     return argv
@@ -170,11 +175,24 @@ ROWS: tuple[Row, ...] = (
         servers=(
             ServerSpec(
                 "bureau",
-                _mesh_serve("agents.credit_bureau:agent", "bureau"),
+                _mesh_serve("tests.bench.agents.specialist:agent", "bureau"),
                 env=_modules_file("bureau"),
             ),
         ),
         target=_a2a_target(SCORE_PARTS, "score"),
-        missing=_need("mesh.node", "mesh.cli.serve", "agents.credit_bureau"),
+        missing=_need("mesh.node", "mesh.cli.serve"),
+    ),
+    Row(
+        key=LOCAL,
+        label="coordinator (scripted model) -> local tool",
+        servers=(
+            ServerSpec(
+                "coordinator",
+                _mesh_serve("tests.bench.agents.coordinator:local", "coordinator"),
+                env=_modules_file("coordinator"),
+            ),
+        ),
+        target=_a2a_target(SCORE_TEXT, None),
+        missing=_need("mesh.node", "mesh.cli.serve"),
     ),
 )
