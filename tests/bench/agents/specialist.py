@@ -10,7 +10,7 @@ import zlib
 from pydantic import BaseModel
 
 from mesh.agent import Agent
-from mesh.skills import skill
+from mesh.skills import Skill, skill
 
 
 class ScoreRequest(BaseModel):
@@ -31,10 +31,12 @@ def compute(applicant_id: str, amount: float) -> ScoreReport:
     return ScoreReport(applicant_id=applicant_id, score=value, tier=tier)
 
 
-@skill(id="score", tags=["credit"])
-async def score(req: ScoreRequest) -> ScoreReport:
+async def _score(req: ScoreRequest) -> ScoreReport:
     """Score an applicant for a loan amount (deterministic)."""
     return compute(req.applicant_id, req.amount)
+
+
+score: Skill = skill(_score, id="score", tags=["credit"])
 
 
 agent = Agent(
