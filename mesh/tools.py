@@ -201,6 +201,29 @@ def _clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return cleaned
 
 
+def _parameter_hints(fn: Callable[..., Any], name: str) -> dict[str, Any]:
+    """Resolved parameter annotations. The return annotation is not needed, and with
+    ``from __future__ import annotations`` it may name a class local to a function."""
+    try:
+        return typing.get_type_hints(fn, include_extras=True)
+    except Exception:
+        pass
+    target = inspect.unwrap(fn)
+    annotations = {
+        k: v for k, v in getattr(target, "__annotations__", {}).items() if k != "return"
+    }
+    shim = type("_Params", (), {"__annotations__": annotations})
+    try:
+        return typing.get_type_hints(
+            shim,
+            globalns=getattr(target, "__globals__", {}),
+            localns=inspect.getclosurevars(target).nonlocals,
+            include_extras=True,
+        )
+    except Exception as exc:
+        raise ConfigError(f"tool {name!r}: cannot resolve its parameter types: {exc}") from exc
+
+
 def _describe_error(exc: ValidationError) -> tuple[str, list[dict[str, Any]]]:
     errors = [
         {"field": ".".join(str(p) for p in e["loc"]) or "(arguments)", "message": e["msg"]}
@@ -244,10 +267,7 @@ class FunctionTool:
         functools.update_wrapper(self, fn)
 
     def _build_model(self, fn: Callable[..., Any]) -> type[BaseModel]:
-        try:
-            hints = typing.get_type_hints(fn, include_extras=True)
-        except Exception as exc:
-            raise ConfigError(f"tool {self.name!r}: cannot resolve its type hints: {exc}") from exc
+        hints = _parameter_hints(fn, self.name)
         fields: dict[str, Any] = {}
         for param in inspect.signature(fn).parameters.values():
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):

@@ -33,8 +33,10 @@ _VERTEX = ("GOOGLE_GENAI_USE_VERTEXAI",)
 
 def gemini_configured(env: Mapping[str, str]) -> bool:
     """Whether ``env`` holds a Gemini API key or selects Vertex AI."""
-    if any(env.get(name) for name in KEY_VARIABLES):
-        return True
+    return any(env.get(name) for name in KEY_VARIABLES) or _vertex(env)
+
+
+def _vertex(env: Mapping[str, str]) -> bool:
     return any(env.get(name, "").strip().lower() in {"1", "true", "yes"} for name in _VERTEX)
 
 
@@ -53,7 +55,18 @@ def resolve_model(agent: Agent, env: Mapping[str, str]) -> Model:
         from mesh.models.gemini import GeminiModel  # imports google.genai: only when needed
 
         api_key = next((env[k] for k in KEY_VARIABLES if env.get(k)), None)
-        return GeminiModel(name, api_key=api_key)
+        base_url = env.get("GOOGLE_GEMINI_BASE_URL") or None
+        if _vertex(env):
+            project = env.get("GOOGLE_CLOUD_PROJECT") or None
+            # Vertex takes either project/location (ADC credentials) or an express-mode key.
+            return GeminiModel(
+                name,
+                vertex=True,
+                project=project,
+                location=env.get("GOOGLE_CLOUD_LOCATION") or None,
+                api_key=None if project else api_key,
+            )
+        return GeminiModel(name, api_key=api_key, base_url=base_url)
     from mesh.models.scripted import ScriptedModel
 
     log.info(
