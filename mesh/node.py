@@ -164,10 +164,11 @@ class Node:
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         db = await Database.open(self.settings.db_path)
         runner: Any = None
+        skill_runners: dict[str, Any] = {}
         try:
             self.health.add_check("database", lambda: _db_check(db))
             if self.agent.is_llm:
-                runner = self._build_runner(db)
+                runner, skill_runners = self._build_runners(db)
                 self.model = runner.model
             self.health.add_check("model", self._model_check)
             self.service = await A2AService.create(
@@ -175,6 +176,7 @@ class Node:
                 url=self.settings.url,
                 db=db,
                 runner=runner,
+                skill_runners=skill_runners,
                 metrics=self.metrics,
                 store=self.settings.store,
             )
@@ -199,17 +201,28 @@ class Node:
             await db.aclose()
             log.info("%s stopped", self.agent.name)
 
-    def _build_runner(self, db: Database) -> Any:
+    def _build_runners(self, db: Database) -> tuple[Any, dict[str, Any]]:
+        """The chat runner, and one runner per LLM typed skill (same model, same sessions)."""
+        from mesh.a2a.dispatcher import skill_agent
         from mesh.runner import Runner
         from mesh.sessions.sqlite import SqliteSessionStore
 
-        return Runner(
-            self.agent,
-            sessions=SqliteSessionStore(db),
-            model=self.model,
-            observer=self.metrics,
-            env=self.env,
+        sessions = SqliteSessionStore(db)
+        runner = Runner(
+            self.agent, sessions=sessions, model=self.model, observer=self.metrics, env=self.env
         )
+        per_skill = {
+            s.id: Runner(
+                skill_agent(self.agent, s),
+                sessions=sessions,
+                model=runner.model,
+                observer=self.metrics,
+                env=self.env,
+            )
+            for s in self.agent.skills
+            if s.typed and s.llm
+        }
+        return runner, per_skill
 
     async def _start_registrar(self) -> None:
         if not self.settings.registry:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
@@ -26,7 +26,14 @@ from mesh.events import Event
 from mesh.skills import TEXT_SKILL_ID, Skill, SkillContext
 from mesh.types import Usage
 
-__all__ = ["Outcome", "ProgressSink", "SkillDispatcher", "TurnRunner", "describe_validation"]
+__all__ = [
+    "Outcome",
+    "ProgressSink",
+    "SkillDispatcher",
+    "TurnRunner",
+    "describe_validation",
+    "skill_agent",
+]
 
 
 class TurnRunner(Protocol):
@@ -88,16 +95,20 @@ def describe_validation(
     return "; ".join(parts), errors
 
 
-def _render_input(skill: Skill, payload: BaseModel) -> str:
-    lines = [
-        f"Task: perform the skill '{skill.id}' ({skill.description}).",
-        "Input (JSON):",
-        payload.model_dump_json(indent=2),
-    ]
+def skill_agent(agent: Agent, skill: Skill) -> Agent:
+    """The agent as it runs an LLM typed skill: its instruction says what the JSON turn asks.
+
+    The turn itself is the input as JSON only (so scripts can read ``{input.field}``); what to
+    do with it travels in the system instruction.
+    """
+    lines = [agent.instruction or ""]
+    lines.append(
+        f"A user message that is a JSON object is a request for the skill '{skill.id}': "
+        f"{skill.description} Answer with one JSON object matching the response schema."
+    )
     if skill.instruction:
         lines.append(skill.instruction)
-    lines.append("Answer with one JSON object matching the required output schema, nothing else.")
-    return "\n".join(lines)
+    return replace(agent, instruction="\n\n".join(line for line in lines if line))
 
 
 def _parse_json(text: str) -> Any:
@@ -109,11 +120,18 @@ def _parse_json(text: str) -> Any:
 
 
 class SkillDispatcher:
-    """Runs the skills of one agent. ``runner`` is needed only for LLM-handled skills."""
+    """Runs the skills of one agent. ``runner`` (chat) and ``skill_runners`` (one per LLM typed
+    skill, see ``skill_agent``) are needed only for LLM-handled skills."""
 
-    def __init__(self, agent: Agent, runner: TurnRunner | None = None) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        runner: TurnRunner | None = None,
+        skill_runners: dict[str, TurnRunner] | None = None,
+    ) -> None:
         self.agent = agent
         self.runner = runner
+        self.skill_runners = dict(skill_runners or {})
         self._skills = {s.id: s for s in agent.all_skills}
         self._typed = [s for s in agent.all_skills if s.typed]
 
@@ -191,7 +209,7 @@ class SkillDispatcher:
             assert isinstance(payload, BaseModel)
             return await self._llm_typed(skill, payload, ctx, user_id, progress)
         text = payload if isinstance(payload, str) else payload.model_dump_json()
-        return await self._turn(text, None, ctx, user_id, progress)
+        return await self._turn(self.runner, text, None, ctx, user_id, progress)
 
     async def _call_handler(self, skill: Skill, payload: Any, ctx: SkillContext) -> Outcome:
         assert skill.handler is not None
@@ -210,7 +228,10 @@ class SkillDispatcher:
         progress: ProgressSink | None,
     ) -> Outcome:
         schema = skill.output_schema()
-        outcome = await self._turn(_render_input(skill, payload), schema, ctx, user_id, progress)
+        runner = self.skill_runners.get(skill.id, self.runner)
+        outcome = await self._turn(
+            runner, payload.model_dump_json(), schema, ctx, user_id, progress
+        )
         try:
             outcome.data = self._check_answer(skill, outcome)
             return outcome
@@ -219,7 +240,7 @@ class SkillDispatcher:
                 f"Your answer did not validate: {first}. Answer again with only one JSON "
                 "object that matches the output schema."
             )
-            second = await self._turn(repair, schema, ctx, user_id, progress)
+            second = await self._turn(runner, repair, schema, ctx, user_id, progress)
             second.usage = outcome.usage + second.usage
             try:
                 second.data = self._check_answer(skill, second)
@@ -238,13 +259,14 @@ class SkillDispatcher:
 
     async def _turn(
         self,
+        runner: TurnRunner | None,
         message: str,
         schema: dict[str, Any] | None,
         ctx: SkillContext,
         user_id: str,
         progress: ProgressSink | None,
     ) -> Outcome:
-        if self.runner is None:
+        if runner is None:
             raise ConfigError(f"agent {self.agent.name!r} has no runner for LLM skills")
         metadata = {"skill": ctx.skill_id, "task_id": ctx.task_id, **ctx.metadata}
         if ctx.traceparent:
@@ -253,7 +275,7 @@ class SkillDispatcher:
             metadata["deadline"] = ctx.deadline
         usage = Usage()
         final: Event | None = None
-        async for event in self.runner.run_stream(
+        async for event in runner.run_stream(
             user_id=user_id,
             session_id=ctx.context_id,
             message=message,

@@ -56,7 +56,8 @@ def message_key(message: Message, context: ServerCallContext | None) -> MessageK
     if not message.message_id:
         return None
     owner = resolve_user_scope(context) if context is not None else ""
-    caller = message.metadata.get("caller", "")
+    # A protobuf Struct: membership works, .get() does not.
+    caller = message.metadata["caller"] if "caller" in message.metadata else ""  # noqa: SIM401
     return (owner, str(caller), message.message_id)
 
 

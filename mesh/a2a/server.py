@@ -64,6 +64,7 @@ class A2AService:
         url: str,
         db: Database,
         runner: TurnRunner | None = None,
+        skill_runners: dict[str, TurnRunner] | None = None,
         metrics: NodeMetrics | None = None,
         store: str = "sqlite",
     ) -> A2AService:
@@ -78,7 +79,9 @@ class A2AService:
             task_store = sqlite_store
             keys = IdempotencyKeys(db)
         await keys.initialize()
-        executor = MeshExecutor(SkillDispatcher(agent, runner), keys=keys, metrics=metrics)
+        executor = MeshExecutor(
+            SkillDispatcher(agent, runner, skill_runners), keys=keys, metrics=metrics
+        )
         card = build_card(agent, url)
         handler = IdempotentRequestHandler(
             agent_executor=executor, task_store=task_store, agent_card=card, keys=keys
