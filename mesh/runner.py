@@ -159,10 +159,12 @@ class Runner:
         never stops calling tools, ``StoreError`` when the session cannot be stored.
         """
         turn = _Turn()
-        async for _ in self._turn(
+        steps = self._turn(
             turn, user_id, session_id, message, response_schema, metadata, stream=False
-        ):
-            pass
+        )
+        async with contextlib.aclosing(steps):
+            async for _ in steps:
+                pass
         return self._result(turn, response_schema)
 
     async def run_stream(
@@ -177,13 +179,18 @@ class Runner:
         """Run one turn with a streaming model, yielding events as they happen.
 
         Partial events (``partial=True``, text as it arrives, no usage, not stored) come before
-        the complete model event they belong to. The last event has ``final=True``.
+        the complete model event they belong to. The last event has ``final=True``. A consumer
+        that may stop early should close the iterator (``contextlib.aclosing``): the turn is
+        abandoned and the session is released.
         """
         turn = _Turn()
-        async for event in self._turn(
+        steps = self._turn(
             turn, user_id, session_id, message, response_schema, metadata, stream=True
-        ):
-            yield event
+        )
+        # Closing promptly releases the session lock when a consumer stops early.
+        async with contextlib.aclosing(steps):
+            async for event in steps:
+                yield event
 
     async def aclose(self) -> None:
         """Close the model's connections (the session store belongs to whoever passed it)."""

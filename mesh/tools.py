@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import pydantic
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mesh.errors import ConfigError, ToolError
 
@@ -209,9 +209,7 @@ def _parameter_hints(fn: Callable[..., Any], name: str) -> dict[str, Any]:
     except Exception:
         pass
     target = inspect.unwrap(fn)
-    annotations = {
-        k: v for k, v in getattr(target, "__annotations__", {}).items() if k != "return"
-    }
+    annotations = {k: v for k, v in getattr(target, "__annotations__", {}).items() if k != "return"}
     shim = type("_Params", (), {"__annotations__": annotations})
     try:
         return typing.get_type_hints(
@@ -261,6 +259,7 @@ class FunctionTool:
             getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
         )
         self._context_param: str | None = None
+        self._fields: dict[str, str] = {}  # model field -> parameter name
         self._args_model = self._build_model(fn)
         self.parameters: dict[str, Any] = _clean_schema(self._args_model.model_json_schema())
         self.parameters.setdefault("properties", {})
@@ -277,7 +276,10 @@ class FunctionTool:
                 self._context_param = param.name
                 continue
             default = ... if param.default is param.empty else param.default
-            fields[param.name] = (annotation, default)
+            # Internal names are prefixed and the real name is the alias: a parameter may be
+            # called `schema`, `json` or `model_name` without clashing with BaseModel.
+            self._fields[f"p_{param.name}"] = param.name
+            fields[f"p_{param.name}"] = (annotation, Field(default, alias=param.name))
         try:
             return pydantic.create_model(
                 f"{self.name}_args",
@@ -298,7 +300,7 @@ class FunctionTool:
             message, errors = _describe_error(exc)
             raise ToolError(message, kind="invalid_arguments", details=errors) from exc
         # Attribute access keeps nested pydantic models as models (model_dump would flatten).
-        return {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        return {param: getattr(parsed, field) for field, param in self._fields.items()}
 
     async def call(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         kwargs = self.validate(args)

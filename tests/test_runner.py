@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -518,3 +519,16 @@ async def test_message_may_be_content_and_session_id_may_be_new() -> None:
     assert result.text == "fallback: hi"
     with pytest.raises(ConfigError, match="role 'model'"):
         await runner.run(user_id="u", session_id=None, message=Content.model("hi"))
+
+
+async def test_a_stream_closed_early_releases_the_session() -> None:
+    runner = Runner(Agent(name="streamer", instruction="x"), model=ChunkyModel())
+    async with asyncio.timeout(10):
+        stream = runner.run_stream(user_id="u", session_id="s", message="hi")
+        async with contextlib.aclosing(stream):
+            async for event in stream:
+                assert event.partial
+                break
+        assert runner._locks == {}
+        result = await runner.run(user_id="u", session_id="s", message="again")
+    assert result.text == "Hello there world"

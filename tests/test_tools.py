@@ -217,3 +217,18 @@ def test_unresolvable_hints_are_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="odd"):
         tool(odd)
+
+
+async def test_parameter_names_may_clash_with_basemodel_attributes() -> None:
+    @tool
+    async def query(schema: str, model_name: str = "m", json: bool = False) -> list[Any]:
+        """Query."""
+        return [schema, model_name, json]
+
+    assert set(query.parameters["properties"]) == {"schema", "model_name", "json"}
+    assert query.parameters["required"] == ["schema"]
+    assert await invoke_tool(query, {"schema": "s", "json": True}, ToolContext()) == {
+        "result": ["s", "m", True]
+    }
+    missing = await invoke_tool(query, {}, ToolContext())
+    assert [d["field"] for d in missing["error"]["details"]] == ["schema"]
