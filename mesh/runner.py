@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -208,7 +208,7 @@ class Runner:
         metadata: Mapping[str, Any] | None,
         *,
         stream: bool,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         content = _user_content(message)
         session_id = session_id or new_id()
         turn.session_id = session_id
@@ -282,7 +282,7 @@ class Runner:
 
     async def _call_model(
         self, request: ModelRequest, ctx: ToolContext, *, stream: bool
-    ) -> AsyncIterator[Event | ModelResponse]:
+    ) -> AsyncGenerator[Event | ModelResponse, None]:
         """Yield partial events (streaming), then the one complete response."""
         started = time.perf_counter()
         response: ModelResponse | None = None
