@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,7 +26,7 @@ import uuid
 from pathlib import Path
 
 from tests.bench.harness import Options, spawn
-from tests.bench.load import run_wrk, warm_up
+from tests.bench.load import LoadResult, run_wrk, warm_up
 from tests.bench.scenarios import ROWS, Ctx
 from tests.support import ROOT, free_port
 
@@ -88,6 +90,22 @@ def summarize(collapsed: str, *, top: int = 25) -> str:
     return "\n".join(out)
 
 
+WARMUP = 200
+
+
+def _db_calls(tmp: Path, answered: int) -> str:
+    """Per-request database round trips of each mesh node, by the code that made them."""
+    out = []
+    for record in sorted(tmp.glob("*.modules.json")):
+        calls: dict[str, int] = json.loads(record.read_text()).get("db_calls", {})
+        out.append(f"  {record.name.split('.')[0]}: {sum(calls.values()) / answered:.2f} total")
+        out += [
+            f"    {n / answered:5.2f}  {name}"
+            for name, n in sorted(calls.items(), key=lambda kv: -kv[1])
+        ]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.bench.profile",
@@ -98,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=int, default=10, help="seconds sampled (default 10)")
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--rate", type=int, default=250, help="samples per second (default 250)")
+    parser.add_argument("--top", type=int, default=25, help="functions listed (default 25)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results")
     parser.add_argument("--py-spy", default=shutil.which("py-spy"), help="path of py-spy")
     args = parser.parse_args(argv)
@@ -111,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"profile: {row.key} cannot run: {reason}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    # Counted by tests/bench/servers/mesh_node.py in each mesh node it starts.
+    os.environ["BENCH_COUNT_DB"] = "1"
     collapsed_path = args.out / f"profile-{row.key}.collapsed"
     with tempfile.TemporaryDirectory(prefix="mesh-profile-") as tmp:
         ctx = Ctx(ports={s.name: free_port() for s in row.servers}, tmp=Path(tmp))
@@ -120,10 +141,11 @@ def main(argv: list[str] | None = None) -> int:
                 procs.append(spawn(spec, ctx, Options().health_timeout_s)[0])
             target = row.target(ctx)
             run = uuid.uuid4().hex[:8]
-            warm_up(target, requests=200, run_id=f"{run}-warm")
+            warm_up(target, requests=WARMUP, run_id=f"{run}-warm")
             # wrk runs a little longer than the sampler so every sample is under load.
+            results: list[LoadResult] = []
             load = threading.Thread(
-                target=run_wrk,
+                target=lambda **kw: results.append(run_wrk(**kw)),
                 kwargs={
                     "target": target,
                     "connections": args.connections,
@@ -158,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for proc in reversed(procs):
                 proc.terminate()
-    print(summarize(collapsed_path.read_text()))
+        answered = WARMUP + sum(r.requests for r in results)
+        db_calls = _db_calls(Path(tmp), answered)
+    print(summarize(collapsed_path.read_text(), top=args.top))
+    if db_calls:
+        print(f"\ndatabase round trips per request ({answered} requests):\n{db_calls}")
     print(f"\ncollapsed stacks: {collapsed_path}")
     return 0
 
