@@ -115,7 +115,7 @@ class Registrar:
             )
         elif state == "retrying":
             self._log.warning(
-                "cannot reach discovery for %s: %s; retrying in the background", reg.agent, error
+                "discovery unavailable for %s: %s; retrying in the background", reg.agent, error
             )
         elif state == "registering" and self._registered_once:
             self._log.warning("discovery forgot %s (%s): registering again", reg.agent, error)

@@ -1,0 +1,132 @@
+"""Registrar: background registration, heartbeats, re-registration, backoff, deregistration.
+A scripted backend makes failures exact; the integration tests run it against the registry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from mesh.discovery import Instance, Registrar, Registration, UnknownInstance
+from mesh.errors import DiscoveryError
+
+REG = Registration(instance_id="n-1", agent="bureau", url="http://127.0.0.1:9", version="1")
+
+
+class ScriptedBackend:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.down = False
+        self.forget = False
+        self.hang_deregister = False
+
+    async def register(self, registration: Registration) -> None:
+        self.calls.append("register")
+        if self.down:
+            raise DiscoveryError("no registry at http://registry.test")
+
+    async def heartbeat(self, instance_id: str) -> None:
+        self.calls.append("heartbeat")
+        if self.down:
+            raise DiscoveryError("no registry at http://registry.test")
+        if self.forget:
+            self.forget = False
+            raise UnknownInstance("unknown n-1")
+
+    async def deregister(self, instance_id: str) -> None:
+        self.calls.append("deregister")
+        if self.hang_deregister:
+            await asyncio.Event().wait()
+
+    async def find(
+        self, *, agent: str | None = None, skill: str | None = None, passing_only: bool = True
+    ) -> list[Instance]:
+        return []
+
+    async def aclose(self) -> None: ...
+
+
+class Sleeps:
+    """An injected sleep that records delays and only yields to the loop."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+        await asyncio.sleep(0)
+
+
+async def _until(predicate, limit: int = 10_000) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(limit):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+async def test_start_is_non_blocking_then_registers_and_heartbeats() -> None:
+    backend, sleeps = ScriptedBackend(), Sleeps()
+    registrar = Registrar(backend, REG, interval_s=5.0, sleep=sleeps)
+    assert registrar.state == "idle"
+    await registrar.start()
+    assert registrar.state == "registering"
+    await _until(lambda: backend.calls.count("heartbeat") >= 3)
+    assert registrar.state == "registered"
+    assert backend.calls[0] == "register"
+    assert set(sleeps.delays) == {5.0}
+    await registrar.aclose()
+    assert backend.calls[-1] == "deregister"
+    assert registrar.state == "stopped"
+
+
+async def test_unknown_instance_registers_again() -> None:
+    backend, sleeps = ScriptedBackend(), Sleeps()
+    registrar = Registrar(backend, REG, sleep=sleeps)
+    await registrar.start()
+    await _until(lambda: "heartbeat" in backend.calls)
+    backend.forget = True
+    await _until(lambda: backend.calls.count("register") == 2)
+    await _until(lambda: registrar.state == "registered")
+    await registrar.aclose()
+
+
+async def test_outage_backs_off_logs_once_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
+    backend, sleeps = ScriptedBackend(), Sleeps()
+    backend.down = True
+    registrar = Registrar(backend, REG, interval_s=4.0, sleep=sleeps)
+    with caplog.at_level(logging.INFO, logger="mesh.discovery"):
+        await registrar.start()
+        await _until(lambda: len(sleeps.delays) >= 6)
+        assert registrar.state == "retrying"
+        assert "no registry" in registrar.last_error
+        assert sleeps.delays[:6] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+        backend.down = False
+        await _until(lambda: registrar.state == "registered")
+        await registrar.aclose()
+    assert caplog.text.count("discovery unavailable for bureau") == 1
+    assert caplog.text.count("registered bureau (n-1) at") == 1
+
+
+async def test_never_registered_means_no_deregister() -> None:
+    backend, sleeps = ScriptedBackend(), Sleeps()
+    backend.down = True
+    registrar = Registrar(backend, REG, sleep=sleeps)
+    await registrar.start()
+    await _until(lambda: len(sleeps.delays) >= 1)
+    await registrar.aclose()
+    assert "deregister" not in backend.calls
+
+
+async def test_aclose_is_bounded_when_the_registry_hangs() -> None:
+    backend, sleeps = ScriptedBackend(), Sleeps()
+    backend.hang_deregister = True
+    registrar = Registrar(backend, REG, sleep=sleeps, close_timeout_s=0.2)
+    await registrar.start()
+    async with asyncio.timeout(5):
+        await registrar.wait_registered()
+        await registrar.aclose()
+    assert registrar.state == "stopped"
+    await registrar.start()  # a stopped registrar stays stopped
+    assert registrar.state == "stopped"

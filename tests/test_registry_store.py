@@ -1,0 +1,179 @@
+"""SqliteRegistryStore, the card validation and the schema table, without processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from registry.card import CardRejected, agent_record
+from registry.catalog import Catalog
+from registry.schema_view import schema_rows
+from registry.sqlite_store import SqliteRegistryStore
+from registry.store import InstanceRecord
+
+
+def _card(name: str = "echo", skill: str = "echo") -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": f"{name} agent",
+        "version": "2.0.0",
+        "supportedInterfaces": [{"url": "http://127.0.0.1:9", "protocolBinding": "JSONRPC"}],
+        "capabilities": {
+            "extensions": [
+                {
+                    "uri": "urn:mesh:skill-schemas:v1",
+                    "params": {
+                        "skills": {
+                            skill: {
+                                "input": {
+                                    "type": "object",
+                                    "properties": {"a": {"type": "string"}},
+                                },
+                                "output": {"type": "object", "properties": {}},
+                            }
+                        }
+                    },
+                }
+            ]
+        },
+        "skills": [
+            {"id": skill, "name": skill.title(), "description": "d", "tags": ["t", "x"]},
+            {"id": "chat", "name": "Chat", "description": "talk", "tags": ["text"]},
+        ],
+    }
+
+
+def _instance(iid: str, agent: str = "echo", at: float = 100.0) -> InstanceRecord:
+    return InstanceRecord(
+        instance_id=iid,
+        agent=agent,
+        url=f"http://127.0.0.1:1/{iid}",
+        version="2.0.0",
+        status_changed_at=at,
+        last_heartbeat_at=at,
+        registered_at=at,
+    )
+
+
+def test_agent_record_derives_skills_schemas_and_tags() -> None:
+    rec = agent_record(_card(), expected_name="echo", now=5.0)
+    assert rec.version == "2.0.0"
+    assert [s.id for s in rec.skills] == ["echo", "chat"]
+    assert rec.skills[0].input_schema == {"type": "object", "properties": {"a": {"type": "string"}}}
+    assert rec.skills[1].input_schema is None
+    assert rec.tags == ("t", "text", "x")
+
+
+def test_agent_record_refuses_a_name_mismatch() -> None:
+    with pytest.raises(CardRejected, match="names the agent 'echo' but the registration says 'b'"):
+        agent_record(_card(), expected_name="b", now=0)
+
+
+async def test_store_round_trip_and_persistence(tmp_path: Path) -> None:
+    path = tmp_path / "r.db"
+    store = await SqliteRegistryStore.open(path)
+    rec = agent_record(_card(), expected_name="echo", now=1.0)
+    first = await store.put(rec, _instance("i1", at=100.0))
+    again = await store.put(rec, _instance("i1", at=200.0))
+    assert first.registered_at == again.registered_at == 100.0
+    assert again.last_heartbeat_at == 200.0
+    await store.put(rec, _instance("i2"))
+    beat = await store.heartbeat("i2", 300.0)
+    assert beat is not None
+    assert beat.last_heartbeat_at == 300.0
+    assert await store.heartbeat("nope", 1.0) is None
+    await store.set_status("i2", "critical", "gone", 301.0)
+    await store.aclose()
+
+    store = await SqliteRegistryStore.open(path)
+    try:
+        got = {i.instance_id: i for i in await store.instances()}
+        assert set(got) == {"i1", "i2"}
+        assert (got["i2"].status, got["i2"].status_reason, got["i2"].status_changed_at) == (
+            "critical",
+            "gone",
+            301.0,
+        )
+        agent = await store.agent("echo")
+        assert agent is not None
+        assert agent.skills[0].input_schema is not None
+        # The agent lives as long as one of its instances.
+        assert (await store.remove("i1")) is not None
+        assert await store.agent("echo") is not None
+        await store.remove("i2")
+        assert await store.agent("echo") is None
+        assert await store.remove("i2") is None
+    finally:
+        await store.aclose()
+
+
+async def test_moving_an_instance_to_another_agent_drops_the_orphan(tmp_path: Path) -> None:
+    store = await SqliteRegistryStore.open(tmp_path / "r.db")
+    try:
+        await store.put(agent_record(_card("a"), expected_name="a", now=1), _instance("i", "a"))
+        await store.put(agent_record(_card("b"), expected_name="b", now=2), _instance("i", "b"))
+        assert [a.name for a in await store.agents()] == ["b"]
+    finally:
+        await store.aclose()
+
+
+async def test_catalog_filters(tmp_path: Path) -> None:
+    store = await SqliteRegistryStore.open(tmp_path / "r.db")
+    try:
+        await store.put(
+            agent_record(_card("a", "score"), expected_name="a", now=1), _instance("1", "a")
+        )
+        await store.put(
+            agent_record(_card("b", "sum"), expected_name="b", now=1), _instance("2", "b")
+        )
+        await store.set_status("2", "warning", "503", 5)
+        catalog = Catalog(store)
+        assert [v.agent.name for v in await catalog.agents(skill="score")] == ["a"]
+        assert [v.agent.name for v in await catalog.agents(q="SUM")] == ["b"]
+        assert [v.agent.name for v in await catalog.agents(tag="text")] == ["a", "b"]
+        assert [i.instance_id for i, _ in await catalog.instances()] == ["1"]
+        assert [i.instance_id for i, _ in await catalog.instances(status="any")] == ["1", "2"]
+        assert [i.instance_id for i, _ in await catalog.instances(skill="sum", status="any")] == [
+            "2"
+        ]
+        view = await catalog.agent("b")
+        assert view is not None
+        assert view.passing == 0
+        assert len(view.instances) == 1
+    finally:
+        await store.aclose()
+
+
+def test_schema_rows_resolve_refs_optionals_and_nesting() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "applicant_id": {"type": "string", "description": "Who."},
+            "amount": {"type": "number", "exclusiveMinimum": 0.0},
+            "note": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+            "address": {"$ref": "#/$defs/Address"},
+            "kind": {"enum": ["new", "renewal"], "default": "new"},
+            "items": {"type": "array", "items": {"$ref": "#/$defs/Address"}},
+        },
+        "required": ["applicant_id", "amount", "address"],
+        "$defs": {
+            "Address": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 40.0}},
+                "required": ["city"],
+            }
+        },
+    }
+    rows = [(r.name, r.type, r.required, r.description) for r in schema_rows(schema)]
+    assert rows == [
+        ("applicant_id", "string", True, "Who."),
+        ("amount", "number, > 0", True, ""),
+        ("note", "string | null", False, ""),
+        ("address", "Address", True, ""),
+        ("address.city", "string, max length 40", True, ""),
+        ("kind", "one of: new, renewal", False, "(default new)"),
+        ("items", "array of Address", False, ""),
+    ]
+    assert schema_rows(None) == []
