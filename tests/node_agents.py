@@ -1,0 +1,62 @@
+"""Agents the node tests serve: they record each call so tests can count real executions."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from mesh import Agent, SkillContext, skill
+
+
+def _record(what: str) -> None:
+    path = os.environ.get("NODE_TEST_CALLS")
+    if path:
+        with Path(path).open("a") as fh:
+            fh.write(what + "\n")
+
+
+class Ping(BaseModel):
+    key: str
+    n: int = 1
+
+
+class Pong(BaseModel):
+    key: str
+    n: int
+    doubled: int
+
+
+class Sleep(BaseModel):
+    seconds: float
+
+
+class Slept(BaseModel):
+    seconds: float
+
+
+@skill
+def echo(req: Ping) -> Pong:
+    """Echo the key and double n (records every call)."""
+    _record(f"echo {req.key}")
+    return Pong(key=req.key, n=req.n, doubled=req.n * 2)
+
+
+@skill
+async def slow(req: Sleep, ctx: SkillContext) -> Slept:
+    """Sleep, then answer (records start and end)."""
+    _record(f"slow start {ctx.task_id}")
+    await asyncio.sleep(req.seconds)
+    _record(f"slow end {ctx.task_id}")
+    return Slept(seconds=req.seconds)
+
+
+@skill
+def broken(req: Ping) -> Pong:
+    """Always raises (with a secret in the message that must not leak)."""
+    raise RuntimeError("secret-token-1234 exploded")
+
+
+agent = Agent(name="test-worker", description="Test worker.", skills=[echo, slow, broken])
