@@ -86,7 +86,8 @@ class RunResult:
 
     ``events`` are those the turn produced after the user's message (model and tool events, no
     partial ones); ``usage`` sums the turn's model responses; ``data`` is the answer parsed as
-    JSON when a ``response_schema`` was given (None if it did not parse).
+    JSON when a ``response_schema`` was given (None if it did not parse); streaming consumers
+    find the same value in the final event's ``metadata["data"]``.
     """
 
     text: str
@@ -251,6 +252,14 @@ class Runner:
                 if response.usage is not None:
                     turn.usage = turn.usage + response.usage
                 calls = response.content.function_calls
+                event_meta: dict[str, Any] = {}
+                if response.finish_reason:
+                    event_meta["finish_reason"] = response.finish_reason
+                if not calls and response_schema is not None:
+                    # Streaming consumers read the structured answer from the final event.
+                    data = _parse_json(response.content.text)
+                    if data is not None:
+                        event_meta["data"] = data
                 model_event = Event(
                     invocation_id=invocation_id,
                     author=self.agent.name,
@@ -258,9 +267,7 @@ class Runner:
                     usage=response.usage,
                     model=response.model_version or self.model.name,
                     final=not calls,
-                    metadata={"finish_reason": response.finish_reason}
-                    if response.finish_reason
-                    else {},
+                    metadata=event_meta,
                 )
                 session = await self.sessions.append_event(session, model_event)
                 turn.events.append(model_event)
@@ -439,7 +446,9 @@ class Runner:
 
     def _result(self, turn: _Turn, response_schema: dict[str, Any] | None) -> RunResult:
         text = turn.final.text if turn.final else ""
-        data = _parse_json(text) if response_schema is not None else None
+        data = (
+            turn.final.metadata.get("data") if turn.final and response_schema is not None else None
+        )
         return RunResult(
             text=text, data=data, events=turn.events, usage=turn.usage, session_id=turn.session_id
         )

@@ -399,6 +399,18 @@ async def test_response_schema_gives_parsed_data() -> None:
     )
     assert result.data == {"score": 712, "reason": "tier B"}
     assert Decision.model_validate(result.data).score == 712
+    assert result.events[-1].metadata["data"] == result.data
+    streamed = [
+        e
+        async for e in runner_for(make_agent([score], rule)).run_stream(
+            user_id="u",
+            session_id="s",
+            message="decide APP-3",
+            response_schema=Decision.model_json_schema(),
+        )
+    ]
+    assert streamed[-1].final
+    assert streamed[-1].metadata["data"] == {"score": 712, "reason": "tier B"}
     plain = await runner_for(make_agent([score], rule)).run(
         user_id="u", session_id="s", message="decide APP-3"
     )
