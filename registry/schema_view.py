@@ -94,7 +94,9 @@ def _collect(
     if not isinstance(props, dict):
         return
     required = set(schema.get("required", []))
-    for name, prop in props.items():
+    # Cards carry schemas through protobuf Struct, which does not keep key order: show the
+    # required fields first so the table reads the same however the keys arrive.
+    for name, prop in sorted(props.items(), key=lambda kv: kv[0] not in required):
         if not isinstance(prop, dict):
             continue
         target = _resolve(prop, defs)

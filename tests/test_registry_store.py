@@ -170,9 +170,9 @@ def test_schema_rows_resolve_refs_optionals_and_nesting() -> None:
     assert rows == [
         ("applicant_id", "string", True, "Who."),
         ("amount", "number, > 0", True, ""),
-        ("note", "string | null", False, ""),
         ("address", "Address", True, ""),
         ("address.city", "string, max length 40", True, ""),
+        ("note", "string | null", False, ""),
         ("kind", "one of: new, renewal", False, "(default new)"),
         ("items", "array of Address", False, ""),
     ]
