@@ -235,6 +235,8 @@ class Runner:
             )
             limit = self.agent.max_model_calls
             for _ in range(limit):
+                # A store may hand back a new Session object: keep the context's view current.
+                base_ctx.session_state = MappingProxyType(session.state)
                 request = ModelRequest(
                     system_instruction=self.agent.instruction,
                     contents=_history(session),
