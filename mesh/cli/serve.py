@@ -191,11 +191,11 @@ def _call(args: argparse.Namespace) -> int:
     return asyncio.run(_call_async(resolve_target(args.target), payload, args))
 
 
-def _print_result(result: Any) -> int:
+def _print_result(result: Any, shown: str = "") -> int:
     if result.ok:
         if result.data is not None:
             print(json.dumps(result.data, indent=2))
-        else:
+        elif result.text.strip() != shown.strip():  # already streamed as it arrived
             print(result.text)
         if result.context_id:
             print(f"(task {result.task_id}, context {result.context_id})", file=sys.stderr)
@@ -224,12 +224,14 @@ async def _call_async(url: str, payload: dict[str, Any] | str, args: argparse.Na
                 return _print_result(result)
             task_id = ""
             partial = False
+            shown = ""
             async for update in peer.stream(
                 payload, skill=args.skill, context_id=args.context_id, timeout=args.timeout
             ):
                 task_id = update.task_id or task_id
                 if update.partial:
                     print(update.text, end="", flush=True)
+                    shown += update.text
                     partial = True
                     continue
                 if partial:
@@ -241,7 +243,7 @@ async def _call_async(url: str, payload: dict[str, Any] | str, args: argparse.Na
                     print(f"[{update.state}]", file=sys.stderr, flush=True)
             if not task_id:
                 raise ConfigError("the stream ended without a task")
-            return _print_result(await peer.get_task(task_id))
+            return _print_result(await peer.get_task(task_id), shown)
         finally:
             await peer.aclose()
 
