@@ -38,7 +38,7 @@ APPLICANTS: dict[str, Applicant] = {
     for a in (
         Applicant("APP-501", "Asha Rao", "Pune", "salaried", "Infosys", 6.0, 145_000, 145_000, 12_000),
         Applicant("APP-612", "Rahul Mehta", "Mumbai", "self-employed", "Mehta Traders", 9.5, 210_000, 168_000, 45_000),
-        Applicant("APP-733", "Meera Iyer", "Chennai", "salaried", "TCS", 2.0, 88_000, 86_500, 31_000),
+        Applicant("APP-738", "Meera Iyer", "Chennai", "salaried", "TCS", 2.0, 88_000, 86_500, 31_000),
         Applicant("APP-847", "Vikram Singh", "Delhi", "contract", "Freelance (design)", 1.0, 120_000, None, 8_000),
         Applicant("APP-902", "Fatima Sheikh", "Hyderabad", "salaried", "Deloitte", 12.0, 260_000, 262_000, 60_000),
     )

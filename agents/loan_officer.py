@@ -1,0 +1,198 @@
+"""The loan officer: an LLM coordinator that delegates to two specialists.
+
+    mesh up agents/mesh.toml                    # the registry, this agent and its specialists
+    mesh chat loan-officer
+    > Should we approve APP-612 for 400,000 over 48 months?
+
+Local tools: ``lookup_applicant``, ``calculate_emi``, ``apply_lending_policy``. Remote tools,
+found through the registry: the credit bureau's ``score`` and the income verifier's skills,
+called in the same model response so they run in parallel. With ``GOOGLE_API_KEY`` set the
+model is Gemini; without, the offline ``LOAN_SCRIPT`` below plays the same steps.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from agents.applicants import APPLICANTS, find_applicant
+from mesh import Agent, ToolError, remote
+from mesh.models.scripted import Call, Rule, Script
+
+# Seconds each delegation may take, retries included.
+DEADLINE_S = float(os.environ.get("LOAN_DESK_DEADLINE_S", "20"))
+DEFAULT_RATE_PCT = 11.5
+DEFAULT_MONTHS = 60
+Decision = Literal["approve", "refer", "decline"]
+
+
+def lookup_applicant(applicant_id: str) -> dict[str, Any]:
+    """The applicant's profile: name, employment, declared monthly income, existing monthly
+    obligations (EMIs already paid)."""
+    applicant = find_applicant(applicant_id)
+    if applicant is None:
+        raise ToolError(
+            f"no applicant {applicant_id!r} on file; known applicants: {', '.join(APPLICANTS)}",
+            kind="not_found",
+        )
+    return applicant.profile()
+
+
+def calculate_emi(
+    principal: float, annual_rate_pct: float = DEFAULT_RATE_PCT, months: int | None = None
+) -> dict[str, Any]:
+    """Monthly instalment (EMI) of a loan: principal, yearly interest rate in percent, tenure in
+    months (default 60)."""
+    months = months or DEFAULT_MONTHS
+    if principal <= 0 or months <= 0 or not 0 <= annual_rate_pct < 100:
+        raise ToolError(
+            "principal and months must be positive and annual_rate_pct between 0 and 100",
+            kind="invalid_arguments",
+        )
+    r = annual_rate_pct / 12 / 100
+    emi = (
+        principal / months
+        if r == 0
+        else principal * r * (1 + r) ** months / ((1 + r) ** months - 1)
+    )
+    return {
+        "principal": round(principal, 2),
+        "annual_rate_pct": annual_rate_pct,
+        "months": months,
+        "emi": round(emi, 2),
+        "total_payable": round(emi * months, 2),
+        "total_interest": round(emi * months - principal, 2),
+    }
+
+
+def apply_lending_policy(
+    score: int,
+    declared_monthly_income: float,
+    verified_monthly_income: float | None,
+    existing_monthly_obligations: float,
+    emi: float,
+) -> dict[str, Any]:
+    """The bank's policy: decision (approve / refer / decline) from the credit score, the
+    income to trust (verified when known) and the debt-to-income ratio after the new EMI."""
+    income = (
+        verified_monthly_income if verified_monthly_income is not None else declared_monthly_income
+    )
+    if income <= 0:
+        raise ToolError("monthly income must be positive", kind="invalid_arguments")
+    dti = (existing_monthly_obligations + emi) / income * 100
+    reasons: list[str] = []
+    decision: Decision = "approve"
+    if score < 580:
+        decision, reasons = "decline", [f"credit score {score} is below 580"]
+    elif dti > 60:
+        decision, reasons = "decline", [f"debt-to-income would be {dti:.0f}% (limit 60%)"]
+    else:
+        if score < 670:
+            reasons.append(f"credit score {score} is below 670")
+        if dti > 45:
+            reasons.append(f"debt-to-income would be {dti:.0f}% (comfort limit 45%)")
+        if verified_monthly_income is None:
+            reasons.append("income could not be verified")
+        if reasons:
+            decision = "refer"
+    reason = "; ".join(reasons) or "score and affordability within policy"
+    return {
+        "decision": decision,
+        "debt_to_income_pct": round(dti, 1),
+        "income_used": income,
+        "reason": reason,
+    }
+
+
+LOAN_SCRIPT = Script(
+    rules=[
+        Rule(
+            # "Should we approve APP-612 for 400,000 over 48 months?"
+            when=r"(?i)\b(?P<applicant_id>APP-\d+)\b.*?(?P<amount>\d[\d,]{3,})"
+            r"(?:\D+?(?P<months>\d{1,3})\s*(?:months|mo)\b)?",
+            steps=[
+                [Call("lookup_applicant", {"applicant_id": "{applicant_id|upper}"})],
+                # One model response, three calls: the two specialists run in parallel.
+                [
+                    Call(
+                        "credit_bureau_score",
+                        {"applicant_id": "{applicant_id|upper}", "amount": "{amount|number}"},
+                    ),
+                    Call("income_verifier_verify", {"applicant_id": "{applicant_id|upper}"}),
+                    Call(
+                        "calculate_emi", {"principal": "{amount|number}", "months": "{months|int}"}
+                    ),
+                ],
+                [
+                    Call(
+                        "apply_lending_policy",
+                        {
+                            "score": "{credit_bureau_score.score}",
+                            "declared_monthly_income": "{lookup_applicant.declared_monthly_income}",
+                            "verified_monthly_income": "{income_verifier_verify.verified_monthly_income}",
+                            "existing_monthly_obligations": "{lookup_applicant.existing_monthly_obligations}",
+                            "emi": "{calculate_emi.emi}",
+                        },
+                    )
+                ],
+            ],
+            answer=(
+                "Recommendation for {lookup_applicant.name} ({applicant_id|upper}), loan of "
+                "{calculate_emi.principal} over {calculate_emi.months} months: "
+                "{apply_lending_policy.decision|upper}.\n"
+                "- Credit bureau: score {credit_bureau_score.score} ({credit_bureau_score.tier}). "
+                "{credit_bureau_score.narrative}\n"
+                "- Income verifier: {income_verifier_verify.status}. {income_verifier_verify.note}\n"
+                "- EMI {calculate_emi.emi} per month at {calculate_emi.annual_rate_pct}%; "
+                "debt-to-income {apply_lending_policy.debt_to_income_pct}%.\n"
+                "Why: {apply_lending_policy.reason}."
+            ),
+            on_error="I can't complete the assessment of {applicant_id|upper} right now: {error}",
+        ),
+        Rule(
+            # "Tell me about APP-501"
+            when=r"(?i)\b(?P<applicant_id>APP-\d+)\b",
+            steps=[
+                [
+                    Call("lookup_applicant", {"applicant_id": "{applicant_id|upper}"}),
+                    Call("income_verifier_verify", {"applicant_id": "{applicant_id|upper}"}),
+                ]
+            ],
+            answer=(
+                "{lookup_applicant.name} ({applicant_id|upper}), {lookup_applicant.employment} at "
+                "{lookup_applicant.employer}, {lookup_applicant.city}. Declares "
+                "{lookup_applicant.declared_monthly_income} a month; income verifier: "
+                "{income_verifier_verify.status}. {income_verifier_verify.note} "
+                "Ask about a loan amount for a recommendation."
+            ),
+            on_error="I can't look up {applicant_id|upper} right now: {error}",
+        ),
+    ],
+    fallback=(
+        "I'm the loan officer. Ask me e.g. 'Should we approve APP-612 for 400,000 over 48 "
+        "months?'. Applicants on file: " + ", ".join(APPLICANTS) + "."
+    ),
+)
+
+INSTRUCTION = """You are a careful loan officer at a retail bank.
+For a loan question: look the applicant up, then in ONE response call the credit bureau's score
+tool, the income verifier's verify tool and calculate_emi (they run in parallel), then call
+apply_lending_policy with their results, and answer with the decision, the score and tier, the
+income verification status, the EMI and the debt-to-income ratio, and the reason.
+If a tool reports an error (for example the credit bureau is unavailable), say so plainly and do
+not guess the missing facts. Amounts are in rupees."""
+
+agent = Agent(
+    name="loan-officer",
+    description="Assesses personal-loan applications with the credit bureau and income verifier.",
+    instruction=INSTRUCTION,
+    tools=[
+        lookup_applicant,
+        calculate_emi,
+        apply_lending_policy,
+        remote("credit-bureau", skill="score", deadline_s=DEADLINE_S),
+        remote("income-verifier", deadline_s=DEADLINE_S),
+    ],
+    script=LOAN_SCRIPT,
+    tags=("lending", "coordinator"),
+)
