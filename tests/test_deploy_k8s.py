@@ -1,0 +1,145 @@
+"""deploy/k8s: plain manifests, parsed and checked for what a cluster needs to run the desk
+safely (no cluster here: the checks are structural)."""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Any
+
+import pytest
+import yaml
+
+from mesh.meshfile import MeshFile
+from tests.support import ROOT
+
+K8S = ROOT / "deploy" / "k8s"
+AGENTS = {
+    "credit-bureau": ("agents.credit_bureau:agent", 2),
+    "income-verifier": ("agents.income_verifier:agent", 1),
+    "loan-officer": ("agents.loan_officer:agent", 1),
+}
+
+
+def documents() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def find(kind: str, name: str) -> dict[str, Any]:
+    matches = [d for d in documents() if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind}/{name}, found {len(matches)}"
+    return matches[0]
+
+
+def workloads() -> list[dict[str, Any]]:
+    return [d for d in documents() if d["kind"] in ("Deployment", "StatefulSet")]
+
+
+def test_every_object_has_api_version_kind_name_and_the_mesh_namespace() -> None:
+    docs = documents()
+    assert docs
+    for doc in docs:
+        assert doc.get("apiVersion"), doc
+        assert doc.get("kind"), doc
+        assert doc["metadata"].get("name"), doc
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"].get("namespace") == "mesh", doc["metadata"]["name"]
+    assert find("Namespace", "mesh")
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == files
+
+
+@pytest.mark.parametrize("agent", sorted(AGENTS))
+def test_each_agent_has_a_deployment_and_a_matching_service(agent: str) -> None:
+    module, replicas = AGENTS[agent]
+    deployment = find("Deployment", agent)
+    service = find("Service", agent)
+    spec = deployment["spec"]
+    assert spec["replicas"] == replicas
+    labels = spec["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= labels.items()
+    assert service["spec"]["selector"].items() <= labels.items()
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["args"][:2] == ["serve", module]
+    port_names = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for port in service["spec"]["ports"]:
+        assert port["targetPort"] in port_names or port["targetPort"] in port_names.values()
+    env = {e["name"]: e for e in container["env"]}
+    # Each replica advertises its own pod address, so callers can fail over between them.
+    assert env["MESH_PUBLIC_URL"]["value"].startswith("http://$(POD_IP):")
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert list(env).index("POD_IP") < list(env).index("MESH_PUBLIC_URL")
+
+
+def test_registry_is_one_replica_with_persistent_storage() -> None:
+    registry = find("StatefulSet", "registry")
+    assert registry["spec"]["replicas"] == 1
+    (claim,) = registry["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    (container,) = registry["spec"]["template"]["spec"]["containers"]
+    assert container["args"][0] == "registry"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts[claim["metadata"]["name"]] == "/data"
+    assert "--data-dir" in container["args"]
+    assert container["args"][container["args"].index("--data-dir") + 1] == "/data"
+    assert find("Service", "registry")["spec"]["ports"][0]["port"] == 8400
+
+
+@pytest.mark.parametrize("workload", [w["metadata"]["name"] for w in workloads()])
+def test_probes_resources_security_and_scrape_annotations(workload: str) -> None:
+    (doc,) = [w for w in workloads() if w["metadata"]["name"] == workload]
+    pod = doc["spec"]["template"]
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    pod_security = pod["spec"]["securityContext"]
+    assert pod_security["runAsNonRoot"] is True
+    assert pod_security["runAsUser"] != 0
+    for container in pod["spec"]["containers"]:
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert int(annotations["prometheus.io/port"]) in ports.values()
+        for probe in ("readinessProbe", "livenessProbe"):
+            get = container[probe]["httpGet"]
+            assert get["path"] == "/health", probe
+            assert get["port"] in ports or get["port"] in ports.values(), probe
+        resources = container["resources"]
+        for kind in ("requests", "limits"):
+            assert {"cpu", "memory"} <= set(resources[kind]), kind
+        security = container["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["capabilities"]["drop"] == ["ALL"]
+        # A read-only root needs somewhere writable for data and temp files.
+        assert {"/data", "/tmp"} <= {m["mountPath"] for m in container["volumeMounts"]}
+
+
+def test_no_secret_values_in_manifests() -> None:
+    for doc in documents():
+        assert doc["kind"] != "Secret", "secrets are created by the operator, not committed"
+        for workload in [doc] if doc["kind"] in ("Deployment", "StatefulSet") else []:
+            for container in workload["spec"]["template"]["spec"]["containers"]:
+                for env in container.get("env", []):
+                    if env["name"].endswith(("TOKEN", "API_KEY")):
+                        assert "value" not in env, env["name"]
+                        assert env["valueFrom"]["secretKeyRef"]["name"] == "mesh-secrets"
+
+
+def test_config_map_holds_a_valid_mesh_file_matching_the_deployments() -> None:
+    config = find("ConfigMap", "mesh-config")
+    text = config["data"]["mesh.toml"]
+    meshfile = MeshFile.model_validate(tomllib.loads(text))
+    assert {name: (node.module, node.replicas) for name, node in meshfile.nodes.items()} == AGENTS
+    assert config["data"]["MESH_REGISTRY"].startswith("http://registry.mesh.svc")
+    # The mesh file in the ConfigMap describes the same desk as the one `mesh up` runs.
+    local = tomllib.loads((ROOT / "agents" / "mesh.toml").read_text())
+    assert {n: v["module"] for n, v in local["nodes"].items()} == {
+        n: m for n, (m, _) in AGENTS.items()
+    }
