@@ -75,3 +75,14 @@ def instances(registry_url: str, **params: str) -> list[dict[str, Any]]:
     r.raise_for_status()
     found: list[dict[str, Any]] = r.json()["instances"]
     return found
+
+
+def start_bureau(tmp: Path, registry_url: str, *, port: int | None = None) -> Service:
+    """Start the real node ``mesh serve agents.credit_bureau:agent`` registering with the registry."""
+    port = port or free_port()
+    argv = [
+        "mesh", "serve", "agents.credit_bureau:agent", "--port", str(port),
+        "--data-dir", str(tmp / f"bureau-{port}"), "--registry", registry_url,
+    ]  # fmt: skip
+    proc = Proc.start(argv, name=f"bureau-{port}", tmp=tmp, env=clean_env())
+    return Service(proc, f"http://127.0.0.1:{port}", port)

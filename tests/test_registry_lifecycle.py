@@ -1,7 +1,9 @@
-"""The registry with real nodes: register, fail, stop, restart, outage, recovery."""
+"""The registry with real nodes (``mesh serve agents.credit_bureau:agent``, and the echo node
+where a test needs to make a node unhealthy): register, fail, stop, restart, outage, recovery."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.registry_support import instances, registry, start_node
+from tests.registry_support import instances, registry, start_bureau, start_node
 from tests.support import ROOT, clean_env, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -24,26 +26,25 @@ def _mesh(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_node_registers_and_appears_in_mesh_ls_and_show(tmp_path: Path) -> None:
     with registry(tmp_path) as reg:
-        node = start_node(tmp_path, reg.url, name="echo", instance_id="echo-1")
+        node = start_bureau(tmp_path, reg.url)
         with node.proc:
-            found = wait_for(lambda: instances(reg.url, agent="echo"), what="echo registered")
-            assert found[0]["instance_id"] == "echo-1"
+            found = wait_for(lambda: instances(reg.url, agent="credit-bureau"), what="registered")
             assert found[0]["url"] == node.url
-            assert found[0]["skills"] == ["echo"]
+            assert found[0]["skills"] == ["score"]
 
             ls = _mesh("ls", "--registry", reg.url)
             assert ls.returncode == 0, ls.stderr
             header, row = ls.stdout.strip().splitlines()
             assert header.split() == ["AGENT", "VERSION", "UP", "SKILLS", "DESCRIPTION"]
-            assert row.split()[:4] == ["echo", "1.2.3", "1/1", "echo"]
+            assert row.split()[:4] == ["credit-bureau", "0.1.0", "1/1", "score"]
 
-            show = _mesh("show", "echo", "--registry", reg.url)
+            show = _mesh("show", "credit-bureau", "--registry", reg.url)
             assert show.returncode == 0, show.stderr
-            assert "* text: string  (What to echo back.)" in show.stdout
+            assert "* applicant_id: string  (Applicant identifier, e.g. APP-501.)" in show.stdout
             assert f"{node.url}  passing" in show.stdout
 
-            as_json = _mesh("ls", "--skill", "echo", "--json", "--registry", reg.url)
-            assert [a["name"] for a in __import__("json").loads(as_json.stdout)] == ["echo"]
+            as_json = _mesh("ls", "--skill", "score", "--json", "--registry", reg.url)
+            assert [a["name"] for a in json.loads(as_json.stdout)] == ["credit-bureau"]
             none = _mesh("ls", "--skill", "nope", "--registry", reg.url)
             assert "no agents registered" in none.stdout
 
@@ -70,9 +71,9 @@ def test_kill_9_goes_critical_within_the_probe_interval_and_leaves_lookups(
     tmp_path: Path,
 ) -> None:
     with registry(tmp_path, probe_interval=0.5) as reg:
-        node = start_node(tmp_path, reg.url, instance_id="echo-k")
+        node = start_bureau(tmp_path, reg.url)
         with node.proc:
-            wait_for(lambda: instances(reg.url, agent="echo"), what="echo passing")
+            (up,) = wait_for(lambda: instances(reg.url), what="bureau passing")
             node.proc.kill()
             # Probe every 0.5 s with a 0.4 s timeout: a refused connection is seen in one round.
             gone = wait_for(
@@ -80,10 +81,10 @@ def test_kill_9_goes_critical_within_the_probe_interval_and_leaves_lookups(
                 timeout=2.0,
                 what="critical after kill -9",
             )
-            assert gone[0]["instance_id"] == "echo-k"
+            assert gone[0]["instance_id"] == up["instance_id"]
             assert "health check failed" in str(gone[0]["status_reason"])
-            assert instances(reg.url, agent="echo") == []
-            assert instances(reg.url, skill="echo") == []
+            assert instances(reg.url, agent="credit-bureau") == []
+            assert instances(reg.url, skill="score") == []
             agents = httpx.get(f"{reg.url}/v1/agents").json()["agents"]
             assert agents[0]["instances"] == {"passing": 0, "total": 1}
 
@@ -117,44 +118,45 @@ def test_critical_instance_is_removed_after_the_configured_time(tmp_path: Path) 
 
 def test_graceful_stop_deregisters(tmp_path: Path) -> None:
     with registry(tmp_path) as reg:
-        node = start_node(tmp_path, reg.url)
+        node = start_bureau(tmp_path, reg.url)
         with node.proc:
             wait_for(lambda: instances(reg.url), what="registered")
             # uvicorn re-raises SIGTERM after its graceful shutdown, so the code is -15.
             node.proc.terminate()
             # Deregistered by the node itself: gone at once, not critical first.
             assert instances(reg.url, status="any") == []
-            assert "deregistered echo" in node.proc.output()
+            assert "deregistered credit-bureau" in node.proc.output()
 
 
 def test_registry_restart_on_same_data_dir_keeps_everything(tmp_path: Path) -> None:
     data = tmp_path / "reg-data"
     port = free_port()
     with registry(tmp_path, data_dir=data, port=port) as reg:
-        node = start_node(tmp_path, reg.url, instance_id="echo-r")
+        node = start_bureau(tmp_path, reg.url)
         with node.proc:
-            wait_for(lambda: instances(reg.url), what="registered")
+            (up,) = wait_for(lambda: instances(reg.url), what="registered")
             reg.proc.terminate()
             with registry(tmp_path, data_dir=data, port=port, name="registry-2") as again:
                 found = instances(again.url, status="any")
-                assert [i["instance_id"] for i in found] == ["echo-r"]
-                agent = httpx.get(f"{again.url}/v1/agents/echo").json()
-                assert agent["skills"][0]["input_schema"]["required"] == ["text"]
+                assert [i["instance_id"] for i in found] == [up["instance_id"]]
+                agent = httpx.get(f"{again.url}/v1/agents/credit-bureau").json()
+                assert agent["skills"][0]["input_schema"]["required"] == ["applicant_id", "amount"]
                 wait_for(lambda: instances(again.url), what="still passing after restart")
 
 
 def test_node_survives_a_registry_outage_and_registers_again(tmp_path: Path) -> None:
     port = free_port()
     with registry(tmp_path, port=port, data_dir=tmp_path / "first") as reg:
-        node = start_node(tmp_path, reg.url, instance_id="echo-o")
+        node = start_bureau(tmp_path, reg.url)
         with node.proc:
-            wait_for(lambda: instances(reg.url), what="registered")
+            (up,) = wait_for(lambda: instances(reg.url), what="registered")
             reg.proc.kill()
             wait_for(lambda: "discovery unavailable" in node.proc.output(), what="outage seen")
+            # The node keeps serving while its registry is gone.
             assert httpx.get(f"{node.url}/health").status_code == 200
             # A fresh data dir: the new registry has never heard of the node.
             with registry(tmp_path, port=port, data_dir=tmp_path / "second", name="r2") as again:
                 found = wait_for(lambda: instances(again.url), what="registered again")
-                assert found[0]["instance_id"] == "echo-o"
+                assert found[0]["instance_id"] == up["instance_id"]
             # One warning for the whole outage, not one per attempt.
             assert node.proc.output().count("discovery unavailable") == 1
