@@ -162,7 +162,7 @@ def test_startup_is_fast_without_genai(tmp_path: Path) -> None:
     argv = ["mesh", "serve", "agents.assistant:agent", "--port", str(port)]
     argv += ["--data-dir", str(tmp_path / "data")]
     started = time.monotonic()
-    with running(argv, name="assistant", tmp=tmp_path, health=url + "/health") as proc:
+    with running(argv, name="assistant", tmp=tmp_path, health=url + "/health"):
         elapsed = time.monotonic() - started
         intro = httpx.get(url + "/introspect").json()
         assert intro["agent"]["model"]["kind"] == "ScriptedModel"

@@ -102,7 +102,9 @@ async def test_typed_message_completes_with_validated_artifact(
     assert "usage" in result.metadata
     # The single typed skill is inferred when metadata.skill is missing.
     again = await peer.send({"applicant_id": "APP-501", "amount": 1000})
-    assert again.ok and again.data is not None and again.data["score"] == report.score
+    assert again.ok
+    assert again.data is not None
+    assert again.data["score"] == report.score
     await peer.aclose()
 
 
@@ -113,13 +115,16 @@ async def test_invalid_input_is_rejected_naming_the_field(
     result = await peer.send({"applicant_id": "APP-1", "amount": "lots"}, skill="score")
     assert result.state == "rejected"
     assert result.error is not None
-    assert "amount" in result.error["message"] and "number" in result.error["message"]
+    assert "amount" in result.error["message"]
+    assert "number" in result.error["message"]
     missing = await peer.send({"amount": 5}, skill="score")
     assert missing.state == "rejected"
-    assert missing.error is not None and "applicant_id" in missing.error["message"]
+    assert missing.error is not None
+    assert "applicant_id" in missing.error["message"]
     unknown = await peer.send({"x": 1}, skill="nope")
     assert unknown.state == "rejected"
-    assert unknown.error is not None and "score" in unknown.error["message"]
+    assert unknown.error is not None
+    assert "score" in unknown.error["message"]
     await peer.aclose()
 
 
@@ -133,7 +138,8 @@ async def test_stream_yields_progress_then_the_artifact(
     assert "artifact" in kinds
     assert updates[-1].state == "completed"
     artifact = next(u for u in updates if u.kind == "artifact")
-    assert artifact.data is not None and artifact.data["applicant_id"] == "APP-9"
+    assert artifact.data is not None
+    assert artifact.data["applicant_id"] == "APP-9"
     await peer.aclose()
 
 
@@ -143,7 +149,8 @@ async def test_same_message_id_runs_the_skill_once(worker: Node, http: httpx.Asy
     message_id = f"m-{key}"
     first = await peer.send({"key": key, "n": 2}, skill="echo", message_id=message_id)
     second = await peer.send({"key": key, "n": 2}, skill="echo", message_id=message_id)
-    assert first.ok and second.ok
+    assert first.ok
+    assert second.ok
     assert second.task_id == first.task_id
     assert worker.count(f"echo {key}") == 1
     # A different caller with the same message id is a different request.
@@ -178,7 +185,8 @@ async def test_list_tasks_filters_by_context(worker: Node, http: httpx.AsyncClie
         ids.add(r.task_id)
     page = await peer.list_tasks(context_id=context, page_size=2)
     assert page.total_size == 3
-    assert len(page.tasks) == 2 and page.next_page_token
+    assert len(page.tasks) == 2
+    assert page.next_page_token
     rest = await peer.list_tasks(context_id=context, page_size=2, page_token=page.next_page_token)
     assert {t.task_id for t in page.tasks + rest.tasks} == ids
     assert all(t.data is not None for t in page.tasks)
@@ -205,7 +213,8 @@ async def test_deadline_passed_or_passing(worker: Node, http: httpx.AsyncClient)
     assert late.error == {"reason": "deadline", "message": "deadline exceeded"}
     slow = await peer.send({"seconds": 20}, skill="slow", metadata={"deadline": time.time() + 0.5})
     assert slow.state == "failed"
-    assert slow.error is not None and slow.error["message"] == "deadline exceeded"
+    assert slow.error is not None
+    assert slow.error["message"] == "deadline exceeded"
     await peer.aclose()
 
 
@@ -261,7 +270,8 @@ async def test_health_metrics_and_introspect(worker: Node, http: httpx.AsyncClie
     await peer.aclose()
 
     health = (await http.get(worker.url + "/health")).json()
-    assert health["status"] == "ok" and health["agent"] == "test-worker"
+    assert health["status"] == "ok"
+    assert health["agent"] == "test-worker"
     assert health["checks"]["database"]["ok"] is True
 
     text = (await http.get(worker.url + "/metrics")).text
@@ -297,7 +307,8 @@ async def test_health_metrics_and_introspect(worker: Node, http: httpx.AsyncClie
 
 def test_bad_json_rpc_is_a_clean_error(worker: Node) -> None:
     r = httpx.post(worker.url + "/", content=b"{not json", headers={"A2A-Version": "1.0"})
-    assert r.status_code == 200 and r.json()["error"]["code"] == -32700
+    assert r.status_code == 200
+    assert r.json()["error"]["code"] == -32700
     body = _rpc(worker.url, "GetTask", {"id": "does-not-exist"})
     assert body["error"]["code"] == -32001
     wait_until_ok(worker.url + "/health")
