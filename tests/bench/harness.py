@@ -3,7 +3,8 @@
 A row's numbers come from one process tree started fresh for it, so rows do not share caches,
 stores or allocator state. Phases, in order: spawn -> /health 200 (timed) -> RSS "start" ->
 checked warm-up -> sequential latency (1 connection) -> throughput at each concurrency level
--> RSS "after". CPU per request is the servers' utime+stime over all measured phases divided
+-> a soak run at the last level, over which memory growth per task is read -> RSS "after".
+CPU per request is the servers' utime+stime over all measured phases divided
 by the requests they answered.
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench import procstat
-from tests.bench.load import LoadResult, run_wrk, warm_up
+from tests.bench.load import run_wrk, warm_up
 from tests.bench.scenarios import Ctx, Row, ServerSpec
 from tests.support import Proc, clean_env, free_port
 
@@ -97,18 +98,22 @@ def run_row(row: Row, opts: Options, tmp: Path) -> dict[str, Any]:
         latency = run_wrk(target, connections=1, duration_s=opts.latency_s, run_id=f"{run}-seq")
         answered = latency.requests
         throughput: dict[str, dict[str, Any]] = {}
-        rss_before_last = _rss(procs)
-        last: LoadResult | None = None
         for level in opts.levels:
-            rss_before_last = _rss(procs)
             c0, t0 = _cpu(procs), time.monotonic()
-            last = run_wrk(
+            load = run_wrk(
                 target, connections=level, duration_s=opts.duration_s, run_id=f"{run}-c{level}"
             )
             util = (_cpu(procs) - c0) / (time.monotonic() - t0)
-            throughput[str(level)] = {**last.as_dict(), "server_cpu_util": round(util, 3)}
-            answered += last.requests
+            throughput[str(level)] = {**load.as_dict(), "server_cpu_util": round(util, 3)}
+            answered += load.requests
         cpu_after = [procstat.cpu_seconds(p.pid) for p in procs]
+        # Memory per task is read over one more run at the last level, once the first bursts
+        # have grown the buffers and caches they need: a store that keeps every task shows
+        # steady growth here, a durable one ~0.
+        rss_settled = _rss(procs)
+        soak = run_wrk(
+            target, connections=opts.levels[-1], duration_s=opts.duration_s, run_id=f"{run}-soak"
+        )
         rss_after = _rss(procs)
         for fact, proc, before, after in zip(facts, procs, cpu_before, cpu_after, strict=True):
             fact["rss_after_mb"] = round(procstat.rss_bytes(proc.pid) / MB, 1)
@@ -122,7 +127,7 @@ def run_row(row: Row, opts: Options, tmp: Path) -> dict[str, Any]:
         if record.exists():
             fact["modules"] = json.loads(record.read_text())
     cpu = sum(after - before for before, after in zip(cpu_before, cpu_after, strict=True))
-    growth = (rss_after - rss_before_last) / last.requests if last and last.requests else 0.0
+    growth = (rss_after - rss_settled) / soak.requests if soak.requests else 0.0
     return {
         "key": row.key,
         "label": row.label,
@@ -137,7 +142,7 @@ def run_row(row: Row, opts: Options, tmp: Path) -> dict[str, Any]:
         "cpu_ms_per_request": round(1000 * cpu / answered, 3) if answered else None,
         "rss_start_mb": round(sum(f["rss_start_mb"] for f in facts), 1),
         "rss_after_mb": round(rss_after / MB, 1),
-        # Over the last load level only, when start-up caches and arenas have settled.
         "rss_growth_bytes_per_task": round(growth, 1),
-        "errors": latency.errors + sum(t["errors"] for t in throughput.values()),
+        "soak_requests": soak.requests,
+        "errors": latency.errors + soak.errors + sum(t["errors"] for t in throughput.values()),
     }
