@@ -396,6 +396,12 @@ class ConsulBackend:
         )
         return [i for group in found for i in group]
 
+    async def ping(self) -> None:
+        """Raise ``DiscoveryError`` unless Consul answers and its cluster has a leader."""
+        leader = await self._call("say who leads its cluster", self._client.status.leader)
+        if not leader:
+            raise DiscoveryError(f"Consul at {self.address} answers but has no cluster leader")
+
     async def aclose(self) -> None:
         await self._services.aclose()
         await self._catalog.aclose()

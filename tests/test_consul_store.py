@@ -1,0 +1,213 @@
+"""The registry on Consul (``registry.consul_store``): Consul instances as registry records,
+agent cards read from live nodes, clear failures when Consul is away, and (with a real Consul
+agent) the registry API writing to and reading from Consul."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mesh.discovery.base import Instance
+from mesh.errors import StoreError
+from registry.consul_store import CardCache, ConsulRegistryStore, fallback_agent, instance_record
+from tests.support import Proc, free_port, running, wait_for, wait_until_ok
+
+
+def bureau(url: str, *, version: str = "0.1.0", status: str = "passing", **kw: str) -> Instance:
+    return Instance(
+        instance_id=kw.get("instance_id", "cb-1"),
+        agent=kw.get("agent", "credit-bureau"),
+        url=url,
+        version=version,
+        status=status,  # type: ignore[arg-type]
+        skills=("score",),
+        meta={"version": version, "card_path": "/.well-known/agent-card.json", "url": url},
+    )
+
+
+def test_instance_record_carries_consul_status_and_the_registry_times() -> None:
+    inst = bureau("http://10.0.0.7:8000", status="warning")
+    record = instance_record(inst, registered_at=100.0, status_changed_at=150.0, now=200.0)
+    assert (record.instance_id, record.agent, record.url, record.version) == (
+        "cb-1",
+        "credit-bureau",
+        "http://10.0.0.7:8000",
+        "0.1.0",
+    )
+    assert record.status == "warning"
+    assert "Consul" in record.status_reason
+    assert (record.registered_at, record.status_changed_at, record.last_heartbeat_at) == (
+        100.0,
+        150.0,
+        200.0,
+    )
+
+
+def test_fallback_agent_lists_the_skills_consul_tags_name() -> None:
+    a = bureau("http://a", version="1.0")
+    b = Instance(instance_id="cb-2", agent="credit-bureau", url="http://b", version="1.1",
+                 skills=("score", "report"))  # fmt: skip
+    record = fallback_agent("credit-bureau", [a, b], now=5.0)
+    assert record.name == "credit-bureau"
+    assert record.version == "1.1"
+    assert [s.id for s in record.skills] == ["report", "score"]
+    assert record.card == {}
+
+
+# -- cards read from a real node ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("bureau")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = ["mesh", "serve", "agents.credit_bureau:agent", "--port", str(port)]
+    with running([*argv, "--data-dir", str(tmp / "data")], name="bureau", tmp=tmp,
+                 health=f"{url}/health"):  # fmt: skip
+        yield url
+
+
+@pytest.mark.integration
+async def test_card_cache_reads_the_card_with_schemas_from_a_live_node(node: str) -> None:
+    async with httpx.AsyncClient(trust_env=False) as http:
+        cards = CardCache(http)
+        record = await cards.get("credit-bureau", [bureau(node)])
+    assert record.name == "credit-bureau"
+    assert record.card["name"] == "credit-bureau"
+    score = record.skill("score")
+    assert score is not None
+    assert score.input_schema is not None
+    assert "applicant_id" in score.input_schema["properties"]
+
+
+@pytest.mark.integration
+async def test_card_cache_skips_dead_instances_and_keeps_cards_per_version(node: str) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with httpx.AsyncClient(trust_env=False) as http:
+        cards = CardCache(http)
+        # A critical instance that no longer answers is tried last, and skipped.
+        first = await cards.get(
+            "credit-bureau", [bureau(dead, status="critical", instance_id="x"), bureau(node)]
+        )
+        assert first.card
+        # Same version, only a dead instance left: the card already read still stands.
+        again = await cards.get("credit-bureau", [bureau(dead)])
+        assert again is first
+        cards.forget(keep=[])
+        gone = await cards.get("credit-bureau", [bureau(dead)])
+    assert gone.card == {}, "with no card reachable the agent is still listed, from Consul's tags"
+    assert [s.id for s in gone.skills] == ["score"]
+
+
+@pytest.mark.integration
+async def test_card_cache_refuses_a_card_naming_another_agent(node: str) -> None:
+    async with httpx.AsyncClient(trust_env=False) as http:
+        record = await CardCache(http).get("impostor", [bureau(node, agent="impostor")])
+    assert record.card == {}
+    assert record.name == "impostor"
+
+
+# -- Consul away: the store and the registry say so ----------------------------------------------
+
+
+@pytest.mark.integration
+async def test_store_errors_name_consul_when_it_is_unreachable() -> None:
+    port = free_port()
+    store = ConsulRegistryStore.from_url(f"consul://127.0.0.1:{port}")
+    try:
+        with pytest.raises(StoreError, match=f"127.0.0.1:{port}"):
+            await store.ping()
+        with pytest.raises(StoreError, match=f"127.0.0.1:{port}"):
+            await store.agents()
+    finally:
+        await store.aclose()
+
+
+_SERVE = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+
+    import uvicorn
+
+    from registry.app import create_app
+    from registry.consul_store import ConsulRegistryStore
+    from registry.settings import RegistrySettings
+
+    consul, port, data = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+    settings = RegistrySettings(port=port, data_dir=data, probe_interval_s=60)
+    store = ConsulRegistryStore.from_url(consul)
+    uvicorn.run(create_app(settings, store=store), host="127.0.0.1", port=port, log_level="warning")
+    """
+)
+
+
+@pytest.mark.integration
+def test_registry_on_an_unreachable_consul_answers_503_not_500(tmp_path: Path) -> None:
+    port = free_port()
+    consul = f"consul://127.0.0.1:{free_port()}"
+    argv = [sys.executable, "-c", _SERVE, consul, str(port), str(tmp_path)]
+    with Proc.start(argv, name="registry", tmp=tmp_path) as proc:
+        base = f"http://127.0.0.1:{port}"
+
+        def health() -> httpx.Response:
+            assert proc.popen.poll() is None, proc.output()
+            return httpx.get(f"{base}/health", timeout=5)
+
+        response = wait_for(health, what="the registry to answer")
+        assert response.status_code == 503
+        agents = httpx.get(f"{base}/v1/agents", timeout=10)
+        assert agents.status_code == 503
+        assert agents.json()["error"] == "store_unavailable"
+
+
+# -- a real Consul agent --------------------------------------------------------------------------
+
+needs_consul = pytest.mark.skipif(
+    not os.environ.get("CONSUL_HTTP_ADDR"),
+    reason="needs a real Consul agent: set CONSUL_HTTP_ADDR (no Consul binary can be installed here)",
+)
+
+
+@pytest.mark.consul
+@pytest.mark.integration
+@needs_consul
+def test_registry_api_registers_into_consul_and_lists_from_it(tmp_path: Path, node: str) -> None:
+    addr = os.environ["CONSUL_HTTP_ADDR"].removeprefix("http://")
+    port = free_port()
+    argv = [sys.executable, "-c", _SERVE, f"consul://{addr}", str(port), str(tmp_path)]
+    instance_id = f"cb-test-{uuid.uuid4().hex[:8]}"
+    with Proc.start(argv, name="registry", tmp=tmp_path) as proc:
+        base = f"http://127.0.0.1:{port}"
+        wait_until_ok(f"{base}/health", proc=proc)
+        created = httpx.post(
+            f"{base}/v1/instances",
+            json={"instance_id": instance_id, "url": node, "agent": "credit-bureau",
+                  "version": "0.1.0"},
+            timeout=10,
+        )  # fmt: skip
+        assert created.status_code == 201, created.text
+        try:
+
+            def listed() -> bool:
+                r = httpx.get(f"{base}/v1/instances?agent=credit-bureau", timeout=5).json()
+                return instance_id in {i["instance_id"] for i in r["instances"]}
+
+            wait_for(listed, timeout=30, what="the instance passing in Consul")
+            agents = httpx.get(f"{base}/v1/agents?skill=score", timeout=5).json()["agents"]
+            assert [a["name"] for a in agents] == ["credit-bureau"]
+            targets = httpx.get(f"{base}/v1/prometheus/targets", timeout=5).json()
+            assert any(g["labels"].get("instance") == instance_id for g in targets)
+        finally:
+            httpx.delete(f"{base}/v1/instances/{instance_id}", timeout=10)
+        assert (
+            httpx.put(f"{base}/v1/instances/{instance_id}/heartbeat", timeout=5).status_code == 404
+        )
