@@ -195,4 +195,25 @@ ROWS: tuple[Row, ...] = (
         target=_a2a_target(SCORE_TEXT, None),
         missing=_need("mesh.node", "mesh.cli.serve"),
     ),
+    Row(
+        key=REMOTE,
+        label="coordinator (scripted model) -> remote() -> specialist node",
+        servers=(
+            ServerSpec(
+                "bureau",
+                _mesh_serve("tests.bench.agents.specialist:agent", "bureau"),
+                env=_modules_file("bureau"),
+            ),
+            ServerSpec(
+                "coordinator",
+                _mesh_serve("tests.bench.agents.coordinator:remote_agent", "coordinator"),
+                env=lambda ctx: {
+                    **_modules_file("coordinator")(ctx),
+                    "BENCH_PEER_URL": ctx.url("bureau"),
+                },
+            ),
+        ),
+        target=_a2a_target(SCORE_TEXT, None),
+        missing=_need("mesh.node", "mesh.cli.serve", "mesh.remote"),
+    ),
 )

@@ -1,16 +1,22 @@
 """``bench-coordinator``: an LLM agent on the scripted model whose one rule calls the tool
-``score`` once and answers with its result. ``local`` has ``score`` as an in-process function;
-``remote_agent`` gets it from the ``bench-bureau`` node over A2A. Same script, same answer.
+``bench_bureau_score`` once and answers with its result. ``local`` has that tool as an
+in-process function; ``remote_agent`` gets it from the ``bench-bureau`` node over A2A (the name
+``remote()`` gives the peer's skill). Same script, same answer: the difference is one hop.
 
-    MESH_BENCH_PEER=http://127.0.0.1:8101 mesh serve tests.bench.agents.coordinator:remote_agent
+    BENCH_PEER_URL=http://127.0.0.1:8101 mesh serve tests.bench.agents.coordinator:remote_agent
 """
 
 from __future__ import annotations
 
+import os
+
 from mesh.agent import Agent
 from mesh.models.scripted import Call, Rule, Script
-from mesh.tools import tool
+from mesh.remote import remote
+from mesh.tools import Tool, tool
 from tests.bench.agents.specialist import compute
+
+TOOL = "bench_bureau_score"
 
 SCRIPT = Script(
     rules=[
@@ -28,10 +34,12 @@ SCRIPT = Script(
 INSTRUCTION = "Score applicants with the score tool and report the result."
 
 
-@tool
-async def score(applicant_id: str, amount: float) -> dict[str, object]:
+async def _score(applicant_id: str, amount: float) -> dict[str, object]:
     """Score an applicant for a loan amount."""
     return compute(applicant_id, amount).model_dump()
+
+
+score: Tool = tool(_score, name=TOOL)
 
 
 local = Agent(
@@ -39,5 +47,20 @@ local = Agent(
     description="Scores applicants through a tool (benchmark).",
     instruction=INSTRUCTION,
     tools=[score],
+    script=SCRIPT,
+)
+
+# The bench starts the specialist first and passes its URL; no registry in the loop.
+remote_agent = Agent(
+    name="bench-coordinator",
+    description="Scores applicants through a remote specialist (benchmark).",
+    instruction=INSTRUCTION,
+    tools=[
+        remote(
+            "bench-bureau",
+            skill="score",
+            url=os.environ.get("BENCH_PEER_URL", "http://127.0.0.1:8101"),
+        )
+    ],
     script=SCRIPT,
 )
