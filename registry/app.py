@@ -40,6 +40,11 @@ def _error(status: int, code: str, message: str, **extra: object) -> JSONRespons
 def _field_errors(exc: RequestValidationError) -> tuple[str, list[dict[str, str]]]:
     fields = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            # Its loc is ("body", <character offset>), which is not a field name.
+            detail = (err.get("ctx") or {}).get("error", "")
+            fields.append({"field": "body", "message": f"not valid JSON ({detail})"})
+            continue
         loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
         fields.append({"field": ".".join(loc) or "body", "message": str(err.get("msg", ""))})
     text = "; ".join(f"{f['field']}: {f['message']}" for f in fields)

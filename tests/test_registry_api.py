@@ -50,6 +50,14 @@ def test_missing_field_names_the_field(reg: str) -> None:
     assert "url: Field required" in body["message"]
 
 
+def test_body_that_is_not_json_is_a_clear_422(reg: str) -> None:
+    r = httpx.post(
+        f"{reg}/v1/instances", content=b"{nope", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422
+    assert r.json()["message"].startswith("body: not valid JSON")
+
+
 def test_bad_url_and_agent_name_are_named(reg: str) -> None:
     r = _register(reg, {"instance_id": "x", "agent": "Echo!", "url": "ftp://nowhere"})
     assert r.status_code == 422
