@@ -77,6 +77,10 @@ def send_message_body(parts: list[dict[str, object]], skill: str | None) -> str:
 SCORE_PARTS: list[dict[str, object]] = [{"data": {"applicant_id": "a-1001", "amount": 25000}}]
 
 
+# What a good answer contains: a completed task; for the coordinator, the scored answer (a
+# failed tool call also completes the turn, with an apology instead of a score).
+COMPLETED = '"TASK_STATE_COMPLETED"'
+SCORED = "a-1001: score "
 SCORE_TEXT: list[dict[str, object]] = [{"text": "score a-1001 for 25000"}]
 
 
@@ -117,13 +121,15 @@ def _modules_file(server: str) -> Callable[[Ctx], dict[str, str]]:
     return lambda ctx: {"MESH_BENCH_MODULES": str(ctx.tmp / f"{server}.modules.json")}
 
 
-def _a2a_target(parts: list[dict[str, object]], skill: str | None) -> Callable[[Ctx], Target]:
+def _a2a_target(
+    parts: list[dict[str, object]], skill: str | None, expect: str
+) -> Callable[[Ctx], Target]:
     def build(ctx: Ctx) -> Target:
         last = next(reversed(ctx.ports))
         return Target(
             url=ctx.url(last) + "/",
             body=send_message_body(parts, skill),
-            expect="TASK_STATE_COMPLETED",
+            expect=expect,
             headers=A2A_HEADERS,
         )
 
@@ -167,7 +173,7 @@ ROWS: tuple[Row, ...] = (
                 ],
             ),
         ),
-        target=_a2a_target(SCORE_PARTS, "score"),
+        target=_a2a_target(SCORE_PARTS, "score", COMPLETED),
     ),
     Row(
         key=MESH,
@@ -179,7 +185,7 @@ ROWS: tuple[Row, ...] = (
                 env=_modules_file("bureau"),
             ),
         ),
-        target=_a2a_target(SCORE_PARTS, "score"),
+        target=_a2a_target(SCORE_PARTS, "score", COMPLETED),
         missing=_need("mesh.node", "mesh.cli.serve"),
     ),
     Row(
@@ -192,7 +198,7 @@ ROWS: tuple[Row, ...] = (
                 env=_modules_file("coordinator"),
             ),
         ),
-        target=_a2a_target(SCORE_TEXT, None),
+        target=_a2a_target(SCORE_TEXT, None, SCORED),
         missing=_need("mesh.node", "mesh.cli.serve"),
     ),
     Row(
@@ -213,7 +219,7 @@ ROWS: tuple[Row, ...] = (
                 },
             ),
         ),
-        target=_a2a_target(SCORE_TEXT, None),
+        target=_a2a_target(SCORE_TEXT, None, SCORED),
         missing=_need("mesh.node", "mesh.cli.serve", "mesh.remote"),
     ),
 )

@@ -22,10 +22,8 @@ SCRIPT = Script(
     rules=[
         Rule(
             when=r"score (?P<applicant_id>\S+) for (?P<amount>\d+)",
-            steps=[
-                [Call("score", {"applicant_id": "{applicant_id}", "amount": "{amount|number}"})]
-            ],
-            answer="{applicant_id}: {score.score} ({score.tier})",
+            steps=[[Call(TOOL, {"applicant_id": "{applicant_id}", "amount": "{amount|number}"})]],
+            answer=f"{{applicant_id}}: score {{{TOOL}.score}} tier {{{TOOL}.tier}}",
         )
     ],
     fallback="say: score <applicant> for <amount>",
