@@ -225,13 +225,17 @@ class Node:
         return runner, per_skill
 
     async def _start_registrar(self) -> None:
-        if not self.settings.registry:
+        if self.settings.consul:
+            location, token = self.settings.consul, self.settings.consul_token
+        elif self.settings.registry:
+            location, token = self.settings.registry, self.settings.registry_token
+        else:
             return
+        from mesh.discovery import create_backend
         from mesh.discovery.base import Registration
         from mesh.discovery.registrar import Registrar
-        from mesh.discovery.registry_client import RegistryBackend
 
-        backend = RegistryBackend(self.settings.registry, token=self.settings.registry_token)
+        backend = create_backend(location, token=token)
         registration = Registration(
             instance_id=self.instance_id,
             agent=self.agent.name,

@@ -29,10 +29,12 @@ class NodeSettings:
     data_dir: Path = Path(".mesh/node")
     # The URL other agents use (the card and the registry advertise it).
     public_url: str | None = None
-    # Registry to announce the node to; None: do not register.
+    # Registry to announce the node to; None: do not register (``--no-register``).
     registry: str | None = None
     registry_token: str | None = None
-    discovery: str = "registry"
+    # ``consul://host:port`` to register with Consul instead of the registry.
+    consul: str | None = None
+    consul_token: str | None = None
     store: StoreKind = "sqlite"
     log_level: str = "INFO"
     introspect_instruction: bool = False
@@ -77,9 +79,17 @@ class NodeSettings:
         if not 0 < chosen_port < 65536:
             raise ConfigError(f"--port {chosen_port}: use a port between 1 and 65535")
         base = data_dir or env.get("MESH_DATA_DIR") or Path(".mesh") / agent_name
+        discovery = env.get("MESH_DISCOVERY", "").strip()
+        if discovery and discovery != "registry" and not discovery.startswith("consul://"):
+            raise ConfigError(
+                f"MESH_DISCOVERY={discovery!r}: use 'registry' (the default) or consul://host:8500"
+            )
+        consul = discovery if discovery.startswith("consul://") else None
         reg: str | None = None
-        if not no_register:
-            reg = registry or env.get("MESH_REGISTRY") or None
+        if not no_register and consul is None:
+            # Like the CLI, a node finds the registry at the default address unless told
+            # otherwise; while none answers it keeps serving and retries in the background.
+            reg = registry or env.get("MESH_REGISTRY") or DEFAULT_REGISTRY
         return cls(
             host=host or "127.0.0.1",
             port=chosen_port,
@@ -87,7 +97,8 @@ class NodeSettings:
             public_url=env.get("MESH_PUBLIC_URL") or None,
             registry=reg,
             registry_token=env.get("MESH_REGISTRY_TOKEN") or None,
-            discovery=env.get("MESH_DISCOVERY", "registry"),
+            consul=None if no_register else consul,
+            consul_token=env.get("CONSUL_HTTP_TOKEN") or None,
             store=store_kind,  # type: ignore[arg-type]
             log_level=level,
             introspect_instruction=env.get("MESH_INTROSPECT_INSTRUCTION") == "1",

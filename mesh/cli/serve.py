@@ -112,6 +112,8 @@ def _serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # httpx logs every request at INFO: one line per heartbeat and delegation is noise.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     sock = _bind(settings.host, settings.port)
 
     import uvicorn
