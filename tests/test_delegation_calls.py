@@ -1,0 +1,383 @@
+"""``remote()`` tools against real specialist nodes (no registry: fixed URLs).
+
+A delegation is driven from the test process: either a tool called directly with a
+``ToolContext``, or a whole turn of a ``Runner`` with a scripted model. A flaky proxy (a real
+uvicorn server on 127.0.0.1) loses the first answer, to show that a retried call runs the skill
+once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from agents.credit_bureau import _score
+from mesh.agent import Agent
+from mesh.errors import RemoteError, ToolError
+from mesh.models.scripted import Call, Rule, Script, ScriptedModel
+from mesh.remote import RemoteAgent, RemoteSkillTool, context_key, remote
+from mesh.resilience import RetryPolicy
+from mesh.runner import Runner
+from mesh.tools import ToolContext
+from mesh.tracing import TraceParent
+from tests.support import clean_env, free_port, running
+
+pytestmark = pytest.mark.integration
+
+
+@contextlib.contextmanager
+def node(tmp: Path, module: str, name: str, **env: str) -> Iterator[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [
+        "mesh", "serve", module, "--port", str(port), "--data-dir", str(tmp / name),
+        "--no-register", "--grace", "1",
+    ]  # fmt: skip
+    with running(argv, name=name, tmp=tmp, health=f"{url}/health", env=clean_env(**env)):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def bureau(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with node(tmp_path_factory.mktemp("bureau"), "agents.credit_bureau:agent", "bureau") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def slow_verifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("slow")
+    with node(
+        tmp, "agents.income_verifier:agent", "verifier", INCOME_VERIFIER_LATENCY_MS="4000"
+    ) as url:
+        yield url
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=5, trust_env=False).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")) and all(
+            f'{k}="{v}"' in line for k, v in labels.items()
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def eventually(predicate: Any, *, within: float = 10.0, what: str = "") -> None:
+    """Poll ``predicate`` (bounded) without blocking the loop."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {within}s waiting for {what}")
+
+
+def tool_context(**metadata: Any) -> ToolContext:
+    return ToolContext(
+        agent_name="test-caller",
+        user_id="u",
+        session_id="s",
+        invocation_id=TraceParent.new().span_id,
+        metadata=metadata,
+    )
+
+
+@contextlib.asynccontextmanager
+async def toolset(rem: RemoteAgent) -> AsyncIterator[dict[str, RemoteSkillTool]]:
+    try:
+        yield {t.name: t for t in await rem.tools(tool_context())}
+    finally:
+        await rem.aclose()
+
+
+@contextlib.asynccontextmanager
+async def flaky_proxy(upstream: str, *, lose: int = 1) -> AsyncIterator[dict[str, Any]]:
+    """Forwards everything to ``upstream``; the first ``lose`` A2A sends reach the node, but
+    their answers are replaced by a 503 (as if a load balancer dropped them)."""
+    state: dict[str, Any] = {"sends": 0, "lost": 0}
+    http = httpx.AsyncClient(timeout=30, trust_env=False)
+
+    async def forward(request: Request) -> Response:
+        body = await request.body()
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() in ("content-type", "accept", "a2a-version")
+        }
+        upstream_response = await http.request(
+            request.method, upstream + request.url.path, content=body, headers=headers
+        )
+        if request.method == "POST" and b"SendStreamingMessage" in body:
+            state["sends"] += 1
+            if state["lost"] < lose:
+                state["lost"] += 1
+                return Response("upstream connection reset", status_code=503)
+        return Response(
+            upstream_response.content,
+            status_code=upstream_response.status_code,
+            media_type=upstream_response.headers.get("content-type"),
+        )
+
+    app = Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started, what="the proxy to start")
+        state["url"] = f"http://127.0.0.1:{port}"
+        yield state
+    finally:
+        server.should_exit = True
+        await task
+        await http.aclose()
+
+
+# -- declarations -----------------------------------------------------------------------------
+
+
+async def test_typed_skill_becomes_a_tool_with_the_card_schema(bureau: str) -> None:
+    async with toolset(remote(bureau)) as tools:
+        assert set(tools) == {"credit_bureau_score"}
+        score = tools["credit_bureau_score"]
+        assert score.parameters["required"] == ["applicant_id", "amount"]
+        assert "Credit score" in score.description
+        result = await score.call({"applicant_id": "APP-501", "amount": 250000}, tool_context())
+    assert result["score"] == _score("APP-501")
+    assert isinstance(result["score"], int)  # the card's schema says integer; the wire said 445.0
+
+
+async def test_a_text_agent_is_usable_through_its_text_skill(tmp_path: Path, bureau: str) -> None:
+    with node(tmp_path, "agents.loan_officer:agent", "officer") as officer:
+        async with toolset(remote(officer)) as tools:
+            ask = tools["ask_loan_officer"]
+            assert ask.parameters["required"] == ["text"]
+            answer = await ask.call({"text": "hello"}, tool_context())
+    assert "Applicants on file" in answer
+
+
+# -- arguments and results --------------------------------------------------------------------
+
+
+async def test_invalid_arguments_never_leave_the_caller(bureau: str) -> None:
+    before = metric(bureau, "mesh_tasks_total")
+    async with toolset(remote(bureau)) as tools:
+        with pytest.raises(ToolError) as info:
+            await tools["credit_bureau_score"].call(
+                {"applicant_id": "APP-501", "amount": "a lot"}, tool_context()
+            )
+    assert info.value.kind == "invalid_arguments"
+    assert "amount" in str(info.value)
+    assert info.value.details == [{"field": "amount", "message": "must be number, got a string"}]
+    assert metric(bureau, "mesh_tasks_total") == before
+
+
+async def test_the_model_gets_invalid_arguments_back_as_a_tool_error(bureau: str) -> None:
+    script = Script(
+        rules=[
+            Rule(
+                when=r"score (?P<who>APP-\d+)",
+                steps=[[Call("credit_bureau_score", {"applicant_id": "{who}"})]],  # no amount
+                answer="score {credit_bureau_score.score}",
+                on_error="the tool said: {error}",
+            )
+        ]
+    )
+    rem = remote(bureau, skill="score")
+    agent = Agent(name="caller", instruction="test", tools=[rem])
+    runner = Runner(agent, model=ScriptedModel(script))
+    try:
+        result = await runner.run(user_id="u", session_id=None, message="score APP-501")
+    finally:
+        await rem.aclose()
+        await runner.aclose()
+    responses = [r for e in result.events for r in e.function_responses]
+    assert len(responses) == 1
+    assert responses[0].response["error"]["type"] == "invalid_arguments"
+    assert result.text == "the tool said: credit_bureau_score: invalid arguments for " + (
+        "credit_bureau_score: amount: is required"
+    )
+
+
+async def test_a_rejected_task_is_a_remote_error_naming_peer_skill_and_reason(
+    tmp_path: Path,
+) -> None:
+    with node(tmp_path, "agents.income_verifier:agent", "verifier") as verifier:
+        async with toolset(remote(verifier)) as tools:
+            with pytest.raises(RemoteError) as info:
+                await tools["income_verifier_verify"].call(
+                    {"applicant_id": "APP-000"}, tool_context()
+                )
+    err = info.value
+    assert (err.peer, err.skill, err.reason) == ("income-verifier", "verify", "rejected")
+    assert "no applicant 'APP-000'" in str(err)
+    assert err.to_result()["error"]["type"] == "remote_rejected"
+
+
+# -- resilience -------------------------------------------------------------------------------
+
+
+async def test_a_retried_call_runs_the_skill_once(bureau: str) -> None:
+    before = metric(bureau, "mesh_tasks_total", skill="score")
+    async with flaky_proxy(bureau) as proxy:
+        rem = remote("credit-bureau", url=proxy["url"], policy=RetryPolicy(initial_delay=0.05))
+        async with toolset(rem) as tools:
+            result = await tools["credit_bureau_score"].call(
+                {"applicant_id": "APP-738", "amount": 100000}, tool_context()
+            )
+        assert proxy["sends"] == 2  # the original and one retry, same message id
+    assert result["score"] == _score("APP-738")
+    assert rem.recent[-1].attempts == 2
+    assert rem.recent[-1].outcome == "ok"
+    # The node saw two sends of one message and ran the skill once.
+    assert metric(bureau, "mesh_tasks_total", skill="score") == before + 1
+
+
+async def test_failover_to_a_healthy_instance(bureau: str) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens here
+    rem = remote("credit-bureau", policy=RetryPolicy(initial_delay=0.01))
+    rem.bind(discovery=_StaticDiscovery([dead, bureau]))  # type: ignore[arg-type]
+    async with toolset(rem) as tools:
+        for _ in range(3):
+            out = await tools["credit_bureau_score"].call(
+                {"applicant_id": "APP-501", "amount": 1000}, tool_context()
+            )
+            assert out["score"] == _score("APP-501")
+    assert any(r.attempts == 2 for r in rem.recent)
+    assert all(r.target == bureau and r.outcome == "ok" for r in rem.recent)
+    assert rem.breakers.states()[bureau] == "closed"
+    assert rem.describe()["instances"] == [dead, bureau]
+
+
+class _StaticDiscovery:
+    """Stands in for DiscoveryClient: always the same instances."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+
+    async def require(self, *, agent: str | None = None, skill: str | None = None) -> list[Any]:
+        from mesh.discovery.base import Instance
+
+        return [Instance(instance_id=u, agent=agent or "", url=u) for u in self.urls]
+
+    def invalidate(self, *, agent: str | None = None) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_the_deadline_bounds_a_slow_peer(slow_verifier: str) -> None:
+    rem = remote(slow_verifier, deadline_s=1.0)
+    async with toolset(rem) as tools:
+        started = time.monotonic()
+        with pytest.raises(RemoteError) as info:
+            await tools["income_verifier_verify"].call({"applicant_id": "APP-501"}, tool_context())
+        elapsed = time.monotonic() - started
+    assert info.value.reason == "deadline"
+    assert elapsed < 2.5
+    # The specialist was told the deadline and gave up too.
+    await eventually(
+        lambda: metric(slow_verifier, "mesh_tasks_in_flight") == 0, what="the task to end"
+    )
+
+
+async def test_the_caller_deadline_wins_when_sooner(slow_verifier: str) -> None:
+    rem = remote(slow_verifier, deadline_s=30)
+    async with toolset(rem) as tools:
+        started = time.monotonic()
+        with pytest.raises(RemoteError, match="deadline"):
+            await tools["income_verifier_verify"].call(
+                {"applicant_id": "APP-501"}, tool_context(deadline=time.time() + 0.8)
+            )
+    assert time.monotonic() - started < 2.0
+
+
+async def test_cancelling_the_caller_cancels_the_child_task(slow_verifier: str) -> None:
+    before = metric(slow_verifier, "mesh_tasks_total", outcome="canceled")
+    rem = remote(slow_verifier, deadline_s=30)
+    async with toolset(rem) as tools:
+        call = asyncio.create_task(
+            tools["income_verifier_verify"].call({"applicant_id": "APP-612"}, tool_context())
+        )
+        await eventually(
+            lambda: metric(slow_verifier, "mesh_tasks_in_flight") >= 1, what="the child task"
+        )
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        task_id = rem.recent[-1].task_id
+        assert rem.recent[-1].outcome == "canceled"
+    from mesh.a2a.client import A2APeer
+
+    async with httpx.AsyncClient(timeout=10, trust_env=False) as http:
+        peer = A2APeer(http, slow_verifier)
+        try:
+            task = await peer.get_task(task_id)
+        finally:
+            await peer.aclose()
+    assert task.state == "canceled"
+    await eventually(
+        lambda: metric(slow_verifier, "mesh_tasks_total", outcome="canceled") == before + 1,
+        what="the canceled task to be counted",
+    )
+
+
+# -- context, trace, usage --------------------------------------------------------------------
+
+
+async def test_session_keeps_one_context_per_peer_and_the_trace_goes_along(bureau: str) -> None:
+    root = TraceParent.new()
+    rem = remote(bureau)
+    async with toolset(rem) as tools:
+        score = tools["credit_bureau_score"]
+        ctx1 = tool_context(traceparent=str(root))
+        await score.call({"applicant_id": "APP-501", "amount": 5000}, ctx1)
+        key = context_key("credit-bureau")
+        assert key in ctx1.state_delta
+        ctx2 = ToolContext(
+            agent_name="test-caller",
+            session_state=dict(ctx1.state_delta),
+            metadata={"traceparent": str(root)},
+        )
+        await score.call({"applicant_id": "APP-612", "amount": 5000}, ctx2)
+        assert key not in ctx2.state_delta  # unchanged: same context
+    from mesh.a2a.client import A2APeer
+
+    async with httpx.AsyncClient(timeout=10, trust_env=False) as http:
+        peer = A2APeer(http, bureau)
+        try:
+            tasks = [await peer.get_task(r.task_id) for r in rem.recent]
+        finally:
+            await peer.aclose()
+    assert tasks[0].context_id == tasks[1].context_id == ctx1.state_delta[key]
+    for task in tasks:
+        tp = TraceParent.parse(task.metadata["traceparent"])
+        assert tp is not None
+        assert tp.trace_id == root.trace_id
+        assert tp.span_id != root.span_id
+        assert task.metadata["caller"] == "test-caller"
+
+
+async def test_child_usage_goes_to_the_callers_sink(tmp_path: Path) -> None:
+    with node(tmp_path, "agents.loan_officer:agent", "officer") as officer:
+        sink: list[dict[str, int]] = []
+        async with toolset(remote(officer)) as tools:
+            await tools["ask_loan_officer"].call({"text": "hello"}, tool_context(usage_sink=sink))
+    assert len(sink) == 1
+    assert sink[0]["input_tokens"] > 0
+    assert sink[0]["output_tokens"] > 0
