@@ -48,6 +48,26 @@ def test_node_registers_and_appears_in_mesh_ls_and_show(tmp_path: Path) -> None:
             none = _mesh("ls", "--skill", "nope", "--registry", reg.url)
             assert "no agents registered" in none.stdout
 
+            # `mesh call` and `mesh card` take an agent name, resolved through the registry.
+            call = _mesh(
+                "call",
+                "credit-bureau",
+                "--registry",
+                reg.url,
+                "--skill",
+                "score",
+                "--json",
+                '{"applicant_id": "APP-501", "amount": 250000}',
+            )
+            assert call.returncode == 0, call.stderr
+            assert 300 <= json.loads(call.stdout)["score"] <= 900
+            card = _mesh("card", "credit-bureau", "--registry", reg.url)
+            assert json.loads(card.stdout)["name"] == "credit-bureau"
+            ghost = _mesh("call", "ghost", "--registry", reg.url, "--text", "hi")
+            assert ghost.returncode == 1
+            assert "no passing instance of 'ghost'" in ghost.stderr
+            assert "mesh ls" in ghost.stderr
+
 
 def test_cli_says_what_to_do_when_no_registry(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"

@@ -15,6 +15,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -27,16 +28,42 @@ __all__ = ["add_parsers", "load_agent", "resolve_target"]
 
 
 # -- target resolution ----------------------------------------------------------------------
-def resolve_target(name_or_url: str) -> str:
-    """The base URL of a node named by URL (or, once the registry resolves names, by name)."""
+def resolve_target(name_or_url: str, registry: str | None = None) -> str:
+    """The base URL of a node named by URL, ``host:port``, or agent name (looked up in the
+    registry: ``registry``, else ``$MESH_REGISTRY``, else the default address)."""
     target = name_or_url.strip()
     if target.startswith(("http://", "https://")):
         return target.rstrip("/")
     if ":" in target and target.split(":", 1)[1].isdigit():
         return f"http://{target}"
+    if _AGENT_NAME.match(target):
+        return asyncio.run(find_agent_url(target, registry))
     raise ConfigError(
-        f"{name_or_url!r} is not a URL: give the node's address, e.g. http://127.0.0.1:8017"
+        f"{name_or_url!r} is neither a URL nor an agent name: give the node's address "
+        "(e.g. http://127.0.0.1:8017) or an agent name registered in the registry"
     )
+
+
+async def find_agent_url(name: str, registry: str | None = None) -> str:
+    """The URL of one passing instance of ``name``, asked of the registry."""
+    from mesh.discovery.registry_client import DEFAULT_REGISTRY_URL, RegistryBackend
+
+    url = registry or os.environ.get("MESH_REGISTRY") or DEFAULT_REGISTRY_URL
+    backend = RegistryBackend(url, token=None)
+    try:
+        instances = await backend.find(agent=name)
+    finally:
+        await backend.aclose()
+    if not instances:
+        from mesh.errors import AgentNotFound
+
+        raise AgentNotFound(
+            f"no passing instance of {name!r} in the registry at {url}; is it running? try: mesh ls"
+        )
+    return instances[0].url.rstrip("/")
+
+
+_AGENT_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 
 
 # -- serve ----------------------------------------------------------------------------------
@@ -165,7 +192,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 # -- card / call ----------------------------------------------------------------------------
 def _card(args: argparse.Namespace) -> int:
-    return asyncio.run(_card_async(resolve_target(args.target)))
+    return asyncio.run(_card_async(resolve_target(args.target, args.registry)))
 
 
 async def _card_async(url: str) -> int:
@@ -190,7 +217,7 @@ def _call(args: argparse.Namespace) -> int:
             raise ConfigError('--json must be a JSON object, e.g. \'{"applicant_id": "APP-501"}\'')
     else:
         payload = args.text
-    return asyncio.run(_call_async(resolve_target(args.target), payload, args))
+    return asyncio.run(_call_async(resolve_target(args.target, args.registry), payload, args))
 
 
 def _print_result(result: Any, shown: str = "") -> int:
@@ -251,6 +278,17 @@ async def _call_async(url: str, payload: dict[str, Any] | str, args: argparse.Na
 
 
 # -- parsers --------------------------------------------------------------------------------
+_TARGET_HELP = "the node's URL (http://127.0.0.1:8017) or an agent name found in the registry"
+
+
+def _registry_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--registry",
+        default=None,
+        help="registry that resolves agent names (default $MESH_REGISTRY or http://127.0.0.1:8400)",
+    )
+
+
 def add_parsers(sub: Any) -> None:
     """Register ``serve``, ``card`` and ``call`` on the ``mesh`` sub-command parser."""
     p = sub.add_parser(
@@ -283,7 +321,8 @@ def add_parsers(sub: Any) -> None:
     c = sub.add_parser(
         "card", help="print a node's agent card", description="Print the agent card."
     )
-    c.add_argument("target", metavar="URL", help="the node, e.g. http://127.0.0.1:8017")
+    c.add_argument("target", metavar="URL|NAME", help=_TARGET_HELP)
+    _registry_flag(c)
     c.set_defaults(handler=_card)
 
     k = sub.add_parser(
@@ -291,7 +330,8 @@ def add_parsers(sub: Any) -> None:
         help="send one task to a node and print the result",
         description="Send a typed request (--skill S --json J) or free text (--text T).",
     )
-    k.add_argument("target", metavar="URL", help="the node, e.g. http://127.0.0.1:8017")
+    k.add_argument("target", metavar="URL|NAME", help=_TARGET_HELP)
+    _registry_flag(k)
     k.add_argument("--skill", default=None, help="skill id (optional when the node has one)")
     what = k.add_mutually_exclusive_group(required=True)
     what.add_argument("--json", default=None, help="the input as a JSON object")
