@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel
 
-from mesh import Agent, SkillContext, skill
+from mesh import Agent, Rule, Script, SkillContext, llm_skill, skill
 
 
 def _record(what: str) -> None:
@@ -60,3 +61,36 @@ def broken(req: Ping) -> Pong:
 
 
 agent = Agent(name="test-worker", description="Test worker.", skills=[echo, slow, broken])
+
+
+# -- LLM typed skills whose first answer does not validate (the repair path) -----------------
+class Draft(BaseModel):
+    text: str
+
+
+class Review(BaseModel):
+    verdict: Literal["ok", "redo"]
+    notes: str
+
+
+def _reviewer(name: str, script: Script) -> Agent:
+    review = llm_skill("review", input=Draft, output=Review, description="Review a draft.")
+    return Agent(name=name, instruction="Review drafts.", skills=[review], script=script)
+
+
+# First answer has an invalid verdict; the repair message gets a valid one.
+reviewer = _reviewer(
+    "reviewer",
+    Script(
+        rules=[
+            Rule(when=r"did not validate", answer_data={"verdict": "ok", "notes": "repaired"}),
+            Rule(when=r"text", answer_data={"verdict": "maybe", "notes": "first try"}),
+        ]
+    ),
+)
+
+# Never valid, not even after the repair message.
+stubborn_reviewer = _reviewer(
+    "stubborn-reviewer",
+    Script(rules=[Rule(when=r".", answer_data={"verdict": "perhaps", "notes": "{input}"})]),
+)

@@ -86,3 +86,30 @@ async def test_metrics_count_model_and_tool_calls(assistant: str) -> None:
     tokens = [s for s in samples if s.name == "mesh_tokens_total" and s.labels["kind"] == "input"]
     assert tokens
     assert tokens[0].value > 0
+
+
+@pytest.mark.parametrize(
+    ("target", "repaired"),
+    [("tests.node_agents:reviewer", True), ("tests.node_agents:stubborn_reviewer", False)],
+)
+async def test_llm_skill_output_gets_one_repair_attempt(
+    tmp_path: Path, target: str, repaired: bool
+) -> None:
+    port = free_port()
+    argv = ["mesh", "serve", target, "--port", str(port), "--data-dir", str(tmp_path / "d")]
+    url = f"http://127.0.0.1:{port}"
+    with running(argv, name="reviewer", tmp=tmp_path, env=clean_env(), health=url + "/health"):
+        async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+            peer = A2APeer(http, url)
+            result = await peer.send({"text": "a draft"}, skill="review")
+            await peer.aclose()
+    if repaired:
+        assert result.ok, result.error
+        assert result.data == {"verdict": "ok", "notes": "repaired"}
+        # The task reports the usage of the turn (both model calls).
+        assert result.metadata["usage"]["output_tokens"] > 0
+    else:
+        assert result.state == "failed"
+        assert result.error is not None
+        assert "verdict" in result.error["message"]
+        assert "after one repair attempt" in result.error["message"]
