@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -14,7 +17,7 @@ import pytest
 from mesh.errors import ConfigError
 from mesh.meshfile import ProcessSpec
 from mesh.supervisor import Child, Supervisor
-from tests.support import free_port
+from tests.support import free_port, running
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +42,13 @@ def alive(pid: int) -> bool:
     return True
 
 
-async def eventually(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.05)
+async def eventually(predicate: Callable[[], bool], *, within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"condition not met within {within}s")
 
 
 async def test_supervisor_starts_restarts_and_stops(tmp_path: Path) -> None:
@@ -98,4 +104,121 @@ async def test_a_process_that_dies_at_start_fails_with_its_log(tmp_path: Path) -
         await sup.start()
     # what had started was stopped
     assert sup.children[0].status == "stopped"
-    assert sup.children[0].pid is not None and not alive(sup.children[0].pid)
+    assert sup.children[0].pid is not None
+    assert not alive(sup.children[0].pid)
+
+
+# -- mesh up / mesh chat with the loan desk ---------------------------------------------------
+
+
+def _desk_file(tmp: Path) -> tuple[Path, dict[str, int]]:
+    ports = {
+        "registry": free_port(),
+        "officer": free_port(),
+        "bureau": free_port(),
+        "verifier": free_port(),
+    }
+    # Two consecutive free ports for the bureau replicas.
+    while True:
+        low = free_port()
+        try:
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", low + 1))
+            break
+        except OSError:
+            continue
+    ports["bureau"] = low
+    text = f"""
+state_dir = "{tmp / "state"}"
+[registry]
+port = {ports["registry"]}
+[nodes.loan-officer]
+module = "agents.loan_officer:agent"
+port = {ports["officer"]}
+[nodes.credit-bureau]
+module = "agents.credit_bureau:agent"
+port = "{low}-{low + 1}"
+replicas = 2
+[nodes.income-verifier]
+module = "agents.income_verifier:agent"
+port = {ports["verifier"]}
+"""
+    path = tmp / "mesh.toml"
+    path.write_text(text)
+    return path, ports
+
+
+def test_mesh_up_runs_the_loan_desk_restarts_a_crash_and_stops_cleanly(tmp_path: Path) -> None:
+    from tests.support import Proc, clean_env, wait_for
+
+    meshfile, ports = _desk_file(tmp_path)
+    registry = f"http://127.0.0.1:{ports['registry']}"
+    up = Proc.start(["mesh", "up", str(meshfile)], name="up", tmp=tmp_path, env=clean_env())
+    try:
+        wait_for(lambda: "Ctrl-C stops everything" in up.output(), timeout=90, what="mesh up")
+        out = up.output()
+        for name in ("registry", "loan-officer", "credit-bureau-1", "credit-bureau-2"):
+            assert f"✓ {name}" in out
+        assert f"registry page: {registry}/" in out
+        assert f"http://127.0.0.1:{ports['bureau'] + 1}" in out
+        logs = tmp_path / "state" / "logs"
+        assert {p.name for p in logs.iterdir()} >= {"registry.log", "loan-officer.log"}
+        instances = httpx.get(f"{registry}/v1/instances", trust_env=False).json()["instances"]
+        assert len(instances) == 4
+
+        # `mesh chat` by name through the registry, two messages in one context.
+        chat = subprocess.run(
+            [
+                sys.executable, "-m", "mesh", "chat", "loan-officer", "--registry", registry,
+                "-m", "Should we approve APP-612 for 400,000 over 48 months?",
+                "-m", "Tell me about APP-501",
+            ],
+            capture_output=True, text=True, timeout=60, env=clean_env(),
+        )  # fmt: skip
+        assert chat.returncode == 0, chat.stderr
+        assert "calling credit_bureau_score, income_verifier_verify, calculate_emi" in chat.stdout
+        assert "Income verifier: discrepancy" in chat.stdout
+        assert "Asha Rao (APP-501)" in chat.stdout
+        assert chat.stdout.count("(context ") == 1
+
+        # A crashed node comes back.
+        verifier = f"http://127.0.0.1:{ports['verifier']}"
+        pid = httpx.get(f"{verifier}/introspect", trust_env=False).json()["runtime"]["pid"]
+        killed = [i["instance_id"] for i in instances if i["agent"] == "income-verifier"]
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: "income-verifier      crashed" in up.output(), what="the crash report")
+        wait_for(
+            lambda: httpx.get(f"{verifier}/health", trust_env=False).status_code == 200,
+            timeout=30,
+            what="the restarted verifier",
+        )
+        wait_for(lambda: "(restart 1)" in up.output(), what="the restart report")
+
+        up.popen.send_signal(signal.SIGINT)
+        assert up.popen.wait(30) == 0
+    finally:
+        up.kill()
+    assert "mesh up: stopped" in up.output()
+    for port in ports.values():
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False)
+    # Every node deregistered before the registry stopped: its database lists none but the
+    # instance that was SIGKILLed (it could not say goodbye; the prober would expire it).
+    port = free_port()
+    argv = [
+        "mesh",
+        "registry",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(tmp_path / "state" / "registry"),
+    ]
+    with running(
+        argv, name="registry-again", tmp=tmp_path, health=f"http://127.0.0.1:{port}/health"
+    ):
+        left = httpx.get(
+            f"http://127.0.0.1:{port}/v1/instances", params={"status": "any"}, trust_env=False
+        ).json()["instances"]
+    assert [i["instance_id"] for i in left] == killed

@@ -14,10 +14,12 @@ import contextlib
 import signal
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from mesh.meshfile import MeshFile, load_meshfile
-from mesh.supervisor import Child, Supervisor
+if TYPE_CHECKING:
+    from mesh.a2a.client import A2APeer
+    from mesh.meshfile import MeshFile
+    from mesh.supervisor import Child, Supervisor
 
 __all__ = ["add_parsers"]
 
@@ -54,8 +56,34 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     up.set_defaults(handler=_run_up)
 
+    chat = sub.add_parser(
+        "chat",
+        help="talk to an agent (by name through the registry, or by URL)",
+        description="An interactive conversation with one agent over A2A, in one context: "
+        "tool and peer calls are shown as they happen. Type 'exit' or Ctrl-D to leave.",
+    )
+    chat.add_argument("agent", help="agent name (e.g. loan-officer) or URL")
+    chat.add_argument(
+        "--registry",
+        default=None,
+        help="registry URL to find the agent (default $MESH_REGISTRY or http://127.0.0.1:8400)",
+    )
+    chat.add_argument("--context-id", default=None, help="continue an existing context")
+    chat.add_argument(
+        "-m",
+        "--message",
+        action="append",
+        default=None,
+        help="send this message instead of reading the terminal (repeatable)",
+    )
+    chat.add_argument("--timeout", type=float, default=120.0, help="seconds per answer")
+    chat.set_defaults(handler=_run_chat)
+
 
 def _run_up(args: argparse.Namespace) -> int:
+    # Imported here: every `mesh` command builds this parser, only `up` needs these.
+    from mesh.meshfile import load_meshfile
+
     meshfile = load_meshfile(args.meshfile)
     root = Path(args.root).resolve()
     return asyncio.run(up(meshfile, root=root, start_timeout=args.start_timeout))
@@ -65,6 +93,8 @@ async def up(
     meshfile: MeshFile, *, root: Path, start_timeout: float = 60.0, out: TextIO = sys.stdout
 ) -> int:
     """Run the mesh until SIGINT/SIGTERM. Returns the exit code."""
+    from mesh.supervisor import Supervisor
+
     log_dir = (root / meshfile.state_dir / "logs").resolve()
     started = False
 
@@ -130,3 +160,114 @@ def _print_table(meshfile: MeshFile, supervisor: Supervisor, out: TextIO) -> Non
     first = next(iter(meshfile.nodes))
     print(f"try:           mesh chat {first} --registry {meshfile.registry.public_url}", file=out)
     print("Ctrl-C stops everything.", file=out, flush=True)
+
+
+# -- chat -------------------------------------------------------------------------------------
+def _run_chat(args: argparse.Namespace) -> int:
+    import os
+
+    registry = args.registry or os.environ.get("MESH_REGISTRY") or "http://127.0.0.1:8400"
+    messages: list[str] | None = args.message
+    return asyncio.run(
+        chat(
+            args.agent,
+            registry=registry,
+            messages=messages,
+            context_id=args.context_id,
+            answer_timeout_s=args.timeout,
+        )
+    )
+
+
+async def _resolve(agent: str, registry: str) -> str:
+    if agent.startswith(("http://", "https://")):
+        return agent.rstrip("/")
+    from mesh.discovery import create_backend
+    from mesh.discovery.client import DiscoveryClient
+
+    client = DiscoveryClient(create_backend(registry))
+    try:
+        instances = await client.require(agent=agent)
+    finally:
+        await client.aclose()
+    return instances[0].url.rstrip("/")
+
+
+async def chat(
+    agent: str,
+    *,
+    registry: str,
+    messages: list[str] | None = None,
+    context_id: str | None = None,
+    answer_timeout_s: float = 120.0,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Talk to ``agent`` (name or URL): ``messages`` in order, or lines read from stdin."""
+    import httpx
+
+    from mesh.a2a.client import A2APeer
+
+    url = await _resolve(agent, registry)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=answer_timeout_s)) as http:
+        peer = A2APeer(http, url)
+        try:
+            card = await peer.card_dict()
+            print(f"talking to {card.get('name', agent)} at {url} (exit or Ctrl-D to leave)",
+                  file=out, flush=True)  # fmt: skip
+            pending = list(messages) if messages is not None else None
+            failures = 0
+            while True:
+                if pending is not None:
+                    if not pending:
+                        break
+                    text = pending.pop(0)
+                    print(f"you> {text}", file=out, flush=True)
+                else:
+                    try:
+                        text = await asyncio.to_thread(input, "you> ")
+                    except EOFError:
+                        print(file=out)
+                        break
+                text = text.strip()
+                if not text:
+                    continue
+                if text in ("exit", "quit"):
+                    break
+                context_id, ok = await _turn(peer, text, context_id, answer_timeout_s, out)
+                failures += 0 if ok else 1
+        finally:
+            await peer.aclose()
+    if context_id:
+        print(f"(context {context_id})", file=out, flush=True)
+    return 1 if failures else 0
+
+
+async def _turn(
+    peer: A2APeer, text: str, context_id: str | None, read_timeout_s: float, out: TextIO
+) -> tuple[str | None, bool]:
+    """One message: show progress (tool and peer calls) as it streams, then the answer."""
+    task_id = ""
+    streamed = ""
+    async for update in peer.stream(text, context_id=context_id, timeout=read_timeout_s):
+        task_id = update.task_id or task_id
+        context_id = update.context_id or context_id
+        if update.partial and update.text:
+            if not streamed:
+                print("agent> ", end="", file=out)
+            streamed += update.text
+            print(update.text, end="", file=out, flush=True)
+        elif update.kind == "status" and update.text.startswith("calling "):
+            print(f"  … {update.text}", file=out, flush=True)
+    if streamed:
+        print(file=out)
+    if not task_id:
+        print("agent> (no answer)", file=out, flush=True)
+        return context_id, False
+    result = await peer.get_task(task_id)
+    if result.ok:
+        if result.text.strip() != streamed.strip():
+            print(f"agent> {result.text}", file=out, flush=True)
+        return result.context_id or context_id, True
+    error = result.error or {}
+    print(f"agent> ({result.state}: {error.get('message', result.text)})", file=out, flush=True)
+    return result.context_id or context_id, False
