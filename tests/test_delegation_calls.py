@@ -381,3 +381,53 @@ async def test_child_usage_goes_to_the_callers_sink(tmp_path: Path) -> None:
     assert len(sink) == 1
     assert sink[0]["input_tokens"] > 0
     assert sink[0]["output_tokens"] > 0
+
+
+async def test_delegation_metrics_on_the_bound_registry(bureau: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from mesh.metrics import NodeMetrics
+    from mesh.resilience import BreakerBoard
+
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry, "caller", process_collectors=False)
+
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, {"agent": "caller", **labels}) or 0.0
+
+    async with flaky_proxy(bureau) as proxy:
+        rem = remote("credit-bureau", policy=RetryPolicy(initial_delay=0.01))
+        rem.bind(discovery=_StaticDiscovery([proxy["url"]]), metrics=metrics)  # type: ignore[arg-type]
+        async with toolset(rem) as tools:
+            out = await tools["credit_bureau_score"].call(
+                {"applicant_id": "APP-501", "amount": 1000}, tool_context()
+            )
+            with pytest.raises(ToolError):
+                await tools["credit_bureau_score"].call({"applicant_id": 5}, tool_context())
+    assert out["score"] == _score("APP-501")
+    labels = {"peer": "credit-bureau", "skill": "score"}
+    assert value("mesh_delegation_retries_total", **labels) == 1
+    assert value("mesh_delegations_total", outcome="ok", **labels) == 1
+    assert value("mesh_delegations_total", outcome="rejected", **labels) == 1
+    assert value("mesh_delegation_duration_seconds_count", **labels) == 2
+
+    # An instance that refuses connections: its breaker opens (gauge 2), the call is
+    # "unavailable" after the retries.
+    dead = f"http://127.0.0.1:{free_port()}"
+    down = remote(
+        "credit-bureau",
+        skill="score",
+        policy=RetryPolicy(attempts=3, initial_delay=0.01),
+        breakers=BreakerBoard(failure_threshold=2, cool_down=60),
+    )
+    down.bind(discovery=_StaticDiscovery([bureau]), metrics=metrics)  # type: ignore[arg-type]
+    async with toolset(down) as tools:  # the card is read (and cached) while the bureau is up
+        down.bind(discovery=_StaticDiscovery([dead]))  # type: ignore[arg-type]
+        with pytest.raises(RemoteError) as info:
+            await tools["credit_bureau_score"].call(
+                {"applicant_id": "APP-1", "amount": 1000}, tool_context()
+            )
+    assert info.value.reason == "unavailable"
+    assert value("mesh_circuit_breaker_state", peer="credit-bureau", target=dead) == 2
+    assert value("mesh_delegations_total", outcome="unavailable", **labels) == 1
+    assert down.describe()["breakers"] == {dead: "open"}
