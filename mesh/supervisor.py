@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -159,6 +160,7 @@ class Supervisor:
                 cwd=self.cwd,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         child.started_at = time.monotonic()
         child.exit_code = None
@@ -234,3 +236,19 @@ class Supervisor:
         child.detail = detail
         if self.on_change is not None:
             self.on_change(child)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if ``mesh up`` dies without stopping us (Linux
+    ``PR_SET_PDEATHSIG``; elsewhere a no-op). Children run in their own session, so without
+    this a SIGKILLed supervisor would leave orphans holding the ports."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except OSError:
+        pass

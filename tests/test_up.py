@@ -199,7 +199,7 @@ def test_mesh_up_runs_the_loan_desk_restarts_a_crash_and_stops_cleanly(tmp_path:
         up.popen.send_signal(signal.SIGINT)
         assert up.popen.wait(30) == 0
     finally:
-        up.kill()
+        up.terminate()  # SIGTERM: mesh up stops its children too
     assert "mesh up: stopped" in up.output()
     for port in ports.values():
         with pytest.raises(httpx.ConnectError):
@@ -222,3 +222,45 @@ def test_mesh_up_runs_the_loan_desk_restarts_a_crash_and_stops_cleanly(tmp_path:
             f"http://127.0.0.1:{port}/v1/instances", params={"status": "any"}, trust_env=False
         ).json()["instances"]
     assert [i["instance_id"] for i in left] == killed
+
+
+def test_children_do_not_outlive_a_killed_supervisor(tmp_path: Path) -> None:
+    from tests.support import Proc, wait_for
+
+    port = free_port()
+    script = f"""
+import asyncio, sys
+from pathlib import Path
+from mesh.meshfile import ProcessSpec
+from mesh.supervisor import Supervisor
+
+async def main():
+    spec = ProcessSpec(name="child", kind="node", agent="child",
+        argv=(sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1"),
+        url="http://127.0.0.1:{port}", health_url="http://127.0.0.1:{port}/")
+    sup = Supervisor([spec], log_dir=Path({str(tmp_path)!r}))
+    await sup.start()
+    print("child pid", sup.children[0].pid, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+    parent = Proc.start([sys.executable, "-c", script], name="parent", tmp=tmp_path)
+    try:
+        line = wait_for(
+            lambda: next((ln for ln in parent.output().splitlines() if "child pid" in ln), None),
+            what="the child to start",
+        )
+        child = int(line.split()[-1])
+        assert alive(child)
+        parent.kill()  # SIGKILL: the supervisor gets no chance to stop anything
+        wait_for(lambda: not alive(child) or _zombie(child), what="the orphan to exit")
+    finally:
+        parent.kill()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
