@@ -34,7 +34,7 @@ from mesh.health import Health
 from mesh.introspect import introspect
 from mesh.metrics import CONTENT_TYPE_LATEST, NodeMetrics, render
 from mesh.models.base import Model
-from mesh.settings import NodeSettings
+from mesh.settings import DEFAULT_REGISTRY, NodeSettings
 from mesh.sqlite import Database
 
 __all__ = ["Node", "create_app"]
@@ -157,6 +157,8 @@ class Node:
         self.model: Model | None = model
         self.service: A2AService | None = None
         self._registrar: Any = None
+        # (httpx client, DiscoveryClient) shared by the agent's remote toolsets.
+        self._shared: tuple[Any, Any] | None = None
         self.app = self._build_app()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -171,6 +173,7 @@ class Node:
                 runner, skill_runners = self._build_runners(db)
                 self.model = runner.model
             self.health.add_check("model", self._model_check)
+            await self._bind_toolsets()
             self.service = await A2AService.create(
                 self.agent,
                 url=self.settings.url,
@@ -198,6 +201,7 @@ class Node:
                 await self.service.aclose()
             if runner is not None:
                 await runner.aclose()
+            await self._close_toolsets()
             await db.aclose()
             log.info("%s stopped", self.agent.name)
 
@@ -225,12 +229,9 @@ class Node:
         return runner, per_skill
 
     async def _start_registrar(self) -> None:
-        if self.settings.consul:
-            location, token = self.settings.consul, self.settings.consul_token
-        elif self.settings.registry:
-            location, token = self.settings.registry, self.settings.registry_token
-        else:
+        if not (self.settings.consul or self.settings.registry):
             return
+        location, token = self._discovery_location()
         from mesh.discovery import create_backend
         from mesh.discovery.base import Registration
         from mesh.discovery.registrar import Registrar
@@ -246,6 +247,43 @@ class Node:
         )
         self._registrar = (Registrar(backend, registration), backend)
         await self._registrar[0].start()
+
+    def _discovery_location(self) -> tuple[str, str | None]:
+        """Where this node registers, and where its remote tools look peers up."""
+        if self.settings.consul:
+            return self.settings.consul, self.settings.consul_token
+        return self.settings.registry or DEFAULT_REGISTRY, self.settings.registry_token
+
+    async def _bind_toolsets(self) -> None:
+        """Give remote toolsets the node's shared HTTP client, discovery client and metrics,
+        so every peer call shares one connection pool and is counted."""
+        bindable = [t for t in self.agent.tools if hasattr(t, "bind")]
+        if not bindable:
+            return
+        import httpx
+
+        from mesh.discovery import create_backend
+        from mesh.discovery.client import DiscoveryClient
+
+        location, token = self._discovery_location()
+        longest = max(float(getattr(t, "deadline_s", 30.0)) for t in bindable)
+        http = httpx.AsyncClient(timeout=httpx.Timeout(longest + 5.0, connect=2.0), trust_env=False)
+        discovery = DiscoveryClient(create_backend(location, token=token))
+        self._shared = (http, discovery)
+        for toolset in bindable:
+            toolset.bind(
+                discovery=discovery, http=http, metrics=self.metrics, caller=self.agent.name
+            )
+
+    async def _close_toolsets(self) -> None:
+        for toolset in self.agent.tools:
+            if hasattr(toolset, "bind") and hasattr(toolset, "aclose"):
+                await toolset.aclose()
+        if self._shared is not None:
+            http, discovery = self._shared
+            self._shared = None
+            await discovery.aclose()
+            await http.aclose()
 
     async def _stop_registrar(self) -> None:
         if self._registrar is None:

@@ -194,11 +194,18 @@ async def test_introspect_shows_each_peer_as_a_node(desk: Desk) -> None:
     assert peers["income-verifier"]["tools"] == ["income_verifier_verify"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="wiring pending: the node lifespan must call RemoteAgent.bind(metrics=...) for each "
-    "remote toolset (mesh/node.py); remove this mark once it does",
-)
+async def test_a_trace_is_created_when_the_caller_sends_none(desk: Desk) -> None:
+    result = await ask(desk.officer, QUESTION)
+    assert result.state == "completed", result
+    trace = trace_of(result)
+    assert trace is not None, "the coordinator's task carries the trace it created"
+    bureau_tasks = [t for url in desk.bureaus for t in await tasks_of(url)]
+    assert [t for t in bureau_tasks if trace_of(t) == trace], "the child task shares it"
+    # The turn reports its own usage and its children's (deterministic specialists: zero).
+    assert result.metadata["usage"]["output_tokens"] > 0
+    assert result.metadata["children_usage"].get("output_tokens") == 0
+
+
 async def test_the_officer_reports_delegations_in_metrics(desk: Desk) -> None:
     before = metric(desk.officer, "mesh_delegations_total", peer="credit-bureau", outcome="ok")
     result = await ask(desk.officer, QUESTION)

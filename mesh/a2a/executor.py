@@ -32,6 +32,7 @@ from mesh.errors import MeshError, SkillInputError
 from mesh.events import Event
 from mesh.metrics import NodeMetrics, TaskOutcome
 from mesh.skills import Skill, SkillContext
+from mesh.tracing import ensure_traceparent
 
 __all__ = ["MeshExecutor"]
 
@@ -165,7 +166,11 @@ class MeshExecutor(AgentExecutor):
         return _Request(
             skill_id=skill or "",
             caller=str(meta.get("caller") or ""),
-            traceparent=traceparent if isinstance(traceparent, str) else None,
+            # Every task gets a trace: the caller's when it sent a valid one, a new one otherwise,
+            # so the task's log line and its delegations can always be correlated.
+            traceparent=ensure_traceparent(
+                traceparent if isinstance(traceparent, str) else None
+            ).format(),
             deadline=_deadline(meta.get("deadline")),
             metadata=meta,
         )
@@ -216,6 +221,9 @@ class MeshExecutor(AgentExecutor):
             traceparent=req.traceparent,
             metadata={"caller": req.caller} if req.caller else {},
         )
+        # Remote tools report each child task's usage here (see mesh.remote).
+        children: list[dict[str, int]] = []
+        ctx.metadata["usage_sink"] = children
         owner = resolve_user_scope(context.call_context) if context.call_context else ""
         user_id = owner or req.caller or "a2a"
 
@@ -250,7 +258,7 @@ class MeshExecutor(AgentExecutor):
                 req,
             )
             return "failed"
-        await self._publish(updater, skill, result, req)
+        await self._publish(updater, skill, result, req, _sum_usage(children))
         return "completed"
 
     async def _progress(self, updater: TaskUpdater, event: Event) -> None:
@@ -267,7 +275,12 @@ class MeshExecutor(AgentExecutor):
         )
 
     async def _publish(
-        self, updater: TaskUpdater, skill: Skill, result: Outcome, req: _Request
+        self,
+        updater: TaskUpdater,
+        skill: Skill,
+        result: Outcome,
+        req: _Request,
+        children_usage: dict[str, int],
     ) -> None:
         if skill.typed:
             part: Part = new_data_part(result.data or {}, media_type=JSON_MODE)
@@ -276,7 +289,11 @@ class MeshExecutor(AgentExecutor):
         await updater.add_artifact([part], name=skill.id, last_chunk=True)
         await updater.update_status(
             TaskState.TASK_STATE_COMPLETED,
-            metadata={**self._task_metadata(req), "usage": result.usage.as_dict()},
+            metadata={
+                **self._task_metadata(req),
+                "usage": result.usage.as_dict(),
+                "children_usage": children_usage,
+            },
         )
 
     def _task_metadata(self, req: _Request | None) -> dict[str, Any]:
@@ -311,3 +328,12 @@ class MeshExecutor(AgentExecutor):
             message=updater.new_agent_message([new_text_part("canceled by request")]),
             metadata={"error": {"reason": "canceled", "message": "canceled by request"}},
         )
+
+
+def _sum_usage(reports: list[dict[str, int]]) -> dict[str, int]:
+    """Token usage of the child tasks of one turn, added up by kind."""
+    total: dict[str, int] = {}
+    for report in reports:
+        for kind, count in report.items():
+            total[kind] = total.get(kind, 0) + count
+    return total
