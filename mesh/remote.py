@@ -241,10 +241,14 @@ class RemoteAgent:
                 from mesh.discovery import create_backend
                 from mesh.discovery.client import DiscoveryClient
 
+                # Outside a node (a script, a notebook) nobody bound a discovery client: find
+                # peers the way `mesh serve` would, from the same environment variables.
                 location = os.environ.get("MESH_DISCOVERY", "registry")
+                token = os.environ.get("CONSUL_HTTP_TOKEN")
                 if not location.startswith("consul://"):
                     location = os.environ.get("MESH_REGISTRY", "http://127.0.0.1:8400")
-                backend = create_backend(location, token=os.environ.get("MESH_REGISTRY_TOKEN"))
+                    token = os.environ.get("MESH_REGISTRY_TOKEN")
+                backend = create_backend(location, token=token)
                 self._discovery = DiscoveryClient(backend)
                 self._owned.append(self._discovery)
         return self._http, self._discovery
