@@ -1,13 +1,13 @@
 """``Agent``: plain configuration. It does no I/O; a ``Runner`` (or a node) executes it.
 
-    loan_officer = Agent(
-        name="loan-officer",
-        description="Decides personal-loan applications.",
-        instruction="You are a careful loan officer...",
-        model="gemini-2.5-flash",      # or a Model; no key configured -> the scripted model
-        tools=[lookup_applicant],
-        script=LOAN_SCRIPT,            # what the offline scripted model does
-    )
+loan_officer = Agent(
+    name="loan-officer",
+    description="Decides personal-loan applications.",
+    instruction="You are a careful loan officer...",
+    model="gemini-2.5-flash",      # or a Model; no key configured -> the scripted model
+    tools=[lookup_applicant],
+    script=LOAN_SCRIPT,            # what the offline scripted model does
+)
 """
 
 from __future__ import annotations

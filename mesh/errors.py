@@ -110,7 +110,9 @@ class AgentNotFound(DiscoveryError):
     """No agent of that name (or no passing instance of it) is known."""
 
 
-RemoteReason = Literal["rejected", "unavailable", "deadline", "failed", "canceled", "invalid_output"]
+RemoteReason = Literal[
+    "rejected", "unavailable", "deadline", "failed", "canceled", "invalid_output"
+]
 
 
 class RemoteError(ToolError):

@@ -80,7 +80,9 @@ class Skill:
                 "starting with a letter"
             )
         if (self.input_model is None) != (self.output_model is None):
-            raise ConfigError(f"skill {self.id!r}: give both an input and an output model, or neither")
+            raise ConfigError(
+                f"skill {self.id!r}: give both an input and an output model, or neither"
+            )
 
     @property
     def typed(self) -> bool:

@@ -1,9 +1,9 @@
 """Helpers for tests that run real processes on 127.0.0.1.
 
-    port = free_port()
-    with Proc.start(["mesh", "serve", "agents.credit_bureau:agent", "--port", str(port)],
-                    name="bureau", tmp=tmp_path) as node:
-        wait_until_ok(f"http://127.0.0.1:{port}/health")
+port = free_port()
+with Proc.start(["mesh", "serve", "agents.credit_bureau:agent", "--port", str(port)],
+                name="bureau", tmp=tmp_path) as node:
+    wait_until_ok(f"http://127.0.0.1:{port}/health")
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ def wait_for(
         except Exception as exc:  # the condition may raise while the service starts
             last_exc = exc
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}: {last_exc!r}")
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what or predicate}: {last_exc!r}"
+    )
 
 
 def wait_until_ok(url: str, *, timeout: float = 20.0, proc: Proc | None = None) -> httpx.Response:
@@ -69,7 +71,9 @@ def wait_until_ok(url: str, *, timeout: float = 20.0, proc: Proc | None = None) 
 
     def check() -> httpx.Response | None:
         if proc is not None and proc.popen.poll() is not None:
-            raise AssertionError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.output()}")
+            raise AssertionError(
+                f"{proc.name} exited with {proc.popen.returncode}:\n{proc.output()}"
+            )
         r = httpx.get(url, timeout=2.0)
         return r if r.status_code == 200 else None
 
@@ -137,8 +141,15 @@ class Proc:
 
 
 @contextlib.contextmanager
-def running(argv: Sequence[str], *, name: str, tmp: Path, health: str | None = None,
-            env: dict[str, str] | None = None, timeout: float = 30.0) -> Iterator[Proc]:
+def running(
+    argv: Sequence[str],
+    *,
+    name: str,
+    tmp: Path,
+    health: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> Iterator[Proc]:
     """Start a process, wait for ``health`` to answer 200, stop it on exit."""
     proc = Proc.start(argv, name=name, tmp=tmp, env=env)
     try:
