@@ -62,7 +62,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        owned_store = store or await SqliteRegistryStore.open(settings.db_path)
+        owned_store = store or await _open_store(settings)
         http = httpx.AsyncClient(
             timeout=httpx.Timeout(settings.card_timeout_s), follow_redirects=False, trust_env=False
         )
@@ -91,6 +91,8 @@ def create_app(
             settings.db_path,
             "need a token" if settings.token else "open",
         )
+        if settings.backend:
+            log.info("instances and health come from %s", settings.backend)
         try:
             yield
         finally:
@@ -156,3 +158,15 @@ def create_app(
     app.include_router(api.router)
     app.include_router(page.router)
     return app
+
+
+async def _open_store(settings: RegistrySettings) -> RegistryStore:
+    """SQLite under the data dir by default; Consul when ``settings.backend`` names it."""
+    if settings.backend:
+        # Imported here: only Consul deployments need py-consul loaded.
+        from registry.consul_store import ConsulRegistryStore
+
+        return ConsulRegistryStore.from_url(
+            settings.backend, token=settings.consul_token, card_timeout_s=settings.card_timeout_s
+        )
+    return await SqliteRegistryStore.open(settings.db_path)

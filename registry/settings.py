@@ -24,6 +24,9 @@ class RegistrySettings:
     remove_after_s: float = 300.0
     # Timeout for fetching a registering instance's card.
     card_timeout_s: float = 5.0
+    # ``consul://host:8500``: keep instances in Consul instead of SQLite (None: SQLite).
+    backend: str | None = None
+    consul_token: str | None = None
 
     @property
     def db_path(self) -> Path:

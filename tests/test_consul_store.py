@@ -5,8 +5,8 @@ agent) the registry API writing to and reading from Consul."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,30 +131,17 @@ async def test_store_errors_name_consul_when_it_is_unreachable() -> None:
         await store.aclose()
 
 
-_SERVE = textwrap.dedent(
-    """
-    import sys
-    from pathlib import Path
-
-    import uvicorn
-
-    from registry.app import create_app
-    from registry.consul_store import ConsulRegistryStore
-    from registry.settings import RegistrySettings
-
-    consul, port, data = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
-    settings = RegistrySettings(port=port, data_dir=data, probe_interval_s=60)
-    store = ConsulRegistryStore.from_url(consul)
-    uvicorn.run(create_app(settings, store=store), host="127.0.0.1", port=port, log_level="warning")
-    """
-)
+def _registry_argv(consul: str, port: int, data: Path) -> list[str]:
+    """`mesh registry` on the Consul backend, as compose.yaml runs it."""
+    return ["mesh", "registry", "--port", str(port), "--data-dir", str(data),
+            "--probe-interval", "60", "--backend", consul]  # fmt: skip
 
 
 @pytest.mark.integration
 def test_registry_on_an_unreachable_consul_answers_503_not_500(tmp_path: Path) -> None:
     port = free_port()
     consul = f"consul://127.0.0.1:{free_port()}"
-    argv = [sys.executable, "-c", _SERVE, consul, str(port), str(tmp_path)]
+    argv = _registry_argv(consul, port, tmp_path)
     with Proc.start(argv, name="registry", tmp=tmp_path) as proc:
         base = f"http://127.0.0.1:{port}"
 
@@ -167,6 +154,16 @@ def test_registry_on_an_unreachable_consul_answers_503_not_500(tmp_path: Path) -
         agents = httpx.get(f"{base}/v1/agents", timeout=10)
         assert agents.status_code == 503
         assert agents.json()["error"] == "store_unavailable"
+
+
+def test_registry_backend_must_be_consul(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "mesh", "registry", "--backend", "etcd://x:1"],
+        capture_output=True, text=True, timeout=30, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "--backend 'etcd://x:1': use consul://host:8500" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 # -- a real Consul agent --------------------------------------------------------------------------
@@ -183,7 +180,7 @@ needs_consul = pytest.mark.skipif(
 def test_registry_api_registers_into_consul_and_lists_from_it(tmp_path: Path, node: str) -> None:
     addr = os.environ["CONSUL_HTTP_ADDR"].removeprefix("http://")
     port = free_port()
-    argv = [sys.executable, "-c", _SERVE, f"consul://{addr}", str(port), str(tmp_path)]
+    argv = _registry_argv(f"consul://{addr}", port, tmp_path)
     instance_id = f"cb-test-{uuid.uuid4().hex[:8]}"
     with Proc.start(argv, name="registry", tmp=tmp_path) as proc:
         base = f"http://127.0.0.1:{port}"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mesh.discovery.registry_client import DEFAULT_REGISTRY_URL, RegistryBackend
+from mesh.errors import ConfigError
 
 __all__ = ["add_parsers", "format_agent", "format_agents"]
 
@@ -48,6 +49,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--ttl", type=float, default=30.0, help="seconds without heartbeat -> critical")
     p.add_argument(
         "--remove-after", type=float, default=300.0, help="seconds critical before removal"
+    )
+    p.add_argument(
+        "--backend",
+        default=None,
+        metavar="consul://HOST:PORT",
+        help="keep instances in Consul (token: $CONSUL_HTTP_TOKEN) instead of SQLite",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(handler=_run_registry)
@@ -81,6 +88,10 @@ def _registry_url(args: argparse.Namespace) -> str:
 
 def _run_registry(args: argparse.Namespace) -> int:
     # The registry is a service built on mesh, not part of the library: load it only here.
+    if args.backend is not None and not args.backend.startswith(("consul://", "consul+https://")):
+        raise ConfigError(
+            f"--backend {args.backend!r}: use consul://host:8500 (or leave it out for SQLite)"
+        )
     server = importlib.import_module("registry.server")
     settings = server.RegistrySettings(
         host=args.host,
@@ -91,6 +102,8 @@ def _run_registry(args: argparse.Namespace) -> int:
         probe_timeout_s=args.probe_timeout,
         ttl_s=args.ttl,
         remove_after_s=args.remove_after,
+        backend=args.backend,
+        consul_token=os.environ.get("CONSUL_HTTP_TOKEN") or None,
     )
     return int(server.run(settings, log_level=args.log_level))
 
