@@ -120,6 +120,9 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # Before the agent's module runs: importing mesh.a2a turns off the a2a-sdk's no-op tracing
+    # (read once when ``a2a`` is first imported; see mesh/a2a/__init__.py).
+    import mesh.a2a  # noqa: F401
     from mesh.settings import NodeSettings
 
     agent = load_agent(args.target)
