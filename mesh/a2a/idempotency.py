@@ -3,7 +3,9 @@
 A message is identified by ``(owner, caller, messageId)``: the authenticated user ('' when
 anonymous), the ``caller`` of the message metadata (the calling agent), and the message id the
 caller chose. When the executor starts a task it records that key against the task id
-(``IdempotencyKeys.record``), in the node's database so it survives a restart. A second
+(``IdempotencyKeys.record``), in the node's database so it survives a restart: with a
+``SqliteTaskStore`` the key row is committed in the same transaction as the task's first save
+(no write of its own), so a task and the key that created it reach the disk together. A second
 message with the same key gets the existing task back instead of a new run; if the original is
 still running here, a blocking send waits for it to finish first.
 """
@@ -11,11 +13,12 @@ still running here, a blocking send waits for it to finish first.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from a2a.server.agent_execution import AgentExecutor
+from a2a.server.agent_execution import AgentExecutor, SimpleRequestContextBuilder
 from a2a.server.agent_execution.active_task import INTERRUPTED_TASK_STATES, TERMINAL_TASK_STATES
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event as A2AEvent
@@ -33,6 +36,7 @@ from a2a.types import (
 from a2a.utils.errors import TaskNotFoundError
 from a2a.utils.task import apply_history_length
 
+from mesh.a2a.store import SqliteTaskStore
 from mesh.sqlite import Database
 
 __all__ = ["IdempotencyKeys", "IdempotentRequestHandler", "MessageKey", "WatchedTaskStore"]
@@ -48,7 +52,12 @@ create table if not exists a2a_message_keys (
     primary key (owner, caller, message_id)
 ) without rowid;
 """
+_INSERT = (
+    "insert or ignore into a2a_message_keys (owner, caller, message_id, task_id) "
+    "values (?, ?, ?, ?)"
+)
 _SETTLED = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
+log = logging.getLogger("mesh.a2a")
 
 
 def message_key(message: Message, context: ServerCallContext | None) -> MessageKey | None:
@@ -62,10 +71,12 @@ def message_key(message: Message, context: ServerCallContext | None) -> MessageK
 
 
 class IdempotencyKeys:
-    """``(owner, caller, message_id) -> task_id``, in ``db`` or (``db=None``) in memory."""
+    """``(owner, caller, message_id) -> task_id``, in ``db`` or (``db=None``) in memory.
+    With ``store`` (the node's task store on the same ``db``) a key is written with its task."""
 
-    def __init__(self, db: Database | None) -> None:
+    def __init__(self, db: Database | None, store: SqliteTaskStore | None = None) -> None:
         self._db = db
+        self._store = store
         self._memory: dict[MessageKey, str] = {}
         # Keys whose first message is being handled right now in this process.
         self._pending: dict[MessageKey, asyncio.Future[str | None]] = {}
@@ -117,19 +128,34 @@ class IdempotencyKeys:
 
     async def record(self, key: MessageKey, task_id: str) -> None:
         """The executor accepted ``key`` as task ``task_id`` (first writer wins)."""
+        if self._db is None:
+            self._memory.setdefault(key, task_id)
+            self._settle(key, task_id)
+            return
+        row = (*key, task_id)
+        if self._store is not None:
+            # Committed with the task's first save; duplicates waiting in claim() are let in
+            # once both are on disk (they then find the task).
+            written = self._store.write_with_task(
+                key[0], task_id, lambda conn: conn.execute(_INSERT, row)
+            )
+            written.add_done_callback(lambda done: self._written(key, task_id, done))
+            return
+        self._settle(key, task_id)
+        await self._db.write(lambda conn: conn.execute(_INSERT, row))
+
+    def _written(self, key: MessageKey, task_id: str, done: asyncio.Future[None]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            if not done.cancelled():
+                log.warning("idempotency key of task %s not stored: %s", task_id, done.exception())
+            self.end(key)
+            return
+        self._settle(key, task_id)
+
+    def _settle(self, key: MessageKey, task_id: str) -> None:
         fut = self._pending.get(key)
         if fut is not None and not fut.done():
             fut.set_result(task_id)
-        if self._db is None:
-            self._memory.setdefault(key, task_id)
-            return
-        await self._db.write(
-            lambda conn: conn.execute(
-                "insert or ignore into a2a_message_keys (owner, caller, message_id, task_id) "
-                "values (?, ?, ?, ?)",
-                (*key, task_id),
-            )
-        )
 
 
 class WatchedTaskStore(TaskStore):
@@ -181,8 +207,18 @@ class IdempotentRequestHandler(DefaultRequestHandler):
         self._watched = (
             task_store if isinstance(task_store, WatchedTaskStore) else WatchedTaskStore(task_store)
         )
+        # The SQLite store generates new task ids itself, so it knows they are not stored yet.
+        inner = self._watched.inner
+        id_generator = inner.id_generator() if isinstance(inner, SqliteTaskStore) else None
         super().__init__(
-            agent_executor=agent_executor, task_store=self._watched, agent_card=agent_card
+            agent_executor=agent_executor,
+            task_store=self._watched,
+            agent_card=agent_card,
+            request_context_builder=SimpleRequestContextBuilder(
+                should_populate_referred_tasks=False,
+                task_store=None,
+                task_id_generator=id_generator,
+            ),
         )
         self.keys = keys
 

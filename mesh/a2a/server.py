@@ -77,7 +77,7 @@ class A2AService:
             sqlite_store = SqliteTaskStore(db)
             await sqlite_store.initialize()
             task_store = sqlite_store
-            keys = IdempotencyKeys(db)
+            keys = IdempotencyKeys(db, store=sqlite_store)
         await keys.initialize()
         executor = MeshExecutor(
             SkillDispatcher(agent, runner, skill_runners), keys=keys, metrics=metrics

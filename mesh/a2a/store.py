@@ -7,14 +7,30 @@ listing order and page tokens are the SDK's: ``(status timestamp, id)`` descendi
 
 The SDK mutates the task object it saved in place afterwards, so the bytes are taken on the
 event loop before the write is handed to the database thread.
+
+Write-behind: the SDK saves a task on every event (SUBMITTED, WORKING, each artifact, the final
+state) and reads it back several times per request. The store keeps the latest state of each
+in-flight task in memory and persists only what a reader must find after a restart: the first
+save of a task in this process, every terminal state and every interrupted state
+(input-required, auth-required). Those saves return after their commit, and the SDK answers a
+blocking request only after it saved the final state, so a task acknowledged as finished is on
+disk. Intermediate states live in memory until then (a crash leaves the task in its first saved
+state, never ahead of what a client saw as final). ``get`` answers in-flight tasks from memory,
+and task ids this node just generated (``id_generator``) are known to be absent without a read.
+``list`` writes the in-memory states first, so a listing is never behind ``get``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import uuid
+from collections.abc import Callable
 from typing import Any
 
+from a2a.server.agent_execution.active_task import INTERRUPTED_TASK_STATES, TERMINAL_TASK_STATES
 from a2a.server.context import ServerCallContext
+from a2a.server.id_generator import IDGenerator, IDGeneratorContext
 from a2a.server.owner_resolver import OwnerResolver, resolve_user_scope
 from a2a.server.tasks import TaskStore
 from a2a.types import ListTasksRequest, ListTasksResponse, Task
@@ -25,6 +41,13 @@ from a2a.utils.task import ListTasksCursor, decode_list_tasks_cursor, encode_lis
 from mesh.sqlite import Database
 
 __all__ = ["SqliteTaskStore"]
+
+_SETTLED = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
+# Fresh ids not yet saved: normally one per request in flight. A bound against a leak from
+# requests that end before their first save; clearing only costs a read per id.
+_MAX_FRESH = 10_000
+TaskKey = tuple[str, str]  # (owner, task id)
+Statement = Callable[[sqlite3.Connection], object]
 
 _SCHEMA = """
 create table if not exists a2a_tasks (
@@ -55,6 +78,20 @@ def _timestamp_ns(task: Task) -> int:
     return -1
 
 
+class _FreshIds(IDGenerator):
+    """Task ids for new tasks (uuid4, like the SDK's), remembered as not stored yet."""
+
+    def __init__(self, fresh: set[str]) -> None:
+        self._fresh = fresh
+
+    def generate(self, context: IDGeneratorContext) -> str:
+        task_id = str(uuid.uuid4())
+        if len(self._fresh) >= _MAX_FRESH:
+            self._fresh.clear()
+        self._fresh.add(task_id)
+        return task_id
+
+
 def _parse(data: bytes) -> Task:
     task = Task()
     task.ParseFromString(data)
@@ -70,23 +107,82 @@ class SqliteTaskStore(TaskStore):
     def __init__(self, db: Database, owner_resolver: OwnerResolver = resolve_user_scope) -> None:
         self._db = db
         self._owner = owner_resolver
+        # In-flight tasks: the latest state (bytes), maybe newer than the row on disk.
+        self._live: dict[TaskKey, bytes] = {}
+        self._dirty: set[TaskKey] = set()
+        # Ids generated here and never saved: get() knows they are absent.
+        self._fresh: set[str] = set()
+        # Statements to commit with the next persisted save of a task (idempotency keys).
+        self._staged: dict[TaskKey, list[tuple[Statement, asyncio.Future[None]]]] = {}
 
     async def initialize(self) -> None:
         await self._db.ensure_schema("a2a_tasks", _SCHEMA)
 
+    def id_generator(self) -> IDGenerator:
+        """The task id generator for the request handler (see ``get``)."""
+        return _FreshIds(self._fresh)
+
+    def write_with_task(self, owner: str, task_id: str, fn: Statement) -> asyncio.Future[None]:
+        """Commit ``fn(conn)`` in the same transaction as the next persisted save of the task
+        (its first save in this process), or on its own when that save already happened.
+        The future resolves once it is committed."""
+        key = (owner, task_id)
+        if key in self._live:
+            return asyncio.ensure_future(self._write(fn))
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._staged.setdefault(key, []).append((fn, future))
+        return future
+
+    async def _write(self, fn: Statement) -> None:
+        await self._db.write(fn)
+
     async def save(self, task: Task, context: ServerCallContext) -> None:
-        row = (
-            self._owner(context),
-            task.id,
-            task.context_id,
-            int(task.status.state),
-            _timestamp_ns(task),
-            task.SerializeToString(),
-        )
-        await self._db.write(lambda conn: conn.execute(_UPSERT, row))
+        owner = self._owner(context)
+        key = (owner, task.id)
+        data = task.SerializeToString()
+        state = task.status.state
+        settled = state in _SETTLED
+        if key in self._live and not settled:
+            self._live[key] = data  # write-behind: persisted with the next settled state
+            self._dirty.add(key)
+            return
+        self._fresh.discard(task.id)
+        self._live[key] = data
+        self._dirty.discard(key)
+        row = (owner, task.id, task.context_id, int(state), _timestamp_ns(task), data)
+        staged = self._staged.pop(key, [])
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(_UPSERT, row)
+            for fn, _ in staged:
+                fn(conn)
+
+        try:
+            await self._db.write(write)
+        except BaseException as exc:
+            for _, future in staged:
+                if future.done():
+                    continue
+                if isinstance(exc, asyncio.CancelledError):
+                    future.cancel()
+                else:
+                    future.set_exception(exc)
+            raise
+        finally:
+            # Settled tasks leave memory once their row is committed (or failed to be).
+            if settled and self._live.get(key) is data:
+                del self._live[key]
+        for _, future in staged:
+            if not future.done():
+                future.set_result(None)
 
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
         owner = self._owner(context)
+        live = self._live.get((owner, task_id))
+        if live is not None:
+            return _parse(live)
+        if task_id in self._fresh:
+            return None
 
         def read(conn: sqlite3.Connection) -> Any:
             return conn.execute(
@@ -96,7 +192,26 @@ class SqliteTaskStore(TaskStore):
         row = await self._db.read(read)
         return None if row is None else _parse(row[0])
 
+    async def _write_dirty(self) -> None:
+        """Persist the in-memory states of in-flight tasks (before a listing)."""
+        rows = []
+        for key in list(self._dirty):
+            task = _parse(self._live[key])
+            rows.append(
+                (
+                    *key,
+                    task.context_id,
+                    int(task.status.state),
+                    _timestamp_ns(task),
+                    self._live[key],
+                )
+            )
+        self._dirty.clear()
+        if rows:
+            await self._db.write(lambda conn: conn.executemany(_UPSERT, rows))
+
     async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        await self._write_dirty()
         where = ["owner = ?"]
         args: list[Any] = [self._owner(context)]
         if params.context_id:
@@ -146,6 +261,8 @@ class SqliteTaskStore(TaskStore):
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
         owner = self._owner(context)
+        self._live.pop((owner, task_id), None)
+        self._dirty.discard((owner, task_id))
         await self._db.write(
             lambda conn: conn.execute(
                 "delete from a2a_tasks where owner = ? and id = ?", (owner, task_id)

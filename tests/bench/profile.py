@@ -98,7 +98,8 @@ def _db_calls(tmp: Path, answered: int) -> str:
     out = []
     for record in sorted(tmp.glob("*.modules.json")):
         calls: dict[str, int] = json.loads(record.read_text()).get("db_calls", {})
-        out.append(f"  {record.name.split('.')[0]}: {sum(calls.values()) / answered:.2f} total")
+        ops = sum(n for name, n in calls.items() if not name.startswith("["))
+        out.append(f"  {record.name.split('.')[0]}: {ops / answered:.2f} operations")
         out += [
             f"    {n / answered:5.2f}  {name}"
             for name, n in sorted(calls.items(), key=lambda kv: -kv[1])
@@ -184,7 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         db_calls = _db_calls(Path(tmp), answered)
     print(summarize(collapsed_path.read_text(), top=args.top))
     if db_calls:
-        print(f"\ndatabase round trips per request ({answered} requests):\n{db_calls}")
+        print(
+            "\ndatabase operations per request, and the thread hops and commits they "
+            f"took ({answered} requests):\n{db_calls}"
+        )
     print(f"\ncollapsed stacks: {collapsed_path}")
     return 0
 

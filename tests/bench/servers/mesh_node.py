@@ -4,8 +4,9 @@ process had imported (the scripted model must never pull in ``google.genai``).
     python -m tests.bench.servers.mesh_node serve agents.credit_bureau:agent --port 8003 ...
 
 The record goes to ``$MESH_BENCH_MODULES`` as JSON when that variable is set. With
-``BENCH_COUNT_DB=1`` (the profiler sets it) it also counts the node's database round trips
-(each one a hop to the SQLite thread) by the function that made them.
+``BENCH_COUNT_DB=1`` (the profiler sets it) it also counts the node's database operations by
+the function that made them, and what group commit turned them into: hops to the SQLite
+thread and committed transactions.
 """
 
 from __future__ import annotations
@@ -28,17 +29,35 @@ DB_CALLS: collections.Counter[str] = collections.Counter()
 
 
 def _count_db_calls() -> None:
-    submit = Database._submit
+    """Count each store operation (by the function that made it) and, separately, what they
+    cost after group commit: thread hops (batches) and transactions committed."""
+    enqueue, submit, run_batch = Database._enqueue, Database._submit, Database._run_batch
 
-    async def counted(self: Database, fn: Any) -> Any:
-        # The caller's frame names the store operation (fn is often a lambda or in_tx).
-        caller = sys._getframe(1)
-        if caller.f_code.co_qualname in ("Database.read", "Database.write") and caller.f_back:
-            caller = caller.f_back
-        DB_CALLS[caller.f_code.co_qualname] += 1
+    def caller() -> str:
+        frame = sys._getframe(2)
+        if frame.f_code.co_qualname in ("Database.read", "Database.write") and frame.f_back:
+            frame = frame.f_back
+        return frame.f_code.co_qualname
+
+    def counted_enqueue(self: Database, fn: Any, *, write: bool) -> Any:
+        DB_CALLS[caller()] += 1
+        return enqueue(self, fn, write=write)
+
+    async def counted_submit(self: Database, fn: Any) -> Any:
+        DB_CALLS[caller()] += 1
+        DB_CALLS["[thread hops]"] += 1
         return await submit(self, fn)
 
-    Database._submit = counted  # type: ignore[method-assign]
+    def counted_batch(self: Database, batch: Any) -> Any:
+        before = self.commits
+        out = run_batch(self, batch)
+        DB_CALLS["[thread hops]"] += 1
+        DB_CALLS["[commits]"] += self.commits - before
+        return out
+
+    Database._enqueue = counted_enqueue  # type: ignore[method-assign]
+    Database._submit = counted_submit  # type: ignore[method-assign]
+    Database._run_batch = counted_batch  # type: ignore[method-assign]
 
 
 def _record() -> None:

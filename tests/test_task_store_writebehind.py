@@ -1,0 +1,180 @@
+"""``SqliteTaskStore`` write-behind: in-flight states in memory, first and settled states on
+disk before ``save`` returns, idempotency keys committed with the task; and, through a real
+node, every task acknowledged as finished survives ``kill -9``."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import httpx
+import pytest
+from a2a.server.context import ServerCallContext
+from a2a.server.id_generator import IDGeneratorContext
+from a2a.types import ListTasksRequest, Task, TaskState, TaskStatus
+
+from mesh.a2a.client import A2APeer
+from mesh.a2a.idempotency import IdempotencyKeys
+from mesh.a2a.store import SqliteTaskStore
+from mesh.sqlite import Database
+from tests.support import clean_env, free_port, running
+
+CTX = ServerCallContext()
+
+
+def _task(task_id: str, state: TaskState, note: str = "") -> Task:
+    task = Task(id=task_id, context_id="ctx-1", status=TaskStatus(state=state))
+    if note:
+        task.metadata["note"] = note
+    return task
+
+
+def _disk(path: Path, task_id: str) -> TaskState | None:
+    """The state another connection (a restarted process) reads."""
+    conn = sqlite3.connect(path)
+    try:
+        row = conn.execute("select state from a2a_tasks where id = ?", (task_id,)).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else TaskState.ValueType(row[0])
+
+
+async def _open(tmp_path: Path) -> tuple[Database, SqliteTaskStore]:
+    db = await Database.open(tmp_path / "node.db")
+    store = SqliteTaskStore(db)
+    await store.initialize()
+    return db, store
+
+
+async def test_first_and_terminal_saves_reach_disk_intermediate_ones_stay_in_memory(
+    tmp_path: Path,
+) -> None:
+    db, store = await _open(tmp_path)
+    path = tmp_path / "node.db"
+    try:
+        await store.save(_task("t1", TaskState.TASK_STATE_SUBMITTED), CTX)
+        assert _disk(path, "t1") == TaskState.TASK_STATE_SUBMITTED
+        commits = db.commits
+        await store.save(_task("t1", TaskState.TASK_STATE_WORKING, "step"), CTX)
+        assert db.commits == commits  # no write for an intermediate state
+        assert _disk(path, "t1") == TaskState.TASK_STATE_SUBMITTED
+        got = await store.get("t1", CTX)  # ... but readers in this process see it
+        assert got is not None
+        assert got.status.state == TaskState.TASK_STATE_WORKING
+        assert got.metadata["note"] == "step"
+        await store.save(_task("t1", TaskState.TASK_STATE_COMPLETED, "done"), CTX)
+        assert _disk(path, "t1") == TaskState.TASK_STATE_COMPLETED
+    finally:
+        await db.aclose()
+    # A new process (fresh store on the same file) reads the terminal task.
+    db, store = await _open(tmp_path)
+    try:
+        got = await store.get("t1", CTX)
+        assert got is not None
+        assert got.status.state == TaskState.TASK_STATE_COMPLETED
+        assert got.metadata["note"] == "done"
+    finally:
+        await db.aclose()
+
+
+async def test_interrupted_state_is_persisted(tmp_path: Path) -> None:
+    db, store = await _open(tmp_path)
+    try:
+        await store.save(_task("t2", TaskState.TASK_STATE_SUBMITTED), CTX)
+        await store.save(_task("t2", TaskState.TASK_STATE_WORKING), CTX)
+        await store.save(_task("t2", TaskState.TASK_STATE_INPUT_REQUIRED), CTX)
+        assert _disk(tmp_path / "node.db", "t2") == TaskState.TASK_STATE_INPUT_REQUIRED
+    finally:
+        await db.aclose()
+
+
+async def test_list_shows_in_flight_states(tmp_path: Path) -> None:
+    db, store = await _open(tmp_path)
+    try:
+        await store.save(_task("t3", TaskState.TASK_STATE_SUBMITTED), CTX)
+        await store.save(_task("t3", TaskState.TASK_STATE_WORKING), CTX)
+        page = await store.list(ListTasksRequest(status=TaskState.TASK_STATE_WORKING), CTX)
+        assert [t.id for t in page.tasks] == ["t3"]
+    finally:
+        await db.aclose()
+
+
+async def test_generated_ids_are_absent_without_a_read(tmp_path: Path) -> None:
+    db, store = await _open(tmp_path)
+    try:
+        task_id = store.id_generator().generate(IDGeneratorContext())
+        batches = db.batches
+        assert await store.get(task_id, CTX) is None
+        assert db.batches == batches
+        await store.save(_task(task_id, TaskState.TASK_STATE_SUBMITTED), CTX)
+        await store.save(_task(task_id, TaskState.TASK_STATE_COMPLETED), CTX)
+        # Once saved, the id is an ordinary stored task.
+        got = await store.get(task_id, CTX)
+        assert got is not None
+        assert got.status.state == TaskState.TASK_STATE_COMPLETED
+    finally:
+        await db.aclose()
+
+
+async def test_idempotency_key_commits_with_the_first_save(tmp_path: Path) -> None:
+    db, store = await _open(tmp_path)
+    keys = IdempotencyKeys(db, store=store)
+    await keys.initialize()
+    key = ("", "caller-a", "msg-1")
+    try:
+        assert await keys.claim(key) is None
+        await keys.record(key, "t4")
+        duplicate = asyncio.ensure_future(keys.claim(key))
+        await asyncio.sleep(0)
+        assert not duplicate.done()  # nothing on disk yet: the duplicate waits
+        commits = db.commits
+        await store.save(_task("t4", TaskState.TASK_STATE_SUBMITTED), CTX)
+        assert db.commits == commits + 1  # task and key: one transaction
+        assert await asyncio.wait_for(duplicate, 5) == "t4"
+        keys.end(key)
+    finally:
+        await db.aclose()
+    db, _ = await _open(tmp_path)
+    try:
+        again = IdempotencyKeys(db)
+        await again.initialize()
+        assert await again.claim(key) == "t4"
+    finally:
+        await db.aclose()
+
+
+@pytest.mark.integration
+async def test_acknowledged_tasks_survive_kill_9(tmp_path: Path) -> None:
+    """Concurrent requests (so their writes share commits), then SIGKILL: every task the
+    client saw completed is completed after the restart, and every message id replays."""
+    port = free_port()
+    data = tmp_path / "data"
+    url = f"http://127.0.0.1:{port}"
+    argv = ["mesh", "serve", "agents.credit_bureau:agent", "--port", str(port)]
+    argv += ["--data-dir", str(data)]
+    health = f"{url}/health"
+    with running(argv, name="first", tmp=tmp_path, env=clean_env(), health=health) as proc:
+        async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+            peer = A2APeer(http, url)
+            results = await asyncio.gather(
+                *(
+                    peer.send({"applicant_id": f"APP-{i}", "amount": 10 + i}, message_id=f"k-{i}")
+                    for i in range(24)
+                )
+            )
+            await peer.aclose()
+        proc.kill()
+    assert all(r.state == "completed" for r in results)
+    with running(argv, name="second", tmp=tmp_path, env=clean_env(), health=health):
+        async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+            peer = A2APeer(http, url)
+            for i, before in enumerate(results):
+                after = await peer.get_task(before.task_id)
+                assert after.state == "completed"
+                assert after.data == before.data
+                replay = await peer.send(
+                    {"applicant_id": f"APP-{i}", "amount": 10 + i}, message_id=f"k-{i}"
+                )
+                assert replay.task_id == before.task_id
+            await peer.aclose()
