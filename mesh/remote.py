@@ -465,16 +465,22 @@ class RemoteAgent:
             inflight.clear()
             inflight["peer"] = peer
             task_id = ""
-            async for update in peer.stream(
+
+            def started(child: str) -> None:
+                nonlocal task_id
+                task_id = inflight["task_id"] = record.task_id = child
+
+            # One round trip: the stream's events carry the finished task (status, metadata,
+            # artifacts); get_task only when the stream broke before the end.
+            result = await peer.run(
                 payload,
                 skill=skill if tool.typed or skill != "chat" else None,
                 message_id=message_id,
                 context_id=context_id if isinstance(context_id, str) else None,
                 metadata=metadata,
                 timeout=max(0.1, deadline - time.time()),
-            ):
-                if update.task_id and not task_id:
-                    task_id = inflight["task_id"] = record.task_id = update.task_id
+                on_task=started,
+            )
             if not task_id:
                 raise RemoteError(
                     f"{self.peer} at {url} ended the stream without a task",
@@ -482,7 +488,8 @@ class RemoteAgent:
                     skill=skill,
                     reason="unavailable",
                 )
-            result = await peer.get_task(task_id)
+            if result is None or not result.done:
+                result = await peer.get_task(task_id)
             if not result.done:
                 # The stream broke before the end: re-send (same message id) to learn the end.
                 raise RemoteError(

@@ -14,7 +14,7 @@ exception: it comes back as a ``TaskResult`` with ``state`` "failed"/"rejected"/
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +31,7 @@ from a2a.client import (
     ClientFactory,
 )
 from a2a.helpers import get_data_parts, get_text_parts, new_data_part, new_text_part
+from a2a.server.tasks.task_manager import append_artifact_to_task
 from a2a.types import (
     AgentCard,
     CancelTaskRequest,
@@ -148,6 +149,18 @@ class TaskPage:
     tasks: list[TaskResult]
     next_page_token: str
     total_size: int
+
+
+def _task_id(resp: StreamResponse, kind: str | None) -> str:
+    if kind == "task":
+        return str(resp.task.id)
+    if kind == "status_update":
+        return str(resp.status_update.task_id)
+    if kind == "artifact_update":
+        return str(resp.artifact_update.task_id)
+    if kind == "message":
+        return str(resp.message.task_id)
+    return ""
 
 
 def _update(resp: StreamResponse) -> TaskUpdate | None:
@@ -356,6 +369,55 @@ class A2APeer:
                 update = _update(resp)
                 if update is not None:
                     yield update
+
+    async def run(
+        self,
+        payload: dict[str, Any] | str,
+        *,
+        skill: str | None = None,
+        message_id: str | None = None,
+        context_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - forwarded to the SDK per call
+        on_task: Callable[[str], None] | None = None,
+    ) -> TaskResult | None:
+        """Stream one message and return its task as the stream left it: the events carry
+        everything ``get_task`` would (status, metadata, artifacts), so one round trip does.
+        ``on_task(task_id)`` runs as soon as the id is known (to cancel the task later).
+        None when the stream ended without a task; check ``done`` for a stream cut short."""
+        msg = self.message(
+            payload, skill=skill, message_id=message_id, context_id=context_id, metadata=metadata
+        )
+        request = SendMessageRequest(
+            message=msg, configuration=SendMessageConfiguration(history_length=0)
+        )
+        call = ClientCallContext(timeout=timeout) if timeout is not None else None
+        task: Task | None = None
+        known = ""
+        with self._errors(skill or ""):
+            client = await self._client(streaming=True)
+            async for resp in client.send_message(request, context=call):
+                kind = resp.WhichOneof("payload")
+                event_task = _task_id(resp, kind)
+                if event_task and not known:
+                    known = event_task
+                    if on_task is not None:
+                        on_task(known)
+                if kind == "task":
+                    task = resp.task
+                elif kind == "status_update" and task is not None:
+                    # What the server's TaskManager does with the same event.
+                    update = resp.status_update
+                    if update.HasField("metadata"):
+                        task.metadata.MergeFrom(update.metadata)
+                    task.status.CopyFrom(update.status)
+                elif kind == "artifact_update" and task is not None:
+                    append_artifact_to_task(task, resp.artifact_update)
+                elif kind == "message":
+                    m = resp.message
+                    text = "\n".join(get_text_parts(list(m.parts)))
+                    return TaskResult("", m.context_id, "completed", text=text)
+        return None if task is None else TaskResult.from_task(task)
 
     async def get_task(self, task_id: str, *, history_length: int = 0) -> TaskResult:
         with self._errors():
