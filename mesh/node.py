@@ -41,6 +41,9 @@ __all__ = ["Node", "create_app"]
 
 log = logging.getLogger("mesh.node")
 
+#: Connections of the node's shared peer HTTP client (all peers together), see _bind_toolsets.
+PEER_CONNECTIONS = 16
+
 
 def _json_error(status: int, message: str) -> bytes:
     return json.dumps({"error": message, "status": status}).encode()
@@ -267,7 +270,16 @@ class Node:
 
         location, token = self._discovery_location()
         longest = max(float(getattr(t, "deadline_s", 30.0)) for t in bindable)
-        http = httpx.AsyncClient(timeout=httpx.Timeout(longest + 5.0, connect=2.0), trust_env=False)
+        # Bounded pool, every connection kept alive: httpcore scans each pooled connection on
+        # every request (O(pool) per call), so past what a peer can serve in parallel more
+        # connections only cost CPU; a call beyond the cap waits for a free connection.
+        http = httpx.AsyncClient(
+            timeout=httpx.Timeout(longest + 5.0, connect=2.0),
+            limits=httpx.Limits(
+                max_connections=PEER_CONNECTIONS, max_keepalive_connections=PEER_CONNECTIONS
+            ),
+            trust_env=False,
+        )
         discovery = DiscoveryClient(create_backend(location, token=token))
         self._shared = (http, discovery)
         for toolset in bindable:
