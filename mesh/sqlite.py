@@ -101,6 +101,13 @@ class Database:
         result: T = await self._enqueue(fn, write=True)
         return result
 
+    def write_soon(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Queue a ``write`` now, without waiting: it commits in queue order, so any write
+        queued after it and awaited implies this one is committed too. The future reports
+        the outcome (await it or read it, so an error is not lost)."""
+        future: asyncio.Future[T] = self._enqueue(fn, write=True)
+        return future
+
     def _enqueue(self, fn: Callable[[sqlite3.Connection], Any], *, write: bool) -> Any:
         if self._closed:
             raise StoreError(f"database {self.path} is closed")

@@ -102,3 +102,16 @@ async def test_close_commits_what_is_queued(tmp_path: Path) -> None:
     assert _on_disk(tmp_path / "node.db") == {f"q{i}": i for i in range(10)}
     with pytest.raises(StoreError):
         await db.write(_insert("late", 1))
+
+
+async def test_write_soon_commits_in_queue_order(tmp_path: Path) -> None:
+    db = await _open(tmp_path)
+    try:
+        early = db.write_soon(_insert("early", 1))
+        await db.write(_insert("late", 2))
+        # Awaiting the later write implies the earlier one is committed.
+        assert _on_disk(tmp_path / "node.db") == {"early": 1, "late": 2}
+        assert early.done()
+        assert early.exception() is None
+    finally:
+        await db.aclose()

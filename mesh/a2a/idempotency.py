@@ -36,7 +36,7 @@ from a2a.types import (
 from a2a.utils.errors import TaskNotFoundError
 from a2a.utils.task import apply_history_length
 
-from mesh.a2a.store import SqliteTaskStore
+from mesh.a2a.store import BLOCKING_SEND, SqliteTaskStore
 from mesh.sqlite import Database
 
 __all__ = ["IdempotencyKeys", "IdempotentRequestHandler", "MessageKey", "WatchedTaskStore"]
@@ -247,14 +247,21 @@ class IdempotentRequestHandler(DefaultRequestHandler):
     ) -> Message | Task:
         key = message_key(params.message, context)
         if key is None:
-            return await super().on_message_send(params, context)  # type: ignore[no-any-return]
+            return await self._send(params, context)
         existing = await self.keys.claim(key)
         if existing is not None:
             return await self._replay(existing, params, context)
         try:
-            return await super().on_message_send(params, context)  # type: ignore[no-any-return]
+            return await self._send(params, context)
         finally:
             self.keys.end(key)
+
+    async def _send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
+        token = BLOCKING_SEND.set(not params.configuration.return_immediately)
+        try:
+            return await super().on_message_send(params, context)  # type: ignore[no-any-return]
+        finally:
+            BLOCKING_SEND.reset(token)
 
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext

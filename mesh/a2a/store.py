@@ -18,11 +18,18 @@ disk. Intermediate states live in memory until then (a crash leaves the task in 
 state, never ahead of what a client saw as final). ``get`` answers in-flight tasks from memory,
 and task ids this node just generated (``id_generator``) are known to be absent without a read.
 ``list`` writes the in-memory states first, so a listing is never behind ``get``.
+
+For a new task of a blocking send the first save is queued but not awaited: the client hears
+of the task only with its final state, whose commit comes after (same queue, in order), so
+the promise holds with one wait less. Streaming sends await it (the client sees the task at
+once, and its idempotency key rides in that transaction).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import logging
 import sqlite3
 import uuid
 from collections.abc import Callable
@@ -40,9 +47,16 @@ from a2a.utils.task import ListTasksCursor, decode_list_tasks_cursor, encode_lis
 
 from mesh.sqlite import Database
 
-__all__ = ["SqliteTaskStore"]
+__all__ = ["BLOCKING_SEND", "SqliteTaskStore"]
 
 _SETTLED = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
+log = logging.getLogger("mesh.a2a")
+
+#: True while a blocking SendMessage (not streaming, not return_immediately) is handled; set
+#: by the request handler, inherited by the SDK's consumer task that saves the new task.
+BLOCKING_SEND: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "mesh_blocking_send", default=False
+)
 # Fresh ids not yet saved: normally one per request in flight. A bound against a leak from
 # requests that end before their first save; clearing only costs a read per id.
 _MAX_FRESH = 10_000
@@ -92,6 +106,34 @@ class _FreshIds(IDGenerator):
         return task_id
 
 
+def _fail_staged(staged: list[tuple[Statement, asyncio.Future[None]]], exc: BaseException) -> None:
+    for _, future in staged:
+        if future.done():
+            continue
+        if isinstance(exc, asyncio.CancelledError):
+            future.cancel()
+        else:
+            future.set_exception(exc)
+
+
+def _settle_staged(
+    staged: list[tuple[Statement, asyncio.Future[None]]], done: asyncio.Future[Any], task_id: str
+) -> None:
+    """Report an unawaited write to the statements that rode on it."""
+    if done.cancelled():
+        _fail_staged(staged, asyncio.CancelledError())
+        return
+    exc = done.exception()
+    if exc is not None:
+        # The final save of the task (queued after this one) reports the failure to the caller.
+        log.warning("write for task %s failed: %s", task_id, exc)
+        _fail_staged(staged, exc)
+        return
+    for _, future in staged:
+        if not future.done():
+            future.set_result(None)
+
+
 def _parse(data: bytes) -> Task:
     task = Task()
     task.ParseFromString(data)
@@ -128,13 +170,14 @@ class SqliteTaskStore(TaskStore):
         The future resolves once it is committed."""
         key = (owner, task_id)
         if key in self._live:
-            return asyncio.ensure_future(self._write(fn))
+            written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._db.write_soon(fn).add_done_callback(
+                lambda done: _settle_staged([(fn, written)], done, task_id)
+            )
+            return written
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._staged.setdefault(key, []).append((fn, future))
         return future
-
-    async def _write(self, fn: Statement) -> None:
-        await self._db.write(fn)
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
         owner = self._owner(context)
@@ -146,6 +189,9 @@ class SqliteTaskStore(TaskStore):
             self._live[key] = data  # write-behind: persisted with the next settled state
             self._dirty.add(key)
             return
+        # A new task of a blocking send: nobody learns of it before its final state, which is
+        # committed after this row (one queue, in order), so the first write is not awaited.
+        lazy = not settled and task.id in self._fresh and BLOCKING_SEND.get()
         self._fresh.discard(task.id)
         self._live[key] = data
         self._dirty.discard(key)
@@ -157,16 +203,15 @@ class SqliteTaskStore(TaskStore):
             for fn, _ in staged:
                 fn(conn)
 
+        if lazy:
+            self._db.write_soon(write).add_done_callback(
+                lambda done: _settle_staged(staged, done, task.id)
+            )
+            return
         try:
             await self._db.write(write)
         except BaseException as exc:
-            for _, future in staged:
-                if future.done():
-                    continue
-                if isinstance(exc, asyncio.CancelledError):
-                    future.cancel()
-                else:
-                    future.set_exception(exc)
+            _fail_staged(staged, exc)
             raise
         finally:
             # Settled tasks leave memory once their row is committed (or failed to be).
