@@ -35,6 +35,9 @@ __all__ = ["Database"]
 
 T = TypeVar("T")
 
+#: How long a ``write_soon`` may wait for company before it is flushed on its own.
+DEFER_S = 0.005
+
 
 @dataclass(slots=True)
 class _Op:
@@ -59,6 +62,7 @@ class Database:
         self._lock = threading.Lock()
         self._queue: list[_Op] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._deferred: asyncio.TimerHandle | None = None
         #: Batches handed to the database thread and transactions committed (tests, bench).
         self.batches = 0
         self.commits = 0
@@ -103,20 +107,37 @@ class Database:
 
     def write_soon(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Queue a ``write`` now, without waiting: it commits in queue order, so any write
-        queued after it and awaited implies this one is committed too. The future reports
-        the outcome (await it or read it, so an error is not lost)."""
-        future: asyncio.Future[T] = self._enqueue(fn, write=True)
+        queued after it and awaited implies this one is committed too. It goes to the
+        database thread with the next awaited operation, or after ``DEFER_S`` at most. The
+        future reports the outcome (await it or read it, so an error is not lost)."""
+        future: asyncio.Future[T] = self._enqueue(fn, write=True, defer=True)
         return future
 
-    def _enqueue(self, fn: Callable[[sqlite3.Connection], Any], *, write: bool) -> Any:
+    def _enqueue(
+        self, fn: Callable[[sqlite3.Connection], Any], *, write: bool, defer: bool = False
+    ) -> Any:
         if self._closed:
             raise StoreError(f"database {self.path} is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append(_Op(fn, write, future))
         if self._flusher is None:
-            self._flusher = loop.create_task(self._flush(), name="mesh-sqlite-flush")
+            if not defer:
+                self._start_flush()
+            elif self._deferred is None:
+                # Nobody waits for it: let it ride with the next awaited operation (one hop
+                # for both), or go on its own shortly.
+                self._deferred = loop.call_later(DEFER_S, self._start_flush)
         return future
+
+    def _start_flush(self) -> None:
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
+        if self._flusher is None and self._queue:
+            self._flusher = asyncio.get_running_loop().create_task(
+                self._flush(), name="mesh-sqlite-flush"
+            )
 
     async def _flush(self) -> None:
         """Hand everything queued to the database thread, batch after batch, until empty.
@@ -212,6 +233,7 @@ class Database:
     async def aclose(self) -> None:
         if self._closed:
             return
+        self._start_flush()
         if self._flusher is not None:  # let queued writes commit
             await asyncio.shield(self._flusher)
         loop = asyncio.get_running_loop()

@@ -115,3 +115,18 @@ async def test_write_soon_commits_in_queue_order(tmp_path: Path) -> None:
         assert early.exception() is None
     finally:
         await db.aclose()
+
+
+async def test_write_soon_rides_with_the_next_write_or_goes_alone(tmp_path: Path) -> None:
+    db = await _open(tmp_path)
+    try:
+        batches = db.batches
+        early = db.write_soon(_insert("a", 1))
+        await db.write(_insert("b", 2))
+        assert db.batches == batches + 1  # one hop to the database thread for both
+        assert early.done()
+        alone = db.write_soon(_insert("c", 3))
+        await asyncio.wait_for(alone, 5)  # flushed on its own, shortly
+        assert _on_disk(tmp_path / "node.db") == {"a": 1, "b": 2, "c": 3}
+    finally:
+        await db.aclose()

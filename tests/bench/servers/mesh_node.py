@@ -35,13 +35,14 @@ def _count_db_calls() -> None:
 
     def caller() -> str:
         frame = sys._getframe(2)
-        if frame.f_code.co_qualname in ("Database.read", "Database.write") and frame.f_back:
+        entry = ("Database.read", "Database.write", "Database.write_soon")
+        if frame.f_code.co_qualname in entry and frame.f_back:
             frame = frame.f_back
         return frame.f_code.co_qualname
 
-    def counted_enqueue(self: Database, fn: Any, *, write: bool) -> Any:
+    def counted_enqueue(self: Database, fn: Any, **kwargs: Any) -> Any:
         DB_CALLS[caller()] += 1
-        return enqueue(self, fn, write=write)
+        return enqueue(self, fn, **kwargs)
 
     async def counted_submit(self: Database, fn: Any) -> Any:
         DB_CALLS[caller()] += 1
