@@ -14,6 +14,7 @@ then the server stops and the lifespan closes the stores.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh import __version__
+from mesh.a2a.client import auth_headers
 from mesh.a2a.server import SEND_METHODS, A2AService
 from mesh.agent import Agent
 from mesh.health import Health
@@ -61,6 +63,17 @@ class _Gate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/":
             await self.app(scope, receive, send)
+            return
+        token = self.node.settings.token
+        if token is not None and not _authorized(scope, token):
+            self.node.metrics.request("unauthorized", ok=False)
+            await self._reply(
+                send,
+                401,
+                "this node needs 'Authorization: Bearer <token>' on A2A calls "
+                "(the mesh token, MESH_TOKEN)",
+                headers=[(b"www-authenticate", b'Bearer realm="mesh"')],
+            )
             return
         limit = self.node.settings.max_body_bytes
         chunks: list[bytes] = []
@@ -117,15 +130,26 @@ class _Gate:
             self.node.metrics.request(method or "invalid", ok=ok)
 
     @staticmethod
-    async def _reply(send: Send, status: int, message: str) -> None:
+    async def _reply(
+        send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         await send(
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [(b"content-type", b"application/json")],
+                "headers": [(b"content-type", b"application/json"), *(headers or [])],
             }
         )
         await send({"type": "http.response.body", "body": _json_error(status, message)})
+
+
+def _authorized(scope: Scope, token: str) -> bool:
+    expected = f"Bearer {token}".encode()
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            # Constant time: the comparison must not leak how much of the token matched.
+            return hmac.compare_digest(value, expected)
+    return False
 
 
 def _rpc_method(body: bytes) -> str | None:
@@ -185,6 +209,7 @@ class Node:
                 skill_runners=skill_runners,
                 metrics=self.metrics,
                 store=self.settings.store,
+                bearer=self.settings.token is not None,
             )
             self.service.mount(app)
             await self._start_registrar()
@@ -278,6 +303,8 @@ class Node:
             limits=httpx.Limits(
                 max_connections=PEER_CONNECTIONS, max_keepalive_connections=PEER_CONNECTIONS
             ),
+            # One token per mesh: the node presents the token it requires of its own callers.
+            headers=auth_headers(self.settings.token),
             trust_env=False,
         )
         discovery = DiscoveryClient(create_backend(location, token=token))

@@ -35,6 +35,9 @@ class NodeSettings:
     # ``consul://host:port`` to register with Consul instead of the registry.
     consul: str | None = None
     consul_token: str | None = None
+    # When set, A2A calls (POST /) need ``Authorization: Bearer <token>``, and the node sends it
+    # to its peers. The card, /health, /metrics and /introspect stay public.
+    token: str | None = None
     store: StoreKind = "sqlite"
     log_level: str = "INFO"
     introspect_instruction: bool = False
@@ -49,6 +52,11 @@ class NodeSettings:
             return self.public_url.rstrip("/")
         host = "127.0.0.1" if self.host in {"0.0.0.0", "::", ""} else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def exposed(self) -> bool:
+        """Bound to an address other machines can reach (not loopback)."""
+        return self.host not in {"127.0.0.1", "localhost", "::1"}
 
     @property
     def db_path(self) -> Path:
@@ -97,6 +105,7 @@ class NodeSettings:
             public_url=env.get("MESH_PUBLIC_URL") or None,
             registry=reg,
             registry_token=env.get("MESH_REGISTRY_TOKEN") or None,
+            token=env.get("MESH_TOKEN") or None,
             consul=None if no_register else consul,
             consul_token=env.get("CONSUL_HTTP_TOKEN") or None,
             store=store_kind,  # type: ignore[arg-type]

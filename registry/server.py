@@ -19,6 +19,12 @@ def run(settings: RegistrySettings, *, log_level: str = "info") -> int:
     )
     # One line per probe and card fetch would bury the health changes worth reading.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    if settings.host not in {"127.0.0.1", "localhost", "::1"} and settings.token is None:
+        logging.getLogger("registry").warning(
+            "listening on %s without a token: anyone who can reach it can register instances; "
+            "set MESH_REGISTRY_TOKEN",
+            settings.host,
+        )
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,

@@ -35,10 +35,14 @@ class Desk:
 
 
 @contextlib.contextmanager
-def loan_desk(tmp: Path, *, verifier_latency_ms: int = 0) -> Iterator[Desk]:
+def loan_desk(
+    tmp: Path, *, verifier_latency_ms: int = 0, token: str | None = None
+) -> Iterator[Desk]:
     reg_port = free_port()
     registry = f"http://127.0.0.1:{reg_port}"
     env = clean_env(MESH_REGISTRY=registry, LOAN_DESK_DEADLINE_S=str(DEADLINE_S))
+    if token is not None:
+        env["MESH_TOKEN"] = token
     with contextlib.ExitStack() as stack:
         stack.enter_context(
             running(

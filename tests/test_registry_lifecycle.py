@@ -65,7 +65,7 @@ def test_node_registers_and_appears_in_mesh_ls_and_show(tmp_path: Path) -> None:
             assert json.loads(card.stdout)["name"] == "credit-bureau"
             ghost = _mesh("call", "ghost", "--registry", reg.url, "--text", "hi")
             assert ghost.returncode == 1
-            assert "no passing instance of 'ghost'" in ghost.stderr
+            assert "no passing agent named 'ghost'" in ghost.stderr
             assert "mesh ls" in ghost.stderr
 
 

@@ -20,6 +20,10 @@ from a2a.types import (
     AgentExtension,
     AgentInterface,
     AgentSkill,
+    HTTPAuthSecurityScheme,
+    SecurityRequirement,
+    SecurityScheme,
+    StringList,
 )
 from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Struct
@@ -42,6 +46,7 @@ SKILL_SCHEMA_EXTENSION = "urn:mesh:skill-schemas:v1"
 CARD_CACHE_CONTROL = "public, max-age=30"
 JSON_MODE = "application/json"
 TEXT_MODE = "text/plain"
+BEARER_SCHEME = "bearer"
 
 
 def _agent_skill(skill: Skill) -> AgentSkill:
@@ -57,8 +62,12 @@ def _agent_skill(skill: Skill) -> AgentSkill:
     )
 
 
-def build_card(agent: Agent, url: str) -> AgentCard:
-    """The public card of ``agent`` served at base ``url`` (JSON-RPC at ``url + '/'``)."""
+def build_card(agent: Agent, url: str, *, bearer: bool = False) -> AgentCard:
+    """The public card of ``agent`` served at base ``url`` (JSON-RPC at ``url + '/'``).
+
+    ``bearer``: the node requires ``Authorization: Bearer <MESH_TOKEN>`` on JSON-RPC calls;
+    the card declares it so any A2A client knows what to send (never the token itself).
+    """
     skills = agent.all_skills
     schemas = {
         s.id: {"input": s.input_schema(), "output": s.output_schema()} for s in skills if s.typed
@@ -72,7 +81,7 @@ def build_card(agent: Agent, url: str) -> AgentCard:
         params=params,
     )
     modes = sorted({m for s in skills for m in ([JSON_MODE] if s.typed else [TEXT_MODE])})
-    return AgentCard(
+    card = AgentCard(
         name=agent.name,
         description=agent.description or agent.name,
         version=agent.version,
@@ -84,6 +93,18 @@ def build_card(agent: Agent, url: str) -> AgentCard:
         default_output_modes=modes,
         skills=[_agent_skill(s) for s in skills],
     )
+    if bearer:
+        card.security_schemes[BEARER_SCHEME].CopyFrom(
+            SecurityScheme(
+                http_auth_security_scheme=HTTPAuthSecurityScheme(
+                    scheme="bearer", description="the mesh token (MESH_TOKEN)"
+                )
+            )
+        )
+        card.security_requirements.append(
+            SecurityRequirement(schemes={BEARER_SCHEME: StringList(list=[])})
+        )
+    return card
 
 
 def card_to_dict(card: AgentCard) -> dict[str, Any]:

@@ -52,7 +52,7 @@ from google.protobuf.struct_pb2 import Struct
 from mesh.a2a.card import JSON_MODE, card_to_dict
 from mesh.errors import RemoteError
 
-__all__ = ["A2APeer", "TaskPage", "TaskResult", "TaskUpdate", "state_name"]
+__all__ = ["A2APeer", "TaskPage", "TaskResult", "TaskUpdate", "auth_headers", "state_name"]
 
 _FAILED_STATES = {"failed", "rejected", "canceled"}
 
@@ -235,6 +235,23 @@ class A2APeer:
                 reason="unavailable",
             ) from exc
         except (A2AClientError, httpx.HTTPError) as exc:
+            status = _http_status(exc)
+            if status in (401, 403):
+                raise RemoteError(
+                    f"{self.name} refused the call (HTTP {status}): it needs the mesh token; "
+                    "set MESH_TOKEN to the token its node was started with",
+                    peer=self.name,
+                    skill=skill,
+                    reason="rejected",
+                ) from exc
+            if status is not None and status not in (502, 503, 504):
+                # An answer, not an outage: another attempt would get the same one.
+                raise RemoteError(
+                    f"{self.name} answered HTTP {status}: {exc}",
+                    peer=self.name,
+                    skill=skill,
+                    reason="failed",
+                ) from exc
             raise RemoteError(
                 f"{self.name} is unavailable: {exc}",
                 peer=self.name,
@@ -459,3 +476,14 @@ class A2APeer:
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    """Headers that present the mesh token to nodes that require one (none without a token)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status behind a client error (the SDK wraps httpx's HTTPStatusError)."""
+    cause = exc if isinstance(exc, httpx.HTTPStatusError) else exc.__cause__
+    return cause.response.status_code if isinstance(cause, httpx.HTTPStatusError) else None

@@ -19,6 +19,7 @@ from a2a.server.routes import (
     create_jsonrpc_routes,
 )
 from a2a.server.tasks import InMemoryTaskStore, TaskStore
+from a2a.types import AgentCard
 
 from mesh.a2a.card import CARD_CACHE_CONTROL, build_card
 from mesh.a2a.dispatcher import SkillDispatcher, TurnRunner
@@ -48,13 +49,14 @@ class A2AService:
         executor: MeshExecutor,
         handler: IdempotentRequestHandler,
         store_kind: str,
+        card: AgentCard,
     ) -> None:
         self.agent = agent
         self.url = url
         self.executor = executor
         self.handler = handler
         self.store_kind = store_kind
-        self.card = build_card(agent, url)
+        self.card = card
 
     @classmethod
     async def create(
@@ -67,6 +69,7 @@ class A2AService:
         skill_runners: dict[str, TurnRunner] | None = None,
         metrics: NodeMetrics | None = None,
         store: str = "sqlite",
+        bearer: bool = False,
     ) -> A2AService:
         task_store: TaskStore
         if store == "memory":
@@ -82,11 +85,11 @@ class A2AService:
         executor = MeshExecutor(
             SkillDispatcher(agent, runner, skill_runners), keys=keys, metrics=metrics
         )
-        card = build_card(agent, url)
+        card = build_card(agent, url, bearer=bearer)
         handler = IdempotentRequestHandler(
             agent_executor=executor, task_store=task_store, agent_card=card, keys=keys
         )
-        return cls(agent, url, executor, handler, store)
+        return cls(agent, url, executor, handler, store, card)
 
     def mount(self, app: FastAPI) -> None:
         add_a2a_routes_to_fastapi(

@@ -45,21 +45,21 @@ def resolve_target(name_or_url: str, registry: str | None = None) -> str:
 
 
 async def find_agent_url(name: str, registry: str | None = None) -> str:
-    """The URL of one passing instance of ``name``, asked of the registry."""
-    from mesh.discovery.registry_client import DEFAULT_REGISTRY_URL, RegistryBackend
+    """The URL of one passing instance of ``name``, asked of the registry (or Consul, with
+    ``MESH_DISCOVERY=consul://...``)."""
+    from mesh.discovery import create_backend
+    from mesh.discovery.client import DiscoveryClient
+    from mesh.discovery.registry_client import DEFAULT_REGISTRY_URL
 
-    url = registry or os.environ.get("MESH_REGISTRY") or DEFAULT_REGISTRY_URL
-    backend = RegistryBackend(url, token=None)
+    location = registry or os.environ.get("MESH_REGISTRY") or DEFAULT_REGISTRY_URL
+    discovery = os.environ.get("MESH_DISCOVERY", "")
+    if registry is None and discovery.startswith("consul://"):
+        location = discovery
+    client = DiscoveryClient(create_backend(location))
     try:
-        instances = await backend.find(agent=name)
+        instances = await client.require(agent=name)
     finally:
-        await backend.aclose()
-    if not instances:
-        from mesh.errors import AgentNotFound
-
-        raise AgentNotFound(
-            f"no passing instance of {name!r} in the registry at {url}; is it running? try: mesh ls"
-        )
+        await client.aclose()
     return instances[0].url.rstrip("/")
 
 
@@ -144,6 +144,12 @@ def _serve(args: argparse.Namespace) -> int:
     )
     # httpx logs every request at INFO: one line per heartbeat and delegation is noise.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if settings.exposed and settings.token is None:
+        logging.getLogger("mesh.serve").warning(
+            "listening on %s without MESH_TOKEN: anyone who can reach this address can send "
+            "tasks; set MESH_TOKEN on every node of the mesh",
+            settings.host,
+        )
     sock = _bind(settings.host, settings.port)
 
     import uvicorn
@@ -201,9 +207,10 @@ def _card(args: argparse.Namespace) -> int:
 async def _card_async(url: str) -> int:
     import httpx
 
-    from mesh.a2a.client import A2APeer
+    from mesh.a2a.client import A2APeer, auth_headers
 
-    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as http:
+    headers = auth_headers(os.environ.get("MESH_TOKEN"))
+    async with httpx.AsyncClient(timeout=10.0, headers=headers, trust_env=False) as http:
         peer = A2APeer(http, url)
         print(json.dumps(await peer.card_dict(), indent=2))
     return 0
@@ -243,10 +250,11 @@ def _print_result(result: Any, shown: str = "") -> int:
 async def _call_async(url: str, payload: dict[str, Any] | str, args: argparse.Namespace) -> int:
     import httpx
 
-    from mesh.a2a.client import A2APeer
+    from mesh.a2a.client import A2APeer, auth_headers
 
     timeout = httpx.Timeout(10.0, read=args.timeout)
-    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as http:
+    headers = auth_headers(os.environ.get("MESH_TOKEN"))
+    async with httpx.AsyncClient(timeout=timeout, headers=headers, trust_env=False) as http:
         peer = A2APeer(http, url)
         try:
             if not args.stream:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
+
+from mesh.cli.serve import find_agent_url
 
 if TYPE_CHECKING:
     from mesh.a2a.client import A2APeer
@@ -182,15 +185,7 @@ def _run_chat(args: argparse.Namespace) -> int:
 async def _resolve(agent: str, registry: str) -> str:
     if agent.startswith(("http://", "https://")):
         return agent.rstrip("/")
-    from mesh.discovery import create_backend
-    from mesh.discovery.client import DiscoveryClient
-
-    client = DiscoveryClient(create_backend(registry))
-    try:
-        instances = await client.require(agent=agent)
-    finally:
-        await client.aclose()
-    return instances[0].url.rstrip("/")
+    return await find_agent_url(agent, registry)
 
 
 async def chat(
@@ -205,10 +200,12 @@ async def chat(
     """Talk to ``agent`` (name or URL): ``messages`` in order, or lines read from stdin."""
     import httpx
 
-    from mesh.a2a.client import A2APeer
+    from mesh.a2a.client import A2APeer, auth_headers
 
     url = await _resolve(agent, registry)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=answer_timeout_s)) as http:
+    timeout = httpx.Timeout(10.0, read=answer_timeout_s)
+    headers = auth_headers(os.environ.get("MESH_TOKEN"))
+    async with httpx.AsyncClient(timeout=timeout, headers=headers, trust_env=False) as http:
         peer = A2APeer(http, url)
         try:
             card = await peer.card_dict()
