@@ -141,7 +141,8 @@ def test_registry_reads_consul(compose: dict[str, Any]) -> None:
 def test_secrets_are_passed_through_never_written(compose: dict[str, Any]) -> None:
     for name in MESH_SERVICES:
         env = compose["services"][name]["environment"]
-        for secret in ("MESH_REGISTRY_TOKEN", "CONSUL_HTTP_TOKEN", "GOOGLE_API_KEY"):
+        for secret in ("MESH_REGISTRY_TOKEN", "MESH_TOKEN", "CONSUL_HTTP_TOKEN", "GOOGLE_API_KEY"):
+            assert secret in env, f"{name}: {secret} is not passed through"
             assert env.get(secret, None) is None, f"{name}: {secret} must come from the host"
 
 

@@ -132,6 +132,15 @@ def test_no_secret_values_in_manifests() -> None:
                         assert env["valueFrom"]["secretKeyRef"]["name"] == "mesh-secrets"
 
 
+def test_every_agent_gets_the_mesh_token_from_the_secret() -> None:
+    for doc in documents():
+        if doc["kind"] != "Deployment":
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            names = {env["name"] for env in container.get("env", [])}
+            assert "MESH_TOKEN" in names, doc["metadata"]["name"]
+
+
 def test_config_map_holds_a_valid_mesh_file_matching_the_deployments() -> None:
     config = find("ConfigMap", "mesh-config")
     text = config["data"]["mesh.toml"]
