@@ -1,6 +1,6 @@
 """Profile one row's loaded process under load with py-spy (sampling, attaches by pid).
 
-    pip install py-spy        # not a project dependency: a dev tool binary
+    pip install -e '.[bench]'     # py-spy is in the bench extra (a dev tool binary)
     python -m tests.bench.profile --row mesh-node --duration 10
 
 Starts the row like the benchmark does, keeps it busy with wrk at ``--connections``, samples
@@ -119,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=250, help="samples per second (default 250)")
     parser.add_argument("--top", type=int, default=25, help="functions listed (default 25)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results")
-    parser.add_argument("--py-spy", default=shutil.which("py-spy"), help="path of py-spy")
+    # On PATH, or next to this interpreter (a venv that is not activated).
+    beside = Path(sys.executable).parent / "py-spy"
+    found = shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+    parser.add_argument("--py-spy", default=found, help="path of py-spy")
     args = parser.parse_args(argv)
     if not args.py_spy:
         parser.error("py-spy not found: pip install py-spy (or pass --py-spy PATH)")
