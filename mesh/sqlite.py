@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,7 +58,6 @@ class Database:
         self.path = path
         self._closed = False
         self._schemas: set[str] = set()
-        self._lock = threading.Lock()
         self._queue: list[_Op] = []
         self._flusher: asyncio.Task[None] | None = None
         self._deferred: asyncio.TimerHandle | None = None
