@@ -236,12 +236,20 @@ class Node:
     def _build_runners(self, db: Database) -> tuple[Any, dict[str, Any]]:
         """The chat runner, and one runner per LLM typed skill (same model, same sessions)."""
         from mesh.a2a.dispatcher import skill_agent
-        from mesh.runner import Runner
+        from mesh.runner import Runner, SessionLocks
         from mesh.sessions.sqlite import SqliteSessionStore
 
         sessions = SqliteSessionStore(db)
+        # One lock set: a chat turn and a typed-skill turn on the same context (session) wait
+        # for each other instead of interleaving their events.
+        locks = SessionLocks()
         runner = Runner(
-            self.agent, sessions=sessions, model=self.model, observer=self.metrics, env=self.env
+            self.agent,
+            sessions=sessions,
+            model=self.model,
+            observer=self.metrics,
+            env=self.env,
+            locks=locks,
         )
         per_skill = {
             s.id: Runner(
@@ -250,6 +258,7 @@ class Node:
                 model=runner.model,
                 observer=self.metrics,
                 env=self.env,
+                locks=locks,
             )
             for s in self.agent.skills
             if s.typed and s.llm

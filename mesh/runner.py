@@ -44,7 +44,7 @@ from mesh.tools import (
 )
 from mesh.types import Content, FunctionCall, FunctionResponse, Part, Usage
 
-__all__ = ["NullObserver", "RunObserver", "RunResult", "Runner"]
+__all__ = ["NullObserver", "RunObserver", "RunResult", "Runner", "SessionLocks"]
 
 log = logging.getLogger("mesh.runner")
 
@@ -78,6 +78,36 @@ class NullObserver:
 
     def on_session_created(self) -> None:
         pass
+
+
+class SessionLocks:
+    """Serialises the turns of each session. Runners that share a session store (a node's chat
+    runner and its typed-skill runners) share one, so their turns never interleave events."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, str], tuple[asyncio.Lock, list[int]]] = {}
+
+    def __len__(self) -> int:
+        """Sessions with a turn running or waiting."""
+        return len(self._held)
+
+    def turns(self, user_id: str, session_id: str) -> int:
+        """Turns of this session running or waiting for it."""
+        held = self._held.get((user_id, session_id))
+        return held[1][0] if held else 0
+
+    @contextlib.asynccontextmanager
+    async def hold(self, user_id: str, session_id: str) -> AsyncIterator[None]:
+        key = (user_id, session_id)
+        lock, users = self._held.setdefault(key, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:  # nobody waits: forget the lock, the dict stays small
+                del self._held[key]
 
 
 @dataclass(frozen=True)
@@ -121,6 +151,7 @@ class Runner:
         model: Model | None = None,
         observer: RunObserver | None = None,
         env: Mapping[str, str] | None = None,
+        locks: SessionLocks | None = None,
     ) -> None:
         if not agent.is_llm:
             raise ConfigError(
@@ -143,7 +174,7 @@ class Runner:
         self._items: list[Tool | Toolset] = [
             item if isinstance(item, Tool | Toolset) else as_tool(item) for item in agent.tools
         ]
-        self._locks: dict[tuple[str, str], tuple[asyncio.Lock, list[int]]] = {}
+        self.locks = locks if locks is not None else SessionLocks()
 
     async def run(
         self,
@@ -215,7 +246,7 @@ class Runner:
         turn.session_id = session_id
         invocation_id = new_id()
         meta = dict(metadata or {})
-        async with self._session_lock(user_id, session_id):
+        async with self.locks.hold(user_id, session_id):
             session = await self._load(user_id, session_id)
             session = await self.sessions.append_event(
                 session, Event(invocation_id=invocation_id, author="user", content=content)
@@ -423,19 +454,6 @@ class Runner:
                     )
                 tools[t.name] = t
         return tools
-
-    @contextlib.asynccontextmanager
-    async def _session_lock(self, user_id: str, session_id: str) -> AsyncIterator[None]:
-        key = (user_id, session_id)
-        lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))
-        users[0] += 1
-        try:
-            async with lock:
-                yield
-        finally:
-            users[0] -= 1
-            if users[0] == 0:
-                del self._locks[key]
 
     def _observe_model(self, started: float, usage: Usage | None, *, ok: bool) -> None:
         self._notify("on_model_call", self.model.name, time.perf_counter() - started, usage, ok)

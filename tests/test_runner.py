@@ -15,7 +15,7 @@ from mesh.agent import Agent
 from mesh.errors import ConfigError, MaxModelCallsExceeded, ModelError
 from mesh.models.base import Model, ModelRequest, ModelResponse
 from mesh.models.scripted import Call, Rule, Script, ScriptedModel
-from mesh.runner import Runner
+from mesh.runner import Runner, SessionLocks
 from mesh.sessions.memory import InMemorySessionStore
 from mesh.sessions.sqlite import SqliteSessionStore
 from mesh.skills import skill
@@ -519,7 +519,42 @@ async def test_turns_of_one_session_are_serialised() -> None:
         "user",
         "loan-officer",
     ]
-    assert runner._locks == {}  # no lock left behind
+    assert len(runner.locks) == 0  # no lock left behind
+
+
+async def test_runners_sharing_locks_serialise_the_same_session() -> None:
+    """A node's chat runner and a typed-skill runner share one SessionLocks."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    @tool
+    async def slow() -> str:
+        """Waits to be released."""
+        entered.set()
+        await release.wait()
+        return "done"
+
+    store = InMemorySessionStore()
+    locks = SessionLocks()
+    agent = make_agent([slow], Rule(when="first", steps=[[Call("slow")]], answer="first done"))
+    one = runner_for(agent, sessions=store, locks=locks)
+    two = runner_for(agent, sessions=store, locks=locks)
+    async with asyncio.timeout(10):
+        first = asyncio.create_task(one.run(user_id="u", session_id="s", message="first"))
+        await entered.wait()
+        second = asyncio.create_task(two.run(user_id="u", session_id="s", message="second"))
+        # The second turn is waiting on the shared lock (bounded by the timeout above).
+        while locks.turns("u", "s") < 2:  # noqa: ASYNC110 - no event to await on a lock queue
+            await asyncio.sleep(0.001)
+        stored = await store.get("u", "s")
+        assert stored is not None
+        assert [e.text for e in stored.events if e.author == "user"] == ["first"]
+        release.set()
+        await asyncio.gather(first, second)
+    stored = await store.get("u", "s")
+    assert stored is not None
+    assert [e.author for e in stored.events][3:5] == ["loan-officer", "user"]
+    assert len(locks) == 0
 
 
 async def test_message_may_be_content_and_session_id_may_be_new() -> None:
@@ -541,6 +576,6 @@ async def test_a_stream_closed_early_releases_the_session() -> None:
             async for event in stream:
                 assert event.partial
                 break
-        assert runner._locks == {}
+        assert len(runner.locks) == 0
         result = await runner.run(user_id="u", session_id="s", message="again")
     assert result.text == "Hello there world"
