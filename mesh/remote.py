@@ -458,42 +458,36 @@ class RemoteAgent:
         }
         inflight: dict[str, Any] = {}
 
+        send: dict[str, Any] = {
+            "payload": payload,
+            "skill": skill if tool.typed or skill != "chat" else None,
+            "message_id": message_id,
+            "context_id": context_id if isinstance(context_id, str) else None,
+            "metadata": metadata,
+        }
+
         async def attempt(url: str) -> TaskResult:
             record.attempts += 1
             record.target = url
             peer = self._peer(http, url)
             inflight.clear()
             inflight["peer"] = peer
-            task_id = ""
-
-            def started(child: str) -> None:
-                nonlocal task_id
-                task_id = inflight["task_id"] = record.task_id = child
-
-            # One round trip: the stream's events carry the finished task (status, metadata,
-            # artifacts); get_task only when the stream broke before the end.
-            result = await peer.run(
-                payload,
-                skill=skill if tool.typed or skill != "chat" else None,
-                message_id=message_id,
-                context_id=context_id if isinstance(context_id, str) else None,
-                metadata=metadata,
-                timeout=max(0.1, deadline - time.time()),
-                on_task=started,
-            )
+            inflight["send"] = send
+            # One blocking SendMessage: one JSON body each way, the finished task in the answer.
+            result = await peer.call(**send, timeout=max(0.1, deadline - time.time()))
+            task_id = inflight["task_id"] = record.task_id = result.task_id
             if not task_id:
                 raise RemoteError(
-                    f"{self.peer} at {url} ended the stream without a task",
+                    f"{self.peer} at {url} answered without a task",
                     peer=self.peer,
                     skill=skill,
                     reason="unavailable",
                 )
-            if result is None or not result.done:
-                result = await peer.get_task(task_id)
             if not result.done:
-                # The stream broke before the end: re-send (same message id) to learn the end.
+                # An interrupted task (input-required, auth-required): a delegation cannot
+                # answer it; a re-send (same message id) reports its state again.
                 raise RemoteError(
-                    f"{self.peer} at {url} lost the stream of task {task_id} ({result.state})",
+                    f"{self.peer} at {url} left task {task_id} unfinished ({result.state})",
                     peer=self.peer,
                     skill=skill,
                     reason="unavailable",
@@ -518,10 +512,10 @@ class RemoteAgent:
                 on_retry=retried,
             )
         except asyncio.CancelledError:
-            await self._cancel_child(inflight)
+            await self._cancel_child(inflight, record)
             raise
         except DeadlineExceeded as exc:
-            await self._cancel_child(inflight)
+            await self._cancel_child(inflight, record)
             raise RemoteError(
                 f"{self.peer} did not answer {skill!r} within the deadline "
                 f"({self.deadline_s:.0f}s or the caller's)",
@@ -558,14 +552,24 @@ class RemoteAgent:
         _report_usage(ctx, result.metadata)
         return result
 
-    async def _cancel_child(self, inflight: Mapping[str, Any]) -> None:
-        peer, task_id = inflight.get("peer"), inflight.get("task_id")
-        if peer is None or not task_id:
+    async def _cancel_child(self, inflight: Mapping[str, Any], record: CallRecord) -> None:
+        peer, task_id, send = inflight.get("peer"), inflight.get("task_id"), inflight.get("send")
+        if peer is None or (not task_id and send is None):
             return
+
+        async def cancel() -> None:
+            child = task_id
+            if not child and send is not None:
+                # A blocking send learns its task id at the end: the same message again, not
+                # waiting, answers with the task it started (the peer deduplicates).
+                child = record.task_id = (await peer.call(**send, timeout=2.0, wait=False)).task_id
+            if child:
+                await peer.cancel(child)
+                log.info("canceled child task %s at %s", child, self.peer)
+
         # Shielded and bounded: we are being cancelled ourselves, the CancelTask must still go.
         with contextlib.suppress(Exception, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(peer.cancel(task_id)), 3.0)
-            log.info("canceled child task %s at %s", task_id, self.peer)
+            await asyncio.wait_for(asyncio.shield(cancel()), 3.0)
 
     def _answer(self, tool: RemoteSkillTool, result: TaskResult) -> Any:
         skill = tool.skill_id

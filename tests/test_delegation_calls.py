@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -103,6 +104,17 @@ async def toolset(rem: RemoteAgent) -> AsyncIterator[dict[str, RemoteSkillTool]]
         await rem.aclose()
 
 
+_SENDS = {"SendMessage", "SendStreamingMessage"}
+
+
+def _rpc_method(body: bytes) -> str:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return ""
+    return str(parsed.get("method", "")) if isinstance(parsed, dict) else ""
+
+
 @contextlib.asynccontextmanager
 async def flaky_proxy(upstream: str, *, lose: int = 1) -> AsyncIterator[dict[str, Any]]:
     """Forwards everything to ``upstream``; the first ``lose`` A2A sends reach the node, but
@@ -120,7 +132,7 @@ async def flaky_proxy(upstream: str, *, lose: int = 1) -> AsyncIterator[dict[str
         upstream_response = await http.request(
             request.method, upstream + request.url.path, content=body, headers=headers
         )
-        if request.method == "POST" and b"SendStreamingMessage" in body:
+        if request.method == "POST" and _rpc_method(body) in _SENDS:
             state["sends"] += 1
             if state["lost"] < lose:
                 state["lost"] += 1

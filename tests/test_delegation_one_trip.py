@@ -1,5 +1,7 @@
-"""A delegation is one HTTP round trip: the streamed events rebuild the finished task exactly
-as ``GetTask`` returns it, so ``remote()`` never asks for it afterwards."""
+"""A delegation is one HTTP round trip: a blocking ``SendMessage`` whose JSON answer
+(``A2APeer.call``, read without the SDK's protobuf types) is the finished task exactly as
+``GetTask`` returns it, so ``remote()`` never asks for it afterwards. The streamed events
+(``A2APeer.run``) rebuild the same task."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 
 from agents.credit_bureau import _score
 from mesh.a2a.client import A2APeer
+from mesh.errors import RemoteError
 from mesh.remote import remote
 from mesh.tools import ToolContext
 from mesh.tracing import TraceParent
@@ -79,4 +82,78 @@ async def test_remote_call_sends_one_request(bureau: str) -> None:
         finally:
             await rem.aclose()
     assert result["score"] == _score("APP-612")
-    assert methods == ["SendStreamingMessage"]
+    assert methods == ["SendMessage"]
+
+
+async def test_lean_call_equals_get_task_and_speaks_a2a_1_0(bureau: str) -> None:
+    sent: list[httpx.Request] = []
+
+    async def keep(request: httpx.Request) -> None:
+        if request.method == "POST":
+            sent.append(request)
+
+    async with httpx.AsyncClient(
+        timeout=30,
+        trust_env=False,
+        headers={"X-Client": "kept"},
+        event_hooks={"request": [keep]},
+    ) as http:
+        peer = A2APeer(http, bureau)
+        try:
+            called = await peer.call(
+                {"applicant_id": "APP-501", "amount": 250000},
+                skill="score",
+                metadata={"caller": "one-trip-test"},
+            )
+            stored = await peer.get_task(called.task_id)
+            sdk = await peer.send(
+                {"applicant_id": "APP-612", "amount": 1000},
+                skill="score",
+                metadata={"caller": "one-trip-test"},
+            )
+            rejected = await peer.call({"applicant_id": "APP-501"}, skill="score")
+        finally:
+            await peer.aclose()
+    assert called == stored
+    assert called.state == "completed"
+    assert called.data is not None
+    assert called.data["score"] == _score("APP-501")
+    assert isinstance(called.data["score"], int)
+    assert called.metadata["skill"] == "score"
+    assert sdk.data is not None
+    assert sdk.data["score"] == _score("APP-612")
+    assert rejected.state == "rejected"
+    assert rejected.error is not None
+    assert rejected.error["reason"] == "rejected"
+    assert "amount" in rejected.error["message"]
+    lean, _get, via_sdk, _rejected = sent
+    # The same method, fields and headers as the SDK's own JSON-RPC transport sends.
+    for request in (lean, via_sdk):
+        assert request.headers["A2A-Version"] == "1.0"
+        assert request.headers["X-Client"] == "kept"
+        assert request.headers["Content-Type"] == "application/json"
+    lean_body, sdk_body = json.loads(lean.content), json.loads(via_sdk.content)
+    assert lean_body["method"] == sdk_body["method"] == "SendMessage"
+    assert set(lean_body) == set(sdk_body)
+    assert set(lean_body["params"]) == set(sdk_body["params"])
+    assert set(lean_body["params"]["message"]) == set(sdk_body["params"]["message"])
+    assert lean_body["params"]["message"]["parts"][0]["mediaType"] == "application/json"
+    assert lean_body["params"]["configuration"] == sdk_body["params"]["configuration"]
+
+
+async def test_lean_call_translates_errors_like_the_sdk_client(bureau: str) -> None:
+    async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+        peer = A2APeer(http, bureau)
+        dead = A2APeer(http, f"http://127.0.0.1:{free_port()}")
+        try:
+            # A text part where the score skill wants JSON: the node rejects the task.
+            text = await peer.call("hello", skill="score")
+            with pytest.raises(RemoteError) as down:
+                await dead.call({"applicant_id": "APP-501", "amount": 1}, skill="score")
+            with pytest.raises(RemoteError) as bad_json:
+                await peer.call({"when": object()}, skill="score")
+        finally:
+            await peer.aclose()
+    assert text.state in {"rejected", "failed"}
+    assert (down.value.reason, down.value.skill) == ("unavailable", "score")
+    assert bad_json.value.reason == "rejected"
