@@ -91,7 +91,8 @@ class _Gate:
             chunks.append(body)
             more = bool(message.get("more_body", False))
         body = b"".join(chunks)
-        method = _rpc_method(body)
+        parsed = _rpc_body(body)
+        method = _rpc_method(parsed)
         if self.node.draining and method in SEND_METHODS:
             self.node.metrics.request(method, ok=False)
             await self._reply(
@@ -122,8 +123,11 @@ class _Gate:
                 first_chunk = bytes(message.get("body", b""))[:16]
             await send(message)
 
+        service = self.node.service
+        fast = service.fastpath if service is not None and method == "SendMessage" else None
         try:
-            await self.app(scope, replay, watch)
+            if fast is None or not await fast.serve(parsed, scope, replay, watch):
+                await self.app(scope, replay, watch)
         finally:
             # JSON-RPC errors are HTTP 200 with {"error": ...} (the SDK writes "error" first).
             ok = status < 400 and not (is_json and first_chunk.startswith(b'{"error"'))
@@ -152,11 +156,14 @@ def _authorized(scope: Scope, token: str) -> bool:
     return False
 
 
-def _rpc_method(body: bytes) -> str | None:
+def _rpc_body(body: bytes) -> Any:
     try:
-        data = json.loads(body)
+        return json.loads(body)
     except ValueError:
         return None
+
+
+def _rpc_method(data: Any) -> str | None:
     method = data.get("method") if isinstance(data, dict) else None
     return method if isinstance(method, str) and len(method) < 64 else None
 

@@ -126,7 +126,7 @@ class MeshExecutor(AgentExecutor):
         req: _Request | None = None
         try:
             try:
-                req = self._read(message)
+                req = self.read_request(message)
                 skill_id = req.skill_id or "unknown"
                 skill, payload = self._validate(req, message)
                 skill_id = skill.id
@@ -157,7 +157,9 @@ class MeshExecutor(AgentExecutor):
                 (req.traceparent if req else None) or "-",
             )
 
-    def _read(self, message: Message | None) -> _Request:
+    def read_request(self, message: Message | None) -> _Request:
+        """The skill, caller, trace and deadline a message's metadata names
+        (``SkillInputError`` for a malformed one)."""
         meta = _message_metadata(message)
         skill = meta.get("skill")
         if skill is not None and not isinstance(skill, str):

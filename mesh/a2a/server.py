@@ -11,6 +11,7 @@ Built inside the node's lifespan, because the store needs the open database:
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from a2a.server.routes import (
@@ -24,7 +25,8 @@ from a2a.types import AgentCard
 from mesh.a2a.card import CARD_CACHE_CONTROL, build_card
 from mesh.a2a.dispatcher import SkillDispatcher, TurnRunner
 from mesh.a2a.executor import MeshExecutor
-from mesh.a2a.idempotency import IdempotencyKeys, IdempotentRequestHandler
+from mesh.a2a.fastpath import FastPath, FastPathHandler
+from mesh.a2a.idempotency import IdempotencyKeys
 from mesh.a2a.store import SqliteTaskStore
 from mesh.agent import Agent
 from mesh.metrics import NodeMetrics
@@ -47,7 +49,7 @@ class A2AService:
         agent: Agent,
         url: str,
         executor: MeshExecutor,
-        handler: IdempotentRequestHandler,
+        handler: FastPathHandler,
         store_kind: str,
         card: AgentCard,
     ) -> None:
@@ -57,6 +59,13 @@ class A2AService:
         self.handler = handler
         self.store_kind = store_kind
         self.card = card
+        #: Serves blocking SendMessage of function skills without the SDK's ActiveTask (see
+        #: mesh.a2a.fastpath); None when the agent has no such skill or MESH_FASTPATH=0.
+        self.fastpath: FastPath | None = None
+        if os.environ.get("MESH_FASTPATH", "1") != "0" and any(
+            s.typed and s.handler is not None for s in agent.all_skills
+        ):
+            self.fastpath = FastPath(executor, handler)
 
     @classmethod
     async def create(
@@ -86,7 +95,7 @@ class A2AService:
             SkillDispatcher(agent, runner, skill_runners), keys=keys, metrics=metrics
         )
         card = build_card(agent, url, bearer=bearer)
-        handler = IdempotentRequestHandler(
+        handler = FastPathHandler(
             agent_executor=executor, task_store=task_store, agent_card=card, keys=keys
         )
         return cls(agent, url, executor, handler, store, card)

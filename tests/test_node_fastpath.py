@@ -1,0 +1,355 @@
+"""The fast path (mesh.a2a.fastpath) answers exactly like the SDK path.
+
+Two real nodes serve the same agent, one with ``MESH_FASTPATH=0`` (everything through the
+a2a-sdk's DefaultRequestHandler). The same JSON-RPC requests go to both; the responses, the
+stored tasks (GetTask, ListTasks), the idempotent replays and the metrics must be equal, modulo
+the ids and timestamps each node generates. An in-process test checks which requests the fast
+path takes at all (the rest must fall through untouched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from a2a.server.context import ServerCallContext
+from a2a.types import TaskState
+from prometheus_client.parser import text_string_to_metric_families
+
+from mesh.a2a.server import A2AService
+from mesh.sqlite import Database
+from tests.node_agents import agent as worker_agent
+from tests.support import clean_env, free_port, running, wait_for
+
+TRACE = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+HEADERS = {"A2A-Version": "1.0"}
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+_MS = re.compile(r"duration_ms=[0-9.]+")
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Pair:
+    fast: str
+    sdk: str
+    tmp: Path
+
+    def log(self, name: str) -> Path:
+        return self.tmp / f"{name}.log"
+
+    def calls(self, name: str) -> str:
+        path = self.tmp / f"{name}.calls"
+        return path.read_text() if path.exists() else ""
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    """The same agent twice: "fast" (the default) and "sdk" (MESH_FASTPATH=0)."""
+    tmp = tmp_path_factory.mktemp("fastpath")
+    urls = []
+    with contextlib.ExitStack() as stack:
+        for name, flag in (("fast", "1"), ("sdk", "0")):
+            port = free_port()
+            argv = ["mesh", "serve", "tests.node_agents:agent", "--port", str(port)]
+            argv += ["--data-dir", str(tmp / name)]
+            env = clean_env(MESH_FASTPATH=flag, NODE_TEST_CALLS=str(tmp / f"{name}.calls"))
+            health = f"http://127.0.0.1:{port}/health"
+            stack.enter_context(running(argv, name=name, tmp=tmp, env=env, health=health))
+            urls.append(f"http://127.0.0.1:{port}")
+        yield Pair(urls[0], urls[1], tmp)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
+        yield client
+
+
+def _send(
+    data: Any,
+    skill: str,
+    *,
+    message_id: str | None = None,
+    config: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "message": {
+            "role": "ROLE_USER",
+            "messageId": message_id or uuid.uuid4().hex,
+            "contextId": "ctx-fastpath",
+            "parts": [{"data": data}],
+            "metadata": {"skill": skill, "caller": "tester", "traceparent": TRACE, **(meta or {})},
+        }
+    }
+    if config is not None:
+        params["configuration"] = config
+    return {"jsonrpc": "2.0", "id": 7, "method": "SendMessage", "params": params}
+
+
+def _norm(value: Any) -> Any:
+    """Ids and times each node generates, replaced by placeholders."""
+    if isinstance(value, dict):
+        return {k: _norm(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_norm(v) for v in value]
+    if isinstance(value, str):
+        return _TIME.sub("<time>", _UUID.sub("<uuid>", value))
+    return value
+
+
+async def _both(
+    http: httpx.AsyncClient, pair: Pair, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    hdrs = HEADERS if headers is None else headers
+    fast, sdk = await asyncio.gather(
+        http.post(pair.fast + "/", json=body, headers=hdrs),
+        http.post(pair.sdk + "/", json=body, headers=hdrs),
+    )
+    assert fast.status_code == sdk.status_code == 200, (fast.text, sdk.text)
+    assert fast.headers["content-type"] == sdk.headers["content-type"]
+    return dict(fast.json()), dict(sdk.json())
+
+
+async def _same(
+    http: httpx.AsyncClient, pair: Pair, body: dict[str, Any], **kw: Any
+) -> dict[str, Any]:
+    fast, sdk = await _both(http, pair, body, **kw)
+    assert _norm(fast) == _norm(sdk)
+    # The wire shape, key order included.
+    assert list(fast) == list(sdk)
+    return fast
+
+
+async def test_completed_task_is_the_same_on_both_paths(
+    pair: Pair, http: httpx.AsyncClient
+) -> None:
+    body = await _same(http, pair, _send({"key": "k1", "n": 3}, "echo"))
+    task = body["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert task["artifacts"][0]["parts"][0]["data"] == {"key": "k1", "n": 3, "doubled": 6}
+    assert task["metadata"]["caller"] == "tester"
+    assert task["metadata"]["traceparent"] == TRACE
+    assert task["history"][0]["parts"][0]["data"] == {"key": "k1", "n": 3}
+    assert len(task["history"]) == 2  # the request, then the WORKING note
+
+
+@pytest.mark.parametrize("length", [0, 1, 5])
+async def test_history_length_is_applied_the_same(
+    pair: Pair, http: httpx.AsyncClient, length: int
+) -> None:
+    body = await _same(http, pair, _send({"key": "h"}, "echo", config={"historyLength": length}))
+    assert len(body["result"]["task"].get("history", [])) == min(length, 2)
+
+
+async def test_rejections_and_failures_are_the_same(pair: Pair, http: httpx.AsyncClient) -> None:
+    bad = await _same(http, pair, _send({"key": "x", "n": "many"}, "echo"))
+    assert bad["result"]["task"]["status"]["state"] == "TASK_STATE_REJECTED"
+    assert "field 'n'" in bad["result"]["task"]["metadata"]["error"]["message"]
+    late = await _same(http, pair, _send({"key": "x"}, "echo", meta={"deadline": time.time() - 5}))
+    assert late["result"]["task"]["metadata"]["error"]["reason"] == "deadline"
+    failed = await _same(http, pair, _send({"key": "x"}, "broken"))
+    assert failed["result"]["task"]["status"]["state"] == "TASK_STATE_FAILED"
+    passing = await _same(
+        http, pair, _send({"seconds": 5}, "slow", meta={"deadline": time.time() + 0.3})
+    )
+    assert passing["result"]["task"]["status"]["state"] == "TASK_STATE_FAILED"
+    # Requests the fast path leaves to the SDK get the SDK's answer on both nodes.
+    unknown = await _same(http, pair, _send({"key": "x"}, "nope"))
+    assert unknown["result"]["task"]["status"]["state"] == "TASK_STATE_REJECTED"
+    no_version = await _same(http, pair, _send({"key": "x"}, "echo"), headers={})
+    assert "error" in no_version
+    wrong_version = await _same(
+        http, pair, _send({"key": "x"}, "echo"), headers={"A2A-Version": "2.0"}
+    )
+    assert "error" in wrong_version
+    negative = await _same(http, pair, _send({"key": "x"}, "echo", config={"historyLength": -1}))
+    assert "error" in negative
+
+
+async def test_stored_tasks_and_replays_are_the_same(pair: Pair, http: httpx.AsyncClient) -> None:
+    mid = f"dup-{uuid.uuid4().hex}"
+    first = await _same(http, pair, _send({"key": "d"}, "echo", message_id=mid))
+    again = await _same(http, pair, _send({"key": "d"}, "echo", message_id=mid))
+    assert _norm(again) == _norm(first)
+    for url in (pair.fast, pair.sdk):
+        # Each node answered the duplicate with the task it started (the skill ran once).
+        r1 = await http.post(
+            url + "/", json=_send({"key": "d"}, "echo", message_id=mid), headers=HEADERS
+        )
+        task_id = r1.json()["result"]["task"]["id"]
+        get = {"jsonrpc": "2.0", "id": 8, "method": "GetTask", "params": {"id": task_id}}
+        stored = (await http.post(url + "/", json=get, headers=HEADERS)).json()["result"]
+        assert stored == r1.json()["result"]["task"]
+    calls = {name: pair.calls(name).count("echo d\n") for name in ("fast", "sdk")}
+    assert calls == {"fast": 1, "sdk": 1}
+    listing = {
+        "jsonrpc": "2.0",
+        "id": 9,
+        "method": "ListTasks",
+        "params": {"contextId": "ctx-fastpath", "pageSize": 100},
+    }
+    fast, sdk = await _both(http, pair, listing)
+    assert _norm(fast) == _norm(sdk)
+
+
+async def test_a_duplicate_of_a_running_task_waits_for_it(
+    pair: Pair, http: httpx.AsyncClient
+) -> None:
+    mid = f"slow-{uuid.uuid4().hex}"
+    body = _send({"seconds": 0.5}, "slow", message_id=mid)
+    for url in (pair.fast, pair.sdk):
+        one, two = await asyncio.gather(
+            http.post(url + "/", json=body, headers=HEADERS),
+            http.post(url + "/", json=body, headers=HEADERS),
+        )
+        assert one.json() == two.json()
+        assert one.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+
+
+async def test_cancel_of_a_running_blocking_send_is_the_same(
+    pair: Pair, http: httpx.AsyncClient
+) -> None:
+    answers = []
+    body = _send({"seconds": 20}, "slow")
+    for name, url in (("fast", pair.fast), ("sdk", pair.sdk)):
+        before = pair.calls(name).count("slow start ")
+        sending = asyncio.ensure_future(http.post(url + "/", json=body, headers=HEADERS))
+        await asyncio.to_thread(
+            wait_for,
+            lambda name=name, before=before: pair.calls(name).count("slow start ") > before,
+            what="slow task to start",
+        )
+        task_id = pair.calls(name).split("slow start ")[-1].split()[0]
+        cancel = {"jsonrpc": "2.0", "id": 3, "method": "CancelTask", "params": {"id": task_id}}
+        canceled = (await http.post(url + "/", json=cancel, headers=HEADERS)).json()
+        sent = (await sending).json()
+        assert canceled["result"]["status"]["state"] == "TASK_STATE_CANCELED", canceled
+        assert sent["result"]["task"]["status"]["state"] == "TASK_STATE_CANCELED"
+        again = (await http.post(url + "/", json=cancel, headers=HEADERS)).json()
+        assert "error" in again
+        answers.append([canceled, sent, again])
+        assert f"slow end {task_id}" not in pair.calls(name)
+    assert _norm(answers[0]) == _norm(answers[1])
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith(("mesh_requests_total", "mesh_tasks_total", "mesh_tasks_in")):
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def test_metrics_and_log_lines_are_the_same(pair: Pair, http: httpx.AsyncClient) -> None:
+    # Runs last in this module: every request above went to both nodes alike.
+    fast = (await http.get(pair.fast + "/metrics")).text
+    sdk = (await http.get(pair.sdk + "/metrics")).text
+    assert _samples(fast) == _samples(sdk)
+    assert any(k[0] == "mesh_tasks_total" for k in _samples(fast))
+
+    def lines(log: Path) -> list[str]:
+        found = [
+            _MS.sub("duration_ms=<ms>", _UUID.sub("<uuid>", line.split("task agent=", 1)[1]))
+            for line in log.read_text().splitlines()
+            if "task agent=" in line
+        ]
+        return sorted(found)
+
+    assert lines(pair.log("fast")) == lines(pair.log("sdk"))
+    assert lines(pair.log("fast"))
+
+
+# -- which requests the fast path takes (in process, real SQLite) -----------------------------
+@pytest.fixture
+async def service(tmp_path: Path) -> AsyncIterator[A2AService]:
+    db = await Database.open(tmp_path / "node.db")
+    svc = await A2AService.create(worker_agent, url="http://127.0.0.1:1", db=db)
+    try:
+        yield svc
+    finally:
+        await svc.aclose()
+        await db.aclose()
+
+
+def _scope(version: str | None = "1.0") -> dict[str, Any]:
+    headers = [(b"content-type", b"application/json")]
+    if version is not None:
+        headers.append((b"a2a-version", version.encode()))
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/",
+        "headers": headers,
+        "query_string": b"",
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+        "scheme": "http",
+    }
+
+
+async def test_only_new_blocking_function_sends_take_the_fast_path(service: A2AService) -> None:
+    fast = service.fastpath
+    assert fast is not None
+    ok = _send({"key": "x"}, "echo")
+    assert fast._prepare(ok, _scope()) is not None
+    assert fast._prepare(ok, _scope("1.0.3")) is not None
+
+    def variant(**change: Any) -> dict[str, Any]:
+        body = _send({"key": "x"}, "echo")
+        body["params"]["message"].update(change.pop("message", {}))
+        body["params"].update(change)
+        return body
+
+    refused = {
+        "no version header": (ok, _scope(None)),
+        "version 0.3": (ok, _scope("0.3")),
+        "follow-up": (variant(message={"taskId": "t-1"}), _scope()),
+        "return immediately": (variant(configuration={"returnImmediately": True}), _scope()),
+        "push config": (
+            variant(configuration={"taskPushNotificationConfig": {"url": "http://x"}}),
+            _scope(),
+        ),
+        "unknown skill": (_send({"key": "x"}, "nope"), _scope()),
+        "bad params": (variant(message={"parts": "nope"}), _scope()),
+        "negative history": (variant(configuration={"historyLength": -1}), _scope()),
+        "streaming": ({**ok, "method": "SendStreamingMessage"}, _scope()),
+        "boolean id": ({**ok, "id": True}, _scope()),
+    }
+    for what, (body, scope) in refused.items():
+        assert fast._prepare(body, scope) is None, what
+
+
+async def test_a_fast_send_is_answered_and_stored(service: A2AService) -> None:
+    fast = service.fastpath
+    assert fast is not None
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    assert await fast.serve(_send({"key": "in", "n": 2}, "echo"), _scope(), receive, send)
+    body = json.loads(sent[1]["body"])
+    task = body["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert task["artifacts"][0]["parts"][0]["data"] == {"key": "in", "n": 2, "doubled": 4}
+    stored = await service.handler._watched.get(task["id"], ServerCallContext())
+    assert stored is not None
+    assert stored.status.state == TaskState.TASK_STATE_COMPLETED
+    assert service.in_flight == 0
