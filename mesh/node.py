@@ -217,6 +217,7 @@ class Node:
                 metrics=self.metrics,
                 store=self.settings.store,
                 bearer=self.settings.token is not None,
+                fastpath=self.settings.fastpath,
             )
             self.service.mount(app)
             await self._start_registrar()

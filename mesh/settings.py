@@ -39,6 +39,9 @@ class NodeSettings:
     # to its peers. The card, /health, /metrics and /introspect stay public.
     token: str | None = None
     store: StoreKind = "sqlite"
+    # Serve typed function skills' blocking sends without the SDK's task machinery
+    # (mesh.a2a.fastpath); MESH_FASTPATH=0 sends everything through the SDK.
+    fastpath: bool = True
     log_level: str = "INFO"
     introspect_instruction: bool = False
     # Seconds in-flight tasks get to finish after SIGTERM.
@@ -106,6 +109,7 @@ class NodeSettings:
             registry=reg,
             registry_token=env.get("MESH_REGISTRY_TOKEN") or None,
             token=env.get("MESH_TOKEN") or None,
+            fastpath=env.get("MESH_FASTPATH", "1") != "0",
             consul=None if no_register else consul,
             consul_token=env.get("CONSUL_HTTP_TOKEN") or None,
             store=store_kind,  # type: ignore[arg-type]

@@ -11,7 +11,6 @@ Built inside the node's lifespan, because the store needs the open database:
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from a2a.server.routes import (
@@ -52,6 +51,8 @@ class A2AService:
         handler: FastPathHandler,
         store_kind: str,
         card: AgentCard,
+        *,
+        fastpath: bool = True,
     ) -> None:
         self.agent = agent
         self.url = url
@@ -60,9 +61,9 @@ class A2AService:
         self.store_kind = store_kind
         self.card = card
         #: Serves blocking SendMessage of function skills without the SDK's ActiveTask (see
-        #: mesh.a2a.fastpath); None when the agent has no such skill or MESH_FASTPATH=0.
+        #: mesh.a2a.fastpath); None when the agent has no such skill or it is turned off.
         self.fastpath: FastPath | None = None
-        if os.environ.get("MESH_FASTPATH", "1") != "0" and any(
+        if fastpath and any(
             s.typed and s.handler is not None for s in agent.all_skills
         ):
             self.fastpath = FastPath(executor, handler)
@@ -79,6 +80,7 @@ class A2AService:
         metrics: NodeMetrics | None = None,
         store: str = "sqlite",
         bearer: bool = False,
+        fastpath: bool = True,
     ) -> A2AService:
         task_store: TaskStore
         if store == "memory":
@@ -98,7 +100,7 @@ class A2AService:
         handler = FastPathHandler(
             agent_executor=executor, task_store=task_store, agent_card=card, keys=keys
         )
-        return cls(agent, url, executor, handler, store, card)
+        return cls(agent, url, executor, handler, store, card, fastpath=fastpath)
 
     def mount(self, app: FastAPI) -> None:
         add_a2a_routes_to_fastapi(
