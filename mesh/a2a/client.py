@@ -4,6 +4,7 @@
         peer = A2APeer(http, "http://127.0.0.1:8017")
         result = await peer.send({"applicant_id": "APP-501", "amount": 250000}, skill="score")
         result.state, result.data            # "completed", {"score": 712, ...}
+        result = await peer.call({...}, skill="score")   # the same, lean: see A2APeer.call
 
 Transport and protocol errors are translated here, once, into ``RemoteError`` (reason
 ``unavailable`` / ``deadline`` / ``failed`` / ``rejected``). A task that ran and failed is NOT an
