@@ -63,9 +63,7 @@ class A2AService:
         #: Serves blocking SendMessage of function skills without the SDK's ActiveTask (see
         #: mesh.a2a.fastpath); None when the agent has no such skill or it is turned off.
         self.fastpath: FastPath | None = None
-        if fastpath and any(
-            s.typed and s.handler is not None for s in agent.all_skills
-        ):
+        if fastpath and any(s.typed and s.handler is not None for s in agent.all_skills):
             self.fastpath = FastPath(executor, handler)
 
     @classmethod
