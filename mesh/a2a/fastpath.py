@@ -21,8 +21,11 @@ consumer would apply them, duplicates go through the same ``IdempotencyKeys.clai
 ``IdempotentRequestHandler._replay``, and the response is built like the SDK's JSON-RPC
 dispatcher builds it. What it skips: the event queues and the two asyncio tasks per request.
 
-A task served here is not in the SDK's registry of active tasks, so ``CancelTask`` cannot stop
-it while it runs (it is a synchronous-looking function call of microseconds to milliseconds).
+A task served here is not in the SDK's registry of active tasks, so ``FastPathHandler`` keeps
+its own record of them: a duplicate send waits for the running task, and ``CancelTask`` stops it,
+as they would for a task the SDK runs. This module leans on a2a-sdk internals (the request
+handler's builders and watched store, ``TaskManager``): pyproject pins the SDK's minor version
+for that reason, and tests/test_node_fastpath.py compares both paths on every upgrade.
 Set ``MESH_FASTPATH=0`` to send everything through the SDK (the tests compare both paths).
 """
 
