@@ -59,7 +59,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.struct_pb2 import Struct
 
 from mesh.a2a.card import JSON_MODE, card_to_dict
-from mesh.errors import RemoteError
+from mesh.errors import RemoteError, RemoteReason
 
 __all__ = ["A2APeer", "TaskPage", "TaskResult", "TaskUpdate", "auth_headers", "state_name"]
 
@@ -290,62 +290,34 @@ class A2APeer:
             yield
         except RemoteError:
             raise
-        except (A2AClientTimeoutError, httpx.TimeoutException) as exc:
-            raise RemoteError(
-                f"{self.name} did not answer in time",
-                peer=self.name,
-                skill=skill,
-                reason="deadline",
-            ) from exc
-        except AgentCardResolutionError as exc:
-            raise RemoteError(
-                f"cannot read the agent card of {self.base_url}: {exc}; is the node running?",
-                peer=self.name,
-                skill=skill,
-                reason="unavailable",
-            ) from exc
-        except (A2AClientError, httpx.HTTPError) as exc:
+        except (A2AClientError, A2AError, httpx.HTTPError) as exc:
+            reason, message = self._classify(exc)
+            raise RemoteError(message, peer=self.name, skill=skill, reason=reason) from exc
+
+    def _classify(self, exc: BaseException) -> tuple[RemoteReason, str]:
+        """Why a call failed (the retry policy retries only "unavailable"), and what to say."""
+        if isinstance(exc, A2AClientTimeoutError | httpx.TimeoutException):
+            return "deadline", f"{self.name} did not answer in time"
+        if isinstance(exc, AgentCardResolutionError):
+            return "unavailable", (
+                f"cannot read the agent card of {self.base_url}: {exc}; is the node running?"
+            )
+        if isinstance(exc, A2AClientError | httpx.HTTPError):
             status = _http_status(exc)
             if status in (401, 403):
-                raise RemoteError(
+                return "rejected", (
                     f"{self.name} refused the call (HTTP {status}): it needs the mesh token; "
-                    "set MESH_TOKEN to the token its node was started with",
-                    peer=self.name,
-                    skill=skill,
-                    reason="rejected",
-                ) from exc
+                    "set MESH_TOKEN to the token its node was started with"
+                )
             if status is not None and status not in (502, 503, 504):
                 # An answer, not an outage: another attempt would get the same one.
-                raise RemoteError(
-                    f"{self.name} answered HTTP {status}: {exc}",
-                    peer=self.name,
-                    skill=skill,
-                    reason="failed",
-                ) from exc
-            raise RemoteError(
-                f"{self.name} is unavailable: {exc}",
-                peer=self.name,
-                skill=skill,
-                reason="unavailable",
-            ) from exc
-        except TaskNotFoundError as exc:
-            raise RemoteError(
-                f"{self.name}: task not found", peer=self.name, skill=skill, reason="failed"
-            ) from exc
-        except InvalidParamsError as exc:
-            raise RemoteError(
-                f"{self.name} rejected the request: {exc}",
-                peer=self.name,
-                skill=skill,
-                reason="rejected",
-            ) from exc
-        except A2AError as exc:
-            raise RemoteError(
-                f"{self.name} answered with an error: {type(exc).__name__}: {exc}",
-                peer=self.name,
-                skill=skill,
-                reason="failed",
-            ) from exc
+                return "failed", f"{self.name} answered HTTP {status}: {exc}"
+            return "unavailable", f"{self.name} is unavailable: {exc}"
+        if isinstance(exc, TaskNotFoundError):
+            return "failed", f"{self.name}: task not found"
+        if isinstance(exc, InvalidParamsError):
+            return "rejected", f"{self.name} rejected the request: {exc}"
+        return "failed", f"{self.name} answered with an error: {type(exc).__name__}: {exc}"
 
     async def card(self) -> AgentCard:
         """The peer's agent card (fetched once)."""
