@@ -270,19 +270,9 @@ class RemoteAgent:
         try:
             found = await discovery.require(agent=self.peer)
         except AgentNotFound as exc:
-            raise RemoteError(
-                f"{self.peer} is unavailable: {exc}",
-                peer=self.peer,
-                skill=skill,
-                reason="unavailable",
-            ) from exc
+            raise self._unavailable(skill, str(exc)) from exc
         except DiscoveryError as exc:
-            raise RemoteError(
-                f"{self.peer} is unavailable: cannot reach discovery ({exc})",
-                peer=self.peer,
-                skill=skill,
-                reason="unavailable",
-            ) from exc
+            raise self._unavailable(skill, f"cannot reach discovery ({exc})") from exc
         self.instances = [i.url.rstrip("/") for i in found]
         return list(self.instances)
 
@@ -524,24 +514,14 @@ class RemoteAgent:
                 reason="deadline",
             ) from exc
         except CircuitOpen as exc:
-            raise RemoteError(
-                f"{self.peer} is unavailable: every instance is failing (circuit open)",
-                peer=self.peer,
-                skill=skill,
-                reason="unavailable",
-            ) from exc
+            raise self._unavailable(skill, "every instance is failing (circuit open)") from exc
         except RemoteError as exc:
             if exc.reason == "unavailable" and self._discovery is not None:
                 self._discovery.invalidate(agent=self.peer)
             if exc.reason == "unavailable" and not str(exc).startswith(
                 f"{self.peer} is unavailable"
             ):
-                raise RemoteError(
-                    f"{self.peer} is unavailable: {exc}",
-                    peer=self.peer,
-                    skill=skill,
-                    reason="unavailable",
-                ) from exc
+                raise self._unavailable(skill, str(exc)) from exc
             raise
         if (
             isinstance(result.context_id, str)
@@ -551,6 +531,14 @@ class RemoteAgent:
             ctx.state_delta[context_key(self.peer)] = result.context_id
         _report_usage(ctx, result.metadata)
         return result
+
+    def _unavailable(self, skill: str, detail: str) -> RemoteError:
+        return RemoteError(
+            f"{self.peer} is unavailable: {detail}",
+            peer=self.peer,
+            skill=skill,
+            reason="unavailable",
+        )
 
     async def _cancel_child(self, inflight: Mapping[str, Any], record: CallRecord) -> None:
         peer, task_id, send = inflight.get("peer"), inflight.get("task_id"), inflight.get("send")
