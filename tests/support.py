@@ -8,7 +8,9 @@ with Proc.start(["mesh", "serve", "agents.credit_bureau:agent", "--port", str(po
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import socket
@@ -63,6 +65,26 @@ def wait_for(
         time.sleep(interval)
     raise AssertionError(
         f"timed out after {timeout}s waiting for {what or predicate}: {last_exc!r}"
+    )
+
+
+async def eventually(
+    predicate: Callable[[], Any], *, within: float = 10.0, interval: float = 0.02, what: str = ""
+) -> Any:
+    """The async twin of ``wait_for``: poll ``predicate`` (sync or async) until it returns a
+    truthy value, keeping the event loop running; fail after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    last: Any = None
+    while loop.time() < deadline:
+        last = predicate()
+        if inspect.isawaitable(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(
+        f"timed out after {within}s waiting for {what or predicate} (last value {last!r})"
     )
 
 

@@ -4,7 +4,6 @@ and (with a real Consul agent) register / find / heartbeat / deregister."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import sys
 import threading
@@ -25,7 +24,7 @@ from mesh.discovery.consul import (
     service_registration,
 )
 from mesh.errors import ConfigError, DiscoveryError
-from tests.support import Proc, free_port, wait_until_ok
+from tests.support import Proc, eventually, free_port, wait_until_ok
 
 REG = Registration(
     instance_id="credit-bureau-7f3a",
@@ -35,20 +34,6 @@ REG = Registration(
     skills=("credit_report", "chat"),
     tags=("finance", "kyc"),
 )
-
-
-async def eventually(predicate: Callable[[], Any], *, within: float = 10.0) -> Any:
-    """Poll ``predicate`` (sync or async) until it is truthy; the event loop keeps running."""
-    deadline = asyncio.get_running_loop().time() + within
-    last: Any = None
-    while asyncio.get_running_loop().time() < deadline:
-        last = predicate()
-        if inspect.isawaitable(last):
-            last = await last
-        if last:
-            return last
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"condition still false after {within}s (last value {last!r})")
 
 
 # -- pure parts -----------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from mesh.resilience import RetryPolicy
 from mesh.runner import Runner
 from mesh.tools import ToolContext
 from mesh.tracing import TraceParent
-from tests.support import clean_env, free_port, running
+from tests.support import clean_env, eventually, free_port, running
 
 pytestmark = pytest.mark.integration
 
@@ -74,16 +74,6 @@ def metric(url: str, name: str, **labels: str) -> float:
         ):
             total += float(line.rsplit(" ", 1)[1])
     return total
-
-
-async def eventually(predicate: Any, *, within: float = 10.0, what: str = "") -> None:
-    """Poll ``predicate`` (bounded) without blocking the loop."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {within}s waiting for {what}")
 
 
 def tool_context(**metadata: Any) -> ToolContext:

@@ -22,6 +22,7 @@ from mesh.skills import skill
 from mesh.sqlite import Database
 from mesh.tools import FunctionTool, Tool, ToolContext, tool
 from mesh.types import Content, Part, Usage
+from tests.support import eventually
 
 
 class Number(BaseModel):
@@ -543,9 +544,7 @@ async def test_runners_sharing_locks_serialise_the_same_session() -> None:
         first = asyncio.create_task(one.run(user_id="u", session_id="s", message="first"))
         await entered.wait()
         second = asyncio.create_task(two.run(user_id="u", session_id="s", message="second"))
-        # The second turn is waiting on the shared lock (bounded by the timeout above).
-        while locks.turns("u", "s") < 2:  # noqa: ASYNC110 - no event to await on a lock queue
-            await asyncio.sleep(0.001)
+        await eventually(lambda: locks.turns("u", "s") == 2, what="the second turn waiting")
         stored = await store.get("u", "s")
         assert stored is not None
         assert [e.text for e in stored.events if e.author == "user"] == ["first"]

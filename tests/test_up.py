@@ -7,8 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -17,7 +15,7 @@ import pytest
 from mesh.errors import ConfigError
 from mesh.meshfile import ProcessSpec
 from mesh.supervisor import Child, Supervisor
-from tests.support import free_port, running
+from tests.support import eventually, free_port, running
 
 pytestmark = pytest.mark.integration
 
@@ -40,15 +38,6 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-async def eventually(predicate: Callable[[], bool], *, within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"condition not met within {within}s")
 
 
 async def test_supervisor_starts_restarts_and_stops(tmp_path: Path) -> None:
