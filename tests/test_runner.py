@@ -485,7 +485,8 @@ def test_an_agent_without_a_model_cannot_be_run() -> None:
         Runner(Agent(name="calc", skills=[double]))
 
 
-async def test_turns_of_one_session_are_serialised() -> None:
+def blocking_tool() -> tuple[Tool, asyncio.Event, asyncio.Event]:
+    """A tool ``slow`` that sets ``entered`` when called and returns once ``release`` is set."""
     entered = asyncio.Event()
     release = asyncio.Event()
 
@@ -496,6 +497,11 @@ async def test_turns_of_one_session_are_serialised() -> None:
         await release.wait()
         return "done"
 
+    return slow, entered, release
+
+
+async def test_turns_of_one_session_are_serialised() -> None:
+    slow, entered, release = blocking_tool()
     rule = Rule(when="first", steps=[[Call("slow")]], answer="first done")
     store = InMemorySessionStore()
     runner = runner_for(make_agent([slow], rule), sessions=store)
@@ -525,16 +531,7 @@ async def test_turns_of_one_session_are_serialised() -> None:
 
 async def test_runners_sharing_locks_serialise_the_same_session() -> None:
     """A node's chat runner and a typed-skill runner share one SessionLocks."""
-    entered = asyncio.Event()
-    release = asyncio.Event()
-
-    @tool
-    async def slow() -> str:
-        """Waits to be released."""
-        entered.set()
-        await release.wait()
-        return "done"
-
+    slow, entered, release = blocking_tool()
     store = InMemorySessionStore()
     locks = SessionLocks()
     agent = make_agent([slow], Rule(when="first", steps=[[Call("slow")]], answer="first done"))
