@@ -1,15 +1,20 @@
 """``Health``: the node's readiness, served at ``/health``.
 
-    {"status": "ok" | "starting" | "failing" | "stopping", "agent", "version", "uptime_s",
-     "checks": {"database": {"ok": true, "detail": "..."}, "model": {...}}}
+    {"status": "ok" | "starting" | "failing" | "stopping", "agent", "version", "instance_id",
+     "pid", "uptime_s", "checks": {"database": {"ok": true, "detail": "..."}, "model": {...}}}
 
 200 only when ``status == "ok"``; 503 otherwise, so a registry probe, a load balancer or
 ``mesh up`` can wait on it. Checks are async callables returning ``(ok, detail)``.
+
+``instance_id`` and ``pid`` say WHO answered: a registry probe or a supervisor that finds another
+id (or pid) at an address knows it reached a different process than the one it registered or
+started (a restarted node, a second mesh on the same ports).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -25,9 +30,10 @@ _CHECK_TIMEOUT_S = 2.0
 class Health:
     """Readiness of one node: a phase (starting / ready / stopping) plus named checks."""
 
-    def __init__(self, agent: str, version: str) -> None:
+    def __init__(self, agent: str, version: str, instance_id: str = "") -> None:
         self.agent = agent
         self.version = version
+        self.instance_id = instance_id
         self.started_at = time.monotonic()
         self.phase: Literal["starting", "ready", "stopping"] = "starting"
         self._checks: dict[str, Check] = {}
@@ -67,6 +73,8 @@ class Health:
             "status": status,
             "agent": self.agent,
             "version": self.version,
+            "instance_id": self.instance_id,
+            "pid": os.getpid(),
             "uptime_s": self.uptime_s,
             "checks": checks,
         }

@@ -185,8 +185,8 @@ class Node:
         self.env = dict(os.environ if env is None else env)
         self.registry = registry or CollectorRegistry()
         self.metrics = NodeMetrics(self.registry, agent.name, version=agent.version)
-        self.health = Health(agent.name, agent.version)
         self.instance_id = f"{agent.name}-{uuid.uuid4().hex[:8]}"
+        self.health = Health(agent.name, agent.version, self.instance_id)
         self.draining = False
         self.model: Model | None = model
         self.service: A2AService | None = None

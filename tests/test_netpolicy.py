@@ -1,0 +1,65 @@
+"""``NetworkPolicy``: which addresses the registry may fetch from and a node may send its token to."""
+
+from __future__ import annotations
+
+import pytest
+
+from mesh.errors import ConfigError
+from mesh.netpolicy import NetworkPolicy, NetworkRefused, is_loopback_host
+
+
+def test_named_networks_and_cidrs() -> None:
+    policy = NetworkPolicy.parse("loopback, 10.1.0.0/16")
+    assert policy.allows("127.0.0.1")
+    assert policy.allows("::1")
+    assert policy.allows("10.1.200.3")
+    assert not policy.allows("10.2.0.1")
+    assert not policy.allows("192.168.1.1")
+    assert not policy.allows("8.8.8.8")
+    assert not policy.allows("not an address")
+
+
+def test_link_local_is_refused_even_by_any() -> None:
+    policy = NetworkPolicy.parse("any")
+    assert policy.allows("8.8.8.8")
+    for address in ("169.254.169.254", "fe80::1", "::ffff:169.254.169.254", "0.0.0.0"):
+        assert not policy.allows(address), address
+
+
+def test_defaults_follow_the_bind_address() -> None:
+    assert NetworkPolicy.default_for("127.0.0.1").allows("127.0.0.1")
+    assert not NetworkPolicy.default_for("127.0.0.1").allows("10.0.0.5")
+    assert NetworkPolicy.default_for("0.0.0.0").allows("10.0.0.5")
+    assert NetworkPolicy.default_for("0.0.0.0").allows("192.168.3.4")
+    assert not NetworkPolicy.default_for("0.0.0.0").allows("8.8.8.8")
+
+
+def test_bad_entries_name_themselves() -> None:
+    with pytest.raises(ConfigError, match=r"'10\.0\.0\.0/33'"):
+        NetworkPolicy.parse("loopback,10.0.0.0/33")
+    with pytest.raises(ConfigError, match="at least one"):
+        NetworkPolicy.parse(" , ")
+
+
+def test_loopback_host_without_dns() -> None:
+    assert is_loopback_host("localhost")
+    assert is_loopback_host("127.0.0.2")
+    assert is_loopback_host("[::1]")
+    assert not is_loopback_host("10.0.0.1")
+    assert not is_loopback_host("example.internal")
+
+
+async def test_check_url_resolves_names_before_deciding() -> None:
+    loopback = NetworkPolicy.parse("loopback")
+    await loopback.check_url("http://127.0.0.1:8017")
+    await loopback.check_url("http://localhost:8017/x")  # resolves to 127.0.0.1 / ::1
+    with pytest.raises(NetworkRefused, match=r"169\.254\.169\.254"):
+        await NetworkPolicy.parse("any").check_url("http://169.254.169.254/latest/meta-data")
+    with pytest.raises(NetworkRefused, match="outside the allowed networks"):
+        await NetworkPolicy.parse("10.0.0.0/8").check_url("http://localhost:8017")
+    with pytest.raises(NetworkRefused, match="not an http"):
+        await loopback.check_url("file:///etc/passwd")
+    with pytest.raises(NetworkRefused, match="invalid port"):
+        await loopback.check_url("http://127.0.0.1:99999")
+    with pytest.raises(NetworkRefused, match="does not resolve"):
+        await loopback.check_url("http://no-such-host.invalid:80")
