@@ -8,6 +8,7 @@ the operator page (``registry.page``), ``/health`` and ``/metrics``.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -148,8 +149,11 @@ def create_app(
         try:
             await state.store.ping()
         except StoreError as exc:
-            return JSONResponse({"status": "failing", "store": str(exc)}, status_code=503)
-        return JSONResponse({"status": "ok", "store": "ok"})
+            return JSONResponse(
+                {"status": "failing", "store": str(exc), "pid": os.getpid()}, status_code=503
+            )
+        # The pid says which process answered (`mesh up` checks it is the one it started).
+        return JSONResponse({"status": "ok", "store": "ok", "pid": os.getpid()})
 
     @app.get("/metrics", tags=["registry"])
     async def prometheus_metrics() -> Response:

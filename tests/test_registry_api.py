@@ -174,7 +174,9 @@ def test_prometheus_accepts_the_targets_file(reg: str, tmp_path: Path) -> None:
 
 
 def test_registry_health_metrics_and_openapi(reg: str) -> None:
-    assert httpx.get(f"{reg}/health").json() == {"status": "ok", "store": "ok"}
+    health = httpx.get(f"{reg}/health").json()
+    assert (health["status"], health["store"]) == ("ok", "ok")
+    assert isinstance(health["pid"], int)
     httpx.put(f"{reg}/v1/instances/ghost/heartbeat")
     metrics = httpx.get(f"{reg}/metrics").text
     assert (
