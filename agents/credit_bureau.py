@@ -4,7 +4,8 @@
     mesh call http://127.0.0.1:8017 --skill score --json '{"applicant_id": "APP-501", "amount": 250000}'
 
 No model: the score is a pure function of the applicant id (300-900, from a hash), so every run
-of the demo and every test sees the same numbers.
+of the demo and every test sees the same numbers. Only applicants on file (``agents.applicants``)
+are scored: any other id is rejected as not on file, like a real bureau with no record.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from agents.applicants import APPLICANTS, find_applicant
 from mesh import Agent, skill
+from mesh.errors import SkillInputError
 
 Tier = Literal["prime", "near-prime", "subprime", "deep-subprime"]
 
@@ -50,6 +53,12 @@ def _tier(score: int) -> Tier:
 @skill(tags=["credit", "risk"], examples=['{"applicant_id": "APP-501", "amount": 250000}'])
 def score(req: ScoreRequest) -> ScoreReport:
     """Credit score (300-900), tier and risk flags of an applicant for a requested amount."""
+    if find_applicant(req.applicant_id) is None:
+        raise SkillInputError(
+            f"applicant_id: no applicant {req.applicant_id!r} on file; "
+            f"applicants on file: {', '.join(APPLICANTS)}",
+            errors=[{"field": "applicant_id", "message": "not on file"}],
+        )
     value = _score(req.applicant_id)
     tier = _tier(value)
     flags: list[str] = []
@@ -61,7 +70,9 @@ def score(req: ScoreRequest) -> ScoreReport:
         flags.append("thin_or_impaired_file")
     if req.amount >= 500_000:
         flags.append("large_exposure")
-    narrative = f"{req.applicant_id} scores {value} ({tier}). " + (
+    # What the flags mean in words; the score and tier are fields of their own (a caller that
+    # quotes both would otherwise say the score twice).
+    narrative = (
         "No adverse flags."
         if not flags
         else "Flags: " + ", ".join(f.replace("_", " ") for f in flags) + "."

@@ -104,42 +104,59 @@ def apply_lending_policy(
     }
 
 
+# What the offline script reads from a message. Each is searched on its own (linear time, any
+# order); an amount is a number of 4+ digits that is not part of an applicant id.
+_APPLICANT = r"\b(?i:APP)-\d+\b"
+_AMOUNT = r"(?<![\w,-])(\d[\d,]{3,})"
+_MONTHS = r"\b(\d{1,3})\s*(?i:months?|mo)\b"
+
+_ASSESSMENT_STEPS = [
+    [Call("lookup_applicant", {"applicant_id": "{applicant_id|upper}"})],
+    # One model response, three calls: the two specialists run in parallel.
+    [
+        Call(
+            "credit_bureau_score",
+            {"applicant_id": "{applicant_id|upper}", "amount": "{amount|number}"},
+        ),
+        Call("income_verifier_verify", {"applicant_id": "{applicant_id|upper}"}),
+        Call("calculate_emi", {"principal": "{amount|number}", "months": "{months|int}"}),
+    ],
+    [
+        Call(
+            "apply_lending_policy",
+            {
+                "score": "{credit_bureau_score.score}",
+                "declared_monthly_income": "{lookup_applicant.declared_monthly_income}",
+                "verified_monthly_income": "{income_verifier_verify.verified_monthly_income}",
+                "existing_monthly_obligations": "{lookup_applicant.existing_monthly_obligations}",
+                "emi": "{calculate_emi.emi}",
+            },
+        )
+    ],
+]
+
+# A missing applicant is the user's to fix, not an outage: say so, and who is on file.
+_NOT_ON_FILE = (
+    "{applicant_id|upper} is not on file, so there is nothing to assess. Applicants on file: "
+    + ", ".join(APPLICANTS)
+    + "."
+)
+
 LOAN_SCRIPT = Script(
     rules=[
         Rule(
-            # "Should we approve APP-612 for 400,000 over 48 months?"
-            when=r"(?i)\b(?P<applicant_id>APP-\d+)\b.*?(?P<amount>\d[\d,]{3,})"
-            r"(?:\D+?(?P<months>\d{1,3})\s*(?:months|mo)\b)?",
-            steps=[
-                [Call("lookup_applicant", {"applicant_id": "{applicant_id|upper}"})],
-                # One model response, three calls: the two specialists run in parallel.
-                [
-                    Call(
-                        "credit_bureau_score",
-                        {"applicant_id": "{applicant_id|upper}", "amount": "{amount|number}"},
-                    ),
-                    Call("income_verifier_verify", {"applicant_id": "{applicant_id|upper}"}),
-                    Call(
-                        "calculate_emi", {"principal": "{amount|number}", "months": "{months|int}"}
-                    ),
-                ],
-                [
-                    Call(
-                        "apply_lending_policy",
-                        {
-                            "score": "{credit_bureau_score.score}",
-                            "declared_monthly_income": "{lookup_applicant.declared_monthly_income}",
-                            "verified_monthly_income": "{income_verifier_verify.verified_monthly_income}",
-                            "existing_monthly_obligations": "{lookup_applicant.existing_monthly_obligations}",
-                            "emi": "{calculate_emi.emi}",
-                        },
-                    )
-                ],
-            ],
+            # "Should we approve APP-612 for 400,000 over 48 months?", and follow-ups that keep
+            # the applicant: "what if the amount were 200000 instead?", "and over 36 months?"
+            when=_AMOUNT + "|" + _MONTHS,
+            find={"applicant_id": _APPLICANT, "amount": _AMOUNT, "months": _MONTHS},
+            remember=["applicant_id", "amount", "months"],
+            requires=["applicant_id", "amount"],
+            steps=_ASSESSMENT_STEPS,
             answer=(
                 "Recommendation for {lookup_applicant.name} ({applicant_id|upper}), loan of "
                 "{calculate_emi.principal} over {calculate_emi.months} months: "
                 "{apply_lending_policy.decision|upper}.\n"
+                # The bureau's narrative tells the flags; the score and tier are said here once.
                 "- Credit bureau: score {credit_bureau_score.score} ({credit_bureau_score.tier}). "
                 "{credit_bureau_score.narrative}\n"
                 "- Income verifier: {income_verifier_verify.status}. {income_verifier_verify.note}\n"
@@ -147,11 +164,25 @@ LOAN_SCRIPT = Script(
                 "debt-to-income {apply_lending_policy.debt_to_income_pct}%.\n"
                 "Why: {apply_lending_policy.reason}."
             ),
-            on_error="I can't complete the assessment of {applicant_id|upper} right now: {error}",
+            on_error={
+                "not_found": _NOT_ON_FILE,
+                "remote_rejected": "The assessment of {applicant_id|upper} was refused: {error}",
+                "*": "I can't complete the assessment of {applicant_id|upper} right now: {error}",
+            },
+        ),
+        Rule(
+            # An amount, but no applicant yet in this conversation.
+            when=_AMOUNT,
+            answer=(
+                "Which applicant is that for? Name one, e.g. 'Should we approve APP-612 for "
+                "{amount}?'. Applicants on file: " + ", ".join(APPLICANTS) + "."
+            ),
         ),
         Rule(
             # "Tell me about APP-501"
-            when=r"(?i)\b(?P<applicant_id>APP-\d+)\b",
+            when=_APPLICANT,
+            find={"applicant_id": _APPLICANT},
+            remember=["applicant_id"],
             steps=[
                 [
                     Call("lookup_applicant", {"applicant_id": "{applicant_id|upper}"}),
@@ -165,7 +196,12 @@ LOAN_SCRIPT = Script(
                 "{income_verifier_verify.status}. {income_verifier_verify.note} "
                 "Ask about a loan amount for a recommendation."
             ),
-            on_error="I can't look up {applicant_id|upper} right now: {error}",
+            on_error={
+                "not_found": "{applicant_id|upper} is not on file. Applicants on file: "
+                + ", ".join(APPLICANTS)
+                + ".",
+                "*": "I can't look up {applicant_id|upper} right now: {error}",
+            },
         ),
     ],
     fallback=(

@@ -301,6 +301,7 @@ class Runner:
                     model=response.model_version or self.model.name,
                     final=not calls,
                     metadata=event_meta,
+                    state_delta=jsonable(response.state_delta),
                 )
                 session = await self.sessions.append_event(session, model_event)
                 turn.events.append(model_event)

@@ -93,10 +93,12 @@ def test_card_and_call(tmp_path: Path) -> None:
         assert report["applicant_id"] == "APP-501"
         assert isinstance(report["score"], int)
 
-        stream = _mesh("call", url, "--json", '{"applicant_id": "APP-2", "amount": 1}', "--stream")
+        stream = _mesh(
+            "call", url, "--json", '{"applicant_id": "APP-738", "amount": 1}', "--stream"
+        )
         assert stream.returncode == 0, stream.stderr
         assert "[working]" in stream.stderr
-        assert json.loads(stream.stdout)["applicant_id"] == "APP-2"
+        assert json.loads(stream.stdout)["applicant_id"] == "APP-738"
 
         bad = _mesh("call", url, "--skill", "score", "--json", '{"applicant_id": "APP-2"}')
         assert bad.returncode == 1

@@ -132,14 +132,16 @@ async def test_stream_yields_progress_then_the_artifact(
     bureau: Node, http: httpx.AsyncClient
 ) -> None:
     peer = A2APeer(http, bureau.url)
-    updates = [u async for u in peer.stream({"applicant_id": "APP-9", "amount": 10}, skill="score")]
+    updates = [
+        u async for u in peer.stream({"applicant_id": "APP-902", "amount": 10}, skill="score")
+    ]
     kinds = [u.kind for u in updates]
     assert kinds[0] == "task"
     assert "artifact" in kinds
     assert updates[-1].state == "completed"
     artifact = next(u for u in updates if u.kind == "artifact")
     assert artifact.data is not None
-    assert artifact.data["applicant_id"] == "APP-9"
+    assert artifact.data["applicant_id"] == "APP-902"
     await peer.aclose()
 
 
@@ -248,7 +250,9 @@ async def test_task_survives_a_restart(tmp_path: Path) -> None:
     with _serve(tmp_path, "agents.credit_bureau:agent", "first", data, port):
         async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
             peer = A2APeer(http, f"http://127.0.0.1:{port}")
-            before = await peer.send({"applicant_id": "APP-7", "amount": 5}, message_id="restart-1")
+            before = await peer.send(
+                {"applicant_id": "APP-847", "amount": 5}, message_id="restart-1"
+            )
             await peer.aclose()
     assert (data / "node.db").exists()
     with _serve(tmp_path, "agents.credit_bureau:agent", "second", data, port):
@@ -258,7 +262,9 @@ async def test_task_survives_a_restart(tmp_path: Path) -> None:
             assert after.state == "completed"
             assert after.data == before.data
             # The idempotency key survived too: the same message returns the old task.
-            replay = await peer.send({"applicant_id": "APP-7", "amount": 5}, message_id="restart-1")
+            replay = await peer.send(
+                {"applicant_id": "APP-847", "amount": 5}, message_id="restart-1"
+            )
             assert replay.task_id == before.task_id
             await peer.aclose()
 

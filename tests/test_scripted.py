@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any, Literal
 
 import pytest
@@ -305,3 +306,128 @@ async def test_two_calls_of_one_tool_in_a_step_get_distinct_ids() -> None:
     step = (await ScriptedModel(script).generate(ModelRequest(contents=(user("x"),)))).content
     assert calls_of(step) == [("a", {"n": 1}), ("a", {"n": 2})]
     assert len({c.id for c in step.function_calls}) == 2
+
+
+# -- remembered values, find, requires, typed errors, bounded matching ---------------------
+
+MEMO = Script(
+    rules=[
+        Rule(
+            when=r"(?<![\w-])\d{4,}",
+            find={"who": r"\bAPP-\d+\b", "amount": r"(?<![\w-])(\d{4,})"},
+            remember=["who", "amount"],
+            requires=["who", "amount"],
+            answer="assess {who} for {amount|number}",
+            on_error={"not_found": "{who} is not on file", "*": "down: {error}"},
+            steps=[[Call("lookup", {"id": "{who}"})]],
+        ),
+        Rule(when=r"\bAPP-\d+\b", find={"who": r"\bAPP-\d+\b"}, remember=["who"], answer="{who}"),
+    ],
+    fallback="which applicant?",
+)
+
+
+async def _turn(model: ScriptedModel, state: dict[str, Any], *contents: Content) -> ModelResponse:
+    """One model call inside a turn whose session state is ``state`` (updated like the runner
+    does with the response's ``state_delta``)."""
+    token = set_current_context(ToolContext(session_state=dict(state)))
+    try:
+        response = await model.generate(ModelRequest(contents=contents))
+    finally:
+        reset_current_context(token)
+    state.update(response.state_delta)
+    return response
+
+
+async def test_remembered_values_carry_a_conversation() -> None:
+    model = ScriptedModel(MEMO)
+    state: dict[str, Any] = {}
+    question = user("approve APP-612 for 400000")
+    first = await _turn(model, state, question)
+    assert calls_of(first.content) == [("lookup", {"id": "APP-612"})]
+    assert first.state_delta == {"who": "APP-612", "amount": "400000"}
+    done = await _turn(model, state, question, first.content, answer(first.content, {"lookup": 1}))
+    assert done.content.text == "assess APP-612 for 400000"
+    assert done.state_delta == {}  # nothing new to remember
+
+    # A follow-up without the applicant: recalled from the session; the new amount is kept.
+    follow = await _turn(model, state, user("what if it were 200000 instead?"))
+    assert calls_of(follow.content) == [("lookup", {"id": "APP-612"})]
+    assert follow.state_delta == {"amount": "200000"}
+    assert state == {"who": "APP-612", "amount": "200000"}
+
+    # The other rule remembers a new applicant; the amount stays.
+    await _turn(model, state, user("tell me about APP-738"))
+    again = await _turn(model, state, user("and for 600000?"))
+    assert calls_of(again.content) == [("lookup", {"id": "APP-738"})]
+
+
+async def test_requires_falls_through_to_the_next_rule() -> None:
+    model = ScriptedModel(MEMO)
+    # No applicant named and none remembered: the assessment rule does not apply.
+    response = await _turn(model, {}, user("what about 200000?"))
+    assert response.content.text == "which applicant?"
+    assert response.state_delta == {}
+
+
+async def test_on_error_by_type() -> None:
+    model = ScriptedModel(MEMO)
+    step = (await _turn(model, {}, user("APP-9 for 5000"))).content
+
+    def failed(kind: str) -> Content:
+        response = {"error": {"type": kind, "message": "no such applicant"}}
+        part = Part(function_response=FunctionResponse(id="1", name="lookup", response=response))
+        return Content(role="user", parts=(part,))
+
+    missing = await _turn(model, {}, user("APP-9 for 5000"), step, failed("not_found"))
+    assert missing.content.text == "APP-9 is not on file"
+    other = await _turn(model, {}, user("APP-9 for 5000"), step, failed("remote_unavailable"))
+    assert other.content.text == "down: lookup: no such applicant"
+
+
+def test_rule_names_are_checked() -> None:
+    with pytest.raises(ConfigError, match="remember is a list of names"):
+        Rule(when="x", remember="who")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"requires name 'a\.b'"):
+        Rule(when="x", requires=["a.b"])
+    with pytest.raises(ConfigError, match=r"find\['who'\]"):
+        Rule(when="x", find={"who": "(unclosed"})
+    with pytest.raises(ConfigError, match="max_match_chars"):
+        Script(max_match_chars=0)
+
+
+# Messages that make a pattern spanning the message (``APP-\d+.*?amount``) quadratic, or worse.
+HOSTILE = [
+    "APP-1 " * 8000,
+    "1" * 48_000,
+    "1 " * 24_000,
+    "APP-612 " + "9 months " * 5000,
+    "APP-612 for " + "," * 48_000,
+    " " * 48_000 + "1",
+]
+
+
+@pytest.mark.parametrize("message", HOSTILE, ids=lambda m: repr(m[:12]))
+async def test_a_48kb_message_costs_milliseconds(message: str) -> None:
+    from agents.loan_officer import LOAN_SCRIPT
+
+    model = ScriptedModel(LOAN_SCRIPT)
+    contents: tuple[Content, ...] = (user(message),)
+    started = time.perf_counter()
+    response = await _turn(model, {}, *contents)
+    while response.content.function_calls:  # bounded by the rule's steps
+        results = {c.name: {} for c in response.content.function_calls}
+        contents = (*contents, response.content, answer(response.content, results))
+        response = await _turn(model, {}, *contents)
+    elapsed = time.perf_counter() - started
+    # Was 3.6 s per model call for "APP-1 " x 8000 (an assessment pattern spanning the message).
+    assert elapsed < 0.25, f"{elapsed:.3f}s"
+
+
+async def test_rules_see_a_bounded_prefix_and_templates_the_whole_message() -> None:
+    script = Script(rules=[Rule(when=r"tail$", answer="matched")], max_match_chars=10)
+    model = ScriptedModel(script)
+    long = "x" * 20 + "tail"
+    assert (await model.generate(ModelRequest(contents=(user(long),)))).content.text == long
+    short = "tail"
+    assert (await model.generate(ModelRequest(contents=(user(short),)))).content.text == "matched"

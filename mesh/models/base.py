@@ -50,6 +50,9 @@ class ModelResponse(BaseModel):
     partial: bool = False
     finish_reason: str | None = None
     model_version: str | None = None
+    # Session state the response writes (merged like a tool's ``state_delta``). Real models
+    # leave it empty; the scripted model's rules use it to remember facts across turns.
+    state_delta: dict[str, Any] = Field(default_factory=dict)
 
 
 class Model(abc.ABC):

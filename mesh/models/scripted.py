@@ -15,8 +15,16 @@ and what tests use instead of a live model. A script is a list of ``Rule``s; the
     )], fallback="I can answer questions like 'approve APP-612 for 400,000'.")
 
 The model keeps no state of its own: the step to play is the number of tool-result rounds since
-the latest user message in the request, so any number of sessions can share one instance.
-The template language is documented in docs/runtime.md.
+the latest user message in the request, so any number of sessions can share one instance. What
+a conversation should remember (the applicant under discussion, the amount) lives in the
+session's state: a rule's ``remember`` names are written there and recalled by later turns
+whose message leaves them out ("what if the amount were 200,000 instead?").
+
+Rules see at most ``Script.max_match_chars`` characters of the message, so matching costs
+microseconds whatever a user sends. It runs on the event loop on purpose: ``re`` holds the GIL
+while it matches, so a worker thread would stall the loop just the same; the bound, and patterns
+without nested unbounded repeats, are what keep a turn cheap. The template language and the rule
+fields are documented in docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -58,25 +66,53 @@ class Rule:
     """When ``when`` matches (``re.search``) the user's message: play ``steps``, then answer.
 
     ``answer`` is a text template; ``answer_data`` a JSON template used when the request asks for
-    structured output. ``on_error`` answers as soon as a tool returned an error (None: carry on).
+    structured output. ``on_error`` answers as soon as a tool returned an error (None: carry on);
+    a mapping picks the template by the error's type (``{"not_found": ..., "*": ...}``).
+
+    Named values, besides ``when``'s named groups: ``find`` maps a name to a regex searched on its
+    own (its first group, or the whole match, is the value), so values can come in any order
+    without one pattern spanning the message. ``remember`` names are written to session state
+    when the rule plays, and a later message that leaves one out gets the remembered value.
+    ``requires`` names must have a value (from the message or remembered), else the next rule is
+    tried.
     """
 
     when: str
     steps: Sequence[Sequence[Call] | Call] = ()
     answer: str = ""
     answer_data: Mapping[str, Any] | None = None
-    on_error: str | None = DEFAULT_ON_ERROR
+    on_error: str | Mapping[str, str] | None = DEFAULT_ON_ERROR
+    find: Mapping[str, str] = field(default_factory=dict)
+    remember: Sequence[str] = ()
+    requires: Sequence[str] = ()
     pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    #: ``find`` compiled.
+    finders: tuple[tuple[str, re.Pattern[str]], ...] = field(init=False, repr=False, compare=False)
     #: ``steps`` normalised: one tuple of calls per model response.
     calls: tuple[tuple[Call, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "pattern", re.compile(self.when))
-        except re.error as exc:
-            raise ConfigError(
-                f"script rule when={self.when!r} is not a valid regex: {exc}"
-            ) from exc
+        object.__setattr__(self, "pattern", _compile(self.when, f"when={self.when!r}"))
+        object.__setattr__(
+            self,
+            "finders",
+            tuple(
+                (name, _compile(regex, f"find[{name!r}]={regex!r}"))
+                for name, regex in self.find.items()
+            ),
+        )
+        for what, names in (("remember", self.remember), ("requires", self.requires)):
+            if isinstance(names, str):
+                raise ConfigError(
+                    f"script rule when={self.when!r}: {what} is a list of names, "
+                    f"e.g. {what}=[{names!r}]"
+                )
+            for name in names:
+                if not _NAME.match(name):
+                    raise ConfigError(
+                        f"script rule when={self.when!r}: {what} name {name!r} is not a "
+                        "valid name (letters, digits, '_', starting with a letter)"
+                    )
         steps: list[tuple[Call, ...]] = []
         for step in self.steps:
             calls = (step,) if isinstance(step, Call) else tuple(step)
@@ -92,14 +128,42 @@ class Rule:
 
 @dataclass(frozen=True)
 class Script:
-    """The rules, tried in order, and the ``fallback`` answer when none matches."""
+    """The rules, tried in order, and the ``fallback`` answer when none matches.
+
+    Rules match the first ``max_match_chars`` characters of the user's latest message (templates
+    still see all of it as ``{input}``).
+    """
 
     rules: Sequence[Rule] = ()
     fallback: str = "{input}"
+    max_match_chars: int = 2000
+
+    def __post_init__(self) -> None:
+        if self.max_match_chars < 1:
+            raise ConfigError(f"Script(max_match_chars={self.max_match_chars}) must be >= 1")
 
 
 #: What an agent without a script does offline: echo the message back.
 DEFAULT_SCRIPT = Script(rules=(), fallback="{input}")
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+def _compile(regex: str, what: str) -> re.Pattern[str]:
+    try:
+        return re.compile(regex)
+    except re.error as exc:
+        raise ConfigError(f"script rule {what} is not a valid regex: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class _Match:
+    """A rule that applies to a message, with its named values."""
+
+    rule: Rule
+    values: dict[str, Any]
+    #: What the rule writes to session state (the remembered names whose value changed).
+    remembered: dict[str, Any]
 
 
 # -- templates --------------------------------------------------------------------------------
@@ -147,6 +211,12 @@ class _Scope:
             else:
                 return _MISSING
         return value
+
+
+def _on_error(on_error: str | Mapping[str, str], error_type: str) -> str:
+    if isinstance(on_error, str):
+        return on_error
+    return on_error.get(error_type) or on_error.get("*") or DEFAULT_ON_ERROR
 
 
 def _number(value: Any) -> Any:
@@ -285,12 +355,13 @@ class ScriptedModel(Model):
         self.name = name
 
     async def generate(self, request: ModelRequest) -> ModelResponse:
-        content = self._respond(request)
+        content, remembered = self._respond(request)
         return ModelResponse(
             content=content,
             usage=self._usage(request, content),
             finish_reason="STOP",
             model_version=self.name,
+            state_delta=remembered,
         )
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelResponse]:
@@ -320,7 +391,8 @@ class ScriptedModel(Model):
 
     # -- the decision ---------------------------------------------------------------------
 
-    def _respond(self, request: ModelRequest) -> Content:
+    def _respond(self, request: ModelRequest) -> tuple[Content, dict[str, Any]]:
+        """The response to ``request``, and what it writes to session state."""
         contents = request.contents
         start = next(
             (
@@ -335,32 +407,34 @@ class ScriptedModel(Model):
         round_index = sum(1 for c in after if c.function_responses)
         results: dict[str, Any] = {}
         error: str | None = None
+        error_type = ""
         for c in after:
             for r in c.function_responses:
                 if "error" in r.response:
                     err = r.response["error"]
                     text = err.get("message", err) if isinstance(err, Mapping) else err
-                    error = error or f"{r.name}: {text}"
+                    if error is None:
+                        error = f"{r.name}: {text}"
+                        kind = err.get("type") if isinstance(err, Mapping) else None
+                        error_type = str(kind or "")
                     results[r.name] = r.response
                 else:
                     results[r.name] = r.response.get("result")
         ctx = current_context()
-        scope = _Scope(
-            input=message,
-            state=dict(ctx.state) if ctx is not None else {},
-            results=results,
-            error=error,
-        )
-        rule, match = self._match(message)
-        if rule is None or match is None:
-            return self._answer(request, self.script.fallback, None, scope)
-        scope.groups = {k: v for k, v in match.groupdict().items()}
+        state: Mapping[str, Any] = dict(ctx.state) if ctx is not None else {}
+        scope = _Scope(input=message, state=state, results=results, error=error)
+        found = self._match(message, state)
+        if found is None:
+            return self._answer(request, self.script.fallback, None, scope), {}
+        rule = found.rule
+        scope.groups = found.values
         if error is not None and rule.on_error is not None:
-            return self._answer(request, rule.on_error, None, scope)
+            template = _on_error(rule.on_error, error_type)
+            return self._answer(request, template, None, scope), found.remembered
         steps = rule.calls
         if round_index < len(steps):
             calls_before = sum(1 for c in contents if c.function_calls)
-            return Content(
+            content = Content(
                 role="model",
                 parts=tuple(
                     Part(
@@ -373,14 +447,31 @@ class ScriptedModel(Model):
                     for i, call in enumerate(steps[round_index])
                 ),
             )
-        return self._answer(request, rule.answer, rule.answer_data, scope)
+            return content, found.remembered
+        return self._answer(request, rule.answer, rule.answer_data, scope), found.remembered
 
-    def _match(self, message: str) -> tuple[Rule | None, re.Match[str] | None]:
+    def _match(self, message: str, state: Mapping[str, Any]) -> _Match | None:
+        """The first rule that applies to ``message`` (read up to ``max_match_chars``)."""
+        text = message[: self.script.max_match_chars]
         for rule in self.script.rules:
-            match = rule.pattern.search(message)
-            if match:
-                return rule, match
-        return None, None
+            match = rule.pattern.search(text)
+            if match is None:
+                continue
+            values: dict[str, Any] = dict(match.groupdict())
+            for name, finder in rule.finders:
+                if values.get(name) is not None:
+                    continue
+                hit = finder.search(text)
+                values[name] = (hit.group(1) if finder.groups else hit.group(0)) if hit else None
+            remembered: dict[str, Any] = {}
+            for name in rule.remember:
+                if values.get(name) is None:
+                    values[name] = state.get(name)
+                elif state.get(name) != values[name]:
+                    remembered[name] = values[name]
+            if all(values.get(name) not in (None, "") for name in rule.requires):
+                return _Match(rule, values, remembered)
+        return None
 
     @staticmethod
     def _answer(
