@@ -6,11 +6,10 @@ wrong and, where it helps, what to do.
 
 from __future__ import annotations
 
-import hmac
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Response
 
 from registry.card import CardRejected, agent_record, fetch_card
 from registry.state import RegistryState, get_state
@@ -45,24 +44,6 @@ class ApiError(Exception):
 State = Annotated[RegistryState, Depends(get_state)]
 
 
-def require_token(request: Request, state: State) -> None:
-    """Writes need ``Authorization: Bearer <token>`` when the registry has a token."""
-    token = state.settings.token
-    if not token:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        raise ApiError(
-            401,
-            "unauthorized",
-            "this registry requires a token for writes: send 'Authorization: Bearer <token>' "
-            "(nodes: set MESH_REGISTRY_TOKEN)",
-        )
-    if not hmac.compare_digest(given.strip().encode(), token.encode()):
-        raise ApiError(403, "forbidden", "wrong registry token")
-
-
 _errors: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorBody},
     403: {"model": ErrorBody},
@@ -71,10 +52,9 @@ _errors: dict[int | str, dict[str, object]] = {
 }
 
 router = APIRouter(prefix="/v1", responses=_errors)
-Writer = Depends(require_token)
 
 
-@router.post("/instances", status_code=201, dependencies=[Writer], tags=["instances"])
+@router.post("/instances", status_code=201, tags=["instances"])
 async def register(body: RegisterBody, state: State) -> InstanceOut:
     """Register (or re-register) an instance. The registry fetches and validates its card."""
     try:
@@ -100,7 +80,7 @@ async def register(body: RegisterBody, state: State) -> InstanceOut:
     return InstanceOut.of(stored, agent)
 
 
-@router.put("/instances/{instance_id}/heartbeat", dependencies=[Writer], tags=["instances"])
+@router.put("/instances/{instance_id}/heartbeat", tags=["instances"])
 async def heartbeat(instance_id: str, state: State) -> InstanceOut:
     """Keep an instance alive. 404 ``unknown_instance``: register again."""
     stored = await state.store.heartbeat(instance_id, time.time())
@@ -111,9 +91,7 @@ async def heartbeat(instance_id: str, state: State) -> InstanceOut:
     return InstanceOut.of(stored, await state.store.agent(stored.agent))
 
 
-@router.delete(
-    "/instances/{instance_id}", status_code=204, dependencies=[Writer], tags=["instances"]
-)
+@router.delete("/instances/{instance_id}", status_code=204, tags=["instances"])
 async def deregister(instance_id: str, state: State) -> Response:
     """Forget an instance (idempotent: unknown ids answer 204 too)."""
     await state.store.remove(instance_id)

@@ -18,10 +18,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from mesh.errors import StoreError
 from registry import api, page
 from registry.catalog import Catalog
+from registry.gate import Gate
 from registry.metrics import RegistryMetrics
 from registry.prober import Prober
 from registry.settings import RegistrySettings
@@ -50,6 +52,22 @@ def _field_errors(exc: RequestValidationError) -> tuple[str, list[dict[str, str]
         fields.append({"field": ".".join(loc) or "body", "message": str(err.get("msg", ""))})
     text = "; ".join(f"{f['field']}: {f['message']}" for f in fields)
     return text or "invalid request", fields
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    # Starlette's Allow names only the first route on the path (POST /v1/instances would hide
+    # GET), and FastAPI nests included routers: ask every route, once per method.
+    return [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL
+            for route in request.app.router.routes
+        )
+    ]
 
 
 def create_app(
@@ -124,7 +142,11 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _error(exc.status_code, code, str(exc.detail))
+        response = _error(exc.status_code, code, str(exc.detail))
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            response.headers["Allow"] = ", ".join(_allowed_methods(request))
+        return response
 
     @app.exception_handler(StoreError)
     async def _store_error(request: Request, exc: StoreError) -> JSONResponse:
@@ -141,6 +163,11 @@ def create_app(
         label = getattr(route, "path", None) or "unmatched"
         metrics.requests.labels(route=label, status=str(response.status_code)).inc()
         return response
+
+    # Added last, so outermost: the token and the body limit come before anything reads a body.
+    app.add_middleware(
+        Gate, token=settings.token, max_body_bytes=settings.max_body_bytes, metrics=metrics
+    )
 
     @app.get("/health", tags=["registry"])
     async def health(request: Request) -> JSONResponse:

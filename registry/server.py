@@ -6,33 +6,48 @@ import logging
 
 import uvicorn
 
+from mesh.errors import ConfigError
+from mesh.netpolicy import is_loopback_host
 from registry.app import create_app
 from registry.settings import RegistrySettings
 
-__all__ = ["RegistrySettings", "run"]
+__all__ = ["KEEP_ALIVE_S", "RegistrySettings", "check_exposure", "run"]
+
+# Longer than a node's heartbeat interval (5 s): with uvicorn's default of 5 s a heartbeat
+# could go out on a pooled connection the server was just closing.
+KEEP_ALIVE_S = 65
+
+
+def check_exposure(settings: RegistrySettings) -> None:
+    """A registry reachable beyond loopback must not take anonymous writes: ``ConfigError``."""
+    if settings.token is None and not is_loopback_host(settings.host):
+        raise ConfigError(
+            f"the registry listens on {settings.host} (beyond loopback) without a write token: "
+            "set MESH_REGISTRY_TOKEN (or --token) to a secret the nodes share, e.g. "
+            "`export MESH_REGISTRY_TOKEN=$(openssl rand -hex 16)`"
+        )
 
 
 def run(settings: RegistrySettings, *, log_level: str = "info") -> int:
     """Serve the registry (blocks). Returns the process exit code."""
+    check_exposure(settings)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # One line per probe and card fetch would bury the health changes worth reading.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
-    if settings.host not in {"127.0.0.1", "localhost", "::1"} and settings.token is None:
-        logging.getLogger("registry").warning(
-            "listening on %s without a token: anyone who can reach it can register instances; "
-            "set MESH_REGISTRY_TOKEN",
-            settings.host,
-        )
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=log_level,
+        # No config of uvicorn's own: its loggers propagate to the root handler above, so the
+        # whole log has one line format.
+        log_config=None,
         # Per-request access lines would drown the health-change lines that matter here.
         access_log=False,
         lifespan="on",
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     uvicorn.Server(config).run()
     return 0

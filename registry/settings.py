@@ -27,6 +27,8 @@ class RegistrySettings:
     # ``consul://host:8500``: keep instances in Consul instead of SQLite (None: SQLite).
     backend: str | None = None
     consul_token: str | None = None
+    # Largest request body read; a registration is a few hundred bytes (``registry.gate``).
+    max_body_bytes: int = 64 * 1024
 
     @property
     def db_path(self) -> Path:

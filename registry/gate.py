@@ -1,0 +1,141 @@
+"""``Gate``: what every request to the registry passes before a route reads a byte of its body.
+
+Pure ASGI (the node's ``mesh.node._Gate`` is its twin), outermost of the app's middleware:
+
+- a write (any method but GET, HEAD, OPTIONS) needs ``Authorization: Bearer <token>`` when the
+  registry has a token: 401 without it, 403 with a wrong one, answered BEFORE the body is read,
+  so an anonymous client cannot make the registry buffer anything;
+- a body is at most ``max_body_bytes``: a larger declared ``Content-Length`` is refused at once,
+  and a streamed (chunked) body as soon as it passes the limit, with 413.
+
+A refusal closes the connection (``Connection: close``): the rest of the body is never read.
+A body within the limit is handed to the app as one message, so routes read it as usual.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from registry.metrics import RegistryMetrics
+
+__all__ = ["Gate", "bearer"]
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def bearer(authorization: str) -> str:
+    """The credentials of ``Authorization: Bearer <token>`` (scheme case-insensitive), or ''."""
+    scheme, _, given = authorization.partition(" ")
+    return given.strip() if scheme.lower() == "bearer" else ""
+
+
+class Gate:
+    """Token before body, and a bounded body (see the module docstring)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        token: str | None,
+        max_body_bytes: int,
+        metrics: RegistryMetrics | None = None,
+    ) -> None:
+        self.app = app
+        self.token = token
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if self.token is not None and scope["method"] not in _SAFE_METHODS:
+            given = bearer(headers.get("authorization", ""))
+            if not given:
+                await self._refuse(
+                    scope,
+                    receive,
+                    send,
+                    401,
+                    "unauthorized",
+                    "this registry requires a token for writes: send "
+                    "'Authorization: Bearer <token>' (nodes: set MESH_REGISTRY_TOKEN)",
+                    {"WWW-Authenticate": "Bearer"},
+                )
+                return
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                await self._refuse(
+                    scope,
+                    receive,
+                    send,
+                    403,
+                    "forbidden",
+                    "wrong registry token (nodes: set MESH_REGISTRY_TOKEN to the registry's)",
+                )
+                return
+        limit = self.max_body_bytes
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await self._too_large(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await self._too_large(scope, receive, send)
+                return
+            chunks.append(chunk)
+            more = bool(message.get("more_body", False))
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._refuse(
+            scope,
+            receive,
+            send,
+            413,
+            "body_too_large",
+            f"request body over {self.max_body_bytes} bytes: a registration is well under 4 KB",
+        )
+
+    async def _refuse(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        status: int,
+        code: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        if self.metrics is not None:
+            # No route was matched: one fixed label keeps the series bounded.
+            self.metrics.requests.labels(route="gate", status=str(status)).inc()
+        # Close: whatever of the body is still on its way is never read.
+        response = JSONResponse(
+            {"error": code, "message": message},
+            status_code=status,
+            headers={**(headers or {}), "Connection": "close"},
+        )
+        await response(scope, receive, send)
