@@ -120,7 +120,9 @@ def skill(
     """Make a typed skill of a function ``(input: In[, ctx: SkillContext]) -> Out``.
 
     The input and output models come from the annotations, the description from the docstring.
-    Usable bare (``@skill``) or with options (``@skill(id="score", tags=[...])``).
+    The id is the function's name as written (``fx_rate`` -> ``fx_rate``) unless ``id=`` says
+    otherwise; ``name`` (shown in cards) defaults to ``"Fx rate"``. Usable bare (``@skill``) or
+    with options (``@skill(id="score", tags=[...])``). docs/guide.md has the reference.
     """
 
     def build(f: Handler) -> Skill:
@@ -130,7 +132,8 @@ def skill(
             raise ConfigError(f"skill {f.__name__!r} must take its input model as first argument")
         input_model = _model_of(hints.get(params[0].name), "first parameter", f.__name__)
         output_model = _model_of(hints.get("return"), "return value", f.__name__)
-        skill_id = id or f.__name__.replace("_", "-")
+        # The name as written: what a caller types after reading the code (`--skill fx_rate`).
+        skill_id = id or f.__name__
         doc = inspect.getdoc(f) or ""
         return Skill(
             id=skill_id,

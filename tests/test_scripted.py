@@ -280,8 +280,21 @@ def test_resolve_model_without_a_key_uses_the_script(caplog: pytest.LogCaptureFi
     assert model.script is LOAN
     lines = [r.getMessage() for r in caplog.records if r.name == "mesh.models"]
     assert lines == [
-        "no Gemini key configured (GOOGLE_API_KEY/GEMINI_API_KEY): loan-officer uses the "
-        "offline scripted model"
+        "loan-officer runs offline: no GOOGLE_API_KEY/GEMINI_API_KEY, so instead of "
+        "gemini-2.5-flash it follows its offline script (2 rules); set GOOGLE_API_KEY for the "
+        "real model"
+    ]
+
+
+def test_an_agent_without_a_script_says_it_echoes(caplog: pytest.LogCaptureFixture) -> None:
+    agent = Agent(name="fx-desk", instruction="x", model="gemini-2.5-flash")
+    with caplog.at_level(logging.INFO, logger="mesh.models"):
+        resolve_model(agent, {})
+    lines = [r.getMessage() for r in caplog.records if r.name == "mesh.models"]
+    assert lines == [
+        "fx-desk runs offline: no GOOGLE_API_KEY/GEMINI_API_KEY, so instead of gemini-2.5-flash "
+        "it echoes each message back (it has no offline script: Agent(script=...)); set "
+        "GOOGLE_API_KEY for the real model"
     ]
 
 

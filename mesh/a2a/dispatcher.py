@@ -12,6 +12,7 @@ forwarded to the caller as it happens.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -140,8 +141,10 @@ class SkillDispatcher:
         if skill_id:
             found = self._skills.get(skill_id)
             if found is None:
+                close = difflib.get_close_matches(skill_id, self._skills, n=1, cutoff=0.6)
+                hint = f"did you mean '{close[0]}'? " if close else ""
                 raise SkillInputError(
-                    f"unknown skill '{skill_id}'; {self.agent.name} offers: "
+                    f"unknown skill '{skill_id[:100]}'; {hint}{self.agent.name} offers: "
                     + ", ".join(sorted(self._skills))
                 )
             return found

@@ -69,9 +69,15 @@ def resolve_model(agent: Agent, env: Mapping[str, str]) -> Model:
         return GeminiModel(name, api_key=api_key, base_url=base_url)
     from mesh.models.scripted import ScriptedModel
 
+    if agent.script is None:
+        doing = "echoes each message back (it has no offline script: Agent(script=...))"
+    else:
+        doing = f"follows its offline script ({len(agent.script.rules)} rules)"
     log.info(
-        "no Gemini key configured (GOOGLE_API_KEY/GEMINI_API_KEY): %s uses the offline "
-        "scripted model",
+        "%s runs offline: no GOOGLE_API_KEY/GEMINI_API_KEY, so instead of %s it %s; set "
+        "GOOGLE_API_KEY for the real model",
         agent.name,
+        name or "a Gemini model",
+        doing,
     )
     return ScriptedModel(agent.script)
