@@ -5,13 +5,16 @@
     metrics.task_done("score", "completed", seconds=0.012)
 
 Names follow ``mesh_<what>_<unit>``; labels stay bounded (agent, skill, model, tool, peer,
-outcome), never ids. ``NodeMetrics`` also implements the runner's observer protocol
+outcome), never ids. Values a caller chooses are closed sets: a JSON-RPC ``method`` label is a
+known A2A method (``methods``) or ``other``, a ``skill`` label a declared skill (``skills``) or
+``other``, so random method names or skill ids cannot grow the exposition. ``NodeMetrics`` also implements the runner's observer protocol
 (``on_model_call``, ``on_tool_call``, ``on_session_created``), so a ``Runner`` reports straight
 into it. The delegation metrics are defined here too, for ``mesh.remote`` / ``mesh.resilience``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 from prometheus_client import (
@@ -21,26 +24,32 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
-    generate_latest,
 )
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import choose_encoder
 
 from mesh.types import Usage
 
-__all__ = ["CONTENT_TYPE_LATEST", "BreakerState", "NodeMetrics", "TaskOutcome", "render"]
+__all__ = ["OTHER", "BreakerState", "NodeMetrics", "TaskOutcome", "render"]
 
 TaskOutcome = Literal["completed", "failed", "rejected", "canceled"]
 BreakerState = Literal["closed", "half-open", "open"]
 _BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}
+#: The label value of anything outside a label's closed set.
+OTHER = "other"
+# Requests refused before their method is known (401, 413, 503 busy, a body that is not JSON).
+_REFUSED = frozenset({"unauthorized", "too_large", "busy", "invalid"})
 
 # Tasks range from sub-millisecond function skills to multi-minute LLM turns.
 _TASK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _MODEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 
 
-def render(registry: CollectorRegistry) -> bytes:
-    """The Prometheus text exposition of ``registry``."""
-    return generate_latest(registry)
+def render(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
+    """The exposition of ``registry`` and its content type, in the format ``accept`` (the
+    scraper's Accept header) asks for: Prometheus text 0.0.4 by default, OpenMetrics when asked.
+    CPU-bound: call it off the event loop."""
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(registry), content_type
 
 
 class NodeMetrics:
@@ -52,10 +61,15 @@ class NodeMetrics:
         agent: str,
         *,
         version: str = "",
+        skills: Iterable[str] | None = None,
+        methods: Iterable[str] | None = None,
         process_collectors: bool = True,
     ) -> None:
         self.registry = registry
         self.agent = agent
+        # None: any value is a label (a library user's own metrics); a node passes both.
+        self._skills = None if skills is None else frozenset(skills)
+        self._methods = None if methods is None else frozenset(methods) | _REFUSED
         if process_collectors:
             ProcessCollector(registry=registry)
             PlatformCollector(registry=registry)
@@ -130,12 +144,18 @@ class NodeMetrics:
 
     # -- node ---------------------------------------------------------------------------------
     def request(self, method: str, ok: bool) -> None:
+        """One JSON-RPC request; ``method`` outside the known methods counts as ``other``."""
+        if self._methods is not None and method not in self._methods:
+            method = OTHER
         self.requests.labels(self.agent, method, "ok" if ok else "error").inc()
 
     def task_started(self) -> None:
         self.tasks_in_flight.labels(self.agent).inc()
 
     def task_done(self, skill: str, outcome: TaskOutcome, seconds: float) -> None:
+        """One finished task; ``skill`` outside the declared skills counts as ``other``."""
+        if self._skills is not None and skill not in self._skills:
+            skill = OTHER
         self.tasks_in_flight.labels(self.agent).dec()
         self.tasks.labels(self.agent, skill, outcome).inc()
         self.task_duration.labels(self.agent, skill).observe(seconds)

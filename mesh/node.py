@@ -8,14 +8,14 @@ Routes: ``/.well-known/agent-card.json`` and ``POST /`` (A2A JSON-RPC, from ``me
 runner's model, the registrar) is opened in the lifespan and closed when it ends.
 
 Stopping (``drain``, run on SIGTERM by ``mesh serve``): the node deregisters, answers new
-``SendMessage`` calls with 503, waits up to ``settings.grace_seconds`` for in-flight tasks,
-then the server stops and the lifespan closes the stores.
+``SendMessage`` calls with 503, waits up to ``settings.grace_seconds`` for in-flight tasks;
+past that, the tasks still running end FAILED (reason ``shutdown``) and their callers get that
+answer; then the server stops and the lifespan closes the stores.
 """
 
 from __future__ import annotations
 
-import hmac
-import json
+import asyncio
 import logging
 import os
 import uuid
@@ -26,15 +26,17 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 
 from mesh import __version__
 from mesh.a2a.client import auth_headers
-from mesh.a2a.server import SEND_METHODS, A2AService
+from mesh.a2a.server import A2AService
 from mesh.agent import Agent
+from mesh.gate import METHODS, RequestGate
 from mesh.health import Health
 from mesh.introspect import introspect
-from mesh.metrics import CONTENT_TYPE_LATEST, NodeMetrics, render
+from mesh.metrics import NodeMetrics, render
 from mesh.models.base import Model
 from mesh.settings import DEFAULT_REGISTRY, NodeSettings
 from mesh.sqlite import Database
@@ -45,127 +47,6 @@ log = logging.getLogger("mesh.node")
 
 #: Connections of the node's shared peer HTTP client (all peers together), see _bind_toolsets.
 PEER_CONNECTIONS = 16
-
-
-def _json_error(status: int, message: str) -> bytes:
-    return json.dumps({"error": message, "status": status}).encode()
-
-
-class _Gate:
-    """Pure-ASGI middleware on the JSON-RPC route (``POST /``): body size limit, 503 for new
-    sends while draining, and ``mesh_requests_total`` per method. Pure ASGI so SSE streams pass
-    through unbuffered."""
-
-    def __init__(self, app: ASGIApp, node: Node) -> None:
-        self.app = app
-        self.node = node
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/":
-            await self.app(scope, receive, send)
-            return
-        token = self.node.settings.token
-        if token is not None and not _authorized(scope, token):
-            self.node.metrics.request("unauthorized", ok=False)
-            await self._reply(
-                send,
-                401,
-                "this node needs 'Authorization: Bearer <token>' on A2A calls "
-                "(the mesh token, MESH_TOKEN)",
-                headers=[(b"www-authenticate", b'Bearer realm="mesh"')],
-            )
-            return
-        limit = self.node.settings.max_body_bytes
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body = message.get("body", b"")
-            size += len(body)
-            if size > limit:
-                await self._reply(send, 413, f"request body over {limit} bytes")
-                return
-            chunks.append(body)
-            more = bool(message.get("more_body", False))
-        body = b"".join(chunks)
-        parsed = _rpc_body(body)
-        method = _rpc_method(parsed)
-        if self.node.draining and method in SEND_METHODS:
-            self.node.metrics.request(method, ok=False)
-            await self._reply(
-                send, 503, f"{self.node.agent.name} is shutting down; try another instance"
-            )
-            return
-
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        status = 200
-        is_json = False
-        first_chunk = b""
-
-        async def watch(message: Message) -> None:
-            nonlocal status, is_json, first_chunk
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                headers = dict(message.get("headers", []))
-                is_json = headers.get(b"content-type", b"").startswith(b"application/json")
-            elif message["type"] == "http.response.body" and not first_chunk:
-                first_chunk = bytes(message.get("body", b""))[:16]
-            await send(message)
-
-        service = self.node.service
-        fast = service.fastpath if service is not None and method == "SendMessage" else None
-        try:
-            if fast is None or not await fast.serve(parsed, scope, replay, watch):
-                await self.app(scope, replay, watch)
-        finally:
-            # JSON-RPC errors are HTTP 200 with {"error": ...} (the SDK writes "error" first).
-            ok = status < 400 and not (is_json and first_chunk.startswith(b'{"error"'))
-            self.node.metrics.request(method or "invalid", ok=ok)
-
-    @staticmethod
-    async def _reply(
-        send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None
-    ) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json"), *(headers or [])],
-            }
-        )
-        await send({"type": "http.response.body", "body": _json_error(status, message)})
-
-
-def _authorized(scope: Scope, token: str) -> bool:
-    expected = f"Bearer {token}".encode()
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            # Constant time: the comparison must not leak how much of the token matched.
-            return hmac.compare_digest(value, expected)
-    return False
-
-
-def _rpc_body(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
-
-
-def _rpc_method(data: Any) -> str | None:
-    method = data.get("method") if isinstance(data, dict) else None
-    return method if isinstance(method, str) and len(method) < 64 else None
 
 
 class Node:
@@ -184,10 +65,18 @@ class Node:
         self.settings = settings
         self.env = dict(os.environ if env is None else env)
         self.registry = registry or CollectorRegistry()
-        self.metrics = NodeMetrics(self.registry, agent.name, version=agent.version)
+        # Label values are closed sets: callers choose methods and skill ids (see mesh.metrics).
+        self.metrics = NodeMetrics(
+            self.registry,
+            agent.name,
+            version=agent.version,
+            skills=[s.id for s in agent.all_skills],
+            methods=METHODS,
+        )
         self.instance_id = f"{agent.name}-{uuid.uuid4().hex[:8]}"
         self.health = Health(agent.name, agent.version, self.instance_id)
         self.draining = False
+        self._drain: asyncio.Future[bool] | None = None
         self.model: Model | None = model
         self.service: A2AService | None = None
         self._registrar: Any = None
@@ -198,6 +87,7 @@ class Node:
     # -- lifecycle ------------------------------------------------------------------------
     @asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        self._drain = None  # a drain belongs to one run (one event loop)
         db = await Database.open(self.settings.db_path)
         runner: Any = None
         skill_runners: dict[str, Any] = {}
@@ -350,7 +240,13 @@ class Node:
         await backend.aclose()
 
     async def drain(self) -> bool:
-        """Stop taking tasks, deregister, wait for in-flight ones (bounded). Idempotent."""
+        """Stop taking tasks, deregister, wait for in-flight ones (bounded); past the grace
+        they end FAILED (shutdown). Runs once: a second call waits for the first one."""
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self._drain_once())
+        return await asyncio.shield(self._drain)
+
+    async def _drain_once(self) -> bool:
         self.draining = True
         self.health.phase = "stopping"
         await self._stop_registrar()
@@ -362,10 +258,7 @@ class Node:
                 self.settings.grace_seconds,
                 self.service.in_flight,
             )
-        idle = await self.service.drain(self.settings.grace_seconds)
-        if not idle:
-            log.warning("grace period over: %d task(s) will be canceled", self.service.in_flight)
-        return idle
+        return await self.service.drain(self.settings.grace_seconds)
 
     # -- routes ---------------------------------------------------------------------------
     async def _model_check(self) -> tuple[bool, str]:
@@ -403,8 +296,12 @@ class Node:
             return JSONResponse(body, status_code=status)
 
         @app.get("/metrics")
-        async def metrics() -> Response:
-            return Response(render(self.registry), media_type=CONTENT_TYPE_LATEST)
+        async def metrics(request: Request) -> Response:
+            # Off the event loop: rendering is CPU work that grows with the series.
+            body, content_type = await run_in_threadpool(
+                render, self.registry, request.headers.get("accept")
+            )
+            return Response(body, headers={"Content-Type": content_type})
 
         @app.get("/introspect")
         async def introspect_route() -> JSONResponse:
@@ -417,7 +314,7 @@ class Node:
                 )
             )
 
-        app.add_middleware(_Gate, node=self)
+        app.add_middleware(RequestGate, node=self)
         return app
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from mesh.errors import ConfigError
+from mesh.netpolicy import NetworkPolicy
 
 __all__ = ["DEFAULT_REGISTRY", "NodeSettings", "StoreKind"]
 
@@ -48,6 +49,15 @@ class NodeSettings:
     grace_seconds: float = 20.0
     # Largest accepted request body (JSON-RPC), bytes.
     max_body_bytes: int = 10 * 1024 * 1024
+    # Request bodies held at once (being read or being worked on), bytes: past it a new request
+    # gets 503 "busy, retry" (one request alone is always let in, up to max_body_bytes).
+    max_inflight_bytes: int = 24 * 1024 * 1024
+    # Largest text turn (a chat message, an LLM skill's input), UTF-8 bytes: a longer one is
+    # REJECTED before any model work.
+    max_text_bytes: int = 64 * 1024
+    # Networks the peers this node delegates to may be on (checked after DNS resolution);
+    # None: ``NetworkPolicy.default_for(host)``. See ``peer_policy``.
+    peer_networks: NetworkPolicy | None = None
 
     @property
     def url(self) -> str:
@@ -64,6 +74,12 @@ class NodeSettings:
     @property
     def db_path(self) -> Path:
         return self.data_dir / "node.db"
+
+    @property
+    def peer_policy(self) -> NetworkPolicy:
+        """Where peers may be: ``MESH_PEER_NETWORKS``, else loopback for a node bound to
+        loopback, loopback and private ranges for one bound beyond it."""
+        return self.peer_networks or NetworkPolicy.default_for(self.host)
 
     @classmethod
     def from_env(
@@ -96,6 +112,11 @@ class NodeSettings:
                 f"MESH_DISCOVERY={discovery!r}: use 'registry' (the default) or consul://host:8500"
             )
         consul = discovery if discovery.startswith("consul://") else None
+        networks = env.get("MESH_PEER_NETWORKS", "").strip()
+        try:
+            peer_networks = NetworkPolicy.parse(networks) if networks else None
+        except ConfigError as exc:
+            raise ConfigError(f"MESH_PEER_NETWORKS={networks!r}: {exc}") from exc
         reg: str | None = None
         if not no_register and consul is None:
             # Like the CLI, a node finds the registry at the default address unless told
@@ -116,4 +137,18 @@ class NodeSettings:
             log_level=level,
             introspect_instruction=env.get("MESH_INTROSPECT_INSTRUCTION") == "1",
             grace_seconds=20.0 if grace_seconds is None else grace_seconds,
+            max_body_bytes=_bytes(env, "MESH_MAX_BODY_BYTES", cls.max_body_bytes),
+            max_inflight_bytes=_bytes(env, "MESH_MAX_INFLIGHT_BYTES", cls.max_inflight_bytes),
+            max_text_bytes=_bytes(env, "MESH_MAX_TEXT_BYTES", cls.max_text_bytes),
+            peer_networks=peer_networks,
         )
+
+
+def _bytes(env: Mapping[str, str], name: str, default: int) -> int:
+    """A positive byte count from ``env[name]`` (ConfigError naming the variable)."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) <= 0:
+        raise ConfigError(f"{name}={raw!r}: give a positive number of bytes, e.g. {default}")
+    return int(raw)

@@ -27,3 +27,46 @@ def test_consul_discovery_replaces_the_registry() -> None:
 def test_unknown_discovery_is_a_config_error_naming_the_variable() -> None:
     with pytest.raises(ConfigError, match="MESH_DISCOVERY"):
         NodeSettings.from_env({"MESH_DISCOVERY": "etcd://x"}, agent_name="a")
+
+
+def test_limits_and_peer_networks_come_from_the_environment() -> None:
+    s = NodeSettings.from_env(
+        {
+            "MESH_MAX_BODY_BYTES": "2048",
+            "MESH_MAX_INFLIGHT_BYTES": "4096",
+            "MESH_MAX_TEXT_BYTES": "100",
+            "MESH_PEER_NETWORKS": "10.0.0.0/8, loopback",
+        },
+        agent_name="a",
+    )
+    assert (s.max_body_bytes, s.max_inflight_bytes, s.max_text_bytes) == (2048, 4096, 100)
+    assert s.peer_policy.allows("10.1.2.3")
+    assert s.peer_policy.allows("127.0.0.1")
+    assert not s.peer_policy.allows("192.168.1.1")
+
+
+def test_peer_networks_default_to_where_the_node_listens() -> None:
+    local = NodeSettings.from_env({}, agent_name="a")
+    assert local.peer_policy.allows("127.0.0.1")
+    assert not local.peer_policy.allows("10.0.0.5")
+    exposed = NodeSettings.from_env({}, agent_name="a", host="0.0.0.0")
+    assert exposed.peer_policy.allows("10.0.0.5")
+    assert not exposed.peer_policy.allows("8.8.8.8")
+    assert not exposed.peer_policy.allows("169.254.169.254")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("MESH_MAX_TEXT_BYTES", "64k"),
+        ("MESH_MAX_INFLIGHT_BYTES", "0"),
+        ("MESH_MAX_BODY_BYTES", "-5"),
+        ("MESH_PEER_NETWORKS", "10.0.0.0/33"),
+        ("MESH_PEER_NETWORKS", "intranet"),
+    ],
+)
+def test_bad_limits_and_networks_are_config_errors_naming_the_variable(
+    name: str, value: str
+) -> None:
+    with pytest.raises(ConfigError, match=name):
+        NodeSettings.from_env({name: value}, agent_name="a")

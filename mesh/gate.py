@@ -1,0 +1,350 @@
+"""``RequestGate``: what a node checks on ``POST /`` (A2A JSON-RPC) before the A2A layer runs.
+
+In order, each refusal answered at once and nothing stored:
+
+1. the mesh token, when the node has one (``Authorization: Bearer``, scheme case-insensitive
+   as RFC 7235 says) -> 401;
+2. the body size (``max_body_bytes``) -> 413, and the bytes of all bodies held at once
+   (``max_inflight_bytes``: a request is held from its first byte to its answer) -> 503
+   ``busy, retry`` with ``Retry-After``; one request alone is always let in;
+3. the body is parsed ONCE, strictly: JSON-RPC cannot carry what JSON does not have, so
+   ``NaN``/``Infinity`` are a parse error (-32700) and a number no double holds (``1e400``, an
+   integer of thousands of digits) is invalid params (-32602), both naming where they are; a body
+   nested too deeply to parse is -32700. (Python's parser accepts all of these, and the SDK then
+   failed with HTTP 500 while writing the answer.)
+4. new sends while the node drains -> 503.
+
+Then the fast path (``mesh.a2a.fastpath``) or the SDK's route answers, and the request is
+counted in ``mesh_requests_total`` by method (a closed set: see ``mesh.metrics``). Pure ASGI so
+SSE streams pass through unbuffered.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mesh.a2a.server import SEND_METHODS
+
+if TYPE_CHECKING:
+    from mesh.node import Node
+
+__all__ = ["METHODS", "RequestGate", "RpcRefused", "authorized", "parse_rpc_body"]
+
+#: Every JSON-RPC method the SDK's route answers: the closed set of the method label.
+METHODS = frozenset(JsonRpcDispatcher.METHOD_TO_MODEL)
+
+# An id of a JSON-RPC request is a string, a number or null (bool is an int to Python).
+_RpcId = str | int | None
+
+
+class RpcRefused(Exception):
+    """A body the node answers with a JSON-RPC error itself. ``request_id`` as JSON-RPC wants
+    it: None when the body could not be parsed."""
+
+    def __init__(self, code: int, message: str, request_id: _RpcId = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+    def body(self) -> bytes:
+        error = {"code": self.code, "message": self.message}
+        # "error" first, like the SDK's answers (the gate's outcome check reads the first bytes).
+        return json.dumps(
+            {"error": error, "id": self.request_id, "jsonrpc": "2.0"}, separators=(",", ":")
+        ).encode()
+
+
+class _NotFinite(ValueError):
+    """Raised by the strict parser's hooks; the slow path then says where."""
+
+
+def _no_constant(literal: str) -> Any:
+    raise _NotFinite(literal)
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise _NotFinite(literal)
+    return value
+
+
+# Built once: json.loads(..., hooks) would build a decoder per request.
+_STRICT = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
+
+
+def parse_rpc_body(body: bytes) -> Any:
+    """The JSON value of ``body``, or ``RpcRefused`` (-32700 not JSON, -32602 a number no
+    double holds) naming what and where. One parse, as fast as ``json.loads``: the hooks run
+    only on non-integer numbers and on the non-JSON constants."""
+    try:
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+        return _STRICT.decode(text)
+    except json.JSONDecodeError as exc:
+        raise RpcRefused(-32700, f"Parse error: {exc}") from None
+    except UnicodeDecodeError:
+        raise RpcRefused(-32700, "Parse error: the body is not UTF-8 JSON text") from None
+    except RecursionError:
+        raise RpcRefused(
+            -32700,
+            "Parse error: the JSON is nested too deeply to parse (a data part may nest at most "
+            "about 45 levels)",
+        ) from None
+    except ValueError:
+        # _NotFinite, or an integer longer than Python converts (4300 digits).
+        raise _locate(body) from None
+
+
+class _Bad:
+    """Stands for an offending literal in the slow re-parse."""
+
+    __slots__ = ("kind", "literal")
+
+    def __init__(self, kind: str, literal: str) -> None:
+        self.kind = kind
+        self.literal = literal if len(literal) <= 24 else f"{literal[:12]}...({len(literal)} chars)"
+
+
+def _mark_float(literal: str) -> Any:
+    value = float(literal)
+    return _Bad("range", literal) if math.isinf(value) else value
+
+
+def _mark_int(literal: str) -> Any:
+    try:
+        return int(literal)
+    except ValueError:
+        return _Bad("digits", literal)
+
+
+def _locate(body: bytes) -> RpcRefused:
+    """The refusal for a body the strict parse rejected for one of its numbers (error path
+    only: parses again with markers and walks to the first one)."""
+    data = json.loads(
+        body,
+        parse_constant=lambda literal: _Bad("constant", literal),
+        parse_float=_mark_float,
+        parse_int=_mark_int,
+    )
+    path, bad = next(_marks(data), ("", _Bad("range", "?")))
+    where = path or "the body"
+    if bad.kind == "constant":
+        return RpcRefused(
+            -32700,
+            f"Parse error: {bad.literal} at {where} is not JSON (JSON numbers are finite); send "
+            "null or a string instead",
+        )
+    request_id = data.get("id") if isinstance(data, dict) else None
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int | None):
+        request_id = None
+    what = (
+        f"{bad.literal} is out of the range of a double (|x| < 1.8e308)"
+        if bad.kind == "range"
+        else f"the integer {bad.literal} has too many digits (send it as a string)"
+    )
+    return RpcRefused(-32602, f"Invalid params: {where}: {what}", request_id)
+
+
+def _marks(data: Any) -> Iterator[tuple[str, _Bad]]:
+    """(path, marker) of every offending literal, depth first, in document order."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, _Bad):
+            yield path, value
+        elif isinstance(value, dict):
+            stack.extend((f"{path}.{k}" if path else k, v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+
+
+def _rpc_method(data: Any) -> str | None:
+    method = data.get("method") if isinstance(data, dict) else None
+    return method if isinstance(method, str) else None
+
+
+def authorized(scope: Scope, token: bytes) -> bool:
+    """``Authorization: Bearer <token>``; the scheme is case-insensitive (RFC 7235)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, credentials = value.partition(b" ")
+            # Constant time: the comparison must not leak how much of the token matched.
+            match = hmac.compare_digest(credentials.strip(b" "), token)
+            return match and scheme.lower() == b"bearer"
+    return False
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+class RequestGate:
+    """Pure-ASGI middleware of a node's JSON-RPC route (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, node: Node) -> None:
+        self.app = app
+        self.node = node
+        #: Bytes of request bodies held now (read, being read, or being worked on).
+        self.held_bytes = 0
+        token = node.settings.token
+        self._token = None if token is None else token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/":
+            await self.app(scope, receive, send)
+            return
+        node = self.node
+        if self._token is not None and not authorized(scope, self._token):
+            node.metrics.request("unauthorized", ok=False)
+            await _reply(
+                send,
+                401,
+                "this node needs 'Authorization: Bearer <token>' on A2A calls "
+                "(the mesh token, MESH_TOKEN)",
+                [(b"www-authenticate", b'Bearer realm="mesh"')],
+            )
+            return
+        held = 0
+        try:
+            limit = node.settings.max_body_bytes
+            declared = _content_length(scope)
+            if declared is not None and declared > limit:
+                await self._too_large(send, limit)
+                return
+            if declared:
+                if not self._hold(declared):
+                    await self._busy(send, declared)
+                    return
+                held = declared
+            chunks: list[bytes] = []
+            size = 0
+            more = True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    await self._too_large(send, limit)
+                    return
+                if size > held:  # chunked: held as it arrives
+                    if not self._hold(size - held):
+                        await self._busy(send, size)
+                        return
+                    held = size
+                chunks.append(chunk)
+                more = bool(message.get("more_body", False))
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            del chunks  # one copy of the body, not two
+            await self._serve(scope, body, receive, send)
+        finally:
+            self.held_bytes -= held
+
+    def _hold(self, size: int) -> bool:
+        if self.held_bytes and self.held_bytes + size > self.node.settings.max_inflight_bytes:
+            return False
+        self.held_bytes += size
+        return True
+
+    async def _serve(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        node = self.node
+        try:
+            parsed = parse_rpc_body(body)
+        except RpcRefused as refused:
+            node.metrics.request("invalid", ok=False)
+            await _send(send, 200, refused.body())
+            return
+        method = _rpc_method(parsed)
+        if node.draining and method in SEND_METHODS:
+            node.metrics.request(method, ok=False)
+            await _reply(send, 503, f"{node.agent.name} is shutting down; try another instance")
+            return
+
+        pending: list[bytes] = [body]
+        del body
+
+        async def replay() -> Message:
+            if pending:
+                # Handed over, not kept: the app holds the only reference from here on.
+                return {"type": "http.request", "body": pending.pop(), "more_body": False}
+            return await receive()
+
+        status = 200
+        is_json = False
+        first_chunk = b""
+
+        async def watch(message: Message) -> None:
+            nonlocal status, is_json, first_chunk
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = dict(message.get("headers", []))
+                is_json = headers.get(b"content-type", b"").startswith(b"application/json")
+            elif message["type"] == "http.response.body" and not first_chunk:
+                first_chunk = bytes(message.get("body", b""))[:16]
+            await send(message)
+
+        service = node.service
+        fast = service.fastpath if service is not None and method == "SendMessage" else None
+        try:
+            if fast is None or not await fast.serve(parsed, scope, replay, watch):
+                del parsed  # the SDK parses the body itself
+                await self.app(scope, replay, watch)
+        finally:
+            # JSON-RPC errors are HTTP 200 with {"error": ...} (the SDK writes "error" first).
+            ok = status < 400 and not (is_json and first_chunk.startswith(b'{"error"'))
+            node.metrics.request(method or "invalid", ok=ok)
+
+    async def _too_large(self, send: Send, limit: int) -> None:
+        self.node.metrics.request("too_large", ok=False)
+        await _reply(send, 413, f"request body over {limit} bytes (the node's MESH_MAX_BODY_BYTES)")
+
+    async def _busy(self, send: Send, size: int) -> None:
+        self.node.metrics.request("busy", ok=False)
+        settings = self.node.settings
+        await _reply(
+            send,
+            503,
+            f"{self.node.agent.name} is busy: {self.held_bytes} bytes of requests in progress "
+            f"and this one has {size} (MESH_MAX_INFLIGHT_BYTES={settings.max_inflight_bytes}); "
+            "retry shortly or send to another instance",
+            [(b"retry-after", b"1")],
+        )
+
+
+def _json_error(status: int, message: str) -> bytes:
+    return json.dumps({"error": message, "status": status}).encode()
+
+
+async def _reply(
+    send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await _send(send, status, _json_error(status, message), headers)
+
+
+async def _send(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,206 @@
+"""Hostile input to a real node: numbers JSON-RPC cannot carry, deep nesting, random data parts
+(a property test), oversized text turns and many large bodies at once. Every answer is a JSON-RPC
+error or a finished task naming what was wrong: never a 500, never a half-written task. The
+typed fast path (``MESH_FASTPATH=1``) and the SDK path are checked alike."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.support import clean_env, free_port, running
+
+pytestmark = pytest.mark.integration
+
+HEADERS = {"A2A-Version": "1.0", "Content-Type": "application/json"}
+
+
+def _serve(tmp: Path, name: str, **env: str) -> Any:
+    port = free_port()
+    argv = ["mesh", "serve", "tests.input_agents:agent", "--port", str(port)]
+    argv += ["--data-dir", str(tmp / name), "--no-register"]
+    url = f"http://127.0.0.1:{port}"
+    return url, running(argv, name=name, tmp=tmp, health=f"{url}/health", env=clean_env(**env))
+
+
+@pytest.fixture(scope="module", params=["fast", "sdk"])
+def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same agent with the typed fast path on, and off."""
+    tmp = tmp_path_factory.mktemp(f"input-{request.param}")
+    url, proc = _serve(
+        tmp,
+        request.param,
+        MESH_FASTPATH="1" if request.param == "fast" else "0",
+        MESH_MAX_TEXT_BYTES="4096",
+    )
+    with proc:
+        yield url
+
+
+def _send_body(data_json: str, *, skill: str = "echo", request_id: int = 7) -> str:
+    """A SendMessage request whose data part is the JSON text ``data_json``, written by hand so
+    it can hold what ``json.dumps`` cannot write (``1e400``)."""
+    message = (
+        f'{{"messageId":"{uuid.uuid4().hex}","role":"ROLE_USER",'
+        f'"parts":[{{"data":{data_json},"mediaType":"application/json"}}],'
+        f'"metadata":{{"skill":"{skill}"}}}}'
+    )
+    return (
+        f'{{"jsonrpc":"2.0","id":{request_id},"method":"SendMessage",'
+        f'"params":{{"message":{message}}}}}'
+    )
+
+
+def _post(url: str, body: str | bytes) -> httpx.Response:
+    return httpx.post(url + "/", content=body, headers=HEADERS, timeout=30, trust_env=False)
+
+
+def _task_count(url: str) -> int:
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageSize": 1}}
+    r = httpx.post(url + "/", json=rpc, headers=HEADERS, timeout=10, trust_env=False)
+    return int(r.json()["result"].get("totalSize", 0))
+
+
+def _answer(r: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC answer; fails on a 5xx or a body that is not JSON."""
+    assert r.status_code < 500, (r.status_code, r.text[:300])
+    answer = r.json()
+    assert isinstance(answer, dict), answer
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("literal", "code", "said"),
+    [
+        ("NaN", -32700, "NaN at params.message.parts[0].data.extra"),
+        ("Infinity", -32700, "Infinity at params.message.parts[0].data.extra"),
+        ("-Infinity", -32700, "-Infinity at params.message.parts[0].data.extra"),
+        ("1e400", -32602, "params.message.parts[0].data.extra: 1e400 is out of the range"),
+        ("-1e400", -32602, "params.message.parts[0].data.extra: -1e400 is out of the range"),
+        ("1" + "0" * 5000, -32602, "params.message.parts[0].data.extra: the integer"),
+    ],
+)
+def test_numbers_no_double_holds_are_refused_naming_the_field(
+    node: str, literal: str, code: int, said: str
+) -> None:
+    before = _task_count(node)
+    answer = _answer(_post(node, _send_body(f'{{"key":"k","n":1,"extra":{literal}}}')))
+    assert answer["error"]["code"] == code, answer
+    assert said in answer["error"]["message"]
+    # -32700: the id could not be trusted (the body is not JSON); -32602: it is the caller's.
+    assert answer["id"] == (None if code == -32700 else 7)
+    assert _task_count(node) == before  # nothing half-written
+
+
+@pytest.mark.parametrize("depth", [1000, 5000])
+def test_json_nested_too_deeply_is_a_parse_error(node: str, depth: int) -> None:
+    nested = "[" * depth + "]" * depth
+    answer = _answer(_post(node, _send_body(f'{{"key":"k","n":1,"extra":{nested}}}')))
+    assert answer["error"]["code"] == -32700
+    assert "nested too deeply" in answer["error"]["message"]
+
+
+def test_a_body_that_is_not_utf8_json_is_a_parse_error(node: str) -> None:
+    answer = _answer(_post(node, b'{"jsonrpc":"2.0","id":1,"method":"\xff\xfe"}'))
+    assert answer["error"]["code"] == -32700
+
+
+# Values a data part may hold as far as a sender's JSON encoder is concerned: every float
+# (non-finite ones too, and often: Python writes NaN/Infinity), integers beyond a double, any
+# text, nesting, empty keys.
+_leaf = (
+    st.none()
+    | st.booleans()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from([math.nan, math.inf, -math.inf])
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.text(max_size=20)
+)
+_values = st.recursive(
+    _leaf,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(
+    max_examples=100,
+    deadline=5000,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(value=_values, wrapped=st.booleans())
+def test_random_data_parts_never_get_a_500(node: str, value: Any, wrapped: bool) -> None:
+    data = {"key": "k", "n": 1, "extra": value} if wrapped else value
+    answer = _answer(_post(node, _send_body(json.dumps(data, allow_nan=True))))
+    if "error" in answer:
+        assert answer["error"]["code"] in (-32700, -32600, -32602), answer
+        return
+    state = answer["result"]["task"]["status"]["state"]
+    assert state in ("TASK_STATE_COMPLETED", "TASK_STATE_REJECTED"), answer
+    if wrapped and state == "TASK_STATE_COMPLETED":
+        assert _finite(value)
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
+
+
+@pytest.fixture(scope="module")
+def small_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A node that holds at most 3 MB of request bodies at once."""
+    tmp = tmp_path_factory.mktemp("inflight")
+    url, proc = _serve(tmp, "small", MESH_MAX_INFLIGHT_BYTES=str(3_000_000))
+    with proc:
+        yield url
+
+
+async def test_bodies_in_flight_are_bounded_and_the_rest_told_to_retry(small_node: str) -> None:
+    pad = "x" * 1_400_000
+    body = _send_body(json.dumps({"seconds": 1.5, "pad": pad}), skill="pause")
+    async with httpx.AsyncClient(timeout=30, headers=HEADERS, trust_env=False) as http:
+        answers = await asyncio.gather(
+            *(http.post(small_node + "/", content=body) for _ in range(6))
+        )
+        codes = sorted(r.status_code for r in answers)
+        # Two 1.4 MB bodies fit in 3 MB; the others are refused at once, before being read.
+        assert codes.count(200) >= 2, codes
+        assert codes.count(503) >= 1, codes
+        assert set(codes) <= {200, 503}, codes
+        for r in answers:
+            if r.status_code == 200:
+                assert r.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+            else:
+                assert r.headers["retry-after"] == "1"
+                assert "MESH_MAX_INFLIGHT_BYTES" in r.json()["error"]
+        # Once they are answered their bytes are free again: a retry goes through.
+        retry = await http.post(small_node + "/", content=body.replace("1.5", "0.01"))
+        assert retry.status_code == 200, retry.text
+
+
+async def test_one_request_alone_is_let_in_whatever_the_in_flight_bound(tmp_path: Path) -> None:
+    url, proc = _serve(tmp_path, "tiny", MESH_MAX_INFLIGHT_BYTES="1000")
+    with proc:
+        body = _send_body(json.dumps({"key": "k", "n": 1, "pad": "y" * 50_000}))
+        async with httpx.AsyncClient(timeout=30, headers=HEADERS, trust_env=False) as http:
+            r = await http.post(url + "/", content=body)
+    assert r.status_code == 200
+    assert r.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
