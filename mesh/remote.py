@@ -58,6 +58,7 @@ from mesh.resilience import (
 from mesh.schema_check import SchemaViolation, check
 from mesh.tools import ToolContext
 from mesh.tracing import TraceParent
+from mesh.trust import Admitted, PeerRefused, PeerTrust
 
 if TYPE_CHECKING:
     from mesh.a2a.client import A2APeer, TaskResult
@@ -79,7 +80,17 @@ _BREAKER_NAMES = {
     BreakerState.HALF_OPEN: "half-open",
     BreakerState.OPEN: "open",
 }
-_REASONS = {"deadline": "deadline", "rejected": "rejected", "canceled": "canceled"}
+# A finished child task's ``metadata.error.reason`` -> the RemoteError reason. A task its node
+# ended because it stopped (shutdown past the drain grace, or a crash found at restart) says
+# nothing about the request: the instance was unavailable, and the retry (same message id,
+# which that node released) goes to another one.
+_REASONS = {
+    "deadline": "deadline",
+    "rejected": "rejected",
+    "canceled": "canceled",
+    "shutdown": "unavailable",
+    "interrupted": "unavailable",
+}
 # Trace of turns that arrived without one: every delegation of one turn shares a trace id.
 _TURN_TRACES: OrderedDict[str, TraceParent] = OrderedDict()
 _TURN_TRACES_MAX = 1024
@@ -182,6 +193,9 @@ class RemoteAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
         self._peers: dict[str, A2APeer] = {}
+        # Outside a node: no token to protect, no networks configured; the card must still
+        # name the agent asked for. A node binds its own (token and MESH_PEER_NETWORKS).
+        self._trust = PeerTrust()
         self._card: dict[str, Any] | None = None
         self._card_at = float("-inf")
 
@@ -193,8 +207,13 @@ class RemoteAgent:
         http: httpx.AsyncClient | None = None,
         metrics: NodeMetrics | None = None,
         caller: str | None = None,
+        trust: PeerTrust | None = None,
     ) -> None:
-        """Use the node's shared clients and metrics (called from the node's lifespan)."""
+        """Use the node's shared clients, metrics and peer checks (called from the node's
+        lifespan): ``trust`` decides which instance URLs get calls and the mesh token."""
+        if trust is not None:
+            self._trust = trust
+            self._peers.clear()
         if discovery is not None:
             self._discovery = discovery
         if http is not None:
@@ -261,6 +280,21 @@ class RemoteAgent:
             peer = self._peers[url] = A2APeer(http, url)
         return peer
 
+    async def _admit(
+        self, http: httpx.AsyncClient, url: str, skill: str
+    ) -> tuple[A2APeer, Admitted]:
+        """The peer at ``url`` once ``mesh.trust`` verified it (its calls then carry the
+        token); a refused URL is ``unavailable`` (the retry tries the next instance)."""
+        peer = self._peer(http, url)
+        agent = self.peer if self._named else None
+        try:
+            admitted = await self._trust.admit(url, agent, peer.fetch_card_dict)
+        except PeerRefused as exc:
+            peer.headers = {}
+            raise self._unavailable(skill, str(exc)) from exc
+        peer.headers = dict(admitted.headers)
+        return peer, admitted
+
     # -- discovery and card ---------------------------------------------------------------
     async def _targets(self, skill: str) -> list[str]:
         _, discovery = await self._ready()
@@ -274,6 +308,12 @@ class RemoteAgent:
         except DiscoveryError as exc:
             raise self._unavailable(skill, f"cannot reach discovery ({exc})") from exc
         self.instances = [i.url.rstrip("/") for i in found]
+        if self._metrics is not None:
+            # A sample per resolved target from the start (closed until it changes): a healthy
+            # mesh shows its breakers instead of an empty series.
+            for target in self.instances:
+                state = _BREAKER_NAMES[self.breakers.get(target).state]
+                self._metrics.breaker_state(self.peer, target, state)  # type: ignore[arg-type]
         return list(self.instances)
 
     async def _load_card(self, skill: str) -> dict[str, Any]:
@@ -287,10 +327,11 @@ class RemoteAgent:
             targets, last = [], exc
         for target in targets:
             try:
-                card = await self._peer(http, target).card_dict()
+                _, admitted = await self._admit(http, target, skill)
             except RemoteError as exc:
                 last = exc
                 continue
+            card = dict(admitted.card)
             self._card, self._card_at = card, time.monotonic()
             if not self._named:
                 self.peer = str(card.get("name") or self.peer)
@@ -459,7 +500,7 @@ class RemoteAgent:
         async def attempt(url: str) -> TaskResult:
             record.attempts += 1
             record.target = url
-            peer = self._peer(http, url)
+            peer, _ = await self._admit(http, url, skill)
             inflight.clear()
             inflight["peer"] = peer
             inflight["send"] = send
@@ -483,6 +524,8 @@ class RemoteAgent:
                     reason="unavailable",
                 )
             inflight.clear()
+            if not result.ok and (failure := self._failure(skill, result)).reason == "unavailable":
+                raise failure  # the instance stopped under the task: retried elsewhere
             return result
 
         def retried(target: str, exc: BaseException) -> None:
@@ -559,18 +602,22 @@ class RemoteAgent:
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(cancel()), 3.0)
 
+    def _failure(self, skill: str, result: TaskResult) -> RemoteError:
+        """The error of a child task that finished without completing."""
+        error = result.error or {}
+        reason = _REASONS.get(str(error.get("reason")), _REASONS.get(result.state, "failed"))
+        message = str(error.get("message") or result.text or result.state)
+        return RemoteError(
+            f"{self.peer} {result.state} the {skill!r} request: {message}",
+            peer=self.peer,
+            skill=skill,
+            reason=reason,  # type: ignore[arg-type]
+        )
+
     def _answer(self, tool: RemoteSkillTool, result: TaskResult) -> Any:
         skill = tool.skill_id
         if result.state != "completed":
-            error = result.error or {}
-            reason = _REASONS.get(str(error.get("reason")), _REASONS.get(result.state, "failed"))
-            message = str(error.get("message") or result.text or result.state)
-            raise RemoteError(
-                f"{self.peer} {result.state} the {skill!r} request: {message}",
-                peer=self.peer,
-                skill=skill,
-                reason=reason,  # type: ignore[arg-type]
-            )
+            raise self._failure(skill, result)
         if not tool.typed:
             return result.text
         if result.data is None:

@@ -63,6 +63,32 @@ def broken(req: Ping) -> Pong:
 agent = Agent(name="test-worker", description="Test worker.", skills=[echo, slow, broken])
 
 
+# -- a skill a test can hold mid-run (crash and shutdown tests) -------------------------------
+class Hold(BaseModel):
+    key: str
+
+
+class Held(BaseModel):
+    key: str
+
+
+@skill(tags=["test"])
+async def hold(req: Hold) -> Held:
+    """Record the start, wait while the file named by $NODE_TEST_HOLD exists (at most 10 min),
+    then record that the work ran and answer."""
+    _record(f"hold start {req.key}")
+    path = os.environ.get("NODE_TEST_HOLD")
+    for _ in range(60_000):
+        if not path or not os.path.exists(path):  # noqa: ASYNC240 - one stat, test agent
+            break
+        await asyncio.sleep(0.01)
+    _record(f"hold ran {req.key}")
+    return Held(key=req.key)
+
+
+holder = Agent(name="test-holder", description="Holds tasks mid-run.", skills=[hold])
+
+
 # -- LLM typed skills whose first answer does not validate (the repair path) -----------------
 class Draft(BaseModel):
     text: str

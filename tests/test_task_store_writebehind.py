@@ -10,10 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from a2a.helpers import new_text_part
 from a2a.server.context import ServerCallContext
 from a2a.server.id_generator import IDGeneratorContext
-from a2a.types import ListTasksRequest, Task, TaskState, TaskStatus
+from a2a.types import ListTasksRequest, Message, Role, Task, TaskState, TaskStatus
 
+from agents.applicants import APPLICANTS
 from mesh.a2a.client import A2APeer
 from mesh.a2a.idempotency import IdempotencyKeys
 from mesh.a2a.store import BLOCKING_SEND, SqliteTaskStore
@@ -174,6 +176,11 @@ async def test_blocking_send_does_not_wait_for_the_first_save(tmp_path: Path) ->
         await db.aclose()
 
 
+def _applicant(i: int) -> str:
+    """An applicant the bureau has on file (it rejects the others)."""
+    return sorted(APPLICANTS)[i % len(APPLICANTS)]
+
+
 @pytest.mark.integration
 async def test_acknowledged_tasks_survive_kill_9(tmp_path: Path) -> None:
     """Concurrent requests (so their writes share commits), then SIGKILL: every task the
@@ -189,7 +196,9 @@ async def test_acknowledged_tasks_survive_kill_9(tmp_path: Path) -> None:
             peer = A2APeer(http, url)
             results = await asyncio.gather(
                 *(
-                    peer.send({"applicant_id": f"APP-{i}", "amount": 10 + i}, message_id=f"k-{i}")
+                    peer.send(
+                        {"applicant_id": _applicant(i), "amount": 10 + i}, message_id=f"k-{i}"
+                    )
                     for i in range(24)
                 )
             )
@@ -204,7 +213,85 @@ async def test_acknowledged_tasks_survive_kill_9(tmp_path: Path) -> None:
                 assert after.state == "completed"
                 assert after.data == before.data
                 replay = await peer.send(
-                    {"applicant_id": f"APP-{i}", "amount": 10 + i}, message_id=f"k-{i}"
+                    {"applicant_id": _applicant(i), "amount": 10 + i}, message_id=f"k-{i}"
                 )
                 assert replay.task_id == before.task_id
             await peer.aclose()
+
+
+def _asked(task_id: str, state: TaskState, message_id: str) -> Task:
+    """A task whose history holds the user message that started it."""
+    task = _task(task_id, state)
+    task.history.append(
+        Message(role=Role.ROLE_USER, message_id=message_id, parts=[new_text_part("go")])
+    )
+    task.history[0].metadata["caller"] = "caller-c"
+    return task
+
+
+async def test_start_up_ends_unfinished_tasks_interrupted_and_frees_their_message_ids(
+    tmp_path: Path,
+) -> None:
+    db, store = await _open(tmp_path)
+    keys = IdempotencyKeys(db, store=store)
+    await keys.initialize()
+    states = {
+        "t-sub": TaskState.TASK_STATE_SUBMITTED,
+        "t-work": TaskState.TASK_STATE_WORKING,
+        "t-input": TaskState.TASK_STATE_INPUT_REQUIRED,
+        "t-done": TaskState.TASK_STATE_COMPLETED,
+    }
+    try:
+        for task_id, state in states.items():
+            await keys.record(("", "caller-c", f"m-{task_id}"), task_id)
+            task = _asked(task_id, state, f"m-{task_id}")
+            task.status.message.CopyFrom(Message(role=Role.ROLE_AGENT, message_id=f"s-{task_id}"))
+            # A first save straight in its state: what a crash leaves on disk.
+            await store.save(task, CTX)
+    finally:
+        await db.aclose()
+    db, store = await _open(tmp_path)
+    keys = IdempotencyKeys(db, store=store)
+    await keys.initialize()
+    try:
+        batches = db.batches
+        ended = await store.end_unfinished(then=IdempotencyKeys.release_ended)
+        assert db.batches == batches + 1  # one transaction, one statement over the table
+        assert sorted(t.id for _, t in ended) == ["t-sub", "t-work"]
+        for task_id in ("t-sub", "t-work"):
+            got = await store.get(task_id, CTX)
+            assert got is not None
+            assert got.status.state == TaskState.TASK_STATE_FAILED
+            assert got.metadata["error"]["reason"] == "interrupted"
+            assert "send the message again" in got.status.message.parts[0].text
+            assert got.history[-1].message_id == f"s-{task_id}"  # the old status message
+            assert _disk(tmp_path / "node.db", task_id) == TaskState.TASK_STATE_FAILED
+            assert await keys.claim(("", "caller-c", f"m-{task_id}")) is None  # runs again
+        for task_id in ("t-input", "t-done"):
+            assert _disk(tmp_path / "node.db", task_id) == states[task_id]
+            assert await keys.claim(("", "caller-c", f"m-{task_id}")) == task_id
+        assert await store.end_unfinished() == []  # nothing left to end
+    finally:
+        await db.aclose()
+
+
+async def test_shutdown_writes_tasks_still_in_flight_failed(tmp_path: Path) -> None:
+    db, store = await _open(tmp_path)
+    keys = IdempotencyKeys(db, store=store)
+    await keys.initialize()
+    try:
+        await keys.record(("", "caller-c", "m-live"), "t-live")
+        await store.save(_asked("t-live", TaskState.TASK_STATE_SUBMITTED, "m-live"), CTX)
+        await store.save(_asked("t-live", TaskState.TASK_STATE_WORKING, "m-live"), CTX)
+        await store.save(_asked("t-over", TaskState.TASK_STATE_SUBMITTED, "m-over"), CTX)
+        await store.save(_asked("t-over", TaskState.TASK_STATE_COMPLETED, "m-over"), CTX)
+        ended = await store.end_in_flight(then=IdempotencyKeys.release_ended)
+        assert [t.id for _, t in ended] == ["t-live"]
+        assert _disk(tmp_path / "node.db", "t-live") == TaskState.TASK_STATE_FAILED
+        got = await store.get("t-live", CTX)
+        assert got is not None
+        assert got.metadata["error"]["reason"] == "shutdown"
+        assert await keys.claim(("", "caller-c", "m-live")) is None
+        assert _disk(tmp_path / "node.db", "t-over") == TaskState.TASK_STATE_COMPLETED
+    finally:
+        await db.aclose()

@@ -6,6 +6,11 @@ field, before any work), refuse a deadline already past, then run the skill unde
 ``asyncio.timeout`` and publish the validated output as an artifact (a data part for typed
 skills, a text part for chat). Every failure ends the task cleanly (FAILED with a message and
 ``metadata.error = {reason, message}``): no exception text reaches the caller as -32603.
+
+``stop()`` (a shutdown whose drain grace ran out) cuts every skill still running, and each of
+those tasks ends FAILED with reason ``shutdown`` through the same event path, so its callers
+get that task as the answer (blocking) or final event (streaming); its message id is released
+(see ``mesh.a2a.idempotency``) so the caller's retry runs the work again.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from pydantic import BaseModel
 
 from mesh.a2a.card import JSON_MODE, TEXT_MODE
 from mesh.a2a.dispatcher import Outcome, SkillDispatcher
-from mesh.a2a.idempotency import IdempotencyKeys, message_key
+from mesh.a2a.idempotency import IdempotencyKeys, MessageKey, message_key
+from mesh.a2a.store import SHUTDOWN, stopped_text
 from mesh.errors import MeshError, SkillInputError
 from mesh.events import Event
 from mesh.metrics import NodeMetrics, TaskOutcome
@@ -48,6 +54,8 @@ class _Request:
     traceparent: str | None
     deadline: float | None
     metadata: dict[str, Any]
+    #: The idempotency key the task was recorded under (released if a shutdown ends it).
+    key: MessageKey | None = None
 
 
 def _message_metadata(message: Message | None) -> dict[str, Any]:
@@ -85,6 +93,10 @@ class MeshExecutor(AgentExecutor):
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        #: True once ``stop()`` was called: no skill starts any more.
+        self.stopping = False
+        # The deadline scope of every skill running now: ``stop()`` expires them.
+        self._running: set[asyncio.Timeout] = set()
 
     async def wait_idle(self, seconds: float) -> bool:
         """Wait (at most ``seconds``) until no task runs. True when idle."""
@@ -94,6 +106,17 @@ class MeshExecutor(AgentExecutor):
         except TimeoutError:
             return False
         return True
+
+    def stop(self) -> int:
+        """Cut every running skill: each of those tasks ends FAILED with reason ``shutdown``
+        (``wait_idle`` tells when they have); a skill about to start ends so at once.
+        Returns how many skills were running."""
+        self.stopping = True
+        now = asyncio.get_running_loop().time()
+        for scope in self._running:
+            if not scope.expired():
+                scope.reschedule(now)
+        return len(self._running)
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         message = context.message
@@ -111,6 +134,7 @@ class MeshExecutor(AgentExecutor):
                 )
             )
         updater = TaskUpdater(event_queue, task_id, context_id)
+        key = None
         if self.keys is not None and message is not None:
             key = message_key(message, context.call_context)
             if key is not None:
@@ -136,6 +160,7 @@ class MeshExecutor(AgentExecutor):
                     skill_id = req.skill_id
                 await self._end(updater, TaskState.TASK_STATE_REJECTED, "rejected", str(exc), req)
                 return
+            req.key = key
             outcome = await self._run(skill, payload, req, context, updater, task_id, context_id)
         except asyncio.CancelledError:
             outcome = "canceled"
@@ -234,12 +259,23 @@ class MeshExecutor(AgentExecutor):
 
         loop = asyncio.get_running_loop()
         when = None if req.deadline is None else loop.time() + (req.deadline - time.time())
+        # No await between this check and registering the scope: stop() sees every skill.
+        if self.stopping:
+            await self._end_shutdown(updater, task_id, req)
+            return "failed"
         try:
-            async with asyncio.timeout_at(when):
-                result = await self.dispatcher.run(
-                    skill, payload, ctx, user_id=user_id, progress=progress
-                )
+            async with asyncio.timeout_at(when) as scope:
+                self._running.add(scope)
+                try:
+                    result = await self.dispatcher.run(
+                        skill, payload, ctx, user_id=user_id, progress=progress
+                    )
+                finally:
+                    self._running.discard(scope)
         except TimeoutError:
+            if self.stopping:
+                await self._end_shutdown(updater, task_id, req)
+                return "failed"
             await self._end(
                 updater, TaskState.TASK_STATE_FAILED, "deadline", "deadline exceeded", req
             )
@@ -320,6 +356,12 @@ class MeshExecutor(AgentExecutor):
         await updater.update_status(
             state, message=updater.new_agent_message([new_text_part(text)]), metadata=meta
         )
+
+    async def _end_shutdown(self, updater: TaskUpdater, task_id: str, req: _Request) -> None:
+        # The key first: its delete is queued before (or committed with) the final save.
+        if self.keys is not None and req.key is not None:
+            self.keys.release(req.key, task_id)
+        await self._end(updater, TaskState.TASK_STATE_FAILED, SHUTDOWN, stopped_text(SHUTDOWN), req)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         task = context.current_task

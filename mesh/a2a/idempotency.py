@@ -8,6 +8,11 @@ caller chose. When the executor starts a task it records that key against the ta
 (no write of its own), so a task and the key that created it reach the disk together. A second
 message with the same key gets the existing task back instead of a new run; if the original is
 still running here, a blocking send waits for it to finish first.
+
+Except when the task ended because its node stopped (reason ``interrupted`` or ``shutdown``,
+see ``mesh.a2a.store``): its key is released in the transaction that ends it, so the same
+message sent again runs the work as a new task. Work cut by a crash or a shutdown is thus done
+at least once, through the caller's retry; everything else exactly once.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from a2a.types import (
     ListTasksRequest,
     ListTasksResponse,
     Message,
+    Role,
     SendMessageRequest,
     Task,
 )
@@ -56,6 +62,10 @@ _INSERT = (
     "insert or ignore into a2a_message_keys (owner, caller, message_id, task_id) "
     "values (?, ?, ?, ?)"
 )
+# Only the task's own key: an id another task holds (first writer wins) stays.
+_DELETE = (
+    "delete from a2a_message_keys where owner = ? and caller = ? and message_id = ? and task_id = ?"
+)
 _SETTLED = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
 log = logging.getLogger("mesh.a2a")
 
@@ -65,9 +75,23 @@ def message_key(message: Message, context: ServerCallContext | None) -> MessageK
     if not message.message_id:
         return None
     owner = resolve_user_scope(context) if context is not None else ""
+    return (owner, _caller(message), message.message_id)
+
+
+def _caller(message: Message) -> str:
     # A protobuf Struct: membership works, .get() does not.
-    caller = message.metadata["caller"] if "caller" in message.metadata else ""  # noqa: SIM401
-    return (owner, str(caller), message.message_id)
+    return str(message.metadata["caller"]) if "caller" in message.metadata else ""
+
+
+def _key_of(owner: str, message: Message) -> MessageKey | None:
+    if not message.message_id or message.role == Role.ROLE_AGENT:
+        return None
+    return (owner, _caller(message), message.message_id)
+
+
+def _log_failure(done: asyncio.Future[None], task_id: str) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.warning("idempotency key of task %s not released: %s", task_id, done.exception())
 
 
 class IdempotencyKeys:
@@ -143,6 +167,35 @@ class IdempotencyKeys:
             return
         self._settle(key, task_id)
         await self._db.write(lambda conn: conn.execute(_INSERT, row))
+
+    def release(self, key: MessageKey, task_id: str) -> None:
+        """Task ``task_id`` is ending without having run to the end (the node stops): ``key``
+        no longer holds the message. The delete is queued before the task's final save."""
+        if self._db is None:
+            if self._memory.get(key) == task_id:
+                del self._memory[key]
+            return
+        row = (*key, task_id)
+        written: asyncio.Future[Any]
+        if self._store is not None:
+            written = self._store.write_with_task(
+                key[0], task_id, lambda conn: conn.execute(_DELETE, row)
+            )
+        else:
+            written = self._db.write_soon(lambda conn: conn.execute(_DELETE, row))
+        written.add_done_callback(lambda done: _log_failure(done, task_id))
+
+    @staticmethod
+    def release_ended(conn: sqlite3.Connection, ended: list[tuple[str, Task]]) -> None:
+        """Release the keys of tasks a stop ended (an ``EndedHook`` of ``SqliteTaskStore``):
+        the keys of the messages in each task's history, by primary key."""
+        rows = [
+            (*key, task.id)
+            for owner, task in ended
+            for message in task.history
+            if (key := _key_of(owner, message)) is not None
+        ]
+        conn.executemany(_DELETE, rows)
 
     def _written(self, key: MessageKey, task_id: str, done: asyncio.Future[None]) -> None:
         if done.cancelled() or done.exception() is not None:

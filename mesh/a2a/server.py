@@ -5,12 +5,16 @@ Built inside the node's lifespan, because the store needs the open database:
     service = await A2AService.create(agent, url=..., db=db, runner=runner, metrics=metrics)
     service.mount(app)                 # GET /.well-known/agent-card.json, POST / (JSON-RPC)
     ...
-    await service.drain(20)    # wait for in-flight tasks
+    await service.drain(20)    # wait for in-flight tasks; past 20 s they end FAILED (shutdown)
     await service.aclose()
+
+``create`` first ends the tasks the previous process left unfinished (FAILED, reason
+``interrupted``: it crashed or was killed while they ran), before any request is served.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from a2a.server.routes import (
@@ -34,10 +38,14 @@ from mesh.sqlite import Database
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["SEND_METHODS", "A2AService"]
+__all__ = ["SEND_METHODS", "STOP_WAIT_S", "A2AService"]
+
+log = logging.getLogger("mesh.a2a")
 
 #: JSON-RPC methods that start work (refused while a node drains).
 SEND_METHODS = frozenset({"SendMessage", "SendStreamingMessage"})
+#: How long a drain waits, once the grace ran out, for the cut tasks to write their end.
+STOP_WAIT_S = 5.0
 
 
 class A2AService:
@@ -53,6 +61,7 @@ class A2AService:
         card: AgentCard,
         *,
         fastpath: bool = True,
+        store: SqliteTaskStore | None = None,
     ) -> None:
         self.agent = agent
         self.url = url
@@ -60,6 +69,7 @@ class A2AService:
         self.handler = handler
         self.store_kind = store_kind
         self.card = card
+        self.store = store
         #: Serves blocking SendMessage of function skills without the SDK's ActiveTask (see
         #: mesh.a2a.fastpath); None when the agent has no such skill or it is turned off.
         self.fastpath: FastPath | None = None
@@ -81,6 +91,7 @@ class A2AService:
         fastpath: bool = True,
     ) -> A2AService:
         task_store: TaskStore
+        sqlite_store: SqliteTaskStore | None = None
         if store == "memory":
             # Benchmark baseline only: tasks and idempotency keys die with the process.
             task_store = InMemoryTaskStore()
@@ -91,6 +102,14 @@ class A2AService:
             task_store = sqlite_store
             keys = IdempotencyKeys(db, store=sqlite_store)
         await keys.initialize()
+        if sqlite_store is not None:
+            ended = await sqlite_store.end_unfinished(then=IdempotencyKeys.release_ended)
+            if ended:
+                log.warning(
+                    "%d task(s) were still running when this node last stopped: ended FAILED "
+                    "(interrupted); sending their message again runs them",
+                    len(ended),
+                )
         executor = MeshExecutor(
             SkillDispatcher(agent, runner, skill_runners), keys=keys, metrics=metrics
         )
@@ -98,7 +117,9 @@ class A2AService:
         handler = FastPathHandler(
             agent_executor=executor, task_store=task_store, agent_card=card, keys=keys
         )
-        return cls(agent, url, executor, handler, store, card, fastpath=fastpath)
+        return cls(
+            agent, url, executor, handler, store, card, fastpath=fastpath, store=sqlite_store
+        )
 
     def mount(self, app: FastAPI) -> None:
         add_a2a_routes_to_fastapi(
@@ -112,9 +133,22 @@ class A2AService:
         return self.executor.in_flight
 
     async def drain(self, seconds: float) -> bool:
-        """Wait up to ``seconds`` for running tasks to finish. True when none is left."""
-        return await self.executor.wait_idle(seconds)
+        """Wait up to ``seconds`` for running tasks to finish. Past that, end the ones left
+        FAILED (reason ``shutdown``): their callers get that answer, and their end is saved
+        (waits up to ``STOP_WAIT_S`` more for it). True when every task finished."""
+        if await self.executor.wait_idle(seconds):
+            return True
+        cut = self.executor.stop()
+        log.warning("grace period over: ending %d task(s) FAILED (shutdown)", cut)
+        if not await self.executor.wait_idle(STOP_WAIT_S):
+            log.warning("%d task(s) did not stop in time", self.executor.in_flight)
+        return False
 
     async def aclose(self) -> None:
-        """Stop the handler (cancels whatever still runs)."""
+        """Stop the handler (cancels whatever still runs), then write any task still in
+        flight FAILED (reason ``shutdown``)."""
         await self.handler.aclose()
+        if self.store is not None:
+            ended = await self.store.end_in_flight(then=IdempotencyKeys.release_ended)
+            if ended:
+                log.warning("%d unfinished task(s) saved as FAILED (shutdown)", len(ended))

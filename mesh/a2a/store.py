@@ -23,6 +23,13 @@ For a new task of a blocking send the first save is queued but not awaited: the 
 of the task only with its final state, whose commit comes after (same queue, in order), so
 the promise holds with one wait less. Streaming sends await it (the client sees the task at
 once, and its idempotency key rides in that transaction).
+
+Tasks cut by a stop: a crash leaves a task in its first saved state, so when the node starts,
+``end_unfinished`` ends every stored task that is neither finished nor waiting for input
+(FAILED, ``metadata.error.reason = "interrupted"``), in one statement; at a shutdown whose
+grace ran out, the executor ends its running tasks itself (reason ``shutdown``) and
+``end_in_flight`` writes whatever could still not settle. Either way the caller learns that
+sending the message again runs the work (see ``mesh.a2a.idempotency``).
 """
 
 from __future__ import annotations
@@ -35,22 +42,45 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from a2a.helpers import new_text_part
 from a2a.server.agent_execution.active_task import INTERRUPTED_TASK_STATES, TERMINAL_TASK_STATES
 from a2a.server.context import ServerCallContext
 from a2a.server.id_generator import IDGenerator, IDGeneratorContext
 from a2a.server.owner_resolver import OwnerResolver, resolve_user_scope
 from a2a.server.tasks import TaskStore
-from a2a.types import ListTasksRequest, ListTasksResponse, Task
+from a2a.types import ListTasksRequest, ListTasksResponse, Message, Role, Task, TaskState
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 from a2a.utils.errors import InvalidParamsError
 from a2a.utils.task import ListTasksCursor, decode_list_tasks_cursor, encode_list_tasks_cursor
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from mesh.sqlite import Database
 
-__all__ = ["BLOCKING_SEND", "SqliteTaskStore"]
+__all__ = [
+    "BLOCKING_SEND",
+    "INTERRUPTED",
+    "SHUTDOWN",
+    "STOPPED_REASONS",
+    "SqliteTaskStore",
+    "stopped_text",
+]
 
 _SETTLED = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
 log = logging.getLogger("mesh.a2a")
+
+#: ``metadata.error.reason`` of a task its node stopped (crash, kill -9) while it ran, found
+#: when the node starts again.
+INTERRUPTED = "interrupted"
+#: ``metadata.error.reason`` of a task still running when a shutdown's drain grace ran out.
+SHUTDOWN = "shutdown"
+#: Reasons of tasks that ended without finishing: their message id no longer holds the message.
+STOPPED_REASONS = frozenset({INTERRUPTED, SHUTDOWN})
+_STOPPED_TEXT = {
+    INTERRUPTED: "the node stopped while this task ran (a crash or a kill), so its work may be "
+    "incomplete: send the message again (same messageId) to run it",
+    SHUTDOWN: "the node shut down before this task finished (its drain grace ran out): send the "
+    "message again (same messageId), to another instance, to run it",
+}
 
 #: True while a blocking SendMessage (not streaming, not return_immediately) is handled; set
 #: by the request handler, inherited by the SDK's consumer task that saves the new task.
@@ -138,6 +168,40 @@ def _parse(data: bytes) -> Task:
     task = Task()
     task.ParseFromString(data)
     return task
+
+
+def stopped_text(reason: str) -> str:
+    """The status message of a task ended with ``reason`` (one of ``STOPPED_REASONS``)."""
+    return _STOPPED_TEXT[reason]
+
+
+def _end_stopped(task: Task, reason: str, at: Timestamp) -> None:
+    """End ``task`` FAILED with ``reason``, as the SDK's ``TaskManager`` applies a status update
+    (the previous status message moves to the history, the error merges into the metadata)."""
+    text = stopped_text(reason)
+    if task.status.HasField("message"):
+        task.history.append(task.status.message)
+    task.status.Clear()
+    task.status.state = TaskState.TASK_STATE_FAILED
+    task.status.timestamp.CopyFrom(at)
+    task.status.message.CopyFrom(
+        Message(
+            role=Role.ROLE_AGENT,
+            message_id=str(uuid.uuid4()),
+            task_id=task.id,
+            context_id=task.context_id,
+            parts=[new_text_part(text)],
+        )
+    )
+    task.metadata.update({"error": {"reason": reason, "message": text}})
+
+
+# Neither finished nor waiting for input: the states a task of a stopped node may be left in.
+_UNSETTLED_SQL = f"state not in ({', '.join(str(int(s)) for s in sorted(_SETTLED))})"
+#: Called with the tasks a stop ended, in the transaction that ends them (the node releases
+#: their idempotency keys there).
+Ended = list[tuple[str, Task]]  # (owner, task)
+EndedHook = Callable[[sqlite3.Connection, Ended], object]
 
 
 class SqliteTaskStore(TaskStore):
@@ -303,6 +367,72 @@ class SqliteTaskStore(TaskStore):
             total_size=total,
             page_size=page_size,
         )
+
+    async def end_unfinished(self, then: EndedHook | None = None) -> Ended:
+        """At start-up, before any request: end every stored task left unfinished by the last
+        process (not terminal, not waiting for input) FAILED with reason ``interrupted``.
+        One statement over the table; ``then(conn, ended)`` runs in the same transaction.
+        Returns the ``(owner, task)`` pairs it ended."""
+        at = Timestamp()
+        at.GetCurrentTime()
+        ended: Ended = []
+
+        def end(owner: str, data: bytes) -> bytes:
+            task = _parse(data)
+            _end_stopped(task, INTERRUPTED, at)
+            ended.append((owner, task))
+            return bytes(task.SerializeToString())
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.create_function("mesh_end_interrupted", 2, end)
+            conn.execute(
+                "update a2a_tasks set state = ?, updated_at = ?, "
+                f"data = mesh_end_interrupted(owner, data) where {_UNSETTLED_SQL}",
+                (int(TaskState.TASK_STATE_FAILED), int(at.ToNanoseconds())),
+            )
+            if ended and then is not None:
+                then(conn, ended)
+
+        await self._db.write(write)
+        return ended
+
+    async def end_in_flight(self, then: EndedHook | None = None) -> Ended:
+        """At shutdown, once nothing runs any more: write every task still in flight in this
+        process FAILED with reason ``shutdown`` (the executor ends the tasks it runs itself;
+        this catches any it could not). ``then(conn, ended)`` runs in the same transaction."""
+        at = Timestamp()
+        at.GetCurrentTime()
+        ended: Ended = []
+        for (owner, _), data in self._live.items():
+            task = _parse(data)
+            if task.status.state in _SETTLED:
+                continue
+            _end_stopped(task, SHUTDOWN, at)
+            ended.append((owner, task))
+        if not ended:
+            return ended
+        rows = [
+            (
+                owner,
+                t.id,
+                t.context_id,
+                int(t.status.state),
+                _timestamp_ns(t),
+                t.SerializeToString(),
+            )
+            for owner, t in ended
+        ]
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.executemany(_UPSERT, rows)
+            if then is not None:
+                then(conn, ended)
+
+        await self._db.write(write)
+        for owner, task in ended:
+            self._live.pop((owner, task.id), None)
+            self._dirty.discard((owner, task.id))
+        return ended
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
         owner = self._owner(context)
