@@ -134,8 +134,11 @@ class ProcessSpec:
     agent: str  # the node's key in mesh.toml ("registry" for the registry)
     argv: tuple[str, ...]
     url: str
+    # 200 with {"pid": <this process's pid>} when ready (mesh serve and mesh registry do).
     health_url: str
     env: dict[str, str] = field(default_factory=dict)
+    # (host, port) it binds, so ``mesh up`` can check the port is free before starting anyone.
+    listen: tuple[str, int] | None = None
 
 
 class MeshFile(_Strict):
@@ -169,9 +172,13 @@ class MeshFile(_Strict):
                 owners[(node.host, port)] = name
         return self
 
+    def state_path(self, root: Path) -> Path:
+        """The state directory (data, logs, and the running ``mesh up``'s lock and socket)."""
+        return (root / self.state_dir).resolve()
+
     def plan(self, root: Path, *, python: str = sys.executable) -> list[ProcessSpec]:
         """The processes to start, registry first. Relative paths resolve against ``root``."""
-        state = (root / self.state_dir).resolve()
+        state = self.state_path(root)
         registry_url = self.registry.public_url
         specs: list[ProcessSpec] = []
         if self.registry.enabled:
@@ -197,6 +204,7 @@ class MeshFile(_Strict):
                     url=registry_url,
                     health_url=f"{registry_url}/health",
                     env=dict(self.env),
+                    listen=(reg.host, reg.port),
                 )
             )
         for name, node in self.nodes.items():
@@ -228,6 +236,7 @@ class MeshFile(_Strict):
                         url=url,
                         health_url=f"{url}/health",
                         env={**self.env, "MESH_REGISTRY": registry_url, **node.env},
+                        listen=(node.host, port),
                     )
                 )
         return specs
@@ -240,7 +249,8 @@ def load_meshfile(path: str | Path) -> MeshFile:
         raw = path.read_bytes()
     except FileNotFoundError as exc:
         raise ConfigError(
-            f"mesh file {str(path)!r} not found (try: mesh up agents/mesh.toml)"
+            f"mesh file {str(path)!r} not found: give its path (e.g. agents/mesh.toml), "
+            "relative to the folder you run mesh in"
         ) from exc
     try:
         data: dict[str, Any] = tomllib.loads(raw.decode("utf-8"))

@@ -1,36 +1,64 @@
 """``Supervisor``: start the processes of a mesh, watch them, restart crashed ones, stop all.
 
     supervisor = Supervisor(meshfile.plan(root), log_dir=root / ".mesh" / "logs")
+    supervisor.check_ports()          # ConfigError naming a busy port; nothing started
     await supervisor.start()          # registry first, then the nodes; waits until all healthy
     await supervisor.watch()          # restarts a crashed node with backoff, until stop()
+    await supervisor.restart_process("credit-bureau-1")   # what `mesh restart` asks for
     await supervisor.stop()           # nodes first (they deregister), then the registry
 
-Each process writes to ``<log_dir>/<name>.log`` and runs in its own session, so a Ctrl-C in the
-terminal reaches only ``mesh up``, which then stops the children in order: nodes get SIGTERM
-while the registry is still up to receive their deregistration.
+A process is healthy when its health URL answers 200 naming the pid the supervisor started
+(``{"pid": N}``, as ``mesh serve`` and ``mesh registry`` do): an answer from another pid means
+another process holds the port, and that start fails for good.
+
+How an exit is read: 0 is "exited" (someone stopped it; not restarted), ``EX_CONFIG`` (78, a
+start-up ``ConfigError`` of ``mesh serve`` / ``mesh registry`` such as a busy port) is "failed"
+(the same start would fail the same way; not restarted), anything else is "crashed" and restarted
+with backoff. ``mesh stop`` leaves a process "stopped" until ``mesh restart``.
+
+Each process appends to ``<log_dir>/<name>.log``, every start behind a ``RUN_MARKER`` line, and
+runs in its own session, so a Ctrl-C in the terminal reaches only ``mesh up``, which then stops
+the children in order: nodes get SIGTERM while the registry is still up to receive their
+deregistration.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 
 from mesh.errors import ConfigError
+from mesh.listener import bind_listener
 from mesh.meshfile import ProcessSpec
 
-__all__ = ["Child", "ChildStatus", "Supervisor"]
+__all__ = ["RUN_MARKER", "Child", "ChildStatus", "Supervisor", "current_run"]
 
-ChildStatus = Literal["pending", "starting", "healthy", "unhealthy", "crashed", "stopped"]
+ChildStatus = Literal[
+    "pending", "starting", "healthy", "unhealthy", "crashed", "exited", "failed", "stopped"
+]
+
+# The first line of each start in a process's log: `mesh logs` and crash reports begin there.
+RUN_MARKER = "--- mesh up: starting "
+
+
+def current_run(data: bytes) -> bytes:
+    """The part of a process's log (``data``) written since its latest start."""
+    marker = RUN_MARKER.encode()
+    at = data.rfind(b"\n" + marker)
+    if at >= 0:
+        return data[at + 1 :]
+    return data
 
 
 @dataclass
@@ -45,20 +73,61 @@ class Child:
     started_at: float = 0.0
     exit_code: int | None = None
     detail: str = ""
+    # The supervisor keeps it running; False once it exited, failed or was stopped by hand.
+    wanted: bool = False
+    log_offset: int = 0  # where its latest start begins in ``log``
     _backoff: float = field(default=0.0, repr=False)
-    _restarting: bool = field(default=False, repr=False)
+    _busy: bool = field(default=False, repr=False)  # a restart is in progress
+    _restart_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    _op_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
 
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
     def tail(self, lines: int = 20) -> str:
-        """The last lines of the log, to show why a process died."""
+        """The last lines the process wrote since its latest start, to show why it died."""
         try:
-            text = self.log.read_text(errors="replace")
+            with self.log.open("rb") as fh:
+                fh.seek(self.log_offset)
+                text = fh.read().decode(errors="replace")
         except FileNotFoundError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+    def error_line(self) -> str:
+        """The ``mesh: error: ...`` line of its latest start (else its last line)."""
+        lines = [ln.strip() for ln in self.tail(200).splitlines() if ln.strip()]
+        for line in reversed(lines):
+            if line.startswith("mesh: error: "):
+                return line.removeprefix("mesh: error: ")
+        return lines[-1] if lines else ""
+
+    def info(self) -> dict[str, Any]:
+        """What ``mesh ps`` shows of it."""
+        return {
+            "name": self.spec.name,
+            "agent": self.spec.agent,
+            "pid": self.pid if self.running else None,
+            "url": self.spec.url,
+            "status": self.status,
+            "detail": self.detail,
+            "restarts": self.restarts,
+            "uptime_s": round(time.monotonic() - self.started_at, 1) if self.running else None,
+            "log": str(self.log),
+        }
+
+
+class _StartFailed(ConfigError):
+    """A start did not reach healthy. ``permanent``: trying again would fail the same way."""
+
+    def __init__(self, message: str, *, permanent: bool) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 class Supervisor:
@@ -88,14 +157,42 @@ class Supervisor:
         self.stable_after = stable_after
         self.poll_interval = poll_interval
         self._http = httpx.AsyncClient(timeout=2.0, trust_env=False)
+        self._started = False
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------
+    def check_ports(self) -> None:
+        """Bind every port of the plan (and let go): a busy one is a one-line ``ConfigError``
+        naming the port and the process it was meant for. Call it before ``start()``."""
+        busy: list[tuple[str, str, int]] = []
+        for child in self.children:
+            if child.spec.listen is None:
+                continue
+            host, port = child.spec.listen
+            try:
+                bind_listener(host, port).close()
+            except ConfigError as exc:
+                cause = exc.__cause__
+                if not (isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE):
+                    raise ConfigError(f"{child.spec.name}: {exc}") from exc
+                busy.append((child.spec.name, host, port))
+        if not busy:
+            return
+        name, host, port = busy[0]
+        more = ""
+        if len(busy) > 1:
+            others = ", ".join(str(p) for _, _, p in busy[1:])
+            more = f" (and {len(busy) - 1} more of this mesh's ports: {others})"
+        raise ConfigError(
+            f"port {port} on {host} (for {name}) is already in use{more}: is another "
+            "`mesh up` running? see `mesh ps`, or stop what listens there"
+        )
+
     async def start(self) -> None:
         """Start the registry (if any) and wait for it, then every node concurrently; return
-        when all answer 200 on their health URL. Raises ``ConfigError`` (with the log tail)
-        when a process exits or stays unhealthy, after stopping what was started."""
+        when all are healthy. Raises ``ConfigError`` (naming the process, with its error line
+        or log tail) when one fails to start, after stopping what was started."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         registries = [c for c in self.children if c.spec.kind == "registry"]
         nodes = [c for c in self.children if c.spec.kind != "registry"]
@@ -107,6 +204,7 @@ class Supervisor:
         except BaseException:
             await self.stop()
             raise
+        self._started = True
 
     async def watch(self) -> None:
         """Restart crashed processes with exponential backoff until ``stop()`` is called."""
@@ -114,18 +212,18 @@ class Supervisor:
             now = time.monotonic()
             for child in self.children:
                 proc = child.process
-                if child._restarting or proc is None:
+                if not child.wanted or child._busy or proc is None:
                     continue
                 if proc.returncode is None:
                     if child._backoff and now - child.started_at > self.stable_after:
                         child._backoff = 0.0
                     continue
-                child.exit_code = proc.returncode
-                self._set(child, "crashed", f"exited with code {proc.returncode}")
-                child._restarting = True
-                task = asyncio.get_running_loop().create_task(self._restart(child))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                # An exit seen while starting by hand is recorded already.
+                recorded = child.exit_code is not None
+                status = child.status if recorded else self._exited(child, proc.returncode)
+                if status == "crashed":
+                    child._busy = True
+                    child._restart_task = self._task(self._restart(child))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
 
@@ -139,18 +237,92 @@ class Supervisor:
         nodes = [c for c in self.children if c.spec.kind != "registry"]
         registries = [c for c in self.children if c.spec.kind == "registry"]
         for group in (nodes, registries):
-            await asyncio.gather(*(self._terminate(c) for c in group))
+            await asyncio.gather(*(self._stop_child(c, "") for c in group))
         await self._http.aclose()
 
+    # -- one process, on request (`mesh restart` / `mesh stop`) --------------------------------
+    def find(self, name: str) -> list[Child]:
+        """The processes called ``name``, or every replica of the agent ``name``."""
+        found = [c for c in self.children if c.spec.name == name]
+        found = found or [c for c in self.children if c.spec.agent == name]
+        if not found:
+            names = ", ".join(c.spec.name for c in self.children)
+            raise ConfigError(f"no process or agent named {name!r} in this mesh (it has: {names})")
+        return found
+
+    async def restart_process(self, name: str) -> list[Child]:
+        """Stop (if running) and start again each process ``find(name)`` names; return them
+        once each is healthy or has failed (``status`` and ``detail`` say which)."""
+        children = self._ready_for_requests(name)
+        await self._task(self._each(self._restart_by_hand, children))
+        return children
+
+    async def stop_process(self, name: str) -> list[Child]:
+        """Stop each process ``find(name)`` names; the watcher leaves it stopped."""
+        children = self._ready_for_requests(name)
+        await self._task(self._each(self._stop_by_hand, children))
+        return children
+
+    def _ready_for_requests(self, name: str) -> list[Child]:
+        if self._stopping.is_set():
+            raise ConfigError("mesh up is stopping")
+        if not self._started:
+            raise ConfigError("mesh up is still starting: try again once it is up")
+        return self.find(name)
+
+    async def _restart_by_hand(self, child: Child) -> None:
+        async with child._op_lock:
+            await self._cancel_restart(child)
+            child._busy = True
+            try:
+                await self._stop_child(child, "by mesh restart")
+                child.wanted = True
+                child._backoff = 0.0
+                await self._spawn(child)
+                with contextlib.suppress(_StartFailed):
+                    await self._wait_healthy(child)
+            finally:
+                child._busy = False
+
+    async def _stop_by_hand(self, child: Child) -> None:
+        async with child._op_lock:
+            await self._cancel_restart(child)
+            child.wanted = False
+            await self._stop_child(child, "by mesh stop")
+
+    async def _cancel_restart(self, child: Child) -> None:
+        task = child._restart_task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     # -- internals ----------------------------------------------------------------------------
+    def _task(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A task ``stop()`` cancels (so nothing spawns behind its back)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @staticmethod
+    async def _each(
+        op: Callable[[Child], Coroutine[Any, Any, None]], children: list[Child]
+    ) -> None:
+        await asyncio.gather(*(op(c) for c in children))
+
     async def _spawn(self, child: Child) -> None:
+        if self._stopping.is_set():
+            raise _StartFailed("mesh up is stopping", permanent=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **child.spec.env}
         # Modules named in mesh.toml (agents.loan_officer) are imported relative to cwd.
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(self.cwd), env.get("PYTHONPATH", "")) if p
         )
         with child.log.open("ab") as log:
-            log.write(f"--- mesh up: starting {' '.join(child.spec.argv)}\n".encode())
+            child.log_offset = log.tell()
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            log.write(f"{RUN_MARKER}{' '.join(child.spec.argv)} ({stamp})\n".encode())
             log.flush()
             child.process = await asyncio.create_subprocess_exec(
                 *child.spec.argv,
@@ -164,35 +336,77 @@ class Supervisor:
             )
         child.started_at = time.monotonic()
         child.exit_code = None
+        child.wanted = True
         self._set(child, "starting", f"pid {child.process.pid}")
 
-    async def _healthy(self, child: Child) -> bool:
+    async def _probe(self, child: Child) -> tuple[bool, int | None]:
+        """(healthy, pid of another process that answered instead of ours, if any)."""
         try:
             response = await self._http.get(child.spec.health_url)
         except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+            return False, None
+        try:
+            body = response.json()
+        except ValueError:
+            return False, None
+        pid = body.get("pid") if isinstance(body, dict) else None
+        if not isinstance(pid, int):
+            return False, None
+        if pid != child.pid:
+            return False, pid
+        return response.status_code == 200, None
 
     async def _wait_healthy(self, child: Child) -> None:
+        name = child.spec.name
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             proc = child.process
             if proc is not None and proc.returncode is not None:
-                child.exit_code = proc.returncode
-                self._set(child, "crashed", f"exited with code {proc.returncode}")
-                raise ConfigError(
-                    f"{child.spec.name} exited with code {proc.returncode} while starting "
-                    f"(log: {child.log}):\n{child.tail()}"
+                status = self._exited(child, proc.returncode)
+                if status == "failed":
+                    raise _StartFailed(
+                        f"{name} could not start: {child.detail} (log: {child.log})",
+                        permanent=True,
+                    )
+                raise _StartFailed(
+                    f"{name} exited with code {proc.returncode} while starting "
+                    f"(log: {child.log}):\n{child.tail()}",
+                    permanent=status == "exited",
                 )
-            if await self._healthy(child):
+            healthy, other = await self._probe(child)
+            if other is not None:
+                child.wanted = False
+                await self._stop_child(child, "")
+                self._set(child, "failed", f"port taken by another process (pid {other})")
+                raise _StartFailed(
+                    f"{name}: {child.spec.health_url} is answered by another process (pid "
+                    f"{other}), not the one mesh up started: is another `mesh up` running? "
+                    "see `mesh ps`, or stop that process",
+                    permanent=True,
+                )
+            if healthy:
                 self._set(child, "healthy", child.spec.url)
                 return
             await asyncio.sleep(self.poll_interval)
-        self._set(child, "unhealthy", f"no 200 from {child.spec.health_url}")
-        raise ConfigError(
-            f"{child.spec.name} did not become healthy within {self.start_timeout:.0f}s "
-            f"(log: {child.log}):\n{child.tail()}"
+        self._set(child, "unhealthy", f"no 200 naming pid {child.pid} from {child.spec.health_url}")
+        raise _StartFailed(
+            f"{name} did not become healthy within {self.start_timeout:.0f}s "
+            f"(log: {child.log}):\n{child.tail()}",
+            permanent=False,
         )
+
+    def _exited(self, child: Child, code: int) -> ChildStatus:
+        """Record an exit and say what it was: exited (0), failed (EX_CONFIG) or crashed."""
+        child.exit_code = code
+        if code == 0:
+            child.wanted = False
+            self._set(child, "exited", "exited with code 0")
+        elif code == os.EX_CONFIG:
+            child.wanted = False
+            self._set(child, "failed", child.error_line() or f"exited with code {code}")
+        else:
+            self._set(child, "crashed", f"exited with code {code}")
+        return child.status
 
     async def _restart(self, child: Child) -> None:
         low, high = self.restart_backoff
@@ -208,18 +422,23 @@ class Supervisor:
                 try:
                     await self._wait_healthy(child)
                     return
-                except ConfigError:
+                except _StartFailed as exc:
+                    if exc.permanent:
+                        return
                     # Still broken: stop what is left of it and try again, later.
-                    await self._terminate(child)
+                    await self._stop_child(child, "")
         finally:
-            child._restarting = False
+            child._busy = False
+            child._restart_task = None
 
-    async def _terminate(self, child: Child) -> None:
+    async def _stop_child(self, child: Child, detail: str) -> None:
+        """SIGTERM (SIGKILL after ``stop_timeout``); "stopped" unless it had already ended."""
         proc = child.process
         if proc is None or proc.returncode is not None:
-            if child.status not in ("crashed", "stopped"):
-                self._set(child, "stopped", "")
+            if child.status in ("pending", "starting", "healthy", "unhealthy"):
+                self._set(child, "stopped", detail)
             return
+        notes = [detail] if detail else []
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
         try:
@@ -228,8 +447,13 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+            notes.append(f"killed: still running {self.stop_timeout:.0f}s after SIGTERM")
+        else:
+            # 0 and -SIGTERM are what a SIGTERM should end in: nothing to report.
+            if proc.returncode not in (0, -signal.SIGTERM):
+                notes.append(f"exit code {proc.returncode}")
         child.exit_code = proc.returncode
-        self._set(child, "stopped", f"exit code {proc.returncode}")
+        self._set(child, "stopped", "; ".join(notes))
 
     def _set(self, child: Child, status: ChildStatus, detail: str) -> None:
         child.status = status

@@ -7,6 +7,7 @@ import logging
 import uvicorn
 
 from mesh.errors import ConfigError
+from mesh.listener import bind_listener
 from mesh.netpolicy import is_loopback_host
 from registry.app import create_app
 from registry.settings import RegistrySettings
@@ -49,5 +50,11 @@ def run(settings: RegistrySettings, *, log_level: str = "info") -> int:
         lifespan="on",
         timeout_keep_alive=KEEP_ALIVE_S,
     )
-    uvicorn.Server(config).run()
+    # Bound here, not by uvicorn: a busy port is one ConfigError line (exit code EX_CONFIG,
+    # which `mesh up` does not restart) instead of uvicorn's log and exit 1.
+    sock = bind_listener(settings.host, settings.port)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
     return 0

@@ -1,100 +1,23 @@
-"""``Supervisor`` and ``mesh up`` with real processes on 127.0.0.1."""
+"""``mesh up`` with real processes on 127.0.0.1 (the ``Supervisor`` itself: test_supervisor.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from mesh.errors import ConfigError
-from mesh.meshfile import ProcessSpec
-from mesh.supervisor import Child, Supervisor
-from tests.support import eventually, free_port, running
+from mesh.supervisor import RUN_MARKER
+from tests.support import free_port, running
+from tests.up_support import mesh, mesh_up, small_mesh
 
 pytestmark = pytest.mark.integration
-
-
-def http_server(name: str, port: int, kind: str = "node") -> ProcessSpec:
-    url = f"http://127.0.0.1:{port}"
-    return ProcessSpec(
-        name=name,
-        kind=kind,  # type: ignore[arg-type]
-        agent=name,
-        argv=(sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"),
-        url=url,
-        health_url=f"{url}/",
-    )
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-async def test_supervisor_starts_restarts_and_stops(tmp_path: Path) -> None:
-    specs = [http_server("registry", free_port(), "registry"), http_server("a", free_port())]
-    seen: list[tuple[str, str]] = []
-
-    def on_change(child: Child) -> None:
-        seen.append((child.spec.name, child.status))
-
-    sup = Supervisor(
-        specs, log_dir=tmp_path / "logs", on_change=on_change, restart_backoff=(0.1, 1.0)
-    )
-    await sup.start()
-    registry, node = sup.children
-    assert (registry.status, node.status) == ("healthy", "healthy")
-    # the registry was healthy before the node started
-    assert seen.index(("registry", "healthy")) < seen.index(("a", "starting"))
-    assert (tmp_path / "logs" / "a.log").exists()
-
-    watcher = asyncio.create_task(sup.watch())
-    first_pid = node.pid
-    assert first_pid is not None
-    os.kill(first_pid, signal.SIGKILL)
-    await eventually(lambda: node.restarts == 1 and node.status == "healthy")
-    assert node.pid != first_pid
-    assert ("a", "crashed") in seen
-    async with httpx.AsyncClient(trust_env=False) as http:
-        assert (await http.get(specs[1].health_url)).status_code == 200
-
-    pids = [c.pid for c in sup.children]
-    await sup.stop()
-    await watcher
-    assert all(c.status == "stopped" for c in sup.children)
-    assert not any(alive(p) for p in pids if p)
-    # nodes stop before the registry
-    stops = [name for name, status in seen if status == "stopped"]
-    assert stops == ["a", "registry"]
-
-
-async def test_a_process_that_dies_at_start_fails_with_its_log(tmp_path: Path) -> None:
-    port = free_port()
-    bad = ProcessSpec(
-        name="bad",
-        kind="node",
-        agent="bad",
-        argv=(sys.executable, "-c", "import sys; print('boom: no such module'); sys.exit(3)"),
-        url=f"http://127.0.0.1:{port}",
-        health_url=f"http://127.0.0.1:{port}/health",
-    )
-    good = http_server("good", free_port())
-    sup = Supervisor([good, bad], log_dir=tmp_path / "logs")
-    with pytest.raises(ConfigError, match=r"(?s)bad exited with code 3.*boom: no such module"):
-        await sup.start()
-    # what had started was stopped
-    assert sup.children[0].status == "stopped"
-    assert sup.children[0].pid is not None
-    assert not alive(sup.children[0].pid)
 
 
 # -- mesh up / mesh chat with the loan desk ---------------------------------------------------
@@ -111,8 +34,6 @@ def _desk_file(tmp: Path) -> tuple[Path, dict[str, int]]:
     while True:
         low = free_port()
         try:
-            import socket
-
             with socket.socket() as s:
                 s.bind(("127.0.0.1", low + 1))
             break
@@ -213,43 +134,97 @@ def test_mesh_up_runs_the_loan_desk_restarts_a_crash_and_stops_cleanly(tmp_path:
     assert [i["instance_id"] for i in left] == killed
 
 
-def test_children_do_not_outlive_a_killed_supervisor(tmp_path: Path) -> None:
-    from tests.support import Proc, wait_for
-
-    port = free_port()
-    script = f"""
-import asyncio, sys
-from pathlib import Path
-from mesh.meshfile import ProcessSpec
-from mesh.supervisor import Supervisor
-
-async def main():
-    spec = ProcessSpec(name="child", kind="node", agent="child",
-        argv=(sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1"),
-        url="http://127.0.0.1:{port}", health_url="http://127.0.0.1:{port}/")
-    sup = Supervisor([spec], log_dir=Path({str(tmp_path)!r}))
-    await sup.start()
-    print("child pid", sup.children[0].pid, flush=True)
-    await asyncio.sleep(600)
-
-asyncio.run(main())
-"""
-    parent = Proc.start([sys.executable, "-c", script], name="parent", tmp=tmp_path)
-    try:
-        line = wait_for(
-            lambda: next((ln for ln in parent.output().splitlines() if "child pid" in ln), None),
-            what="the child to start",
-        )
-        child = int(line.split()[-1])
-        assert alive(child)
-        parent.kill()  # SIGKILL: the supervisor gets no chance to stop anything
-        wait_for(lambda: not alive(child) or _zombie(child), what="the orphan to exit")
-    finally:
-        parent.kill()
+# -- one mesh per state dir, ports checked before anything starts -------------------------------
 
 
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except FileNotFoundError:
-        return True
+def _log_contents(logs: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(logs.iterdir())}
+
+
+def test_a_second_mesh_up_fails_fast_and_leaves_the_first_alone(tmp_path: Path) -> None:
+    meshfile, ports = small_mesh(tmp_path)
+    health = {
+        "registry": f"http://127.0.0.1:{ports['registry']}/health",
+        "credit-bureau": f"http://127.0.0.1:{ports['bureau']}/health",
+    }
+    with mesh_up(meshfile, tmp_path) as first:
+        logs = tmp_path / "state" / "logs"
+        before = _log_contents(logs)
+        pids = {n: httpx.get(url, trust_env=False).json()["pid"] for n, url in health.items()}
+
+        # The same project: its lock answers at once, naming the running mesh up.
+        began = time.monotonic()
+        again = mesh("up", str(meshfile), timeout=30)
+        assert again.returncode != 0
+        lines = again.stderr.strip().splitlines()
+        assert len(lines) == 1, again.stderr
+        assert f"another `mesh up` (pid {first.pid}) is already running this mesh" in lines[0]
+        assert "mesh ps" in lines[0]
+        assert "✓" not in again.stdout
+
+        # Another project (its own state dir) on the same ports: the port check answers.
+        other = tmp_path / "other.toml"
+        other.write_text(meshfile.read_text().replace(str(tmp_path / "state"), str(tmp_path / "o")))
+        second = mesh("up", str(other), timeout=30)
+        # Both well inside the 60 s start timeout the old run sat in before failing.
+        assert time.monotonic() - began < 20
+        assert second.returncode != 0
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1, second.stderr
+        assert (
+            f"port {ports['registry']} on 127.0.0.1 (for registry) is already in use (and 1 "
+            f"more of this mesh's ports: {ports['bureau']}): is another `mesh up` running? "
+            "see `mesh ps`"
+        ) in lines[0]
+        assert "starting" not in second.stdout
+        assert not (tmp_path / "o" / "logs").exists()
+
+        # The first mesh: same processes, still healthy, its logs only ever grew by its own lines.
+        for name, url in health.items():
+            answer = httpx.get(url, trust_env=False)
+            assert (answer.status_code, answer.json()["pid"]) == (200, pids[name])
+        after = _log_contents(logs)
+        assert after.keys() == before.keys()
+        for name, text in after.items():
+            assert text.startswith(before[name])
+            assert text.count(RUN_MARKER.encode()) == 1
+        assert "crashed" not in first.output()
+
+
+def test_a_busy_node_port_is_reported_before_anything_starts(tmp_path: Path) -> None:
+    meshfile, ports = small_mesh(tmp_path)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", ports["bureau"]))
+        squatter.listen()
+        result = mesh("up", str(meshfile), timeout=30)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0] == (
+        f"mesh: error: port {ports['bureau']} on 127.0.0.1 (for credit-bureau) is already in "
+        "use: is another `mesh up` running? see `mesh ps`, or stop what listens there"
+    )
+    # Nothing was started, no log written: not even the registry, which comes first.
+    assert "starting" not in result.stdout
+    assert not (tmp_path / "state" / "logs").exists()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{ports['registry']}/health", trust_env=False)
+
+
+def test_mesh_serve_and_mesh_registry_exit_with_ex_config_on_a_busy_port(tmp_path: Path) -> None:
+    """EX_CONFIG (78) tells `mesh up` not to restart: the same start would fail the same way."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        for argv in (
+            ("serve", "agents.credit_bureau:agent", "--no-register"),
+            ("registry",),
+        ):
+            result = mesh(*argv, "--port", str(port), "--data-dir", str(tmp_path / argv[0]))
+            assert result.returncode == os.EX_CONFIG, result.stderr
+            lines = result.stderr.strip().splitlines()
+            assert lines == [
+                f"mesh: error: port {port} on 127.0.0.1 is already in use; stop what runs there "
+                "or pick another --port"
+            ]

@@ -1,22 +1,36 @@
 """The ``mesh`` command. Each sub-command lives in the module that owns it and registers itself
-through ``add_parsers(subparsers)``; this module only wires them and maps errors to exit codes.
+through ``add_parsers(subparsers)``; this module only wires them and maps errors to exit codes:
+
+    0    done
+    1    a MeshError (the message says what went wrong and what to do)
+    78   EX_CONFIG: ``mesh serve`` / ``mesh registry`` could not start as configured (a busy
+         port, a bad module, a missing token); ``mesh up`` does not restart a process that
+         exits with it, since the same start would fail the same way
+    130  interrupted
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from mesh import __version__
-from mesh.errors import MeshError
+from mesh.errors import ConfigError, MeshError
+
+EX_CONFIG = os.EX_CONFIG  # 78, sysexits.h
+
+# Services whose start-up ConfigError exits with EX_CONFIG (their supervisor reads it).
+_SERVICES = frozenset({"serve", "registry"})
 
 # Modules contributing sub-commands, in help order.
 _COMMAND_MODULES = (
     "mesh.cli.serve",  # serve, card, call
     "mesh.cli.registry",  # registry, ls, show
     "mesh.cli.up",  # up, chat
+    "mesh.cli.control",  # ps, restart, stop, logs (the running `mesh up`)
 )
 
 
@@ -49,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = handler(args)
     except MeshError as exc:
         print(f"mesh: error: {exc}", file=sys.stderr)
+        if isinstance(exc, ConfigError) and args.command in _SERVICES:
+            return EX_CONFIG
         return 1
     except KeyboardInterrupt:
         return 130

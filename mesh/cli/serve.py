@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import importlib
 import json
 import logging
 import os
 import re
 import signal
-import socket
 import sys
 from types import FrameType
 from typing import Any
@@ -100,29 +98,11 @@ def load_agent(target: str) -> Any:
     return agent
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """Bind before starting uvicorn, so a busy port is a clear one-line error."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(
-                f"port {port} on {host} is already in use; stop what runs there or pick "
-                "another --port"
-            ) from exc
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    sock.set_inheritable(True)
-    return sock
-
-
 def _serve(args: argparse.Namespace) -> int:
     # Before the agent's module runs: importing mesh.a2a turns off the a2a-sdk's no-op tracing
     # (read once when ``a2a`` is first imported; see mesh/a2a/__init__.py).
     import mesh.a2a  # noqa: F401
+    from mesh.listener import bind_listener
     from mesh.settings import NodeSettings
 
     agent = load_agent(args.target)
@@ -150,7 +130,7 @@ def _serve(args: argparse.Namespace) -> int:
             "tasks; set MESH_TOKEN on every node of the mesh",
             settings.host,
         )
-    sock = _bind(settings.host, settings.port)
+    sock = bind_listener(settings.host, settings.port)
 
     import uvicorn
 

@@ -1,7 +1,7 @@
 """``mesh up`` (run a whole mesh from a mesh.toml) and ``mesh chat`` (talk to one agent).
 
 mesh up                       # agents/mesh.toml: the loan desk
-mesh up path/to/mesh.toml
+mesh up path/to/mesh.toml     # then mesh ps / logs / restart / stop (mesh/cli/control.py)
 mesh chat loan-officer        # by name, through the registry
 mesh chat http://127.0.0.1:8401
 """
@@ -34,8 +34,12 @@ _MARK = {
     "healthy": "✓",
     "unhealthy": "!",
     "crashed": "✗",
+    "exited": "■",
+    "failed": "✗",
     "stopped": "■",
 }
+# Lines of a crashed process's log (its latest start only) shown under the crash.
+_CRASH_LINES = 8
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,8 +47,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "up",
         help="start the registry and every node of a mesh file; Ctrl-C stops them",
         description="Start the registry and every node of a mesh file as separate processes, "
-        "restart crashed nodes, and stop everything on Ctrl-C or SIGTERM. Logs go to "
-        "<state_dir>/logs/.",
+        "restart crashed nodes, and stop everything on Ctrl-C or SIGTERM. Nothing starts unless "
+        "every port is free and no other `mesh up` runs for the same state dir. Logs go to "
+        "<state_dir>/logs/; `mesh ps`, `mesh logs`, `mesh restart` and `mesh stop` act on the "
+        "running mesh.",
     )
     up.add_argument(
         "meshfile", nargs="?", default=DEFAULT_MESHFILE, help=f"default: {DEFAULT_MESHFILE}"
@@ -89,67 +95,93 @@ def _run_up(args: argparse.Namespace) -> int:
 
     meshfile = load_meshfile(args.meshfile)
     root = Path(args.root).resolve()
-    return asyncio.run(up(meshfile, root=root, start_timeout=args.start_timeout))
+    return asyncio.run(
+        up(meshfile, root=root, start_timeout=args.start_timeout, meshfile_path=args.meshfile)
+    )
 
 
 async def up(
-    meshfile: MeshFile, *, root: Path, start_timeout: float = 60.0, out: TextIO = sys.stdout
+    meshfile: MeshFile,
+    *,
+    root: Path,
+    start_timeout: float = 60.0,
+    out: TextIO = sys.stdout,
+    meshfile_path: str = DEFAULT_MESHFILE,
 ) -> int:
-    """Run the mesh until SIGINT/SIGTERM. Returns the exit code."""
+    """Run the mesh until SIGINT/SIGTERM. Returns the exit code.
+
+    Nothing starts, and no log is written, unless this is the only ``mesh up`` of the state
+    dir (``UpLock``) and every port of the plan is free; a ``ConfigError`` says which is not.
+    """
+    from mesh.control import ControlServer, UpLock
     from mesh.supervisor import Supervisor
 
-    log_dir = (root / meshfile.state_dir / "logs").resolve()
+    state_dir = meshfile.state_path(root)
+    log_dir = state_dir / "logs"
     started = False
 
     def report(child: Child) -> None:
         # Before everything is up, show every step; afterwards only what matters.
-        if not started or child.status in ("crashed", "healthy", "unhealthy"):
-            restarts = f" (restart {child.restarts})" if child.restarts else ""
-            print(
-                f"  {_MARK[child.status]} {child.spec.name:<20} {child.status:<9} "
-                f"{child.detail}{restarts}",
-                file=out,
-                flush=True,
-            )
+        if started and child.status in ("starting", "pending"):
+            return
+        restarts = f" (restart {child.restarts})" if child.restarts else ""
+        print(
+            f"  {_MARK[child.status]} {child.spec.name:<20} {child.status:<9} "
+            f"{child.detail}{restarts}",
+            file=out,
+            flush=True,
+        )
+        if started and child.status == "crashed":
+            for line in child.tail(_CRASH_LINES).splitlines():
+                print(f"      | {line}", file=out, flush=True)
 
     specs = meshfile.plan(root)
     supervisor = Supervisor(
         specs, log_dir=log_dir, cwd=root, on_change=report, start_timeout=start_timeout
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        print(f"mesh up: starting {len(specs)} processes (logs in {log_dir})", file=out, flush=True)
-        start = asyncio.create_task(supervisor.start())
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait({start, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        if not start.done():
-            start.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await start
-            stopper.cancel()
-            await supervisor.stop()
-            print("mesh up: interrupted while starting; stopped", file=out, flush=True)
-            return 130
-        stopper.cancel()
-        start.result()  # raises ConfigError (after stopping everything) when a process failed
-        started = True
-        _print_table(meshfile, supervisor, out)
-        watcher = asyncio.create_task(supervisor.watch())
-        await stop.wait()
-        print("mesh up: stopping…", file=out, flush=True)
-        await supervisor.stop()
-        await watcher
-        print("mesh up: stopped", file=out, flush=True)
-        return 0
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+    with UpLock(state_dir):
+        supervisor.check_ports()
+        async with ControlServer(supervisor, state_dir):
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            try:
+                print(
+                    f"mesh up: starting {len(specs)} processes (logs in {log_dir})",
+                    file=out,
+                    flush=True,
+                )
+                start = asyncio.create_task(supervisor.start())
+                stopper = asyncio.create_task(stop.wait())
+                await asyncio.wait({start, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if not start.done():
+                    start.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await start
+                    stopper.cancel()
+                    await supervisor.stop()
+                    print("mesh up: interrupted while starting; stopped", file=out, flush=True)
+                    return 130
+                stopper.cancel()
+                start.result()  # raises ConfigError (after stopping everything) on a failure
+                started = True
+                _print_table(meshfile, supervisor, out, meshfile_path)
+                watcher = asyncio.create_task(supervisor.watch())
+                await stop.wait()
+                print("mesh up: stopping…", file=out, flush=True)
+                await supervisor.stop()
+                await watcher
+                print("mesh up: stopped", file=out, flush=True)
+                return 0
+            finally:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
 
 
-def _print_table(meshfile: MeshFile, supervisor: Supervisor, out: TextIO) -> None:
+def _print_table(
+    meshfile: MeshFile, supervisor: Supervisor, out: TextIO, meshfile_path: str
+) -> None:
     rows = [("AGENT", "PROCESS", "URL", "HEALTH")]
     for child in supervisor.children:
         health = "ok" if child.status == "healthy" else child.status
@@ -157,11 +189,14 @@ def _print_table(meshfile: MeshFile, supervisor: Supervisor, out: TextIO) -> Non
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     print(file=out)
     for row in rows:
-        print("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)), file=out)
+        line = "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True))
+        print(f"  {line}".rstrip(), file=out)
     print(file=out)
     print(f"registry page: {meshfile.registry.public_url}/", file=out)
     first = next(iter(meshfile.nodes))
     print(f"try:           mesh chat {first} --registry {meshfile.registry.public_url}", file=out)
+    which = "" if meshfile_path == DEFAULT_MESHFILE else f" --meshfile {meshfile_path}"
+    print(f"manage:        mesh ps{which}; mesh logs|restart|stop NAME{which}", file=out)
     print("Ctrl-C stops everything.", file=out, flush=True)
 
 
