@@ -58,7 +58,6 @@ from mesh.resilience import (
 from mesh.schema_check import SchemaViolation, check
 from mesh.tools import ToolContext
 from mesh.tracing import TraceParent
-from mesh.trust import Admitted, PeerRefused, PeerTrust
 
 if TYPE_CHECKING:
     from mesh.a2a.client import A2APeer, TaskResult
@@ -193,9 +192,6 @@ class RemoteAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
         self._peers: dict[str, A2APeer] = {}
-        # Outside a node: no token to protect, no networks configured; the card must still
-        # name the agent asked for. A node binds its own (token and MESH_PEER_NETWORKS).
-        self._trust = PeerTrust()
         self._card: dict[str, Any] | None = None
         self._card_at = float("-inf")
 
@@ -207,13 +203,8 @@ class RemoteAgent:
         http: httpx.AsyncClient | None = None,
         metrics: NodeMetrics | None = None,
         caller: str | None = None,
-        trust: PeerTrust | None = None,
     ) -> None:
-        """Use the node's shared clients, metrics and peer checks (called from the node's
-        lifespan): ``trust`` decides which instance URLs get calls and the mesh token."""
-        if trust is not None:
-            self._trust = trust
-            self._peers.clear()
+        """Use the node's shared clients and metrics (called from the node's lifespan)."""
         if discovery is not None:
             self._discovery = discovery
         if http is not None:
@@ -280,21 +271,6 @@ class RemoteAgent:
             peer = self._peers[url] = A2APeer(http, url)
         return peer
 
-    async def _admit(
-        self, http: httpx.AsyncClient, url: str, skill: str
-    ) -> tuple[A2APeer, Admitted]:
-        """The peer at ``url`` once ``mesh.trust`` verified it (its calls then carry the
-        token); a refused URL is ``unavailable`` (the retry tries the next instance)."""
-        peer = self._peer(http, url)
-        agent = self.peer if self._named else None
-        try:
-            admitted = await self._trust.admit(url, agent, peer.fetch_card_dict)
-        except PeerRefused as exc:
-            peer.headers = {}
-            raise self._unavailable(skill, str(exc)) from exc
-        peer.headers = dict(admitted.headers)
-        return peer, admitted
-
     # -- discovery and card ---------------------------------------------------------------
     async def _targets(self, skill: str) -> list[str]:
         _, discovery = await self._ready()
@@ -308,12 +284,6 @@ class RemoteAgent:
         except DiscoveryError as exc:
             raise self._unavailable(skill, f"cannot reach discovery ({exc})") from exc
         self.instances = [i.url.rstrip("/") for i in found]
-        if self._metrics is not None:
-            # A sample per resolved target from the start (closed until it changes): a healthy
-            # mesh shows its breakers instead of an empty series.
-            for target in self.instances:
-                state = _BREAKER_NAMES[self.breakers.get(target).state]
-                self._metrics.breaker_state(self.peer, target, state)  # type: ignore[arg-type]
         return list(self.instances)
 
     async def _load_card(self, skill: str) -> dict[str, Any]:
@@ -327,11 +297,10 @@ class RemoteAgent:
             targets, last = [], exc
         for target in targets:
             try:
-                _, admitted = await self._admit(http, target, skill)
+                card = await self._peer(http, target).card_dict()
             except RemoteError as exc:
                 last = exc
                 continue
-            card = dict(admitted.card)
             self._card, self._card_at = card, time.monotonic()
             if not self._named:
                 self.peer = str(card.get("name") or self.peer)
@@ -500,7 +469,7 @@ class RemoteAgent:
         async def attempt(url: str) -> TaskResult:
             record.attempts += 1
             record.target = url
-            peer, _ = await self._admit(http, url, skill)
+            peer = self._peer(http, url)
             inflight.clear()
             inflight["peer"] = peer
             inflight["send"] = send
