@@ -82,6 +82,7 @@ def agent_record(data: dict[str, Any], *, expected_name: str, now: float) -> Age
         card=card,
         skills=tuple(skills),
         updated_at=now,
+        agent_tags=tuple(agent_tags(card)),
     )
 
 

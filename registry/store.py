@@ -41,11 +41,13 @@ class AgentRecord:
     card: dict[str, Any]
     skills: tuple[SkillRecord, ...] = ()
     updated_at: float = 0.0
+    # The agent's own tags (``Agent(tags=...)``, from the card's mesh extension).
+    agent_tags: tuple[str, ...] = ()
 
     @property
     def tags(self) -> tuple[str, ...]:
-        """Every skill tag of the agent, sorted, without duplicates."""
-        return tuple(sorted({t for s in self.skills for t in s.tags}))
+        """The agent's tags and every skill tag, sorted, without duplicates."""
+        return tuple(sorted({*self.agent_tags, *(t for s in self.skills for t in s.tags)}))
 
     def skill(self, skill_id: str) -> SkillRecord | None:
         return next((s for s in self.skills if s.id == skill_id), None)

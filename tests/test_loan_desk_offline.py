@@ -1,10 +1,15 @@
 """The offline loan desk feels like the real thing: follow-ups keep the conversation, answers say
 each fact once, an applicant not on file is said to be so, and a huge message does not stall the
-officer. Real processes (registry, bureau, verifier, officer), the real a2a-sdk client."""
+officer; and the small truths a newcomer checks (breaker samples, one log line per card, agent
+tags in the registry, JSON in the order the models declare). Real processes (registry, bureau,
+verifier, officer), the real a2a-sdk client."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -13,6 +18,7 @@ import pytest
 
 from agents.credit_bureau import _score
 from mesh.a2a.client import A2APeer
+from tests.support import ROOT, clean_env
 from tests.test_delegation_e2e import Desk, ask, client, loan_desk
 
 pytestmark = pytest.mark.integration
@@ -98,3 +104,66 @@ async def test_a_48kb_message_does_not_stall_the_officer(desk: Desk) -> None:
     assert elapsed < 2.0, f"the 48 KB turn took {elapsed:.2f}s"
     assert health, "no /health answer while the turn ran"
     assert max(health) < 1.0, f"/health took up to {max(health):.2f}s"
+
+
+# -- small truths ----------------------------------------------------------------------------
+
+
+def _mesh(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mesh", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+async def test_a_healthy_mesh_has_breaker_samples(desk: Desk) -> None:
+    await ask(desk.officer, "Should we approve APP-501 for 250000?")
+    async with httpx.AsyncClient(timeout=5, trust_env=False) as http:
+        metrics = (await http.get(desk.officer + "/metrics")).text
+    samples = {
+        line.split("target=")[1].split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("mesh_circuit_breaker_state{") and 'peer="credit-bureau"' in line
+    }
+    # Both replicas, closed, although no breaker ever changed state.
+    assert samples == dict.fromkeys(desk.bureaus, 0.0)
+
+
+async def test_the_officer_logs_a_fetched_card_in_one_line(desk: Desk) -> None:
+    await ask(desk.officer, "Should we approve APP-501 for 250000?")
+    officer = next(p for p in desk.procs if p.name == "loan-officer")
+    log = officer.output()
+    assert "fetched the agent card of credit-bureau from http://127.0.0.1:" in log
+    assert "Successfully fetched agent card data" not in log
+    assert "'skills'" not in log  # no card dump
+
+
+def test_agent_tags_reach_the_registry(desk: Desk) -> None:
+    agent = httpx.get(f"{desk.registry}/v1/agents/loan-officer", timeout=5, trust_env=False)
+    assert {"lending", "coordinator"} <= set(agent.json()["tags"])
+    listed = httpx.get(f"{desk.registry}/v1/agents", timeout=5, trust_env=False).json()
+    officer = next(a for a in listed["agents"] if a["name"] == "loan-officer")
+    assert {"lending", "coordinator"} <= set(officer["tags"])
+
+
+def test_mesh_call_and_show_keep_the_declared_order(desk: Desk) -> None:
+    env = clean_env(MESH_REGISTRY=desk.registry)
+    for extra in ((), ("--stream",)):
+        done = _mesh(
+            "call", "credit-bureau", "--skill", "score",
+            "--json", '{"applicant_id": "APP-501", "amount": 250000}', *extra, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        assert list(data) == ["applicant_id", "score", "tier", "flags", "narrative"]
+    shown = _mesh("show", "credit-bureau", "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    skill = next(s for s in json.loads(shown.stdout)["skills"] if s["id"] == "score")
+    assert list(skill["input_schema"]["properties"]) == ["applicant_id", "amount"]
+    assert skill["input_schema"]["properties"]["applicant_id"]["minLength"] == 1
+    assert "1.0" not in json.dumps(skill["input_schema"]["properties"]["applicant_id"])

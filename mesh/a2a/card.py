@@ -1,17 +1,21 @@
 """The agent card: what a node publishes about its agent at ``/.well-known/agent-card.json``.
 
 Skills become ``AgentSkill`` entries. A2A has no field for a skill's input/output JSON Schema,
-so typed skills publish theirs through the extension ``urn:mesh:skill-schemas:v1`` in
+nor for the agent's own tags, so they travel in the extension ``urn:mesh:skill-schemas:v1`` in
 ``capabilities.extensions``::
 
     {"uri": "urn:mesh:skill-schemas:v1",
-     "params": {"skills": {"score": {"input": {...JSON Schema...}, "output": {...}}}}}
+     "params": {"skills": {"score": {"input": {...JSON Schema...}, "output": {...}}},
+                "tags": ["credit", "bureau"]}}
 
-The agent's instruction never appears in the card.
+The params are a protobuf ``Struct``: key order and integers do not survive it, so schemas go
+out with ``propertyOrdering`` and come back through ``mesh.schema_order.restore``
+(``card_to_dict`` and ``skill_schemas`` do it). The agent's instruction never appears in the card.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from a2a.types import (
@@ -29,6 +33,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Struct
 
 from mesh.agent import Agent
+from mesh.schema_order import restore, with_property_order
 from mesh.skills import Skill
 
 __all__ = [
@@ -36,6 +41,7 @@ __all__ = [
     "JSON_MODE",
     "SKILL_SCHEMA_EXTENSION",
     "TEXT_MODE",
+    "agent_tags",
     "build_card",
     "card_from_dict",
     "card_to_dict",
@@ -70,13 +76,19 @@ def build_card(agent: Agent, url: str, *, bearer: bool = False) -> AgentCard:
     """
     skills = agent.all_skills
     schemas = {
-        s.id: {"input": s.input_schema(), "output": s.output_schema()} for s in skills if s.typed
+        s.id: {
+            "input": with_property_order(s.input_schema() or {}),
+            "output": with_property_order(s.output_schema() or {}),
+        }
+        for s in skills
+        if s.typed
     }
     params = Struct()
-    params.update({"skills": schemas})
+    params.update({"skills": schemas, "tags": list(agent.tags)})
     extension = AgentExtension(
         uri=SKILL_SCHEMA_EXTENSION,
-        description="JSON Schemas of the typed skills' input (data part) and output (artifact).",
+        description="JSON Schemas of the typed skills' input (data part) and output "
+        "(artifact), and the agent's tags.",
         required=False,
         params=params,
     )
@@ -108,8 +120,16 @@ def build_card(agent: Agent, url: str, *, bearer: bool = False) -> AgentCard:
 
 
 def card_to_dict(card: AgentCard) -> dict[str, Any]:
-    """The card as the camelCase JSON the well-known route serves."""
-    return dict(MessageToDict(card))
+    """The card as camelCase JSON, with the mesh extension's schemas as their models declare
+    them (property order, integers)."""
+    data = dict(MessageToDict(card))
+    params = _mesh_params(data)
+    if params is not None and isinstance(params.get("skills"), dict):
+        rest = {k: v for k, v in params.items() if k != "skills"}
+        skills = _restored(params["skills"])
+        params.clear()
+        params.update({"skills": skills, **rest})
+    return data
 
 
 def card_from_dict(data: dict[str, Any]) -> AgentCard:
@@ -120,10 +140,62 @@ def card_from_dict(data: dict[str, Any]) -> AgentCard:
 
 
 def skill_schemas(card: AgentCard | dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{skill_id: {"input": schema, "output": schema}}`` from a card's mesh extension, or {}."""
-    data = card if isinstance(card, dict) else card_to_dict(card)
-    for ext in data.get("capabilities", {}).get("extensions", []) or []:
-        if ext.get("uri") == SKILL_SCHEMA_EXTENSION:
-            skills = (ext.get("params") or {}).get("skills") or {}
-            return {str(k): dict(v) for k, v in skills.items()}
-    return {}
+    """``{skill_id: {"input": schema, "output": schema}}`` from a card's mesh extension, or {}.
+
+    Schemas come back as declared (see ``mesh.schema_order.restore``), whatever JSON they were
+    read from.
+    """
+    params = _mesh_params(card if isinstance(card, dict) else dict(MessageToDict(card)))
+    skills = (params or {}).get("skills")
+    return _restored(skills) if isinstance(skills, dict) else {}
+
+
+def agent_tags(card: AgentCard | dict[str, Any]) -> list[str]:
+    """The agent's own tags, from the card's mesh extension (skills carry their own)."""
+    params = _mesh_params(card if isinstance(card, dict) else dict(MessageToDict(card)))
+    tags = (params or {}).get("tags")
+    return [str(t) for t in tags] if isinstance(tags, list) else []
+
+
+def _mesh_params(data: dict[str, Any]) -> dict[str, Any] | None:
+    capabilities = data.get("capabilities")
+    extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
+    for ext in extensions if isinstance(extensions, list) else []:
+        if isinstance(ext, dict) and ext.get("uri") == SKILL_SCHEMA_EXTENSION:
+            params = ext.get("params")
+            return params if isinstance(params, dict) else None
+    return None
+
+
+def _restored(skills: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for sid, entry in skills.items():
+        if isinstance(entry, dict):
+            keys = [*(k for k in ("input", "output") if k in entry), *sorted(entry)]
+            out[str(sid)] = {
+                k: restore(entry[k]) if isinstance(entry[k], dict) else entry[k]
+                for k in dict.fromkeys(keys)
+            }
+    return out
+
+
+class _OneLineCardLog(logging.Filter):
+    """a2a-sdk logs every card it fetches, whole, at INFO: kilobytes per peer in a coordinator's
+    log. Keep the fact, in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (
+            isinstance(record.msg, str)
+            and record.msg.startswith("Successfully fetched agent card data")
+            and isinstance(args, tuple)
+            and len(args) == 2
+        ):
+            url, data = args
+            name = data.get("name") if isinstance(data, dict) else None
+            record.msg = "fetched the agent card of %s from %s"
+            record.args = (str(name or "?")[:100], url)
+        return True
+
+
+logging.getLogger("a2a.client.card_resolver").addFilter(_OneLineCardLog())

@@ -227,6 +227,20 @@ def _print_result(result: Any, shown: str = "") -> int:
     return 1
 
 
+async def _in_declared_order(peer: Any, result: Any) -> Any:
+    """The result with its data in the order the skill's output model declares (the wire's
+    protobuf Struct scrambles it), read from the node's card."""
+    import dataclasses
+
+    from mesh.a2a.card import skill_schemas
+    from mesh.schema_order import order_like
+
+    if result.data is None:
+        return result
+    schema = skill_schemas(await peer.card()).get(str(result.metadata.get("skill")), {})
+    return dataclasses.replace(result, data=order_like(result.data, schema.get("output")))
+
+
 async def _call_async(url: str, payload: dict[str, Any] | str, args: argparse.Namespace) -> int:
     import httpx
 
@@ -241,7 +255,7 @@ async def _call_async(url: str, payload: dict[str, Any] | str, args: argparse.Na
                 result = await peer.send(
                     payload, skill=args.skill, context_id=args.context_id, timeout=args.timeout
                 )
-                return _print_result(result)
+                return _print_result(await _in_declared_order(peer, result))
             task_id = ""
             partial = False
             shown = ""
@@ -263,7 +277,8 @@ async def _call_async(url: str, payload: dict[str, Any] | str, args: argparse.Na
                     print(f"[{update.state}]", file=sys.stderr, flush=True)
             if not task_id:
                 raise ConfigError("the stream ended without a task")
-            return _print_result(await peer.get_task(task_id), shown)
+            result = await _in_declared_order(peer, await peer.get_task(task_id))
+            return _print_result(result, shown)
         finally:
             await peer.aclose()
 
