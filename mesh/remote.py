@@ -284,6 +284,12 @@ class RemoteAgent:
         except DiscoveryError as exc:
             raise self._unavailable(skill, f"cannot reach discovery ({exc})") from exc
         self.instances = [i.url.rstrip("/") for i in found]
+        if self._metrics is not None:
+            # A sample per resolved target from the start (closed until it changes): a healthy
+            # mesh shows its breakers instead of an empty series.
+            for target in self.instances:
+                state = _BREAKER_NAMES[self.breakers.get(target).state]
+                self._metrics.breaker_state(self.peer, target, state)  # type: ignore[arg-type]
         return list(self.instances)
 
     async def _load_card(self, skill: str) -> dict[str, Any]:
