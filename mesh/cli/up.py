@@ -124,13 +124,10 @@ async def up(
         # Before everything is up, show every step; afterwards only what matters.
         if started and child.status in ("starting", "pending"):
             return
-        restarts = f" (restart {child.restarts})" if child.restarts else ""
-        print(
-            f"  {_MARK[child.status]} {child.spec.name:<20} {child.status:<9} "
-            f"{child.detail}{restarts}",
-            file=out,
-            flush=True,
-        )
+        restarts = f"(restart {child.restarts})" if child.restarts else ""
+        about = " ".join(x for x in (child.detail, restarts) if x)
+        line = f"  {_MARK[child.status]} {child.spec.name:<20} {child.status:<9} {about}"
+        print(line.rstrip(), file=out, flush=True)
         if started and child.status == "crashed":
             for line in child.tail(_CRASH_LINES).splitlines():
                 print(f"      | {line}", file=out, flush=True)
