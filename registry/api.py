@@ -1,19 +1,22 @@
 """The registry's JSON API under ``/v1`` (contract: docs/architecture.md, "Registry API").
 
 Errors are ``{"error": code, "message": text}`` with a 4xx status; the message says what is
-wrong and, where it helps, what to do.
+wrong and, where it helps, what to do. The write token and the body limit are checked before
+any route, by ``registry.gate``; ownership of an instance (its secret) here, by the store.
 """
 
 from __future__ import annotations
 
+import logging
+import secrets
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 
 from registry.card import CardRejected, agent_record, fetch_card
 from registry.state import RegistryState, get_state
-from registry.store import InstanceRecord
+from registry.store import InstanceRecord, InstanceTaken, NotOwner, secret_hash
 from registry.wire import (
     AgentDetail,
     AgentList,
@@ -23,12 +26,13 @@ from registry.wire import (
     InstanceList,
     InstanceOut,
     RegisterBody,
+    RegisteredOut,
     SkillOut,
     StatusFilter,
     TargetGroup,
 )
 
-__all__ = ["ApiError", "router"]
+__all__ = ["SECRET_HEADER", "ApiError", "router"]
 
 
 class ApiError(Exception):
@@ -52,38 +56,97 @@ _errors: dict[int | str, dict[str, object]] = {
 }
 
 router = APIRouter(prefix="/v1", responses=_errors)
+log = logging.getLogger("registry")
+
+SECRET_HEADER = "Mesh-Instance-Secret"
+Secret = Annotated[
+    str | None,
+    Header(
+        alias=SECRET_HEADER,
+        description="the secret from this instance's registration answer (its owner's proof)",
+    ),
+]
 
 
-@router.post("/instances", status_code=201, tags=["instances"])
-async def register(body: RegisterBody, state: State) -> InstanceOut:
-    """Register (or re-register) an instance. The registry fetches and validates its card."""
+def _presented(secret: str | None) -> str | None:
+    return secret_hash(secret) if secret else None
+
+
+def _not_owner(instance_id: str, secret: str | None) -> ApiError:
+    if not secret:
+        return ApiError(
+            403,
+            "not_owner",
+            f"instance {instance_id!r} belongs to whoever registered it: send the 'secret' of "
+            f"its registration answer in the '{SECRET_HEADER}' header",
+        )
+    return ApiError(
+        403,
+        "not_owner",
+        f"wrong '{SECRET_HEADER}' for instance {instance_id!r}: send the 'secret' of its "
+        "registration answer (a restarted node registers under a new instance id)",
+    )
+
+
+@router.post(
+    "/instances", status_code=201, tags=["instances"], responses={409: {"model": ErrorBody}}
+)
+async def register(body: RegisterBody, state: State, secret: Secret = None) -> RegisteredOut:
+    """Register an instance, or re-register one you own (send its secret). The registry
+    fetches and validates its card. A new instance id gets a fresh secret in the answer, and
+    supersedes any other instance of the same agent at the same URL."""
     try:
         card = await fetch_card(state.http, body.url, body.card_path)
         now = time.time()
         agent = agent_record(card, expected_name=body.agent, now=now)
     except CardRejected as exc:
         raise ApiError(422, "invalid_card", str(exc)) from exc
-    stored = await state.store.put(
-        agent,
-        InstanceRecord(
-            instance_id=body.instance_id,
-            agent=body.agent,
-            url=body.url,
-            version=body.version or agent.version,
-            status="passing",
-            status_reason="registered (card fetched)",
-            status_changed_at=now,
-            last_heartbeat_at=now,
-            registered_at=now,
-        ),
-    )
-    return InstanceOut.of(stored, agent)
+    fresh = secrets.token_urlsafe(32)
+    try:
+        done = await state.store.put(
+            agent,
+            InstanceRecord(
+                instance_id=body.instance_id,
+                agent=body.agent,
+                url=body.url,
+                version=body.version or agent.version,
+                status="passing",
+                status_reason="registered (card fetched)",
+                status_changed_at=now,
+                last_heartbeat_at=now,
+                registered_at=now,
+            ),
+            secret_hash=secret_hash(fresh),
+            presented=_presented(secret),
+        )
+    except InstanceTaken as exc:
+        raise ApiError(
+            409,
+            "instance_conflict",
+            f"instance id {exc.instance_id!r} is registered to agent {exc.agent!r}: register "
+            f"{body.agent!r} under an instance id of its own",
+        ) from exc
+    except NotOwner as exc:
+        raise _not_owner(body.instance_id, secret) from exc
+    for old in done.superseded:
+        log.info(
+            "%s %s (%s) superseded by %s: one instance per agent and URL",
+            old.agent,
+            old.instance_id,
+            old.url,
+            body.instance_id,
+        )
+    owner = fresh if done.created else str(secret)
+    return RegisteredOut(**InstanceOut.of(done.instance, agent).model_dump(), secret=owner)
 
 
 @router.put("/instances/{instance_id}/heartbeat", tags=["instances"])
-async def heartbeat(instance_id: str, state: State) -> InstanceOut:
-    """Keep an instance alive. 404 ``unknown_instance``: register again."""
-    stored = await state.store.heartbeat(instance_id, time.time())
+async def heartbeat(instance_id: str, state: State, secret: Secret = None) -> InstanceOut:
+    """Keep an instance you own alive. 404 ``unknown_instance``: register again."""
+    try:
+        stored = await state.store.heartbeat(instance_id, time.time(), presented=_presented(secret))
+    except NotOwner as exc:
+        raise _not_owner(instance_id, secret) from exc
     if stored is None:
         raise ApiError(
             404, "unknown_instance", f"no instance {instance_id!r} here: register it again"
@@ -92,9 +155,12 @@ async def heartbeat(instance_id: str, state: State) -> InstanceOut:
 
 
 @router.delete("/instances/{instance_id}", status_code=204, tags=["instances"])
-async def deregister(instance_id: str, state: State) -> Response:
-    """Forget an instance (idempotent: unknown ids answer 204 too)."""
-    await state.store.remove(instance_id)
+async def deregister(instance_id: str, state: State, secret: Secret = None) -> Response:
+    """Forget an instance you own (idempotent: unknown ids answer 204 too)."""
+    try:
+        await state.store.deregister(instance_id, presented=_presented(secret))
+    except NotOwner as exc:
+        raise _not_owner(instance_id, secret) from exc
     return Response(status_code=204)
 
 

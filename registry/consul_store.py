@@ -11,6 +11,13 @@ and ``last_heartbeat_at`` is the time of Consul's latest answer. Consul stores n
 so the store reads each agent's card from one of its instances (``url`` + ``card_path`` from the
 service meta) and keeps it until the agent's version changes; an agent whose card cannot be
 read is still listed, with the skills its Consul tags name.
+
+Ownership (``registry.store``) holds here too: an instance registered through the registry API
+keeps its secret's hash in its service meta (``secret_hash``), and re-registering,
+heartbeating or deregistering it through the API must present the secret. A node that
+registered straight into Consul has no hash there, so the API can change nothing of it (Consul's
+ACLs guard that path). Unlike SQLite, the check and the write are two Consul calls, not one
+transaction.
 """
 
 from __future__ import annotations
@@ -26,11 +33,22 @@ from mesh.discovery.base import CARD_PATH, Instance, Registration, Status, Unkno
 from mesh.discovery.consul import ConsulBackend
 from mesh.errors import DiscoveryError, StoreError
 from registry.card import CardRejected, agent_record, fetch_card
-from registry.store import AgentRecord, InstanceRecord, SkillRecord
+from registry.store import (
+    AgentRecord,
+    InstanceRecord,
+    InstanceTaken,
+    NotOwner,
+    Registered,
+    SkillRecord,
+    owns,
+)
 
 __all__ = ["CardCache", "ConsulRegistryStore", "fallback_agent", "instance_record"]
 
 log = logging.getLogger("registry.consul")
+
+# The service meta key holding the hash of an instance's secret.
+OWNER_META = "secret_hash"
 
 
 def instance_record(
@@ -142,7 +160,41 @@ class ConsulRegistryStore:
         self._seen[inst.instance_id] = (first, status, changed)
         return instance_record(inst, registered_at=first, status_changed_at=changed, now=now)
 
-    async def put(self, agent: AgentRecord, instance: InstanceRecord) -> InstanceRecord:
+    async def _known(self, instance_id: str) -> Instance | None:
+        return next((i for i in await self._find() if i.instance_id == instance_id), None)
+
+    async def _owned(self, instance_id: str, presented: str | None) -> Instance | None:
+        """The instance if ``presented`` owns it, None if unknown, else ``NotOwner``."""
+        known = await self._known(instance_id)
+        if known is not None and not owns(known.meta.get(OWNER_META, ""), presented):
+            raise NotOwner(instance_id)
+        return known
+
+    async def put(
+        self,
+        agent: AgentRecord,
+        instance: InstanceRecord,
+        *,
+        secret_hash: str,
+        presented: str | None,
+    ) -> Registered:
+        everyone = await self._find()
+        known = next((i for i in everyone if i.instance_id == instance.instance_id), None)
+        if known is not None:
+            if known.agent != agent.name:
+                raise InstanceTaken(instance.instance_id, known.agent)
+            if not owns(known.meta.get(OWNER_META, ""), presented):
+                raise NotOwner(instance.instance_id)
+            secret_hash = known.meta[OWNER_META]
+        now = self._clock()
+        # One instance per (agent, URL), as in the SQLite store.
+        superseded = [
+            i
+            for i in everyone
+            if i.agent == agent.name
+            and i.url == instance.url
+            and i.instance_id != instance.instance_id
+        ]
         registration = Registration(
             instance_id=instance.instance_id,
             agent=agent.name,
@@ -150,8 +202,11 @@ class ConsulRegistryStore:
             version=instance.version,
             skills=tuple(s.id for s in agent.skills),
             tags=agent.tags,
+            meta={OWNER_META: secret_hash},
         )
         try:
+            for ghost in superseded:
+                await self._backend.deregister(ghost.instance_id)
             await self._backend.register(registration)
         except DiscoveryError as exc:
             raise StoreError(str(exc)) from exc
@@ -159,11 +214,20 @@ class ConsulRegistryStore:
         first = self._seen.get(instance.instance_id, (instance.registered_at,))[0]
         # Consul's check starts critical and turns passing on its first success.
         self._seen[instance.instance_id] = (first, "critical", instance.status_changed_at)
-        return instance.replace(
+        stored = instance.replace(
             registered_at=first, status="critical", status_reason="registered in Consul"
         )
+        return Registered(
+            stored,
+            created=known is None,
+            superseded=tuple(self._record(i, now) for i in superseded),
+        )
 
-    async def heartbeat(self, instance_id: str, at: float) -> InstanceRecord | None:
+    async def heartbeat(
+        self, instance_id: str, at: float, *, presented: str | None
+    ) -> InstanceRecord | None:
+        if await self._owned(instance_id, presented) is None:
+            return None  # not (yet) in the catalog: register again
         try:
             await self._backend.heartbeat(instance_id)
         except UnknownInstance:
@@ -173,7 +237,12 @@ class ConsulRegistryStore:
         for record in await self.instances():
             if record.instance_id == instance_id:
                 return record
-        return None  # known to the local agent, not yet in the catalog: register again
+        return None
+
+    async def deregister(self, instance_id: str, *, presented: str | None) -> InstanceRecord | None:
+        if await self._owned(instance_id, presented) is None:
+            return None
+        return await self.remove(instance_id)
 
     async def set_status(self, instance_id: str, status: Status, reason: str, at: float) -> None:
         """Consul's checks decide an instance's status; the registry's opinion is not stored."""

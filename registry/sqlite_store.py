@@ -1,18 +1,24 @@
 """``SqliteRegistryStore``: the registry's records in one SQLite file (WAL), so a restart of the
-registry forgets nothing. Runs over ``mesh.sqlite.Database`` (one connection, one thread)."""
+registry forgets nothing. Runs over ``mesh.sqlite.Database`` (one connection, one thread).
+
+Ownership checks (``registry.store``) run inside the write that changes the record, so two
+registrations racing for one id cannot both win."""
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from pathlib import Path
 
 from mesh.discovery.base import Status
 from mesh.sqlite import Database
 from registry.card import agent_record
-from registry.store import AgentRecord, InstanceRecord
+from registry.store import AgentRecord, InstanceRecord, InstanceTaken, NotOwner, Registered, owns
 
 __all__ = ["SqliteRegistryStore"]
+
+log = logging.getLogger("registry.store")
 
 _SCHEMA = """
 create table if not exists registry_agents (
@@ -29,7 +35,8 @@ create table if not exists registry_instances (
     status_reason text not null,
     status_changed_at real not null,
     last_heartbeat_at real not null,
-    registered_at real not null
+    registered_at real not null,
+    secret_hash text not null default ''
 );
 create index if not exists registry_instances_agent on registry_instances(agent);
 """
@@ -58,6 +65,37 @@ def _instance(row: sqlite3.Row) -> InstanceRecord:
     )
 
 
+def _migrate(conn: sqlite3.Connection) -> int:
+    """Add ``secret_hash`` to a database from before ownership, dropping its instances: nobody
+    holds their secret. Their nodes get 404 on the next heartbeat and register again (each
+    then owning its new record). Returns how many were dropped."""
+    columns = {row[1] for row in conn.execute("pragma table_info(registry_instances)")}
+    if "secret_hash" in columns:
+        return 0
+    conn.execute("alter table registry_instances add column secret_hash text not null default ''")
+    dropped = conn.execute("delete from registry_instances").rowcount
+    conn.execute(_DROP_ORPHANS)
+    return int(dropped)
+
+
+def _owner(conn: sqlite3.Connection, instance_id: str) -> sqlite3.Row | None:
+    row: sqlite3.Row | None = conn.execute(
+        "select agent, secret_hash from registry_instances where instance_id = ?", (instance_id,)
+    ).fetchone()
+    return row
+
+
+def _remove(conn: sqlite3.Connection, instance_id: str) -> InstanceRecord | None:
+    row = conn.execute(
+        f"select {_COLUMNS} from registry_instances where instance_id = ?", (instance_id,)
+    ).fetchone()
+    if row is None:
+        return None
+    conn.execute("delete from registry_instances where instance_id = ?", (instance_id,))
+    conn.execute(_DROP_ORPHANS)
+    return _instance(row)
+
+
 def _agent(row: sqlite3.Row) -> AgentRecord:
     # The card was validated when stored; re-deriving keeps one definition of skills and schemas.
     return agent_record(json.loads(row["card"]), expected_name=row["name"], now=row["updated_at"])
@@ -74,19 +112,59 @@ class SqliteRegistryStore:
     async def open(cls, path: str | Path) -> SqliteRegistryStore:
         db = await Database.open(path)
         await db.ensure_schema("registry", _SCHEMA)
+        dropped = await db.write(_migrate)
+        if dropped:
+            log.warning(
+                "%s predates instance secrets: dropped its %d instances (their nodes register "
+                "again on their next heartbeat)",
+                path,
+                dropped,
+            )
         return cls(db)
 
-    async def put(self, agent: AgentRecord, instance: InstanceRecord) -> InstanceRecord:
-        def write(conn: sqlite3.Connection) -> InstanceRecord:
+    async def put(
+        self,
+        agent: AgentRecord,
+        instance: InstanceRecord,
+        *,
+        secret_hash: str,
+        presented: str | None,
+    ) -> Registered:
+        def write(conn: sqlite3.Connection) -> Registered:
+            known = _owner(conn, instance.instance_id)
+            if known is not None:
+                if known["agent"] != instance.agent:
+                    raise InstanceTaken(instance.instance_id, known["agent"])
+                if not owns(known["secret_hash"], presented):
+                    raise NotOwner(instance.instance_id)
+            # One instance per (agent, URL): another id there is the same process restarted
+            # (or replaced), so its record is a ghost.
+            others = (instance.agent, instance.url, instance.instance_id)
+            superseded = tuple(
+                _instance(r)
+                for r in conn.execute(
+                    f"select {_COLUMNS} from registry_instances "
+                    "where agent = ? and url = ? and instance_id != ?",
+                    others,
+                )
+            )
+            if superseded:
+                conn.execute(
+                    "delete from registry_instances where agent = ? and url = ? "
+                    "and instance_id != ?",
+                    others,
+                )
             conn.execute(
                 "insert into registry_agents (name, card, updated_at) values (?, ?, ?) "
                 "on conflict(name) do update set card = excluded.card, "
                 "updated_at = excluded.updated_at",
                 (agent.name, json.dumps(agent.card), agent.updated_at),
             )
+            # A known id keeps its owner and registered_at.
             conn.execute(
-                f"insert into registry_instances ({_COLUMNS}) values (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "on conflict(instance_id) do update set agent = excluded.agent, "
+                f"insert into registry_instances ({_COLUMNS}, secret_hash) "
+                "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "on conflict(instance_id) do update set "
                 "url = excluded.url, version = excluded.version, status = excluded.status, "
                 "status_reason = excluded.status_reason, "
                 "status_changed_at = excluded.status_changed_at, "
@@ -101,6 +179,7 @@ class SqliteRegistryStore:
                     instance.status_changed_at,
                     instance.last_heartbeat_at,
                     instance.registered_at,
+                    secret_hash,
                 ),
             )
             conn.execute(_DROP_ORPHANS)
@@ -108,12 +187,19 @@ class SqliteRegistryStore:
                 f"select {_COLUMNS} from registry_instances where instance_id = ?",
                 (instance.instance_id,),
             ).fetchone()
-            return _instance(row)
+            return Registered(_instance(row), created=known is None, superseded=superseded)
 
         return await self._db.write(write)
 
-    async def heartbeat(self, instance_id: str, at: float) -> InstanceRecord | None:
+    async def heartbeat(
+        self, instance_id: str, at: float, *, presented: str | None
+    ) -> InstanceRecord | None:
         def write(conn: sqlite3.Connection) -> InstanceRecord | None:
+            known = _owner(conn, instance_id)
+            if known is None:
+                return None
+            if not owns(known["secret_hash"], presented):
+                raise NotOwner(instance_id)
             conn.execute(
                 "update registry_instances set last_heartbeat_at = ? where instance_id = ?",
                 (at, instance_id),
@@ -121,7 +207,18 @@ class SqliteRegistryStore:
             row = conn.execute(
                 f"select {_COLUMNS} from registry_instances where instance_id = ?", (instance_id,)
             ).fetchone()
-            return _instance(row) if row else None
+            return _instance(row)
+
+        return await self._db.write(write)
+
+    async def deregister(self, instance_id: str, *, presented: str | None) -> InstanceRecord | None:
+        def write(conn: sqlite3.Connection) -> InstanceRecord | None:
+            known = _owner(conn, instance_id)
+            if known is None:
+                return None
+            if not owns(known["secret_hash"], presented):
+                raise NotOwner(instance_id)
+            return _remove(conn, instance_id)
 
         return await self._db.write(write)
 
@@ -135,17 +232,7 @@ class SqliteRegistryStore:
         )
 
     async def remove(self, instance_id: str) -> InstanceRecord | None:
-        def write(conn: sqlite3.Connection) -> InstanceRecord | None:
-            row = conn.execute(
-                f"select {_COLUMNS} from registry_instances where instance_id = ?", (instance_id,)
-            ).fetchone()
-            if row is None:
-                return None
-            conn.execute("delete from registry_instances where instance_id = ?", (instance_id,))
-            conn.execute(_DROP_ORPHANS)
-            return _instance(row)
-
-        return await self._db.write(write)
+        return await self._db.write(lambda conn: _remove(conn, instance_id))
 
     async def instances(self, agent: str | None = None) -> list[InstanceRecord]:
         query = f"select {_COLUMNS} from registry_instances"

@@ -20,6 +20,7 @@ __all__ = [
     "InstanceList",
     "InstanceOut",
     "RegisterBody",
+    "RegisteredOut",
     "SkillOut",
     "TargetGroup",
 ]
@@ -94,6 +95,15 @@ class InstanceOut(BaseModel):
             registered_at=rec.registered_at,
             skills=[s.id for s in agent.skills] if agent else [],
         )
+
+
+class RegisteredOut(InstanceOut):
+    """The answer to a registration: the stored instance, and the secret that owns it."""
+
+    secret: str = Field(
+        description="send it as 'Mesh-Instance-Secret' to heartbeat, re-register or "
+        "deregister this instance; the registry keeps only its hash"
+    )
 
 
 class InstanceList(BaseModel):

@@ -10,13 +10,16 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from mesh.discovery.base import Instance
+from mesh.discovery.base import Instance, Registration, UnknownInstance
+from mesh.discovery.consul import instance_from_entry, service_registration
 from mesh.errors import StoreError
 from registry.consul_store import CardCache, ConsulRegistryStore, fallback_agent, instance_record
+from registry.store import AgentRecord, InstanceRecord, InstanceTaken, NotOwner, secret_hash
 from tests.support import Proc, free_port, running, wait_for, wait_until_ok
 
 
@@ -59,6 +62,103 @@ def test_fallback_agent_lists_the_skills_consul_tags_name() -> None:
     assert record.version == "1.1"
     assert [s.id for s in record.skills] == ["report", "score"]
     assert record.card == {}
+
+
+# -- ownership, offline against an in-memory Consul -----------------------------------------------
+
+
+class FakeConsul:
+    """What the store uses of ``ConsulBackend``, in memory, through the same service and meta
+    translation as the real backend (``service_registration`` / ``instance_from_entry``)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, dict[str, Any]] = {}
+
+    async def register(self, registration: Registration) -> None:
+        payload = service_registration(registration)
+        self.entries[registration.instance_id] = {
+            "Service": {
+                "ID": payload["service_id"],
+                "Service": payload["name"],
+                "Tags": payload["tags"],
+                "Meta": payload["meta"],
+                "Address": payload["address"],
+                "Port": payload["port"],
+            },
+            "Checks": [{"Status": "passing"}],
+        }
+
+    async def heartbeat(self, instance_id: str) -> None:
+        if instance_id not in self.entries:
+            raise UnknownInstance(instance_id)
+
+    async def deregister(self, instance_id: str) -> None:
+        self.entries.pop(instance_id, None)
+
+    async def find(
+        self, *, agent: str | None = None, skill: str | None = None, passing_only: bool = True
+    ) -> list[Instance]:
+        found = [instance_from_entry(e) for e in self.entries.values()]
+        return [i for i in found if i is not None and agent in (None, i.agent)]
+
+    async def ping(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+def _agent(name: str) -> AgentRecord:
+    return AgentRecord(name=name, description="", version="1", card={})
+
+
+def _inst(iid: str, agent: str, url: str = "http://10.0.0.7:8000") -> InstanceRecord:
+    return InstanceRecord(instance_id=iid, agent=agent, url=url, version="1", registered_at=1.0)
+
+
+async def test_consul_store_keeps_the_ownership_rules() -> None:
+    consul = FakeConsul()
+    async with httpx.AsyncClient(trust_env=False) as http:
+        store = ConsulRegistryStore(consul, http)  # type: ignore[arg-type]
+        owner, other = secret_hash("mine"), secret_hash("theirs")
+        done = await store.put(_agent("a"), _inst("i", "a"), secret_hash=owner, presented=None)
+        assert done.created
+        # The hash, never the secret, is in the service meta.
+        assert consul.entries["i"]["Service"]["Meta"]["secret_hash"] == owner
+        with pytest.raises(InstanceTaken):
+            await store.put(_agent("b"), _inst("i", "b"), secret_hash=other, presented=owner)
+        for presented in (None, other):
+            with pytest.raises(NotOwner):
+                await store.put(
+                    _agent("a"), _inst("i", "a"), secret_hash=other, presented=presented
+                )
+            with pytest.raises(NotOwner):
+                await store.heartbeat("i", 2.0, presented=presented)
+            with pytest.raises(NotOwner):
+                await store.deregister("i", presented=presented)
+        again = await store.put(_agent("a"), _inst("i", "a"), secret_hash=other, presented=owner)
+        assert not again.created
+        assert consul.entries["i"]["Service"]["Meta"]["secret_hash"] == owner, "owner kept"
+        assert await store.heartbeat("i", 3.0, presented=owner) is not None
+        assert await store.heartbeat("unknown", 3.0, presented=owner) is None
+        # One instance per (agent, URL): a new id there supersedes the old one.
+        moved = await store.put(_agent("a"), _inst("i2", "a"), secret_hash=other, presented=None)
+        assert [r.instance_id for r in moved.superseded] == ["i"]
+        assert set(consul.entries) == {"i2"}
+        assert await store.deregister("i2", presented=other) is not None
+        assert consul.entries == {}
+
+
+async def test_a_node_registered_straight_into_consul_cannot_be_changed_through_the_api() -> None:
+    consul = FakeConsul()
+    await consul.register(Registration(instance_id="n", agent="a", url="http://h:1", version="1"))
+    async with httpx.AsyncClient(trust_env=False) as http:
+        store = ConsulRegistryStore(consul, http)  # type: ignore[arg-type]
+        with pytest.raises(NotOwner):
+            await store.put(
+                _agent("a"), _inst("n", "a", "http://h:1"), secret_hash="h", presented=None
+            )
+        with pytest.raises(NotOwner):
+            await store.deregister("n", presented=secret_hash("guess"))
+    assert set(consul.entries) == {"n"}
 
 
 # -- cards read from a real node ------------------------------------------------------------------
@@ -204,7 +304,7 @@ def test_registry_api_registers_into_consul_and_lists_from_it(tmp_path: Path, no
             targets = httpx.get(f"{base}/v1/prometheus/targets", timeout=5).json()
             assert any(g["labels"].get("instance") == instance_id for g in targets)
         finally:
-            httpx.delete(f"{base}/v1/instances/{instance_id}", timeout=10)
-        assert (
-            httpx.put(f"{base}/v1/instances/{instance_id}/heartbeat", timeout=5).status_code == 404
-        )
+            owner = {"Mesh-Instance-Secret": created.json()["secret"]}
+            httpx.delete(f"{base}/v1/instances/{instance_id}", headers=owner, timeout=10)
+        beat = httpx.put(f"{base}/v1/instances/{instance_id}/heartbeat", headers=owner, timeout=5)
+        assert beat.status_code == 404

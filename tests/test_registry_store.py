@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,14 @@ from registry.card import CardRejected, agent_record
 from registry.catalog import Catalog
 from registry.schema_view import schema_rows
 from registry.sqlite_store import SqliteRegistryStore
-from registry.store import InstanceRecord
+from registry.store import (
+    AgentRecord,
+    InstanceRecord,
+    InstanceTaken,
+    NotOwner,
+    Registered,
+    secret_hash,
+)
 
 
 def _card(name: str = "echo", skill: str = "echo") -> dict[str, Any]:
@@ -71,19 +80,32 @@ def test_agent_record_refuses_a_name_mismatch() -> None:
         agent_record(_card(), expected_name="b", now=0)
 
 
+OWNER = secret_hash("owner-secret")
+
+
+async def _put(
+    store: SqliteRegistryStore,
+    agent: AgentRecord,
+    inst: InstanceRecord,
+    presented: str | None = None,
+) -> Registered:
+    return await store.put(agent, inst, secret_hash=OWNER, presented=presented)
+
+
 async def test_store_round_trip_and_persistence(tmp_path: Path) -> None:
     path = tmp_path / "r.db"
     store = await SqliteRegistryStore.open(path)
     rec = agent_record(_card(), expected_name="echo", now=1.0)
-    first = await store.put(rec, _instance("i1", at=100.0))
-    again = await store.put(rec, _instance("i1", at=200.0))
-    assert first.registered_at == again.registered_at == 100.0
-    assert again.last_heartbeat_at == 200.0
-    await store.put(rec, _instance("i2"))
-    beat = await store.heartbeat("i2", 300.0)
+    first = await _put(store, rec, _instance("i1", at=100.0))
+    again = await _put(store, rec, _instance("i1", at=200.0), presented=OWNER)
+    assert (first.created, again.created) == (True, False)
+    assert first.instance.registered_at == again.instance.registered_at == 100.0
+    assert again.instance.last_heartbeat_at == 200.0
+    await _put(store, rec, _instance("i2"))
+    beat = await store.heartbeat("i2", 300.0, presented=OWNER)
     assert beat is not None
     assert beat.last_heartbeat_at == 300.0
-    assert await store.heartbeat("nope", 1.0) is None
+    assert await store.heartbeat("nope", 1.0, presented=OWNER) is None
     await store.set_status("i2", "critical", "gone", 301.0)
     await store.aclose()
 
@@ -99,22 +121,83 @@ async def test_store_round_trip_and_persistence(tmp_path: Path) -> None:
         agent = await store.agent("echo")
         assert agent is not None
         assert agent.skills[0].input_schema is not None
+        # The owner survives a restart.
+        assert await store.heartbeat("i1", 400.0, presented=OWNER) is not None
         # The agent lives as long as one of its instances.
         assert (await store.remove("i1")) is not None
         assert await store.agent("echo") is not None
-        await store.remove("i2")
+        assert await store.deregister("i2", presented=OWNER) is not None
         assert await store.agent("echo") is None
         assert await store.remove("i2") is None
     finally:
         await store.aclose()
 
 
-async def test_moving_an_instance_to_another_agent_drops_the_orphan(tmp_path: Path) -> None:
+async def test_an_instance_belongs_to_its_secret_and_its_agent(tmp_path: Path) -> None:
     store = await SqliteRegistryStore.open(tmp_path / "r.db")
+    a = agent_record(_card("a"), expected_name="a", now=1)
+    b = agent_record(_card("b"), expected_name="b", now=2)
     try:
-        await store.put(agent_record(_card("a"), expected_name="a", now=1), _instance("i", "a"))
-        await store.put(agent_record(_card("b"), expected_name="b", now=2), _instance("i", "b"))
-        assert [a.name for a in await store.agents()] == ["b"]
+        await _put(store, a, _instance("i", "a"))
+        # Another agent never takes the id, whatever secret it presents.
+        for presented in (None, OWNER, secret_hash("x")):
+            with pytest.raises(InstanceTaken) as taken:
+                await store.put(b, _instance("i", "b"), secret_hash="h2", presented=presented)
+            assert taken.value.agent == "a"
+        for presented in (None, secret_hash("wrong")):
+            with pytest.raises(NotOwner):
+                await _put(store, a, _instance("i", "a", at=500.0), presented=presented)
+            with pytest.raises(NotOwner):
+                await store.heartbeat("i", 500.0, presented=presented)
+            with pytest.raises(NotOwner):
+                await store.deregister("i", presented=presented)
+        (kept,) = await store.instances()
+        assert (kept.agent, kept.last_heartbeat_at) == ("a", 100.0)
+        assert [x.name for x in await store.agents()] == ["a"]
+        assert await store.deregister("unknown", presented=None) is None
+    finally:
+        await store.aclose()
+
+
+async def test_a_new_id_at_the_same_url_supersedes_the_old_one(tmp_path: Path) -> None:
+    store = await SqliteRegistryStore.open(tmp_path / "r.db")
+    a = agent_record(_card("a"), expected_name="a", now=1)
+    b = agent_record(_card("b"), expected_name="b", now=1)
+    try:
+        await _put(store, a, _instance("old", "a").replace(url="http://h:1"))
+        await _put(store, b, _instance("other-agent", "b").replace(url="http://h:1"))
+        await _put(store, a, _instance("elsewhere", "a").replace(url="http://h:2"))
+        done = await _put(store, a, _instance("new", "a").replace(url="http://h:1"))
+        assert [i.instance_id for i in done.superseded] == ["old"]
+        left = sorted(i.instance_id for i in await store.instances())
+        assert left == ["elsewhere", "new", "other-agent"]
+    finally:
+        await store.aclose()
+
+
+async def test_a_database_from_before_secrets_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "r.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            "create table registry_agents (name text primary key, card text not null, "
+            "updated_at real not null);"
+            "create table registry_instances (instance_id text primary key, agent text not null,"
+            " url text not null, version text not null, status text not null, status_reason "
+            "text not null, status_changed_at real not null, last_heartbeat_at real not null, "
+            "registered_at real not null);"
+        )
+        conn.execute(
+            "insert into registry_instances values ('i', 'echo', 'http://h:1', '1', "
+            "'passing', 'ok', 1, 1, 1)"
+        )
+        conn.execute("insert into registry_agents values ('echo', ?, 1)", (json.dumps(_card()),))
+    store = await SqliteRegistryStore.open(path)
+    try:
+        # Nobody holds the old rows' secrets: they go, and their nodes register again.
+        assert await store.instances() == []
+        assert await store.agents() == []
+        rec = agent_record(_card(), expected_name="echo", now=1.0)
+        assert (await _put(store, rec, _instance("i"))).created
     finally:
         await store.aclose()
 
@@ -122,11 +205,11 @@ async def test_moving_an_instance_to_another_agent_drops_the_orphan(tmp_path: Pa
 async def test_catalog_filters(tmp_path: Path) -> None:
     store = await SqliteRegistryStore.open(tmp_path / "r.db")
     try:
-        await store.put(
-            agent_record(_card("a", "score"), expected_name="a", now=1), _instance("1", "a")
+        await _put(
+            store, agent_record(_card("a", "score"), expected_name="a", now=1), _instance("1", "a")
         )
-        await store.put(
-            agent_record(_card("b", "sum"), expected_name="b", now=1), _instance("2", "b")
+        await _put(
+            store, agent_record(_card("b", "sum"), expected_name="b", now=1), _instance("2", "b")
         )
         await store.set_status("2", "warning", "503", 5)
         catalog = Catalog(store)

@@ -39,6 +39,9 @@ class Registration:
     skills: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
     card_path: str = CARD_PATH
+    # Extra key/values a backend stores with the registration (Consul: service meta), e.g. the
+    # registry's ownership hash. A backend's own keys (version, url, ...) take precedence.
+    meta: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,7 @@ def service_registration(
     port = parts.port or (443 if parts.scheme == "https" else 80)
     base = registration.url.rstrip("/")
     meta = {
+        **registration.meta,
         "version": registration.version,
         MESH_META_KEY: registration.card_path,
         "url": base,

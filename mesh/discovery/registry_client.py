@@ -2,6 +2,11 @@
 
 Policy (caching, retries, backoff) belongs to ``DiscoveryClient`` and ``Registrar``; this module
 only moves requests and translates failures into ``DiscoveryError`` once.
+
+An instance belongs to whoever registered it: the registration answer carries a secret, which
+this backend keeps (in memory, per instance id) and sends as ``Mesh-Instance-Secret`` with
+that instance's heartbeats, re-registrations and deregistration. When the registry has
+forgotten the instance (404), the secret is dropped: the next registration gets a new one.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ import httpx
 from mesh.discovery.base import Instance, Registration, UnknownInstance
 from mesh.errors import AgentNotFound, DiscoveryError
 
-__all__ = ["DEFAULT_REGISTRY_URL", "RegistryBackend"]
+__all__ = ["DEFAULT_REGISTRY_URL", "SECRET_HEADER", "RegistryBackend"]
 
 DEFAULT_REGISTRY_URL = "http://127.0.0.1:8400"
+SECRET_HEADER = "Mesh-Instance-Secret"
 
 
 class RegistryBackend:
@@ -35,6 +41,8 @@ class RegistryBackend:
         # trust_env=False: a proxy from the environment must never sit between a node and
         # a registry on 127.0.0.1.
         self._http = http or httpx.AsyncClient(timeout=timeout, trust_env=False)
+        # instance id -> the secret its registration answer gave (never logged).
+        self._secrets: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"RegistryBackend({self.url!r})"
@@ -47,8 +55,12 @@ class RegistryBackend:
         write: bool = False,
         json: Any = None,
         params: dict[str, str] | None = None,
+        instance_id: str | None = None,
     ) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self._token}"} if write and self._token else {}
+        secret = self._secrets.get(instance_id) if instance_id else None
+        if secret:
+            headers[SECRET_HEADER] = secret
         try:
             response = await self._http.request(
                 method, self.url + path, json=json, params=params, headers=headers
@@ -58,6 +70,11 @@ class RegistryBackend:
                 f"no registry at {self.url}: start one with `mesh registry` or set "
                 f"MESH_REGISTRY ({type(exc).__name__}: {exc})"
             ) from exc
+        if response.status_code == 403 and _code(response) == "not_owner":
+            raise DiscoveryError(
+                f"the registry at {self.url} says this node does not own its instance: "
+                f"{_message(response)}"
+            )
         if response.status_code in (401, 403):
             raise DiscoveryError(
                 f"the registry at {self.url} refused the request: {_message(response)} "
@@ -73,23 +90,39 @@ class RegistryBackend:
             "version": registration.version,
             "card_path": registration.card_path,
         }
-        response = await self._request("POST", "/v1/instances", write=True, json=body)
+        instance_id = registration.instance_id
+        response = await self._request(
+            "POST", "/v1/instances", write=True, json=body, instance_id=instance_id
+        )
         if response.status_code != 201:
             raise DiscoveryError(
                 f"the registry at {self.url} rejected {registration.agent} at "
                 f"{registration.url}: {_message(response)}"
             )
+        try:
+            secret = response.json().get("secret")
+        except ValueError:
+            secret = None
+        if isinstance(secret, str) and secret:
+            self._secrets[instance_id] = secret
 
     async def heartbeat(self, instance_id: str) -> None:
-        response = await self._request("PUT", f"/v1/instances/{instance_id}/heartbeat", write=True)
+        response = await self._request(
+            "PUT", f"/v1/instances/{instance_id}/heartbeat", write=True, instance_id=instance_id
+        )
         if response.status_code == 404:
+            # Forgotten (expired, or a registry that lost its data): the secret goes with it.
+            self._secrets.pop(instance_id, None)
             raise UnknownInstance(f"the registry at {self.url} does not know {instance_id}")
         _check(response, self.url)
 
     async def deregister(self, instance_id: str) -> None:
-        response = await self._request("DELETE", f"/v1/instances/{instance_id}", write=True)
+        response = await self._request(
+            "DELETE", f"/v1/instances/{instance_id}", write=True, instance_id=instance_id
+        )
         if response.status_code != 404:
             _check(response, self.url)
+        self._secrets.pop(instance_id, None)
 
     async def find(
         self, *, agent: str | None = None, skill: str | None = None, passing_only: bool = True
@@ -138,6 +171,14 @@ def _message(response: httpx.Response) -> str:
     if isinstance(body, dict) and body.get("message"):
         return str(body["message"])
     return f"HTTP {response.status_code}"
+
+
+def _code(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    return str(body.get("error", "")) if isinstance(body, dict) else ""
 
 
 def _check(response: httpx.Response, url: str) -> None:

@@ -1,0 +1,184 @@
+"""An instance belongs to whoever registered it: the registration answer's secret is needed to
+heartbeat, re-register or deregister it, and its id never moves to another agent. Real registry
+processes, real echo nodes serving the cards, the real ``RegistryBackend``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from mesh.discovery.base import Registration
+from mesh.discovery.registry_client import RegistryBackend
+from tests.registry_support import Service, instances, registry, start_node
+from tests.support import free_port, wait_for, wait_until_ok
+
+pytestmark = pytest.mark.integration
+
+SECRET = "Mesh-Instance-Secret"
+
+
+@pytest.fixture
+def cards(tmp_path: Path) -> Iterator[dict[str, Service]]:
+    """Two echo nodes that serve cards for 'victim' and 'mallory' but register nowhere."""
+    nodes = {name: start_node(tmp_path, None, name=name) for name in ("victim", "mallory")}
+    try:
+        for node in nodes.values():
+            wait_until_ok(f"{node.url}/health", proc=node.proc)
+        yield nodes
+    finally:
+        for node in nodes.values():
+            node.proc.terminate()
+
+
+def _register(
+    reg: str, iid: str, agent: str, url: str, *, secret: str | None = None, token: str | None = None
+) -> httpx.Response:
+    headers = {SECRET: secret} if secret else {}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    body = {"instance_id": iid, "agent": agent, "url": url}
+    return httpx.post(f"{reg}/v1/instances", json=body, headers=headers, timeout=10)
+
+
+def _write(method: str, url: str, **headers: str) -> httpx.Response:
+    return httpx.request(method, url, headers=headers, timeout=10)
+
+
+def test_an_instance_cannot_be_taken_over_or_removed_by_someone_else(tmp_path: Path) -> None:
+    with registry(tmp_path) as reg:
+        victim = start_node(tmp_path, reg.url, name="victim", instance_id="victim-1")
+        mallory = start_node(tmp_path, None, name="mallory")
+        with victim.proc, mallory.proc:
+            (before,) = wait_for(lambda: instances(reg.url), what="victim registered")
+            wait_until_ok(f"{mallory.url}/health", proc=mallory.proc)
+
+            # Another agent name on the victim's id: 409, nothing replaced.
+            r = _register(reg.url, "victim-1", "mallory", mallory.url)
+            assert r.status_code == 409, r.text
+            assert r.json()["error"] == "instance_conflict"
+            assert "registered to agent 'victim'" in r.json()["message"]
+            # The same agent name without the secret: 403, saying what to send.
+            r = _register(reg.url, "victim-1", "victim", victim.url)
+            assert r.status_code == 403
+            assert r.json()["error"] == "not_owner"
+            assert SECRET in r.json()["message"]
+            # Anonymous heartbeat and DELETE: 403, the instance stays.
+            inst = f"{reg.url}/v1/instances/victim-1"
+            assert _write("PUT", f"{inst}/heartbeat").status_code == 403
+            assert _write("DELETE", inst).status_code == 403
+            r = _write("DELETE", inst, **{SECRET: "guessed"})
+            assert r.status_code == 403
+            assert "wrong" in r.json()["message"]
+
+            (after,) = instances(reg.url, status="any")
+            assert (after["agent"], after["url"]) == ("victim", victim.url)
+            assert after["registered_at"] == before["registered_at"]
+            assert [a["name"] for a in httpx.get(f"{reg.url}/v1/agents").json()["agents"]] == [
+                "victim"
+            ]
+            # The victim's own heartbeats (sent with its secret) still land.
+            wait_for(
+                lambda: instances(reg.url)[0]["last_heartbeat_at"] > after["last_heartbeat_at"],
+                what="the victim's next heartbeat",
+            )
+            assert "not own" not in victim.proc.output()
+
+
+def test_the_owner_heartbeats_re_registers_and_deregisters_with_its_secret(
+    tmp_path: Path, cards: dict[str, Service]
+) -> None:
+    url = cards["victim"].url
+    with registry(tmp_path) as reg:
+        created = _register(reg.url, "v-1", "victim", url)
+        assert created.status_code == 201, created.text
+        secret = created.json()["secret"]
+        assert len(secret) >= 40
+        inst = f"{reg.url}/v1/instances/v-1"
+        assert _write("PUT", f"{inst}/heartbeat", **{SECRET: secret}).status_code == 200
+        again = _register(reg.url, "v-1", "victim", url, secret=secret)
+        assert again.status_code == 201
+        assert again.json()["secret"] == secret
+        assert again.json()["registered_at"] == created.json()["registered_at"]
+        # A new id gets a new secret; one secret owns one instance only.
+        other = _register(reg.url, "m-1", "mallory", cards["mallory"].url)
+        assert other.status_code == 201
+        assert other.json()["secret"] != secret
+        m1 = f"{reg.url}/v1/instances/m-1"
+        assert _write("DELETE", m1, **{SECRET: secret}).status_code == 403
+        assert {i["instance_id"] for i in instances(reg.url)} == {"v-1", "m-1"}
+        assert _write("DELETE", inst, **{SECRET: secret}).status_code == 204
+        assert [i["instance_id"] for i in instances(reg.url)] == ["m-1"]
+        assert _write("DELETE", inst).status_code == 204  # unknown now: idempotent
+        # The secret is never stored or shown in clear.
+        listed = httpx.get(f"{reg.url}/v1/instances", params={"status": "any"}).text
+        assert secret not in listed
+        assert secret.encode() not in (tmp_path / "registry" / "registry.db").read_bytes()
+        assert secret not in reg.proc.output()
+
+
+def test_with_a_token_writes_need_the_token_and_the_secret(
+    tmp_path: Path, cards: dict[str, Service]
+) -> None:
+    url = cards["victim"].url
+    with registry(tmp_path, token="s3cret") as reg:
+        created = _register(reg.url, "v-1", "victim", url, token="s3cret")
+        assert created.status_code == 201, created.text
+        secret = created.json()["secret"]
+        beat = f"{reg.url}/v1/instances/v-1/heartbeat"
+        assert _write("PUT", beat, **{SECRET: secret}).status_code == 401
+        assert _write("PUT", beat, Authorization="Bearer s3cret").status_code == 403
+        ok = _write("PUT", beat, Authorization="Bearer s3cret", **{SECRET: secret})
+        assert ok.status_code == 200
+
+
+async def test_the_backend_keeps_the_secret_and_registers_anew_when_forgotten(
+    tmp_path: Path, cards: dict[str, Service]
+) -> None:
+    url = cards["victim"].url
+    port = free_port()
+    registration = Registration(instance_id="v-1", agent="victim", url=url, version="1")
+    backend = RegistryBackend(f"http://127.0.0.1:{port}")
+    try:
+        with registry(tmp_path, port=port, data_dir=tmp_path / "one"):
+            await backend.register(registration)
+            await backend.heartbeat("v-1")
+            await backend.register(registration)  # re-registration: sends its secret
+            await backend.heartbeat("v-1")
+        # A registry that never heard of v-1: 404, then a registration with a new secret.
+        with registry(tmp_path, port=port, data_dir=tmp_path / "two", name="r2") as reg:
+            with pytest.raises(Exception, match="does not know v-1"):
+                await backend.heartbeat("v-1")
+            await backend.register(registration)
+            await backend.heartbeat("v-1")
+            await backend.deregister("v-1")
+            assert instances(reg.url, status="any") == []
+    finally:
+        await backend.aclose()
+
+
+def _openapi_write_params(spec: dict[str, Any]) -> set[str]:
+    params = set()
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            for p in op.get("parameters", []):
+                if p["in"] == "header":
+                    params.add(f"{method.upper()} {path} {p['name']}")
+    return params
+
+
+def test_openapi_names_the_secret_header(tmp_path: Path) -> None:
+    with registry(tmp_path) as reg:
+        spec = httpx.get(f"{reg.url}/openapi.json").json()
+    assert _openapi_write_params(spec) == {
+        f"POST /v1/instances {SECRET}",
+        f"PUT /v1/instances/{{instance_id}}/heartbeat {SECRET}",
+        f"DELETE /v1/instances/{{instance_id}} {SECRET}",
+    }
+    post = spec["paths"]["/v1/instances"]["post"]
+    assert "409" in post["responses"]
+    schema = post["responses"]["201"]["content"]["application/json"]["schema"]["$ref"]
+    assert "secret" in spec["components"]["schemas"][schema.rsplit("/", 1)[-1]]["properties"]
