@@ -6,17 +6,61 @@ code. Filtering, health policy and JSON shapes live above it (``registry.catalog
 
 An agent exists while it has at least one instance: a store drops the agent record when its last
 instance goes (deregistered, or removed after being critical too long).
+
+Ownership: an instance belongs to whoever registered it. Registration stores the hash of a
+fresh secret (``secret_hash``); re-registering, heartbeating and deregistering that instance id
+must present the same secret (as ``presented``, its hash), else ``NotOwner``, and an id can
+never move to another agent (``InstanceTaken``). A store checks both inside the same atomic
+write that changes the record. ``remove`` is the registry's own decision (the prober's) and
+checks nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mesh.discovery.base import Status
 
-__all__ = ["AgentRecord", "InstanceRecord", "RegistryStore", "SkillRecord"]
+__all__ = [
+    "AgentRecord",
+    "InstanceRecord",
+    "InstanceTaken",
+    "NotOwner",
+    "Registered",
+    "RegistryStore",
+    "SkillRecord",
+    "owns",
+    "secret_hash",
+]
+
+
+class InstanceTaken(Exception):
+    """The instance id is registered to another agent (``agent``): never replaced."""
+
+    def __init__(self, instance_id: str, agent: str) -> None:
+        super().__init__(f"instance {instance_id!r} is registered to agent {agent!r}")
+        self.instance_id = instance_id
+        self.agent = agent
+
+
+class NotOwner(Exception):
+    """The secret presented (or its absence) does not own the instance."""
+
+
+def secret_hash(secret: str) -> str:
+    """What a store keeps of an instance secret. The secret is 256 random bits, so a plain
+    SHA-256 is as good as a slow KDF here, and cheap enough for every heartbeat."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def owns(stored: str, presented: str | None) -> bool:
+    """Does ``presented`` (a ``secret_hash``, or None) own a record holding ``stored``?
+    Constant-time; a record without a hash is owned by nobody."""
+    return bool(stored) and presented is not None and hmac.compare_digest(stored, presented)
 
 
 @dataclass(frozen=True)
@@ -71,18 +115,46 @@ class InstanceRecord:
         return dataclasses.replace(self, **changes)
 
 
+@dataclass(frozen=True)
+class Registered:
+    """What ``RegistryStore.put`` did: the stored instance, whether the id is new (then the
+    secret whose hash was given owns it), and the instances it superseded (same agent, same
+    URL, other ids: the node behind that URL restarted, so they are gone)."""
+
+    instance: InstanceRecord
+    created: bool
+    superseded: tuple[InstanceRecord, ...] = ()
+
+
 class RegistryStore(Protocol):
     """Persistence of agents and instances. Every method is atomic on its own."""
 
-    async def put(self, agent: AgentRecord, instance: InstanceRecord) -> InstanceRecord:
+    async def put(
+        self,
+        agent: AgentRecord,
+        instance: InstanceRecord,
+        *,
+        secret_hash: str,
+        presented: str | None,
+    ) -> Registered:
         """Register (or re-register) ``instance`` and replace its agent's card with ``agent``.
 
-        Re-registering a known instance id keeps its ``registered_at``; returns what is stored.
+        A new id is stored with ``secret_hash`` as its owner, and supersedes (removes) the
+        other instances of the same agent at the same URL. A known id must belong to the same
+        agent (else ``InstanceTaken``) and ``presented`` must own it (else ``NotOwner``); it
+        keeps its owner and ``registered_at``.
         """
         ...
 
-    async def heartbeat(self, instance_id: str, at: float) -> InstanceRecord | None:
-        """Record a heartbeat; ``None`` when the instance is unknown."""
+    async def heartbeat(
+        self, instance_id: str, at: float, *, presented: str | None
+    ) -> InstanceRecord | None:
+        """Record a heartbeat; ``None`` when the instance is unknown, ``NotOwner`` when
+        ``presented`` does not own it."""
+        ...
+
+    async def deregister(self, instance_id: str, *, presented: str | None) -> InstanceRecord | None:
+        """An owner's ``remove``: ``NotOwner`` when ``presented`` does not own the instance."""
         ...
 
     async def set_status(self, instance_id: str, status: Status, reason: str, at: float) -> None:
@@ -90,7 +162,8 @@ class RegistryStore(Protocol):
         ...
 
     async def remove(self, instance_id: str) -> InstanceRecord | None:
-        """Forget an instance (and its agent if it was the last); ``None`` if it was unknown."""
+        """Forget an instance (and its agent if it was the last); ``None`` if it was unknown.
+        The registry's own decision (expired, ghost): no ownership check."""
         ...
 
     async def instances(self, agent: str | None = None) -> list[InstanceRecord]:
