@@ -30,7 +30,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from mesh import __version__
-from mesh.a2a.client import auth_headers
 from mesh.a2a.server import A2AService
 from mesh.agent import Agent
 from mesh.gate import METHODS, RequestGate
@@ -40,6 +39,7 @@ from mesh.metrics import NodeMetrics, render
 from mesh.models.base import Model
 from mesh.settings import DEFAULT_REGISTRY, NodeSettings
 from mesh.sqlite import Database
+from mesh.trust import PeerTrust
 
 __all__ = ["Node", "create_app"]
 
@@ -190,8 +190,9 @@ class Node:
         return self.settings.registry or DEFAULT_REGISTRY, self.settings.registry_token
 
     async def _bind_toolsets(self) -> None:
-        """Give remote toolsets the node's shared HTTP client, discovery client and metrics,
-        so every peer call shares one connection pool and is counted."""
+        """Give remote toolsets the node's shared HTTP client, discovery client, metrics and
+        peer checks, so every peer call shares one connection pool, is counted, and carries
+        the mesh token only to verified members of the mesh (``mesh.trust``)."""
         bindable = [t for t in self.agent.tools if hasattr(t, "bind")]
         if not bindable:
             return
@@ -210,15 +211,20 @@ class Node:
             limits=httpx.Limits(
                 max_connections=PEER_CONNECTIONS, max_keepalive_connections=PEER_CONNECTIONS
             ),
-            # One token per mesh: the node presents the token it requires of its own callers.
-            headers=auth_headers(self.settings.token),
+            # No token here: a peer gets it per call, once verified (PeerTrust).
             trust_env=False,
         )
         discovery = DiscoveryClient(create_backend(location, token=token))
         self._shared = (http, discovery)
+        # One token per mesh: the node presents the token it requires of its own callers.
+        trust = PeerTrust(token=self.settings.token, networks=self.settings.peer_policy)
         for toolset in bindable:
             toolset.bind(
-                discovery=discovery, http=http, metrics=self.metrics, caller=self.agent.name
+                discovery=discovery,
+                http=http,
+                metrics=self.metrics,
+                caller=self.agent.name,
+                trust=trust,
             )
 
     async def _close_toolsets(self) -> None:

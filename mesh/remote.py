@@ -58,6 +58,7 @@ from mesh.resilience import (
 from mesh.schema_check import SchemaViolation, check
 from mesh.tools import ToolContext
 from mesh.tracing import TraceParent
+from mesh.trust import Admitted, PeerRefused, PeerTrust
 
 if TYPE_CHECKING:
     from mesh.a2a.client import A2APeer, TaskResult
@@ -192,6 +193,9 @@ class RemoteAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
         self._peers: dict[str, A2APeer] = {}
+        # Outside a node: no token to protect, no networks configured; the card must still
+        # name the agent asked for. A node binds its own (token and MESH_PEER_NETWORKS).
+        self._trust = PeerTrust()
         self._card: dict[str, Any] | None = None
         self._card_at = float("-inf")
 
@@ -203,8 +207,13 @@ class RemoteAgent:
         http: httpx.AsyncClient | None = None,
         metrics: NodeMetrics | None = None,
         caller: str | None = None,
+        trust: PeerTrust | None = None,
     ) -> None:
-        """Use the node's shared clients and metrics (called from the node's lifespan)."""
+        """Use the node's shared clients, metrics and peer checks (called from the node's
+        lifespan): ``trust`` decides which instance URLs get calls and the mesh token."""
+        if trust is not None:
+            self._trust = trust
+            self._peers.clear()
         if discovery is not None:
             self._discovery = discovery
         if http is not None:
@@ -271,6 +280,21 @@ class RemoteAgent:
             peer = self._peers[url] = A2APeer(http, url)
         return peer
 
+    async def _admit(
+        self, http: httpx.AsyncClient, url: str, skill: str
+    ) -> tuple[A2APeer, Admitted]:
+        """The peer at ``url`` once ``mesh.trust`` verified it (its calls then carry the
+        token); a refused URL is ``unavailable`` (the retry tries the next instance)."""
+        peer = self._peer(http, url)
+        agent = self.peer if self._named else None
+        try:
+            admitted = await self._trust.admit(url, agent, peer.fetch_card_dict)
+        except PeerRefused as exc:
+            peer.headers = {}
+            raise self._unavailable(skill, str(exc)) from exc
+        peer.headers = dict(admitted.headers)
+        return peer, admitted
+
     # -- discovery and card ---------------------------------------------------------------
     async def _targets(self, skill: str) -> list[str]:
         _, discovery = await self._ready()
@@ -303,10 +327,11 @@ class RemoteAgent:
             targets, last = [], exc
         for target in targets:
             try:
-                card = await self._peer(http, target).card_dict()
+                _, admitted = await self._admit(http, target, skill)
             except RemoteError as exc:
                 last = exc
                 continue
+            card = dict(admitted.card)
             self._card, self._card_at = card, time.monotonic()
             if not self._named:
                 self.peer = str(card.get("name") or self.peer)
@@ -475,7 +500,7 @@ class RemoteAgent:
         async def attempt(url: str) -> TaskResult:
             record.attempts += 1
             record.target = url
-            peer = self._peer(http, url)
+            peer, _ = await self._admit(http, url, skill)
             inflight.clear()
             inflight["peer"] = peer
             inflight["send"] = send

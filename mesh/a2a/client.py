@@ -271,13 +271,31 @@ def _update(resp: StreamResponse) -> TaskUpdate | None:
 
 
 class A2APeer:
-    """One peer node at ``base_url``. ``http`` is owned by the caller (timeouts included)."""
+    """One peer node at ``base_url``. ``http`` is owned by the caller (timeouts included).
 
-    def __init__(self, http: httpx.AsyncClient, base_url: str, *, card: AgentCard | None = None):
+    ``headers`` go with every A2A call to this peer, never with the card fetch: a node sets the
+    mesh token here once the peer is verified (``mesh.trust``). The ``http`` client's own
+    headers go everywhere (the CLI puts the token the user gave it there)."""
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        base_url: str,
+        *,
+        card: AgentCard | None = None,
+        headers: Mapping[str, str] | None = None,
+    ):
         self.http = http
         self.base_url = base_url.rstrip("/")
+        self.headers: dict[str, str] = dict(headers or {})
         self._card = card
         self._clients: dict[bool, Client] = {}
+
+    def _context(self, timeout: float | None = None) -> ClientCallContext | None:
+        """The SDK call context: the per-call timeout and this peer's headers."""
+        if timeout is None and not self.headers:
+            return None
+        return ClientCallContext(timeout=timeout, service_parameters=dict(self.headers) or None)
 
     @property
     def name(self) -> str:
@@ -328,6 +346,12 @@ class A2APeer:
 
     async def card_dict(self) -> dict[str, Any]:
         return card_to_dict(await self.card())
+
+    async def fetch_card_dict(self) -> dict[str, Any]:
+        """The peer's card read now (not the cached one), as JSON; it becomes the cached one."""
+        with self._errors():
+            self._card = await A2ACardResolver(self.http, self.base_url).get_agent_card()
+        return card_to_dict(self._card)
 
     async def _client(self, streaming: bool) -> Client:
         if streaming not in self._clients:
@@ -387,7 +411,7 @@ class A2APeer:
             message=msg,
             configuration=SendMessageConfiguration(history_length=0, return_immediately=not wait),
         )
-        call = ClientCallContext(timeout=timeout) if timeout is not None else None
+        call = self._context(timeout)
         result: TaskResult | None = None
         with self._errors(skill or ""):
             client = await self._client(streaming=False)
@@ -453,7 +477,7 @@ class A2APeer:
             response = await self.http.post(
                 self.base_url,
                 content=content,
-                headers=_RPC_HEADERS,
+                headers={**_RPC_HEADERS, **self.headers} if self.headers else _RPC_HEADERS,
                 timeout=httpx.Timeout(timeout) if timeout is not None else httpx.USE_CLIENT_DEFAULT,
             )
             response.raise_for_status()
@@ -490,7 +514,7 @@ class A2APeer:
         request = SendMessageRequest(
             message=msg, configuration=SendMessageConfiguration(history_length=0)
         )
-        call = ClientCallContext(timeout=timeout) if timeout is not None else None
+        call = self._context(timeout)
         with self._errors(skill or ""):
             client = await self._client(streaming=True)
             async for resp in client.send_message(request, context=call):
@@ -519,7 +543,7 @@ class A2APeer:
         request = SendMessageRequest(
             message=msg, configuration=SendMessageConfiguration(history_length=0)
         )
-        call = ClientCallContext(timeout=timeout) if timeout is not None else None
+        call = self._context(timeout)
         task: Task | None = None
         known = ""
         with self._errors(skill or ""):
@@ -550,13 +574,15 @@ class A2APeer:
     async def get_task(self, task_id: str, *, history_length: int = 0) -> TaskResult:
         with self._errors():
             client = await self._client(streaming=False)
-            task = await client.get_task(GetTaskRequest(id=task_id, history_length=history_length))
+            task = await client.get_task(
+                GetTaskRequest(id=task_id, history_length=history_length), context=self._context()
+            )
         return TaskResult.from_task(task)
 
     async def cancel(self, task_id: str) -> TaskResult:
         with self._errors():
             client = await self._client(streaming=False)
-            task = await client.cancel_task(CancelTaskRequest(id=task_id))
+            task = await client.cancel_task(CancelTaskRequest(id=task_id), context=self._context())
         return TaskResult.from_task(task)
 
     async def list_tasks(
@@ -574,7 +600,8 @@ class A2APeer:
                     page_size=page_size,
                     page_token=page_token,
                     include_artifacts=True,
-                )
+                ),
+                context=self._context(),
             )
         return TaskPage(
             tasks=[TaskResult.from_task(t) for t in page.tasks],
