@@ -108,6 +108,7 @@ class Node:
                 store=self.settings.store,
                 bearer=self.settings.token is not None,
                 fastpath=self.settings.fastpath,
+                max_text_bytes=self.settings.max_text_bytes,
             )
             self.service.mount(app)
             await self._start_registrar()

@@ -204,3 +204,61 @@ async def test_one_request_alone_is_let_in_whatever_the_in_flight_bound(tmp_path
             r = await http.post(url + "/", content=body)
     assert r.status_code == 200
     assert r.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+
+
+def _chat(url: str, text: str, *, skill: str | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "messageId": uuid.uuid4().hex,
+        "role": "ROLE_USER",
+        "parts": [{"text": text}] if skill is None else [{"data": {"text": text}}],
+    }
+    if skill is not None:
+        message["metadata"] = {"skill": skill}
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
+    r = httpx.post(url + "/", json=rpc, headers=HEADERS, timeout=30, trust_env=False)
+    task: dict[str, Any] = _answer(r)["result"]["task"]
+    return task
+
+
+def _model_calls(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("mesh_model_calls_total{")
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "skill"),
+    [
+        ("a" * 4097, None),  # chat, one byte over MESH_MAX_TEXT_BYTES=4096
+        ("é" * 2049, None),  # 4098 bytes in UTF-8, 2049 characters
+        ("a" * 5000, "summarize"),  # an LLM skill: its turn is the input as JSON
+    ],
+)
+def test_a_text_turn_over_the_limit_is_rejected_before_the_model(
+    node: str, text: str, skill: str | None
+) -> None:
+    calls = _model_calls(node)
+    task = _chat(node, text, skill=skill)
+    assert task["status"]["state"] == "TASK_STATE_REJECTED", task
+    said = task["status"]["message"]["parts"][0]["text"]
+    assert "4096 bytes (MESH_MAX_TEXT_BYTES)" in said, said
+    assert _model_calls(node) == calls  # no model work
+
+
+def test_a_text_turn_within_the_limit_is_answered(node: str) -> None:
+    assert _chat(node, "a" * 4000)["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert _chat(node, "é" * 2000)["status"]["state"] == "TASK_STATE_COMPLETED"
+    task = _chat(node, "a" * 3000, skill="summarize")
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task
+
+
+def test_a_skill_id_that_cannot_be_one_is_rejected(node: str) -> None:
+    before = _task_count(node)
+    body = _send_body('{"key":"k"}', skill="s" * 5000)
+    task = _answer(_post(node, body))["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_REJECTED"
+    assert "at most 128 characters" in task["status"]["message"]["parts"][0]["text"]
+    assert _task_count(node) == before + 1

@@ -70,3 +70,7 @@ def test_bad_limits_and_networks_are_config_errors_naming_the_variable(
 ) -> None:
     with pytest.raises(ConfigError, match=name):
         NodeSettings.from_env({name: value}, agent_name="a")
+
+
+def test_text_turns_are_bounded_by_default() -> None:
+    assert NodeSettings.from_env({}, agent_name="a").max_text_bytes == 64 * 1024

@@ -37,12 +37,15 @@ from mesh.a2a.store import SHUTDOWN, stopped_text
 from mesh.errors import MeshError, SkillInputError
 from mesh.events import Event
 from mesh.metrics import NodeMetrics, TaskOutcome
+from mesh.settings import NodeSettings
 from mesh.skills import Skill, SkillContext
 from mesh.tracing import ensure_traceparent
 
 __all__ = ["MeshExecutor"]
 
 log = logging.getLogger("mesh.task")
+
+_MAX_SKILL_ID = 128
 
 
 @dataclass
@@ -86,10 +89,13 @@ class MeshExecutor(AgentExecutor):
         *,
         keys: IdempotencyKeys | None = None,
         metrics: NodeMetrics | None = None,
+        max_text_bytes: int = NodeSettings.max_text_bytes,
     ) -> None:
         self.dispatcher = dispatcher
         self.keys = keys
         self.metrics = metrics
+        #: Largest text turn (a chat message, an LLM skill's input as JSON), UTF-8 bytes.
+        self.max_text_bytes = max_text_bytes
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -189,6 +195,11 @@ class MeshExecutor(AgentExecutor):
         skill = meta.get("skill")
         if skill is not None and not isinstance(skill, str):
             raise SkillInputError("metadata field 'skill' must be a string (a skill id)")
+        if skill is not None and len(skill) > _MAX_SKILL_ID:
+            # Not a skill of any agent; and it would land in every log line of the task.
+            raise SkillInputError(
+                f"metadata field 'skill' must be a skill id (at most {_MAX_SKILL_ID} characters)"
+            )
         traceparent = meta.get("traceparent")
         return _Request(
             skill_id=skill or "",
@@ -216,11 +227,29 @@ class MeshExecutor(AgentExecutor):
                     f"skill '{skill.id}' expects exactly one data part (application/json) "
                     f"matching its input schema, got {len(data)}"
                 )
-            return skill, self.dispatcher.validate_input(skill, data[0])
+            payload = self.dispatcher.validate_input(skill, data[0])
+            if skill.llm:
+                # The model's turn is the input as JSON: bounded like a chat message.
+                self._check_turn(skill, payload.model_dump_json())
+            return skill, payload
         text = "\n".join(texts).strip()
         if not text:
             raise SkillInputError(f"skill '{skill.id}' expects a text part, got none")
+        self._check_turn(skill, text)
         return skill, text
+
+    def _check_turn(self, skill: Skill, text: str) -> None:
+        """A text turn over ``max_text_bytes`` is refused before any model work: the cost of a
+        model turn (and of any matching on it) grows with its length."""
+        limit = self.max_text_bytes
+        if len(text) * 4 <= limit:  # UTF-8 needs at most 4 bytes a character
+            return
+        size = len(text.encode())
+        if size > limit:
+            raise SkillInputError(
+                f"skill '{skill.id}': the text turn is {size} bytes, over this node's limit of "
+                f"{limit} bytes (MESH_MAX_TEXT_BYTES); send a shorter text"
+            )
 
     async def _run(
         self,

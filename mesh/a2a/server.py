@@ -33,6 +33,7 @@ from mesh.a2a.idempotency import IdempotencyKeys
 from mesh.a2a.store import SqliteTaskStore
 from mesh.agent import Agent
 from mesh.metrics import NodeMetrics
+from mesh.settings import NodeSettings
 from mesh.sqlite import Database
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class A2AService:
         store: str = "sqlite",
         bearer: bool = False,
         fastpath: bool = True,
+        max_text_bytes: int = NodeSettings.max_text_bytes,
     ) -> A2AService:
         task_store: TaskStore
         sqlite_store: SqliteTaskStore | None = None
@@ -111,7 +113,10 @@ class A2AService:
                     len(ended),
                 )
         executor = MeshExecutor(
-            SkillDispatcher(agent, runner, skill_runners), keys=keys, metrics=metrics
+            SkillDispatcher(agent, runner, skill_runners),
+            keys=keys,
+            metrics=metrics,
+            max_text_bytes=max_text_bytes,
         )
         card = build_card(agent, url, bearer=bearer)
         handler = FastPathHandler(
