@@ -100,7 +100,7 @@ async def register(body: RegisterBody, state: State, secret: Secret = None) -> R
         now = time.time()
         agent = agent_record(card, expected_name=body.agent, now=now)
     except CardRejected as exc:
-        raise ApiError(422, "invalid_card", str(exc)) from exc
+        raise ApiError(422, exc.code, str(exc)) from exc
     fresh = secrets.token_urlsafe(32)
     try:
         done = await state.store.put(

@@ -12,7 +12,6 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -25,6 +24,7 @@ from registry import api, page
 from registry.catalog import Catalog
 from registry.gate import Gate
 from registry.metrics import RegistryMetrics
+from registry.netguard import create_http_client
 from registry.prober import Prober
 from registry.settings import RegistrySettings
 from registry.sqlite_store import SqliteRegistryStore
@@ -82,9 +82,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned_store = store or await _open_store(settings)
-        http = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.card_timeout_s), follow_redirects=False, trust_env=False
-        )
+        http = create_http_client(settings.network_policy, timeout_s=settings.card_timeout_s)
         prober = Prober(
             owned_store,
             http,
@@ -198,6 +196,9 @@ async def _open_store(settings: RegistrySettings) -> RegistryStore:
         from registry.consul_store import ConsulRegistryStore
 
         return ConsulRegistryStore.from_url(
-            settings.backend, token=settings.consul_token, card_timeout_s=settings.card_timeout_s
+            settings.backend,
+            token=settings.consul_token,
+            card_timeout_s=settings.card_timeout_s,
+            policy=settings.network_policy,
         )
     return await SqliteRegistryStore.open(settings.db_path)

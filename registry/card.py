@@ -7,39 +7,78 @@ name, and derives skills, tags and the typed-skill schemas (extension ``urn:mesh
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 import httpx
 
-from mesh.a2a.card import card_from_dict, card_to_dict, skill_schemas
+from mesh.a2a.card import agent_tags, card_from_dict, card_to_dict, skill_schemas
+from registry.netguard import AddressRefused
+from registry.outbound import FetchFailed, bounded_get
 from registry.store import AgentRecord, SkillRecord
+from registry.wire import card_path_problem
 
-__all__ = ["CardRejected", "agent_record", "fetch_card"]
+__all__ = ["CardRejected", "UrlRefused", "agent_record", "fetch_card"]
+
+log = logging.getLogger("registry.card")
 
 # A card is a few KB; anything far bigger is not a card.
 _MAX_CARD_BYTES = 1_000_000
 
 
 class CardRejected(Exception):
-    """The card could not be fetched or is not acceptable. The message says why."""
+    """The card could not be fetched or is not acceptable. The message says why, in fixed
+    words: it never repeats what the fetched URL answered (the registry's log has that)."""
+
+    code = "invalid_card"
 
 
-async def fetch_card(http: httpx.AsyncClient, base_url: str, card_path: str) -> dict[str, Any]:
-    """GET the card JSON from ``base_url + card_path``."""
+class UrlRefused(CardRejected):
+    """The URL's host is outside the networks this registry may contact. The message names the
+    ``url`` field, the allowed networks and how to widen them."""
+
+    code = "url_refused"
+
+
+async def fetch_card(
+    http: httpx.AsyncClient, base_url: str, card_path: str, *, timeout_s: float | None = None
+) -> dict[str, Any]:
+    """GET the card JSON from ``base_url + card_path``: the whole answer within ``timeout_s``
+    (default: the client's own timeout, i.e. the registry's card timeout) and 1 MB.
+
+    Every failure to get a 200 answer (refused connection, timeout, HTTP error, too large) is
+    ONE message to the registrant, so the registry cannot be used to tell a closed port from a
+    live service; the detail goes to the log."""
+    # The API validates card_path already; Consul's service meta is checked only here.
+    problem = card_path_problem(card_path)
+    if problem:
+        raise CardRejected(f"card_path: {problem}")
     url = base_url.rstrip("/") + card_path
+    budget = timeout_s if timeout_s is not None else (http.timeout.read or 5.0)
     try:
-        response = await http.get(url, headers={"A2A-Version": "1.0"})
-    except httpx.HTTPError as exc:
-        detail = str(exc) or type(exc).__name__
-        raise CardRejected(f"could not fetch the agent card from {url}: {detail}") from exc
-    if response.status_code != 200:
-        raise CardRejected(
-            f"could not fetch the agent card from {url}: HTTP {response.status_code}"
+        response = await bounded_get(
+            http,
+            url,
+            max_bytes=_MAX_CARD_BYTES,
+            timeout_s=budget,
+            headers={"A2A-Version": "1.0"},
         )
-    if len(response.content) > _MAX_CARD_BYTES:
-        raise CardRejected(f"the agent card at {url} is larger than {_MAX_CARD_BYTES} bytes")
+    except FetchFailed as exc:
+        log.info("card fetch from %s failed: %s (%s)", url, exc.reason, exc.detail)
+        if isinstance(exc.__cause__, AddressRefused):
+            allowed = exc.__cause__.allowed
+            raise UrlRefused(
+                f"url: {base_url} is outside the networks this registry may contact "
+                f"({allowed}); the operator can widen them with --allow-networks or "
+                "MESH_REGISTRY_ALLOW_NETWORKS (link-local addresses are never allowed)"
+            ) from exc
+        raise _unfetchable(url, budget) from exc
+    if response.status_code != 200:
+        log.info("card fetch from %s failed: HTTP %d", url, response.status_code)
+        raise _unfetchable(url, budget)
     try:
-        data = response.json()
+        data = json.loads(response.content)
     except ValueError as exc:
         raise CardRejected(f"the agent card at {url} is not JSON") from exc
     if not isinstance(data, dict):
@@ -47,16 +86,30 @@ async def fetch_card(http: httpx.AsyncClient, base_url: str, card_path: str) -> 
     return data
 
 
+def _unfetchable(url: str, timeout_s: float) -> CardRejected:
+    return CardRejected(
+        f"could not fetch the agent card from {url}: no 200 answer of at most "
+        f"{_MAX_CARD_BYTES} bytes within {timeout_s:g}s (unreachable, not 200, too slow or too "
+        "large; the registry's log says which)"
+    )
+
+
 def agent_record(data: dict[str, Any], *, expected_name: str, now: float) -> AgentRecord:
     """Validate card JSON and derive the agent record. Raises ``CardRejected``."""
     try:
         card = card_to_dict(card_from_dict(data))
     except Exception as exc:  # protobuf's ParseError and friends: the card does not parse
-        raise CardRejected(f"the agent card does not parse as an A2A 1.0 card: {exc}") from exc
+        # The parser's message quotes the card: log it, answer in fixed words.
+        log.info("card for %r does not parse: %s", expected_name, exc)
+        raise CardRejected(
+            "the agent card does not parse as an A2A 1.0 card (the registry's log says where)"
+        ) from exc
     name = card.get("name", "")
     if name != expected_name:
+        log.info("card names %r, registration says %r", name, expected_name)
         raise CardRejected(
-            f"the agent card names the agent {name!r} but the registration says {expected_name!r}"
+            f"the agent card names another agent, not {expected_name!r}: register the name the "
+            "card has, or serve this agent's card at that URL"
         )
     schemas = skill_schemas(card)
     skills = []

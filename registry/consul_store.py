@@ -32,7 +32,9 @@ import httpx
 from mesh.discovery.base import CARD_PATH, Instance, Registration, Status, UnknownInstance
 from mesh.discovery.consul import ConsulBackend
 from mesh.errors import DiscoveryError, StoreError
+from mesh.netpolicy import NetworkPolicy
 from registry.card import CardRejected, agent_record, fetch_card
+from registry.netguard import create_http_client
 from registry.store import (
     AgentRecord,
     InstanceRecord,
@@ -139,11 +141,17 @@ class ConsulRegistryStore:
 
     @classmethod
     def from_url(
-        cls, address: str, *, token: str | None = None, card_timeout_s: float = 5.0
+        cls,
+        address: str,
+        *,
+        token: str | None = None,
+        card_timeout_s: float = 5.0,
+        policy: NetworkPolicy | None = None,
     ) -> ConsulRegistryStore:
-        """A store on the Consul agent at ``consul://host:8500`` (``token``: ACL token)."""
-        http = httpx.AsyncClient(
-            timeout=httpx.Timeout(card_timeout_s), follow_redirects=False, trust_env=False
+        """A store on the Consul agent at ``consul://host:8500`` (``token``: ACL token); cards
+        are read only from instances on ``policy``'s networks (default: loopback)."""
+        http = create_http_client(
+            policy or NetworkPolicy.parse("loopback"), timeout_s=card_timeout_s
         )
         return cls(ConsulBackend(address, token=token), http)
 

@@ -3,7 +3,9 @@
 Those URLs are chosen by whoever registers, so an answer may be huge or trickle in one byte a
 second. httpx's timeout is per read and its ``.content`` buffers everything; here a request has
 ONE deadline for connect, headers and body together, and the body is read in chunks and
-abandoned as soon as it passes ``max_bytes``.
+abandoned as soon as it passes ``max_bytes``. With the registry's client
+(``registry.netguard.create_http_client``) a host outside the allowed networks fails as
+``refused`` before any connection is made.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from dataclasses import dataclass
 
 import httpx
 
+from registry.netguard import AddressRefused
+
 __all__ = ["BoundedResponse", "FetchFailed", "bounded_get"]
 
 
 class FetchFailed(Exception):
     """The fetch did not produce a whole answer. ``reason`` is one of a fixed few words
-    (``unreachable``, ``timeout``, ``too_large``), safe to show to whoever registered the URL;
-    ``detail`` is for the registry's own log only."""
+    (``unreachable``, ``timeout``, ``too_large``, ``refused``: the host is outside the allowed
+    networks), never text from the answer; ``detail`` is for the registry's own log only (it
+    may name resolved addresses)."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
@@ -70,4 +75,9 @@ async def bounded_get(
     except TimeoutError as exc:
         raise FetchFailed("timeout", f"no whole answer within {timeout_s:g}s") from exc
     except httpx.HTTPError as exc:
+        if isinstance(exc.__cause__, AddressRefused):
+            # Chained to the refusal itself: callers read its ``allowed`` networks.
+            raise FetchFailed("refused", str(exc.__cause__)) from exc.__cause__
         raise FetchFailed("unreachable", f"{type(exc).__name__}: {exc}") from exc
+    except httpx.InvalidURL as exc:  # stored before the URL rules existed: fail, never crash
+        raise FetchFailed("unreachable", f"InvalidURL: {exc}") from exc

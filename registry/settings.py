@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mesh.netpolicy import NetworkPolicy
+
 __all__ = ["RegistrySettings"]
 
 
@@ -24,11 +26,20 @@ class RegistrySettings:
     remove_after_s: float = 300.0
     # Timeout for fetching a registering instance's card.
     card_timeout_s: float = 5.0
+    # Networks the registry may connect to for cards and probes (``--allow-networks``), checked
+    # after DNS resolution on every connection. None: ``NetworkPolicy.default_for(host)``.
+    allow_networks: NetworkPolicy | None = None
     # ``consul://host:8500``: keep instances in Consul instead of SQLite (None: SQLite).
     backend: str | None = None
     consul_token: str | None = None
     # Largest request body read; a registration is a few hundred bytes (``registry.gate``).
     max_body_bytes: int = 64 * 1024
+
+    @property
+    def network_policy(self) -> NetworkPolicy:
+        """``allow_networks``, else loopback for a registry on loopback, else loopback and
+        private ranges (link-local is refused whatever the policy says)."""
+        return self.allow_networks or NetworkPolicy.default_for(self.host)
 
     @property
     def db_path(self) -> Path:

@@ -32,6 +32,7 @@ def registry(
     ttl: float = 10.0,
     remove_after: float = 300.0,
     name: str = "registry",
+    extra: Sequence[str] = (),
 ) -> Iterator[Service]:
     port = port or free_port()
     argv = [
@@ -39,6 +40,7 @@ def registry(
         "--data-dir", str(data_dir or tmp / "registry"),
         "--probe-interval", str(probe_interval), "--probe-timeout", "0.4",
         "--ttl", str(ttl), "--remove-after", str(remove_after),
+        *extra,
     ]  # fmt: skip
     env = clean_env(**({"MESH_REGISTRY_TOKEN": token} if token else {}))
     url = f"http://127.0.0.1:{port}"

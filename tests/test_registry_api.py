@@ -83,7 +83,7 @@ def test_url_that_does_not_answer_is_refused_with_a_reason(reg: str) -> None:
         ("<html>not json</html>", "is not JSON"),
         ('["a", "list"]', "is not a JSON object"),
         ('{"name": "echo", "skills": "not-a-list"}', "does not parse as an A2A 1.0 card"),
-        ('{"name": "someone-else"}', "names the agent 'someone-else'"),
+        ('{"name": "someone-else"}', "names another agent, not 'echo'"),
     ],
 )
 def test_bad_cards_are_refused(reg: str, tmp_path: Path, card: str, expected: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from mesh.discovery.registry_client import DEFAULT_REGISTRY_URL, RegistryBackend
 from mesh.errors import ConfigError
+from mesh.netpolicy import NetworkPolicy
 
 __all__ = ["add_parsers", "format_agent", "format_agents"]
 
@@ -56,6 +57,14 @@ def add_parsers(sub: Any) -> None:
         metavar="consul://HOST:PORT",
         help="keep instances in Consul (token: $CONSUL_HTTP_TOKEN) instead of SQLite",
     )
+    p.add_argument(
+        "--allow-networks",
+        default=None,
+        metavar="NETS",
+        help="networks registered URLs may be on, e.g. 'loopback,private,10.1.0.0/16' or 'any' "
+        "(default: $MESH_REGISTRY_ALLOW_NETWORKS, else loopback for a registry on loopback, "
+        "loopback and private ranges otherwise; link-local is always refused)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(handler=_run_registry)
 
@@ -92,6 +101,12 @@ def _run_registry(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--backend {args.backend!r}: use consul://host:8500 (or leave it out for SQLite)"
         )
+    networks = args.allow_networks or os.environ.get("MESH_REGISTRY_ALLOW_NETWORKS") or None
+    try:
+        # Parsed before anything starts: a typo stops the registry, naming the entry.
+        policy = NetworkPolicy.parse(networks) if networks else None
+    except ConfigError as exc:
+        raise ConfigError(f"--allow-networks (or MESH_REGISTRY_ALLOW_NETWORKS): {exc}") from exc
     server = importlib.import_module("registry.server")
     settings = server.RegistrySettings(
         host=args.host,
@@ -104,6 +119,7 @@ def _run_registry(args: argparse.Namespace) -> int:
         remove_after_s=args.remove_after,
         backend=args.backend,
         consul_token=os.environ.get("CONSUL_HTTP_TOKEN") or None,
+        allow_networks=policy,
     )
     return int(server.run(settings, log_level=args.log_level))
 

@@ -1,0 +1,126 @@
+"""The registry's HTTP client connects only inside the allowed networks, after DNS, every time."""
+
+from __future__ import annotations
+
+import argparse
+
+import httpx
+import pytest
+
+import registry.server
+from mesh.cli import registry as cli
+from mesh.errors import ConfigError
+from mesh.netpolicy import NetworkPolicy
+from registry.netguard import AddressRefused, create_http_client
+from registry.outbound import FetchFailed, bounded_get
+from registry.settings import RegistrySettings
+from tests.raw_http import answer, raw_server
+
+pytestmark = pytest.mark.integration
+
+
+def _client(spec: str) -> httpx.AsyncClient:
+    return create_http_client(NetworkPolicy.parse(spec), timeout_s=2)
+
+
+async def test_an_allowed_address_is_fetched() -> None:
+    async with raw_server(answer(200, '{"ok": true}')) as srv, _client("loopback") as http:
+        r = await http.get(f"{srv.url}/x")
+    assert (r.status_code, r.json()) == (200, {"ok": True})
+    assert srv.requests == ["/x"]
+
+
+async def test_an_address_outside_the_policy_is_refused_before_connecting() -> None:
+    async with (
+        raw_server(answer(200, "{}"), host="127.0.0.2") as srv,
+        _client("127.0.0.1/32") as http,
+    ):
+        with pytest.raises(httpx.ConnectError) as caught:
+            await http.get(f"{srv.url}/x")
+        assert srv.connections == 0
+    refused = caught.value.__cause__
+    assert isinstance(refused, AddressRefused)
+    assert (refused.address, refused.allowed) == ("127.0.0.2", "127.0.0.1/32")
+
+
+async def test_a_name_is_checked_by_what_it_resolves_to() -> None:
+    async with raw_server(answer(200, "{}")) as srv:
+        # localhost is 127.0.0.1 (and maybe ::1): outside 127.0.0.2/32, inside loopback.
+        async with _client("127.0.0.2/32") as http:
+            with pytest.raises(httpx.ConnectError) as caught:
+                await http.get(f"http://localhost:{srv.port}/x")
+        assert isinstance(caught.value.__cause__, AddressRefused)
+        assert srv.connections == 0
+        async with _client("loopback") as http:
+            assert (await http.get(f"http://localhost:{srv.port}/x")).status_code == 200
+        assert srv.requests == ["/x"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[::ffff:169.254.169.254]/latest/meta-data/",
+        "http://[fe80::1]/",
+        "http://0.0.0.0:80/",
+    ],
+)
+async def test_link_local_and_unspecified_are_refused_even_under_any(url: str) -> None:
+    async with _client("any") as http:
+        with pytest.raises(FetchFailed) as caught:
+            await bounded_get(http, url, max_bytes=100, timeout_s=2)
+    assert caught.value.reason == "refused"
+    assert isinstance(caught.value.__cause__, AddressRefused)
+
+
+async def test_bounded_get_says_refused_and_keeps_the_allowed_networks() -> None:
+    async with _client("127.0.0.1/32") as http:
+        with pytest.raises(FetchFailed) as caught:
+            await bounded_get(http, "http://127.0.0.9:9/", max_bytes=100, timeout_s=2)
+    assert caught.value.reason == "refused"
+    assert "127.0.0.9" in caught.value.detail
+    assert isinstance(caught.value.__cause__, AddressRefused)
+    assert caught.value.__cause__.allowed == "127.0.0.1/32"
+
+
+def test_the_default_policy_follows_the_bind_address() -> None:
+    on_loopback = RegistrySettings(host="127.0.0.1").network_policy
+    assert on_loopback.allows("127.0.0.5")
+    assert not on_loopback.allows("10.1.2.3")
+    wildcard = RegistrySettings(host="0.0.0.0").network_policy
+    assert wildcard.allows("10.1.2.3")
+    assert not wildcard.allows("169.254.169.254")
+    assert not wildcard.allows("8.8.8.8")
+    narrowed = RegistrySettings(host="0.0.0.0", allow_networks=NetworkPolicy.parse("10.0.0.0/8"))
+    assert not narrowed.network_policy.allows("192.168.1.1")
+
+
+def test_the_cli_parses_allow_networks_and_names_the_flag_on_a_typo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[RegistrySettings] = []
+
+    def run(settings: RegistrySettings, **_: object) -> int:
+        seen.append(settings)
+        return 0
+
+    monkeypatch.setattr(registry.server, "run", run)
+    parser = argparse.ArgumentParser()
+    cli.add_parsers(parser.add_subparsers())
+
+    args = parser.parse_args(["registry", "--allow-networks", "127.0.0.1/32,private"])
+    assert args.handler(args) == 0
+    policy = seen[-1].network_policy
+    assert policy.allows("127.0.0.1")
+    assert policy.allows("10.9.9.9")
+    assert not policy.allows("127.0.0.2")
+
+    monkeypatch.setenv("MESH_REGISTRY_ALLOW_NETWORKS", "192.168.7.0/24")
+    args = parser.parse_args(["registry"])
+    assert args.handler(args) == 0
+    assert seen[-1].network_policy.allows("192.168.7.7")
+    assert not seen[-1].network_policy.allows("127.0.0.1")
+
+    args = parser.parse_args(["registry", "--allow-networks", "loopbak"])
+    with pytest.raises(ConfigError, match=r"--allow-networks .*'loopbak' is not a network"):
+        args.handler(args)
