@@ -106,6 +106,14 @@ def test_mesh_up_runs_the_loan_desk_restarts_a_crash_and_stops_cleanly(tmp_path:
         )
         wait_for(lambda: "(restart 1)" in up.output(), what="the restart report")
 
+        # Its new registration at the same URL superseded the killed one: no ghost.
+        def verifiers() -> list[str]:
+            found = httpx.get(f"{registry}/v1/instances", trust_env=False).json()["instances"]
+            return [i["instance_id"] for i in found if i["agent"] == "income-verifier"]
+
+        wait_for(lambda: len(verifiers()) == 1 and verifiers() != killed,
+                 what="one verifier instance, the restarted one")  # fmt: skip
+
         up.popen.send_signal(signal.SIGINT)
         assert up.popen.wait(30) == 0
     finally:
@@ -114,8 +122,8 @@ def test_mesh_up_runs_the_loan_desk_restarts_a_crash_and_stops_cleanly(tmp_path:
     for port in ports.values():
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False)
-    # Every node deregistered before the registry stopped: its database lists none but the
-    # instance that was SIGKILLed (it could not say goodbye; the prober would expire it).
+    # Every node deregistered before the registry stopped, and the SIGKILLed instance left no
+    # ghost (superseded by its restart): the database lists none.
     port = free_port()
     argv = [
         "mesh",
@@ -131,7 +139,7 @@ def test_mesh_up_runs_the_loan_desk_restarts_a_crash_and_stops_cleanly(tmp_path:
         left = httpx.get(
             f"http://127.0.0.1:{port}/v1/instances", params={"status": "any"}, trust_env=False
         ).json()["instances"]
-    assert [i["instance_id"] for i in left] == killed
+    assert left == []
 
 
 # -- one mesh per state dir, ports checked before anything starts -------------------------------
