@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -31,6 +32,8 @@ from tests.registry_support import registry
 
 pytestmark = pytest.mark.integration
 
+# Per example: a registration answers in milliseconds; one that takes this long is hanging.
+DEADLINE = timedelta(seconds=20)
 BODY_FIELDS = {"instance_id", "url", "agent", "version", "card_path", "body"}
 
 
@@ -123,7 +126,7 @@ def test_registration_bodies_get_a_4xx_naming_the_field_never_a_500(registry_url
         @given(body=_bodies())
         @settings(
             max_examples=250,
-            deadline=None,
+            deadline=DEADLINE,
             derandomize=True,
             database=None,
             suppress_health_check=list(HealthCheck),
@@ -184,7 +187,7 @@ def test_the_published_schema_finds_no_server_error(
         @given(case=operation.as_strategy(generation_mode=mode))
         @settings(
             max_examples=EXAMPLES,
-            deadline=None,
+            deadline=DEADLINE,
             derandomize=True,
             database=None,
             suppress_health_check=list(HealthCheck),
