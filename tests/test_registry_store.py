@@ -76,8 +76,10 @@ def test_agent_record_derives_skills_schemas_and_tags() -> None:
 
 
 def test_agent_record_refuses_a_name_mismatch() -> None:
-    with pytest.raises(CardRejected, match="names the agent 'echo' but the registration says 'b'"):
+    # The name found ('echo') is the fetched content: it stays in the log, out of the answer.
+    with pytest.raises(CardRejected, match="names another agent, not 'b'") as caught:
         agent_record(_card(), expected_name="b", now=0)
+    assert "echo" not in str(caught.value)
 
 
 OWNER = secret_hash("owner-secret")
