@@ -51,7 +51,7 @@ class NodeSettings:
     max_body_bytes: int = 10 * 1024 * 1024
     # Request bodies held at once (being read or being worked on), bytes: past it a new request
     # gets 503 "busy, retry" (one request alone is always let in, up to max_body_bytes).
-    max_inflight_bytes: int = 24 * 1024 * 1024
+    max_inflight_bytes: int = 16 * 1024 * 1024
     # Largest text turn (a chat message, an LLM skill's input), UTF-8 bytes: a longer one is
     # REJECTED before any model work.
     max_text_bytes: int = 64 * 1024

@@ -262,3 +262,25 @@ def test_a_skill_id_that_cannot_be_one_is_rejected(node: str) -> None:
     assert task["status"]["state"] == "TASK_STATE_REJECTED"
     assert "at most 128 characters" in task["status"]["message"]["parts"][0]["text"]
     assert _task_count(node) == before + 1
+
+
+def test_the_answer_does_not_echo_a_large_input(node: str) -> None:
+    """A blocking send's answer leaves out the caller's own message unless historyLength asks
+    for it; the task keeps it (GetTask)."""
+    pad = "z" * 1_000_000
+    body = _send_body(json.dumps({"key": "k", "n": 1, "pad": pad}))
+    r = _post(node, body)
+    task = _answer(r)["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert len(r.content) < 10_000, len(r.content)
+    assert all(m["role"] == "ROLE_AGENT" for m in task.get("history", []))
+    rpc = {"jsonrpc": "2.0", "id": 2, "method": "GetTask", "params": {"id": task["id"]}}
+    stored = httpx.post(node + "/", json=rpc, headers=HEADERS, timeout=30, trust_env=False)
+    history = stored.json()["result"]["history"]
+    assert history[0]["role"] == "ROLE_USER"
+    assert history[0]["parts"][0]["data"]["pad"] == pad
+    # Asked for, it is there (A2A: historyLength is the most the answer may hold).
+    asked = json.loads(_send_body(json.dumps({"key": "k", "n": 1})))
+    asked["params"]["configuration"] = {"historyLength": 5}
+    task = _answer(_post(node, json.dumps(asked)))["result"]["task"]
+    assert [m["role"] for m in task["history"]] == ["ROLE_USER", "ROLE_AGENT"]

@@ -60,14 +60,14 @@ from a2a.utils.errors import (
     TaskNotFoundError,
 )
 from a2a.utils.proto_utils import validate_proto_required_fields
-from a2a.utils.task import apply_history_length, validate_history_length
+from a2a.utils.task import validate_history_length
 from google.protobuf.json_format import MessageToDict, ParseDict
 from jsonrpc.jsonrpc2 import JSONRPC20Response  # type: ignore[import-untyped]
 from packaging.version import InvalidVersion, Version
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from mesh.a2a.idempotency import IdempotentRequestHandler, message_key
+from mesh.a2a.idempotency import IdempotentRequestHandler, message_key, send_answer
 from mesh.a2a.store import BLOCKING_SEND
 from mesh.errors import SkillInputError
 
@@ -187,9 +187,7 @@ class FastPath:
         request_id, params, context = prepared
         try:
             task = await self._send(params, context)
-            result = MessageToDict(
-                SendMessageResponse(task=apply_history_length(task, params.configuration))
-            )
+            result = MessageToDict(SendMessageResponse(task=send_answer(task, params)))
             data = JSONRPC20Response(result=result, _id=request_id).data
         except A2AError as exc:
             data = build_error_response(request_id, exc)

@@ -45,7 +45,13 @@ from a2a.utils.task import apply_history_length
 from mesh.a2a.store import BLOCKING_SEND, SqliteTaskStore
 from mesh.sqlite import Database
 
-__all__ = ["IdempotencyKeys", "IdempotentRequestHandler", "MessageKey", "WatchedTaskStore"]
+__all__ = [
+    "IdempotencyKeys",
+    "IdempotentRequestHandler",
+    "MessageKey",
+    "WatchedTaskStore",
+    "send_answer",
+]
 
 MessageKey = tuple[str, str, str]  # (owner, caller, message_id)
 
@@ -68,6 +74,31 @@ _DELETE = (
 )
 _SETTLED = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
 log = logging.getLogger("mesh.a2a")
+
+
+def send_answer(task: Task, params: SendMessageRequest) -> Task:
+    """``task`` as the answer to the blocking ``SendMessage`` ``params``: with the history
+    length the caller asked for; when it asked for none, the history after the caller's own
+    message. The caller has the message it just sent, and echoing it made every answer to a
+    large input twice its size; A2A 1.0 lets a server return fewer messages than the (here
+    unlimited) length asked for ("MAY apply a lower limit")."""
+    config = params.configuration
+    if config.HasField("history_length"):
+        return apply_history_length(task, config)
+    sent = params.message.message_id
+    history = task.history
+    for i in range(len(history) - 1, -1, -1):
+        if history[i].message_id == sent:
+            # A new Task, not a copy trimmed afterwards: the message is never copied.
+            return Task(
+                id=task.id,
+                context_id=task.context_id,
+                status=task.status,
+                artifacts=task.artifacts,
+                history=history[i + 1 :],
+                metadata=task.metadata if task.HasField("metadata") else None,
+            )
+    return task
 
 
 def message_key(message: Message, context: ServerCallContext | None) -> MessageKey | None:
@@ -300,12 +331,12 @@ class IdempotentRequestHandler(DefaultRequestHandler):
     ) -> Message | Task:
         key = message_key(params.message, context)
         if key is None:
-            return await self._send(params, context)
+            return _answer(await self._send(params, context), params)
         existing = await self.keys.claim(key)
         if existing is not None:
-            return await self._replay(existing, params, context)
+            return _answer(await self._replay(existing, params, context), params)
         try:
-            return await self._send(params, context)
+            return _answer(await self._send(params, context), params)
         finally:
             self.keys.end(key)
 
@@ -330,3 +361,7 @@ class IdempotentRequestHandler(DefaultRequestHandler):
         finally:
             if key is not None:
                 self.keys.end(key)
+
+
+def _answer(result: Message | Task, params: SendMessageRequest) -> Message | Task:
+    return send_answer(result, params) if isinstance(result, Task) else result
