@@ -142,13 +142,18 @@ class PeerTrust:
 
     async def _check_network(self, url: str, scheme: str) -> None:
         policy = self.networks or NetworkPolicy.parse("any")
+        parts = urlsplit(url)
         try:
-            port = urlsplit(url).port
-            host = urlsplit(url).hostname or ""
-            if scheme not in ("http", "https") or not host:
-                raise NetworkRefused(f"{url!r} is not an http(s) URL with a host")
-            addresses = await policy.resolve(host, port)
-        except (NetworkRefused, ValueError) as exc:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if scheme not in ("http", "https") or not parts.hostname or port == -1:
+            raise PeerRefused(
+                f"{url} is not a verified member of this mesh: not an http(s)://host[:port] URL"
+            )
+        try:
+            addresses = await policy.resolve(parts.hostname, port)
+        except NetworkRefused as exc:
             raise PeerRefused(
                 f"{url} is not a verified member of this mesh: {exc}; if that peer is yours, "
                 f"add its network to MESH_PEER_NETWORKS (now {policy.spec})"
