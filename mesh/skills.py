@@ -84,6 +84,16 @@ class Skill:
                 f"skill {self.id!r}: give both an input and an output model, or neither"
             )
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the handler as the decorated function (a test calls ``score(ScoreRequest(...))``
+        like before ``@skill``). No validation: the node validates what comes over the wire."""
+        if self.handler is None:
+            raise ConfigError(
+                f"skill {self.id!r} is answered by the agent's model: run it through a Runner "
+                "or a node"
+            )
+        return self.handler(*args, **kwargs)
+
     @property
     def typed(self) -> bool:
         return self.input_model is not None

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from mesh import Agent, skill
+from mesh import Agent, llm_skill, skill
 from mesh.a2a.dispatcher import SkillDispatcher
-from mesh.errors import SkillInputError
+from mesh.errors import ConfigError, SkillInputError
 
 
 class Pair(BaseModel):
@@ -62,3 +62,10 @@ def test_no_suggestion_when_nothing_is_close() -> None:
     dispatcher = SkillDispatcher(Agent(name="fx-desk", skills=[fx_rate, convert]))
     with pytest.raises(SkillInputError, match=r"^unknown skill 'weather'; fx-desk offers: "):
         dispatcher.resolve("weather", has_data=True, has_text=False)
+
+
+def test_a_skill_stays_callable_like_the_function() -> None:
+    assert fx_rate(Pair(base="USD", quote="INR")) == Rate(rate=1.0)
+    summarize = llm_skill("summarize", input=Pair, output=Rate, description="d")
+    with pytest.raises(ConfigError, match="answered by the agent's model"):
+        summarize(Pair(base="USD", quote="INR"))
