@@ -405,7 +405,8 @@ class Runner:
             else:
                 result = await invoke_tool(target, dict(call.args), ctx)
             ok = "error" not in result
-            self._notify("on_tool_call", call.name, ok)
+            # A name the model invented is not a label: the model's input is the caller's.
+            self._notify("on_tool_call", call.name if target is not None else "other", ok)
             # A failed tool's writes are dropped: its state change did not happen.
             return FunctionResponse(id=call.id, name=call.name, response=result), (
                 ctx.state_delta if ok else {}
