@@ -100,7 +100,7 @@ def create_app(
             prober=prober,
             metrics=metrics,
         )
-        prober.start()
+        await prober.start()
         log.info(
             "registry on http://%s:%d (data %s, writes %s)",
             settings.host,

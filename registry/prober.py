@@ -2,10 +2,24 @@
 
 Every ``interval_s`` it GETs each instance's ``/health`` and combines that with the heartbeat TTL:
 
-- no heartbeat for longer than ``ttl_s``            -> critical ("no heartbeat for 31s")
-- ``/health`` unreachable (refused, timeout)        -> critical ("health check failed: ...")
-- ``/health`` answers, but not 200                  -> warning  ("/health answered 503 (failing)")
-- ``/health`` answers 200                           -> passing
+- no heartbeat for longer than ``ttl_s``            -> critical ("no heartbeat for 31s (ttl 30s)")
+- ``/health`` unreachable, too slow or too large    -> critical ("health check failed: timeout")
+- ``/health`` answers, but not 200                  -> warning  ("/health answered 503")
+- ``/health`` answers 200                           -> passing  ("health ok")
+- ``/health`` names another ``instance_id``         -> removed at once: a ghost (below)
+
+Registered URLs are chosen by whoever registers, so a probe is one ``bounded_get``: the whole
+answer within the probe timeout and ``MAX_HEALTH_BYTES``, or a failure. Each probe's result is
+applied as soon as that probe ends, so one instance answering at a byte a second delays nobody
+else's status change, and no round outlives the probe timeout. Status reasons are fixed texts
+made by the registry (they are published on the page and the API): nothing of an answer is
+repeated but its status code.
+
+A node's ``/health`` names its ``instance_id``. A record whose URL answers with ANOTHER id is a
+ghost: the process it named is gone and another one (a restart, or another agent) serves that
+URL now. It is removed at once, with one log line, never shown as passing. (A registration at
+the same URL supersedes it too, see ``registry.store``; this catches the ghosts no registration
+replaces, e.g. rows kept in ``registry.db`` across a registry restart.)
 
 An instance critical for longer than ``remove_after_s`` is removed. Status changes are written
 (with time and reason) only when they change, and logged once each.
@@ -15,19 +29,54 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import httpx
 
 from mesh.discovery.base import Status
 from registry.metrics import RegistryMetrics
+from registry.outbound import FetchFailed, bounded_get
 from registry.store import InstanceRecord, RegistryStore
 
-__all__ = ["Prober"]
+__all__ = ["MAX_HEALTH_BYTES", "Prober"]
 
 log = logging.getLogger("registry.prober")
+
+# A node's /health is a few hundred bytes; anything far bigger is not one.
+MAX_HEALTH_BYTES = 64 * 1024
+
+# FetchFailed's fixed reason words, as the status reason says them.
+_FAILED = {
+    "unreachable": "unreachable",
+    "timeout": "no whole answer in time",
+    "too_large": f"answer over {MAX_HEALTH_BYTES} bytes",
+    "refused": "address outside the allowed networks",
+}
+
+
+@dataclass(frozen=True)
+class _Observation:
+    status: Status
+    reason: str
+    # The instance id the answer names, when it names one.
+    answered_as: str | None = None
+    # Why a fetch failed, for the registry's own log (never published).
+    detail: str = ""
+
+
+def _answered_as(body: bytes) -> str | None:
+    if b'"instance_id"' not in body:  # most answers: no parse needed
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    value = data.get("instance_id") if isinstance(data, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 class Prober:
@@ -55,9 +104,15 @@ class Prober:
         self._started_at = clock()
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="registry-prober")
+    async def start(self) -> None:
+        """Run one round now (bounded), so what a restarted registry serves from its store is
+        checked before it is served, then keep probing in the background."""
+        if self._task is not None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._timeout_s + 1.0):
+                await self._round()
+        self._task = asyncio.create_task(self._loop(), name="registry-prober")
 
     async def aclose(self) -> None:
         if self._task is not None:
@@ -68,65 +123,88 @@ class Prober:
 
     async def _loop(self) -> None:
         while True:
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # one bad tick (disk hiccup) must not stop liveness for good
-                log.exception("probe round failed")
             await asyncio.sleep(self.interval_s)
+            await self._round()
+
+    async def _round(self) -> None:
+        try:
+            await self.tick()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # one bad tick (disk hiccup) must not stop liveness for good
+            log.exception("probe round failed")
 
     async def tick(self) -> None:
-        """One probe round over every instance."""
+        """One probe round over every instance; each result is applied as its probe ends."""
         instances = await self._store.instances()
-        results = await asyncio.gather(*(self._check(i) for i in instances))
-        now = self._clock()
-        for inst, (status, reason) in zip(instances, results, strict=True):
-            if status != inst.status:
-                log.info(
-                    "%s %s (%s): %s -> %s: %s",
-                    inst.agent,
-                    inst.instance_id,
-                    inst.url,
-                    inst.status,
-                    status,
-                    reason,
-                )
-                await self._store.set_status(inst.instance_id, status, reason, now)
-            elif status == "critical" and now - inst.status_changed_at > self._remove_after_s:
-                log.warning(
-                    "removing %s %s (%s): critical for more than %.0fs (%s)",
-                    inst.agent,
-                    inst.instance_id,
-                    inst.url,
-                    self._remove_after_s,
-                    reason,
-                )
-                await self._store.remove(inst.instance_id)
-            elif reason != inst.status_reason and status != "critical":
-                # Same status, new detail (e.g. another 503 body): keep the reason current
-                # without moving status_changed_at.
-                await self._store.set_status(
-                    inst.instance_id, status, reason, inst.status_changed_at
-                )
+        await asyncio.gather(*(self._probe(i) for i in instances))
         if self._metrics is not None:
             await self._export()
 
-    async def _check(self, inst: InstanceRecord) -> tuple[Status, str]:
+    async def _probe(self, inst: InstanceRecord) -> None:
+        seen = await self._check(inst)
+        if seen.answered_as is not None and seen.answered_as != inst.instance_id:
+            log.warning(
+                "removing %s %s (%s): a ghost, that URL answers as instance %r now",
+                inst.agent,
+                inst.instance_id,
+                inst.url,
+                seen.answered_as[:100],
+            )
+            await self._store.remove(inst.instance_id)
+            return
+        await self._apply(inst, seen)
+
+    async def _apply(self, inst: InstanceRecord, seen: _Observation) -> None:
         now = self._clock()
-        silent_for = now - max(inst.last_heartbeat_at, self._started_at)
+        status, reason = seen.status, seen.reason
+        if status != inst.status:
+            log.info(
+                "%s %s (%s): %s -> %s: %s%s",
+                inst.agent,
+                inst.instance_id,
+                inst.url,
+                inst.status,
+                status,
+                reason,
+                f" ({seen.detail})" if seen.detail else "",
+            )
+            await self._store.set_status(inst.instance_id, status, reason, now)
+        elif status == "critical" and now - inst.status_changed_at > self._remove_after_s:
+            log.warning(
+                "removing %s %s (%s): critical for more than %.0fs (%s)",
+                inst.agent,
+                inst.instance_id,
+                inst.url,
+                self._remove_after_s,
+                reason,
+            )
+            await self._store.remove(inst.instance_id)
+        elif reason != inst.status_reason and status != "critical":
+            # Same status, another code (503 -> 500): keep the reason current without moving
+            # status_changed_at.
+            await self._store.set_status(inst.instance_id, status, reason, inst.status_changed_at)
+
+    async def _check(self, inst: InstanceRecord) -> _Observation:
+        silent_for = self._clock() - max(inst.last_heartbeat_at, self._started_at)
         if silent_for > self._ttl_s:
-            return "critical", f"no heartbeat for {silent_for:.0f}s (ttl {self._ttl_s:g}s)"
+            return _Observation(
+                "critical", f"no heartbeat for {silent_for:.0f}s (ttl {self._ttl_s:g}s)"
+            )
         try:
-            response = await self._http.get(inst.url + "/health", timeout=self._timeout_s)
-        except httpx.HTTPError as exc:
-            return "critical", f"health check failed: {type(exc).__name__} {exc}".strip()
-        if response.status_code == 200:
-            return "passing", "health ok"
-        detail = ""
-        with contextlib.suppress(ValueError, AttributeError):
-            detail = f" ({response.json().get('status')})"
-        return "warning", f"/health answered {response.status_code}{detail}"
+            answer = await bounded_get(
+                self._http,
+                inst.url + "/health",
+                max_bytes=MAX_HEALTH_BYTES,
+                timeout_s=self._timeout_s,
+            )
+        except FetchFailed as exc:
+            reason = f"health check failed: {_FAILED.get(exc.reason, 'unreachable')}"
+            return _Observation("critical", reason, detail=exc.detail)
+        answered_as = _answered_as(answer.content)
+        if answer.status_code == 200:
+            return _Observation("passing", "health ok", answered_as)
+        return _Observation("warning", f"/health answered {answer.status_code}", answered_as)
 
     async def _export(self) -> None:
         assert self._metrics is not None
