@@ -59,11 +59,14 @@ router = APIRouter(prefix="/v1", responses=_errors)
 log = logging.getLogger("registry")
 
 SECRET_HEADER = "Mesh-Instance-Secret"
+# A proposed secret shorter than this is not taken (secrets.token_urlsafe(32) has 43).
+MIN_SECRET_CHARS = 32
 Secret = Annotated[
     str | None,
     Header(
         alias=SECRET_HEADER,
-        description="the secret from this instance's registration answer (its owner's proof)",
+        description="the secret of this instance's registration answer (its owner's proof); "
+        "on a first registration, a proposed secret of at least 32 characters",
     ),
 ]
 
@@ -93,7 +96,8 @@ def _not_owner(instance_id: str, secret: str | None) -> ApiError:
 )
 async def register(body: RegisterBody, state: State, secret: Secret = None) -> RegisteredOut:
     """Register an instance, or re-register one you own (send its secret). The registry
-    fetches and validates its card. A new instance id gets a fresh secret in the answer, and
+    fetches and validates its card. A new instance id is owned by the secret in the answer
+    (the one proposed in the header if it has at least 32 characters, else a fresh one), and
     supersedes any other instance of the same agent at the same URL."""
     try:
         card = await fetch_card(state.http, body.url, body.card_path)
@@ -101,7 +105,9 @@ async def register(body: RegisterBody, state: State, secret: Secret = None) -> R
         agent = agent_record(card, expected_name=body.agent, now=now)
     except CardRejected as exc:
         raise ApiError(422, exc.code, str(exc)) from exc
-    fresh = secrets.token_urlsafe(32)
+    # A new instance is owned by the secret it proposes (RegistryBackend does, so that a
+    # registration sent again after a lost answer still owns it), or by a fresh one.
+    fresh = secret if secret and len(secret) >= MIN_SECRET_CHARS else secrets.token_urlsafe(32)
     try:
         done = await state.store.put(
             agent,

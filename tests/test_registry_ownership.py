@@ -113,6 +113,15 @@ def test_the_owner_heartbeats_re_registers_and_deregisters_with_its_secret(
         assert _write("DELETE", inst, **{SECRET: secret}).status_code == 204
         assert [i["instance_id"] for i in instances(reg.url)] == ["m-1"]
         assert _write("DELETE", inst).status_code == 204  # unknown now: idempotent
+        # A first registration may propose its secret (so that sending it again after a lost
+        # answer still owns the instance); a short proposal is not taken.
+        proposed = "p" * 43
+        mine = _register(reg.url, "v-3", "victim", url, secret=proposed)
+        assert mine.json()["secret"] == proposed
+        assert _register(reg.url, "v-3", "victim", url, secret=proposed).status_code == 201
+        short = _register(reg.url, "v-4", "victim", url, secret="short")
+        assert short.status_code == 201
+        assert short.json()["secret"] != "short"
         # The secret is never stored or shown in clear.
         listed = httpx.get(f"{reg.url}/v1/instances", params={"status": "any"}).text
         assert secret not in listed

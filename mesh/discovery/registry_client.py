@@ -5,12 +5,19 @@ only moves requests and translates failures into ``DiscoveryError`` once.
 
 An instance belongs to whoever registered it: the registration answer carries a secret, which
 this backend keeps (in memory, per instance id) and sends as ``Mesh-Instance-Secret`` with
-that instance's heartbeats, re-registrations and deregistration. When the registry has
-forgotten the instance (404), the secret is dropped: the next registration gets a new one.
+that instance's heartbeats, re-registrations and deregistration. The first registration already
+proposes one (random, 32 bytes), so sending it again after a lost answer is still the owner.
+When the registry has forgotten the instance (404), the secret is dropped: the next
+registration proposes a new one.
+
+A request that fails on a stale kept-alive connection (the server closed it as it was reused:
+``RemoteProtocolError``, read/write/connect errors) is sent once more at once on a fresh
+connection, so a registry that is up is never reported as "no registry".
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import httpx
@@ -22,6 +29,8 @@ __all__ = ["DEFAULT_REGISTRY_URL", "SECRET_HEADER", "RegistryBackend"]
 
 DEFAULT_REGISTRY_URL = "http://127.0.0.1:8400"
 SECRET_HEADER = "Mesh-Instance-Secret"
+# What a request on a stale kept-alive connection fails with (before any answer came back).
+_STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError)
 
 
 class RegistryBackend:
@@ -62,9 +71,17 @@ class RegistryBackend:
         if secret:
             headers[SECRET_HEADER] = secret
         try:
-            response = await self._http.request(
-                method, self.url + path, json=json, params=params, headers=headers
-            )
+            try:
+                response = await self._http.request(
+                    method, self.url + path, json=json, params=params, headers=headers
+                )
+            except _STALE:
+                # Most likely a pooled connection the server closed as we reused it (its
+                # keep-alive ran out): once more, at once, on a fresh connection. Every
+                # registry call is idempotent, so a request that did arrive is safe to repeat.
+                response = await self._http.request(
+                    method, self.url + path, json=json, params=params, headers=headers
+                )
         except httpx.HTTPError as exc:
             raise DiscoveryError(
                 f"no registry at {self.url}: start one with `mesh registry` or set "
@@ -91,6 +108,9 @@ class RegistryBackend:
             "card_path": registration.card_path,
         }
         instance_id = registration.instance_id
+        # Proposed for a new instance (the registry takes a long enough one as the owner's), so
+        # a registration whose answer was lost, sent again, still owns what it created.
+        self._secrets.setdefault(instance_id, secrets.token_urlsafe(32))
         response = await self._request(
             "POST", "/v1/instances", write=True, json=body, instance_id=instance_id
         )
