@@ -41,7 +41,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument(
         "--token",
         default=None,
-        help="bearer token required for writes (default: $MESH_REGISTRY_TOKEN; unset: open)",
+        help="bearer token required for writes (default: $MESH_REGISTRY_TOKEN; unset: open, "
+        "allowed only on loopback)",
     )
     p.add_argument(
         "--probe-interval", type=float, default=5.0, help="seconds between /health probes"
