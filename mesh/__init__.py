@@ -9,6 +9,8 @@ and a name's module is loaded on first use.
 from __future__ import annotations
 
 import importlib
+import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -64,6 +66,21 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return __all__
+
+
+class _Facade(ModuleType):
+    """Importing ``mesh.remote`` makes the import system bind ``mesh.remote`` to that module,
+    hiding the function ``remote`` it exports: then ``from mesh import remote`` would give the
+    module. Keep the public name bound to the function (``from mesh.remote import ...`` still
+    reaches the module)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, ModuleType) and _EXPORTS.get(name) == value.__name__:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Facade
 
 
 if TYPE_CHECKING:

@@ -311,8 +311,9 @@ class RemoteAgent:
         if self._metrics is not None:
             # A sample per resolved target from the start (closed until it changes): a healthy
             # mesh shows its breakers instead of an empty series.
+            known = self.breakers.states()  # read only: no breaker is made for a sample
             for target in self.instances:
-                state = _BREAKER_NAMES[self.breakers.get(target).state]
+                state = known.get(target, "closed").replace("_", "-")
                 self._metrics.breaker_state(self.peer, target, state)  # type: ignore[arg-type]
         return list(self.instances)
 
