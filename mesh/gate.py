@@ -96,7 +96,7 @@ def parse_rpc_body(body: bytes) -> Any:
         raise RpcRefused(
             -32700,
             "Parse error: the JSON is nested too deeply to parse (a data part may nest at most "
-            "about 45 levels)",
+            "about 48 levels)",
         ) from None
     except ValueError:
         # _NotFinite, or an integer longer than Python converts (4300 digits).
