@@ -10,8 +10,8 @@ declares, and the card should say ``1``. So:
   schema. Gemini's schema dialect has the same keyword with the same meaning; JSON Schema
   validators ignore it.
 * ``restore(schema)``, on every schema read from a card, puts ``properties`` back in that order
-  (and drops the keyword), every other key in pydantic's order (sorted), and whole doubles back
-  to integers.
+  (and drops the keyword, unless the card is to be parsed again), every other key in pydantic's
+  order (sorted), and whole doubles back to integers.
 * ``order_like(data, schema)`` orders a JSON value (a skill's answer, itself a ``Struct`` on
   the wire) as its schema declares.
 """
@@ -42,14 +42,24 @@ def with_property_order(schema: Mapping[str, Any], _depth: int = 0) -> dict[str,
     return out
 
 
-def restore(schema: Mapping[str, Any], _depth: int = 0) -> dict[str, Any]:
-    """``schema`` as the pydantic model declared it: properties in ``propertyOrdering`` order
-    (the keyword removed), other keys sorted, whole numbers as integers (but data, such as a
-    ``default``, of a ``number`` schema)."""
+def restore(
+    schema: Mapping[str, Any], _depth: int = 0, *, keep_hint: bool = False
+) -> dict[str, Any]:
+    """``schema`` as the pydantic model declared it: properties in ``propertyOrdering`` order,
+    other keys sorted, whole numbers as integers (but data, such as a ``default``, of a
+    ``number`` schema). ``propertyOrdering`` is dropped unless ``keep_hint`` (a card that will
+    be parsed again needs it: ``card_to_dict``)."""
     out: dict[str, Any] = {}
     order = schema.get(ORDER_KEYWORD)
-    for key in sorted(k for k in schema if k != ORDER_KEYWORD):
-        value = _map_schemas(schema[key], key, restore, _depth)
+
+    def again(sub: Mapping[str, Any], depth: int) -> dict[str, Any]:
+        return restore(sub, depth, keep_hint=keep_hint)
+
+    for key in sorted(k for k in schema if k != ORDER_KEYWORD or keep_hint):
+        if key == ORDER_KEYWORD:
+            out[key] = schema[key]
+            continue
+        value = _map_schemas(schema[key], key, again, _depth)
         if key == "properties" and isinstance(value, dict):
             value = _ordered(value, order if isinstance(order, list) else [])
         elif key in _SCHEMA_MAPS and isinstance(value, dict):

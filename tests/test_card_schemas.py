@@ -57,7 +57,18 @@ def test_the_card_itself_shows_declared_schemas() -> None:
     text = json.dumps(card)
     assert '"minLength": 1.0' not in text
     assert '"minLength": 1,' in text or '"minLength": 1}' in text
-    assert ORDER_KEYWORD not in text
+    # The order hint stays in card JSON, so a card stored and parsed again (the registry does)
+    # still knows it; schemas read from it come without.
+    assert ORDER_KEYWORD in text
+    assert ORDER_KEYWORD not in json.dumps(skill_schemas(card))
+
+
+def test_the_order_survives_any_number_of_round_trips() -> None:
+    card = _wire_card()
+    for _ in range(3):  # what the registry does: store card_to_dict, parse it again
+        card = card_to_dict(card_from_dict(json.loads(json.dumps(card))))
+    declared = json.dumps(Quote.model_json_schema())
+    assert json.dumps(skill_schemas(card)["quote"]["input"]) == declared
     # What goes on the wire carries the order as a list, which a Struct keeps.
     wire = MessageToDict(build_card(AGENT, "http://127.0.0.1:1"))
     params = wire["capabilities"]["extensions"][0]["params"]

@@ -121,12 +121,13 @@ def build_card(agent: Agent, url: str, *, bearer: bool = False) -> AgentCard:
 
 def card_to_dict(card: AgentCard) -> dict[str, Any]:
     """The card as camelCase JSON, with the mesh extension's schemas as their models declare
-    them (property order, integers)."""
+    them (property order, integers; ``propertyOrdering`` kept, for whoever parses it again)."""
     data = dict(MessageToDict(card))
     params = _mesh_params(data)
     if params is not None and isinstance(params.get("skills"), dict):
         rest = {k: v for k, v in params.items() if k != "skills"}
-        skills = _restored(params["skills"])
+        # The hints stay: this JSON may be parsed into a card again (the registry stores it).
+        skills = _restored(params["skills"], keep_hint=True)
         params.clear()
         params.update({"skills": skills, **rest})
     return data
@@ -167,13 +168,15 @@ def _mesh_params(data: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _restored(skills: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _restored(skills: dict[str, Any], *, keep_hint: bool = False) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for sid, entry in skills.items():
         if isinstance(entry, dict):
             keys = [*(k for k in ("input", "output") if k in entry), *sorted(entry)]
             out[str(sid)] = {
-                k: restore(entry[k]) if isinstance(entry[k], dict) else entry[k]
+                k: restore(entry[k], keep_hint=keep_hint)
+                if isinstance(entry[k], dict)
+                else entry[k]
                 for k in dict.fromkeys(keys)
             }
     return out
