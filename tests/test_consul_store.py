@@ -270,7 +270,8 @@ def test_registry_backend_must_be_consul(tmp_path: Path) -> None:
 
 needs_consul = pytest.mark.skipif(
     not os.environ.get("CONSUL_HTTP_ADDR"),
-    reason="needs a real Consul agent: set CONSUL_HTTP_ADDR (no Consul binary can be installed here)",
+    reason="needs a Consul agent: set CONSUL_HTTP_ADDR=127.0.0.1:8500 to one (e.g. started with "
+    "`consul agent -dev`; CONSUL_HTTP_TOKEN too if it enforces ACLs)",
 )
 
 
