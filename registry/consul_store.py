@@ -35,15 +35,7 @@ from mesh.errors import DiscoveryError, StoreError
 from mesh.netpolicy import NetworkPolicy
 from registry.card import CardRejected, agent_record, fetch_card
 from registry.netguard import create_http_client
-from registry.store import (
-    AgentRecord,
-    InstanceRecord,
-    InstanceTaken,
-    NotOwner,
-    Registered,
-    SkillRecord,
-    owns,
-)
+from registry.store import AgentRecord, InstanceRecord, Registered, SkillRecord, check_owner
 
 __all__ = ["CardCache", "ConsulRegistryStore", "fallback_agent", "instance_record"]
 
@@ -51,6 +43,10 @@ log = logging.getLogger("registry.consul")
 
 # The service meta key holding the hash of an instance's secret.
 OWNER_META = "secret_hash"
+
+
+def _check_owner(inst: Instance, presented: str | None, *, agent: str | None = None) -> None:
+    check_owner(inst.instance_id, inst.agent, inst.meta.get(OWNER_META, ""), presented, agent=agent)
 
 
 def instance_record(
@@ -174,8 +170,8 @@ class ConsulRegistryStore:
     async def _owned(self, instance_id: str, presented: str | None) -> Instance | None:
         """The instance if ``presented`` owns it, None if unknown, else ``NotOwner``."""
         known = await self._known(instance_id)
-        if known is not None and not owns(known.meta.get(OWNER_META, ""), presented):
-            raise NotOwner(instance_id)
+        if known is not None:
+            _check_owner(known, presented)
         return known
 
     async def put(
@@ -189,10 +185,7 @@ class ConsulRegistryStore:
         everyone = await self._find()
         known = next((i for i in everyone if i.instance_id == instance.instance_id), None)
         if known is not None:
-            if known.agent != agent.name:
-                raise InstanceTaken(instance.instance_id, known.agent)
-            if not owns(known.meta.get(OWNER_META, ""), presented):
-                raise NotOwner(instance.instance_id)
+            _check_owner(known, presented, agent=agent.name)
             secret_hash = known.meta[OWNER_META]
         now = self._clock()
         # One instance per (agent, URL), as in the SQLite store.

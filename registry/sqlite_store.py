@@ -14,7 +14,7 @@ from pathlib import Path
 from mesh.discovery.base import Status
 from mesh.sqlite import Database
 from registry.card import agent_record
-from registry.store import AgentRecord, InstanceRecord, InstanceTaken, NotOwner, Registered, owns
+from registry.store import AgentRecord, InstanceRecord, Registered, check_owner
 
 __all__ = ["SqliteRegistryStore"]
 
@@ -78,11 +78,17 @@ def _migrate(conn: sqlite3.Connection) -> int:
     return int(dropped)
 
 
-def _owner(conn: sqlite3.Connection, instance_id: str) -> sqlite3.Row | None:
-    row: sqlite3.Row | None = conn.execute(
+def _claim(
+    conn: sqlite3.Connection, instance_id: str, presented: str | None, *, agent: str | None = None
+) -> bool:
+    """Whether ``instance_id`` is stored; ``check_owner`` refuses a writer who does not own it."""
+    row = conn.execute(
         "select agent, secret_hash from registry_instances where instance_id = ?", (instance_id,)
     ).fetchone()
-    return row
+    if row is None:
+        return False
+    check_owner(instance_id, row["agent"], row["secret_hash"], presented, agent=agent)
+    return True
 
 
 def _remove(conn: sqlite3.Connection, instance_id: str) -> InstanceRecord | None:
@@ -131,12 +137,7 @@ class SqliteRegistryStore:
         presented: str | None,
     ) -> Registered:
         def write(conn: sqlite3.Connection) -> Registered:
-            known = _owner(conn, instance.instance_id)
-            if known is not None:
-                if known["agent"] != instance.agent:
-                    raise InstanceTaken(instance.instance_id, known["agent"])
-                if not owns(known["secret_hash"], presented):
-                    raise NotOwner(instance.instance_id)
+            known = _claim(conn, instance.instance_id, presented, agent=instance.agent)
             # One instance per (agent, URL): another id there is the same process restarted
             # (or replaced), so its record is a ghost.
             others = (instance.agent, instance.url, instance.instance_id)
@@ -187,7 +188,7 @@ class SqliteRegistryStore:
                 f"select {_COLUMNS} from registry_instances where instance_id = ?",
                 (instance.instance_id,),
             ).fetchone()
-            return Registered(_instance(row), created=known is None, superseded=superseded)
+            return Registered(_instance(row), created=not known, superseded=superseded)
 
         return await self._db.write(write)
 
@@ -195,11 +196,8 @@ class SqliteRegistryStore:
         self, instance_id: str, at: float, *, presented: str | None
     ) -> InstanceRecord | None:
         def write(conn: sqlite3.Connection) -> InstanceRecord | None:
-            known = _owner(conn, instance_id)
-            if known is None:
+            if not _claim(conn, instance_id, presented):
                 return None
-            if not owns(known["secret_hash"], presented):
-                raise NotOwner(instance_id)
             conn.execute(
                 "update registry_instances set last_heartbeat_at = ? where instance_id = ?",
                 (at, instance_id),
@@ -213,12 +211,7 @@ class SqliteRegistryStore:
 
     async def deregister(self, instance_id: str, *, presented: str | None) -> InstanceRecord | None:
         def write(conn: sqlite3.Connection) -> InstanceRecord | None:
-            known = _owner(conn, instance_id)
-            if known is None:
-                return None
-            if not owns(known["secret_hash"], presented):
-                raise NotOwner(instance_id)
-            return _remove(conn, instance_id)
+            return _remove(conn, instance_id) if _claim(conn, instance_id, presented) else None
 
         return await self._db.write(write)
 

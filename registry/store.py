@@ -33,7 +33,7 @@ __all__ = [
     "Registered",
     "RegistryStore",
     "SkillRecord",
-    "owns",
+    "check_owner",
     "secret_hash",
 ]
 
@@ -57,10 +57,23 @@ def secret_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def owns(stored: str, presented: str | None) -> bool:
-    """Does ``presented`` (a ``secret_hash``, or None) own a record holding ``stored``?
-    Constant-time; a record without a hash is owned by nobody."""
-    return bool(stored) and presented is not None and hmac.compare_digest(stored, presented)
+def check_owner(
+    instance_id: str,
+    stored_agent: str,
+    stored_hash: str,
+    presented: str | None,
+    *,
+    agent: str | None = None,
+) -> None:
+    """Refuse a write to the stored instance (``stored_agent``, ``stored_hash``) that its
+    writer may not make: ``InstanceTaken`` when a registration's ``agent`` is another agent,
+    ``NotOwner`` when ``presented`` (a ``secret_hash``, or None) is not the stored hash.
+    Constant-time; a record without a hash is owned by nobody. Every store calls it inside the
+    write that changes the record."""
+    if agent is not None and agent != stored_agent:
+        raise InstanceTaken(instance_id, stored_agent)
+    if not (stored_hash and presented is not None and hmac.compare_digest(stored_hash, presented)):
+        raise NotOwner(instance_id)
 
 
 @dataclass(frozen=True)
