@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from mesh.cli.table import format_table
 from mesh.cli.up import DEFAULT_MESHFILE
 from mesh.errors import ConfigError
 
@@ -111,7 +112,7 @@ def _act(args: argparse.Namespace) -> int:
 
 
 def _print_processes(processes: list[ProcessInfo], out: TextIO) -> None:
-    rows = [("NAME", "AGENT", "PID", "URL", "STATUS", "RESTARTS", "UPTIME", "DETAIL")]
+    rows = []
     for p in processes:
         # A healthy process's detail is its URL, already shown.
         detail = "" if p.status in ("healthy", "starting") else p.detail
@@ -127,10 +128,8 @@ def _print_processes(processes: list[ProcessInfo], out: TextIO) -> None:
                 detail,
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        line = "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True))
-        print(line.rstrip(), file=out)
+    header = ("NAME", "AGENT", "PID", "URL", "STATUS", "RESTARTS", "UPTIME", "DETAIL")
+    print(format_table(header, rows), file=out)
 
 
 def _duration(seconds: float | None) -> str:

@@ -12,10 +12,10 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from mesh.cli.table import format_table
 from mesh.discovery.registry_client import DEFAULT_REGISTRY_URL, RegistryBackend
 from mesh.errors import ConfigError
 from mesh.netpolicy import NetworkPolicy
@@ -162,15 +162,6 @@ def _show(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return 0
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
-    return "\n".join(lines)
-
-
 def format_agents(agents: list[dict[str, Any]], url: str = "") -> str:
     """``mesh ls`` as text: one row per agent with skills and instances up/total."""
     if not agents:
@@ -187,7 +178,7 @@ def format_agents(agents: list[dict[str, Any]], url: str = "") -> str:
                 _clip(a.get("description", ""), 60),
             )
         )
-    return _table(("AGENT", "VERSION", "UP", "SKILLS", "DESCRIPTION"), rows)
+    return format_table(("AGENT", "VERSION", "UP", "SKILLS", "DESCRIPTION"), rows)
 
 
 def _clip(text: str, n: int) -> str:
@@ -247,7 +238,8 @@ def format_agent(agent: dict[str, Any]) -> str:
     ]
     if rows:
         lines += [
-            "  " + line for line in _table(("URL", "STATUS", "REASON", "ID"), rows).split("\n")
+            "  " + line
+            for line in format_table(("URL", "STATUS", "REASON", "ID"), rows).split("\n")
         ]
     else:
         lines.append("  none")

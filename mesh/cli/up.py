@@ -14,10 +14,12 @@ import contextlib
 import os
 import signal
 import sys
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from mesh.cli.serve import find_agent_url
+from mesh.cli.table import format_table
 
 if TYPE_CHECKING:
     from mesh.a2a.client import A2APeer
@@ -179,15 +181,14 @@ async def up(
 def _print_table(
     meshfile: MeshFile, supervisor: Supervisor, out: TextIO, meshfile_path: str
 ) -> None:
-    rows = [("AGENT", "PROCESS", "URL", "HEALTH")]
-    for child in supervisor.children:
-        health = "ok" if child.status == "healthy" else child.status
-        rows.append((child.spec.agent, child.spec.name, child.spec.url, health))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    rows = [
+        (c.spec.agent, c.spec.name, c.spec.url, "ok" if c.status == "healthy" else c.status)
+        for c in supervisor.children
+    ]
     print(file=out)
-    for row in rows:
-        line = "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True))
-        print(f"  {line}".rstrip(), file=out)
+    print(
+        textwrap.indent(format_table(("AGENT", "PROCESS", "URL", "HEALTH"), rows), "  "), file=out
+    )
     print(file=out)
     print(f"registry page: {meshfile.registry.public_url}/", file=out)
     first = next(iter(meshfile.nodes))
