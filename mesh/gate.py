@@ -31,11 +31,12 @@ from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh.a2a.server import SEND_METHODS
+from mesh.asgi import BodyTooLarge, bearer, read_body, replay
 
 if TYPE_CHECKING:
     from mesh.node import Node
 
-__all__ = ["METHODS", "RequestGate", "RpcRefused", "authorized", "parse_rpc_body"]
+__all__ = ["METHODS", "RequestGate", "RpcRefused", "parse_rpc_body"]
 
 #: Every JSON-RPC method the SDK's route answers: the closed set of the method label.
 METHODS = frozenset(JsonRpcDispatcher.METHOD_TO_MODEL)
@@ -171,22 +172,11 @@ def _rpc_method(data: Any) -> str | None:
     return method if isinstance(method, str) else None
 
 
-def authorized(scope: Scope, token: bytes) -> bool:
-    """``Authorization: Bearer <token>``; the scheme is case-insensitive (RFC 7235)."""
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            scheme, _, credentials = value.partition(b" ")
-            # Constant time: the comparison must not leak how much of the token matched.
-            match = hmac.compare_digest(credentials.strip(b" "), token)
-            return match and scheme.lower() == b"bearer"
-    return False
+class _Busy(Exception):
+    """Holding a body of ``size`` bytes would pass ``max_inflight_bytes``."""
 
-
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            return int(value) if value.isdigit() else None
-    return None
+    def __init__(self, size: int) -> None:
+        self.size = size
 
 
 class RequestGate:
@@ -205,50 +195,40 @@ class RequestGate:
             await self.app(scope, receive, send)
             return
         node = self.node
-        if self._token is not None and not authorized(scope, self._token):
-            node.metrics.request("unauthorized", ok=False)
-            await _reply(
-                send,
-                401,
-                "this node needs 'Authorization: Bearer <token>' on A2A calls "
-                "(the mesh token, MESH_TOKEN)",
-                [(b"www-authenticate", b'Bearer realm="mesh"')],
-            )
-            return
+        if self._token is not None:
+            given = bearer(scope)
+            if given is None or not hmac.compare_digest(given, self._token):
+                node.metrics.request("unauthorized", ok=False)
+                await _reply(
+                    send,
+                    401,
+                    "this node needs 'Authorization: Bearer <token>' on A2A calls "
+                    "(the mesh token, MESH_TOKEN)",
+                    [(b"www-authenticate", b'Bearer realm="mesh"')],
+                )
+                return
         held = 0
+
+        def reserve(size: int) -> None:
+            # Held from the declared length on; a chunked body as it arrives.
+            nonlocal held
+            if size > held:
+                if not self._hold(size - held):
+                    raise _Busy(size)
+                held = size
+
         try:
             limit = node.settings.max_body_bytes
-            declared = _content_length(scope)
-            if declared is not None and declared > limit:
+            try:
+                body = await read_body(scope, receive, limit=limit, reserve=reserve)
+            except BodyTooLarge:
                 await self._too_large(send, limit)
                 return
-            if declared:
-                if not self._hold(declared):
-                    await self._busy(send, declared)
-                    return
-                held = declared
-            chunks: list[bytes] = []
-            size = 0
-            more = True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    await self._too_large(send, limit)
-                    return
-                if size > held:  # chunked: held as it arrives
-                    if not self._hold(size - held):
-                        await self._busy(send, size)
-                        return
-                    held = size
-                chunks.append(chunk)
-                more = bool(message.get("more_body", False))
-            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            del chunks  # one copy of the body, not two
-            await self._serve(scope, body, receive, send)
+            except _Busy as busy:
+                await self._busy(send, busy.size)
+                return
+            if body is not None:
+                await self._serve(scope, body, receive, send)
         finally:
             self.held_bytes -= held
 
@@ -272,14 +252,8 @@ class RequestGate:
             await _reply(send, 503, f"{node.agent.name} is shutting down; try another instance")
             return
 
-        pending: list[bytes] = [body]
-        del body
-
-        async def replay() -> Message:
-            if pending:
-                # Handed over, not kept: the app holds the only reference from here on.
-                return {"type": "http.request", "body": pending.pop(), "more_body": False}
-            return await receive()
+        receive = replay(body, receive)
+        del body  # the app holds the only reference from here on
 
         status = 200
         is_json = False
@@ -298,9 +272,9 @@ class RequestGate:
         service = node.service
         fast = service.fastpath if service is not None and method == "SendMessage" else None
         try:
-            if fast is None or not await fast.serve(parsed, scope, replay, watch):
+            if fast is None or not await fast.serve(parsed, scope, receive, watch):
                 del parsed  # the SDK parses the body itself
-                await self.app(scope, replay, watch)
+                await self.app(scope, receive, watch)
         finally:
             # JSON-RPC errors are HTTP 200 with {"error": ...} (the SDK writes "error" first).
             ok = status < 400 and not (is_json and first_chunk.startswith(b'{"error"'))

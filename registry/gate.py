@@ -1,6 +1,7 @@
 """``Gate``: what every request to the registry passes before a route reads a byte of its body.
 
-Pure ASGI (the node's ``mesh.node._Gate`` is its twin), outermost of the app's middleware:
+Pure ASGI (the node's ``mesh.gate.RequestGate`` is its twin; both read a request through
+``mesh.asgi``), outermost of the app's middleware:
 
 - a write (any method but GET, HEAD, OPTIONS) needs ``Authorization: Bearer <token>`` when the
   registry has a token: 401 without it, 403 with a wrong one, answered BEFORE the body is read,
@@ -16,21 +17,15 @@ from __future__ import annotations
 
 import hmac
 
-from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mesh.asgi import BodyTooLarge, bearer, read_body, replay
 from registry.metrics import RegistryMetrics
 
-__all__ = ["Gate", "bearer"]
+__all__ = ["Gate"]
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-def bearer(authorization: str) -> str:
-    """The credentials of ``Authorization: Bearer <token>`` (scheme case-insensitive), or ''."""
-    scheme, _, given = authorization.partition(" ")
-    return given.strip() if scheme.lower() == "bearer" else ""
 
 
 class Gate:
@@ -53,9 +48,8 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = Headers(scope=scope)
         if self.token is not None and scope["method"] not in _SAFE_METHODS:
-            given = bearer(headers.get("authorization", ""))
+            given = bearer(scope)
             if not given:
                 await self._refuse(
                     scope,
@@ -68,7 +62,7 @@ class Gate:
                     {"WWW-Authenticate": "Bearer"},
                 )
                 return
-            if not hmac.compare_digest(given.encode(), self.token.encode()):
+            if not hmac.compare_digest(given, self.token.encode()):
                 await self._refuse(
                     scope,
                     receive,
@@ -78,36 +72,13 @@ class Gate:
                     "wrong registry token (nodes: set MESH_REGISTRY_TOKEN to the registry's)",
                 )
                 return
-        limit = self.max_body_bytes
-        declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        try:
+            body = await read_body(scope, receive, limit=self.max_body_bytes)
+        except BodyTooLarge:
             await self._too_large(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                await self._too_large(scope, receive, send)
-                return
-            chunks.append(chunk)
-            more = bool(message.get("more_body", False))
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        if body is not None:
+            await self.app(scope, replay(body, receive), send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._refuse(
