@@ -12,6 +12,9 @@
     ├── StoreError             a session/task store could not read or write
     ├── DiscoveryError         the registry / Consul could not answer
     │   └── AgentNotFound      no such agent (or no passing instance)
+    ├── NetworkRefused         (mesh.netpolicy) a host is, or resolves, outside the allowed networks
+    ├── PeerRefused            (mesh.trust) a peer URL is not a verified member of the mesh
+    ├── FetchFailed            (mesh.outbound) a bounded GET got no whole answer; a fixed reason word
     └── RemoteError            a delegation to a peer failed; carries peer, skill and reason
             reasons: "rejected" | "unavailable" | "deadline" | "failed" | "canceled" | "invalid_output"
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -107,11 +107,38 @@ class NetworkPolicy:
         return cls(tuple(networks), ",".join(entries))
 
     @classmethod
+    def from_env(cls, env: Mapping[str, str], name: str) -> NetworkPolicy | None:
+        """The policy ``env[name]`` spells, None when unset (``ConfigError`` naming it)."""
+        spec = env.get(name, "").strip()
+        try:
+            return cls.parse(spec) if spec else None
+        except ConfigError as exc:
+            raise ConfigError(f"{name}={spec!r}: {exc}") from exc
+
+    @classmethod
     def default_for(cls, bind_host: str) -> NetworkPolicy:
         """Loopback only for a service bound to loopback; loopback and private ranges else."""
         if is_loopback_host(bind_host):
             return cls.parse("loopback")
         return cls.parse("loopback,private")
+
+    def within(self, other: NetworkPolicy) -> bool:
+        """Whether every address this policy allows, ``other`` allows too."""
+        return all(
+            any(net.version == wider.version and net.subnet_of(wider) for wider in other.networks)  # type: ignore[arg-type]
+            for net in self.networks
+        )
+
+    def __and__(self, other: NetworkPolicy) -> NetworkPolicy:
+        """The addresses both policies allow (``spec`` says both)."""
+        # Two CIDR blocks are nested or disjoint: an overlap is the smaller of the two.
+        both = [
+            mine if mine.subnet_of(theirs) else theirs  # type: ignore[arg-type]
+            for mine in self.networks
+            for theirs in other.networks
+            if mine.version == theirs.version and mine.overlaps(theirs)
+        ]
+        return NetworkPolicy(tuple(dict.fromkeys(both)), f"{self.spec} and {other.spec}")
 
     def allows(self, address: str | IPAddress) -> bool:
         """Whether one address is inside the policy (and not always refused)."""

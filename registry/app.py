@@ -20,11 +20,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from mesh.errors import StoreError
+from mesh.netguard import create_http_client
 from registry import api, page
 from registry.catalog import Catalog
 from registry.gate import Gate
 from registry.metrics import RegistryMetrics
-from registry.netguard import create_http_client
 from registry.prober import Prober
 from registry.settings import RegistrySettings
 from registry.sqlite_store import SqliteRegistryStore
@@ -82,7 +82,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned_store = store or await _open_store(settings)
-        http = create_http_client(settings.network_policy, timeout_s=settings.card_timeout_s)
+        http = create_http_client(settings.network_policy, timeout=settings.card_timeout_s)
         prober = Prober(
             owned_store,
             http,

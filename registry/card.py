@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 
 from mesh.a2a.card import agent_tags, card_from_dict, card_to_dict, skill_schemas
-from registry.netguard import AddressRefused
-from registry.outbound import FetchFailed, bounded_get
+from mesh.netguard import AddressRefused
+from mesh.outbound import FetchFailed, bounded_get
 from registry.store import AgentRecord, SkillRecord
 from registry.wire import card_path_problem
 

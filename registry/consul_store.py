@@ -32,9 +32,9 @@ import httpx
 from mesh.discovery.base import CARD_PATH, Instance, Registration, Status, UnknownInstance
 from mesh.discovery.consul import ConsulBackend
 from mesh.errors import DiscoveryError, StoreError
+from mesh.netguard import create_http_client
 from mesh.netpolicy import NetworkPolicy
 from registry.card import CardRejected, agent_record, fetch_card
-from registry.netguard import create_http_client
 from registry.store import AgentRecord, InstanceRecord, Registered, SkillRecord, check_owner
 
 __all__ = ["CardCache", "ConsulRegistryStore", "fallback_agent", "instance_record"]
@@ -147,7 +147,7 @@ class ConsulRegistryStore:
         """A store on the Consul agent at ``consul://host:8500`` (``token``: ACL token); cards
         are read only from instances on ``policy``'s networks (default: loopback)."""
         http = create_http_client(
-            policy or NetworkPolicy.parse("loopback"), timeout_s=card_timeout_s
+            policy or NetworkPolicy.parse("loopback"), timeout=card_timeout_s
         )
         return cls(ConsulBackend(address, token=token), http)
 

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import httpx
 
 from mesh.discovery.base import Status
+from mesh.outbound import FetchFailed, bounded_get
 from registry.metrics import RegistryMetrics
-from registry.outbound import FetchFailed, bounded_get
 from registry.store import InstanceRecord, RegistryStore
 
 __all__ = ["MAX_HEALTH_BYTES", "Prober"]

@@ -63,3 +63,28 @@ async def test_check_url_resolves_names_before_deciding() -> None:
         await loopback.check_url("http://127.0.0.1:99999")
     with pytest.raises(NetworkRefused, match="does not resolve"):
         await loopback.check_url("http://no-such-host.invalid:80")
+
+
+def test_both_policies_and_whether_one_lies_within_another() -> None:
+    plain_http = NetworkPolicy.parse("loopback,private")
+    both = NetworkPolicy.parse("any") & plain_http
+    assert both.spec == "any and loopback,private"
+    assert both.allows("10.1.2.3")
+    assert both.allows("::1")
+    assert not both.allows("8.8.8.8")
+    narrow = NetworkPolicy.parse("10.1.0.0/16,203.0.113.0/24") & NetworkPolicy.parse("10.0.0.0/8")
+    assert narrow.allows("10.1.9.9")
+    assert not narrow.allows("10.2.0.1")  # in the wider one only
+    assert not narrow.allows("203.0.113.5")  # in the first one only
+    assert NetworkPolicy.parse("loopback,10.0.0.0/16").within(plain_http)
+    assert not NetworkPolicy.parse("any").within(plain_http)
+    assert not NetworkPolicy.parse("loopback,203.0.113.7").within(plain_http)
+
+
+def test_from_env_names_the_variable() -> None:
+    assert NetworkPolicy.from_env({}, "MESH_PEER_NETWORKS") is None
+    policy = NetworkPolicy.from_env({"MESH_PEER_NETWORKS": " 10.0.0.0/8 "}, "MESH_PEER_NETWORKS")
+    assert policy is not None
+    assert policy.allows("10.9.9.9")
+    with pytest.raises(ConfigError, match=r"MESH_PEER_NETWORKS='intranet': 'intranet' is not"):
+        NetworkPolicy.from_env({"MESH_PEER_NETWORKS": "intranet"}, "MESH_PEER_NETWORKS")

@@ -10,9 +10,9 @@ import pytest
 import registry.server
 from mesh.cli import registry as cli
 from mesh.errors import ConfigError
+from mesh.netguard import AddressRefused, create_http_client
 from mesh.netpolicy import NetworkPolicy
-from registry.netguard import AddressRefused, create_http_client
-from registry.outbound import FetchFailed, bounded_get
+from mesh.outbound import FetchFailed, bounded_get
 from registry.settings import RegistrySettings
 from tests.raw_http import answer, raw_server
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def _client(spec: str) -> httpx.AsyncClient:
-    return create_http_client(NetworkPolicy.parse(spec), timeout_s=2)
+    return create_http_client(NetworkPolicy.parse(spec), timeout=2)
 
 
 async def test_an_allowed_address_is_fetched() -> None:

@@ -1,11 +1,12 @@
-"""``bounded_get``: every request the registry makes to a registered URL (cards, health probes).
+"""``bounded_get``: a GET of a URL someone else chose, in bounded time and memory.
 
-Those URLs are chosen by whoever registers, so an answer may be huge or trickle in one byte a
-second. httpx's timeout is per read and its ``.content`` buffers everything; here a request has
-ONE deadline for connect, headers and body together, and the body is read in chunks and
-abandoned as soon as it passes ``max_bytes``. With the registry's client
-(``registry.netguard.create_http_client``) a host outside the allowed networks fails as
-``refused`` before any connection is made.
+The registry fetches cards and probes ``/health`` at URLs whoever registers chose; a node reads
+the card of every peer discovery names before it trusts it. Such an answer may be huge or
+trickle in one byte a second: httpx's timeout is per read and its ``.content`` buffers
+everything. Here a request has ONE deadline for connect, headers and body together, and the body
+is read in chunks and abandoned as soon as it passes ``max_bytes``. With a guarded client
+(``mesh.netguard.create_http_client``) a host outside the allowed networks fails as ``refused``
+before any connection is made.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ from dataclasses import dataclass
 
 import httpx
 
-from registry.netguard import AddressRefused
+from mesh.errors import MeshError
+from mesh.netguard import AddressRefused
 
 __all__ = ["BoundedResponse", "FetchFailed", "bounded_get"]
 
 
-class FetchFailed(Exception):
+class FetchFailed(MeshError):
     """The fetch did not produce a whole answer. ``reason`` is one of a fixed few words
     (``unreachable``, ``timeout``, ``too_large``, ``refused``: the host is outside the allowed
-    networks), never text from the answer; ``detail`` is for the registry's own log only (it
+    networks), never text from the answer; ``detail`` is for the fetcher's own log only (it
     may name resolved addresses)."""
 
     def __init__(self, reason: str, detail: str = "") -> None:

@@ -1,15 +1,21 @@
-"""``create_http_client(policy)``: the registry's one HTTP client for registered URLs.
+"""``create_http_client(policy)``: an HTTP client that connects only where a ``NetworkPolicy``
+allows, checked when each connection is made.
 
-Whoever registers chooses the URL the registry then fetches (the card) and probes (``/health``)
-forever, so every connection it opens is checked against the operator's ``NetworkPolicy``
-(``--allow-networks``) at connect time, not only at registration: the transport's network
-backend resolves the host itself, refuses the connection unless EVERY address lies inside the
-policy, and connects to an address it checked. A name that later rebinds to a forbidden address
-(``169.254.169.254``, an internal database) is therefore refused on the next connection too.
+The registry fetches and probes URLs that whoever registers chose; a node sends the mesh token to
+the peers that discovery names. Checking a URL's host once (at registration, or every 30 s in
+``mesh.trust``) is not enough: the client would resolve the name again when it connects, and a
+name that rebinds in between (DNS answers with a TTL of 0) reaches a forbidden address
+(``169.254.169.254``, an internal database, a stranger's host) with whatever the request carries.
+So the transport's network backend (``GuardedBackend``) resolves the host itself, refuses the
+connection unless EVERY address lies inside the policy, and connects to an address it checked,
+never to the name again.
 
 A refused connection raises ``AddressRefused``, an ``httpcore.ConnectError``: httpx turns it into
 ``httpx.ConnectError`` (so any caller treats it as "unreachable"), with the ``AddressRefused`` as
-its ``__cause__`` for callers that tell the two apart (``registry.outbound.bounded_get``).
+its ``__cause__`` for callers that tell the two apart (``mesh.outbound.bounded_get``).
+
+``plain_http``: a narrower policy for ``http://`` URLs (a node with a token sends it in clear only
+to loopback and private addresses, whatever its peers' networks).
 """
 
 from __future__ import annotations
@@ -26,12 +32,15 @@ from mesh.netpolicy import NetworkPolicy
 
 __all__ = ["AddressRefused", "GuardedBackend", "create_http_client"]
 
+_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+
 
 class AddressRefused(httpcore.ConnectError):
     """The host is, or resolves to, an address outside the policy (or always refused).
 
     ``host`` is the host as the URL names it; ``allowed`` the policy as the operator wrote it.
-    The message names the address, so it belongs in the registry's log, not in an answer."""
+    The message names the address: it belongs in a log or in the operator's own error, not in an
+    answer to whoever chose the URL."""
 
     def __init__(self, host: str, address: str, allowed: str) -> None:
         super().__init__(f"host {host!r} is {address}, outside the allowed networks ({allowed})")
@@ -113,11 +122,10 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
 
 
 class _GuardedTransport(httpx.AsyncHTTPTransport):
-    def __init__(self, policy: NetworkPolicy) -> None:
-        super().__init__(trust_env=False)
-        limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+    def __init__(self, policy: NetworkPolicy, limits: httpx.Limits) -> None:
+        super().__init__(trust_env=False, limits=limits)
         # httpx has no public seam for the network backend: swap the pool it built for one
-        # on ours (same defaults). httpx is pinned below 1.0, where this is stable.
+        # on ours (same settings). httpx is pinned below 1.0, where this is stable.
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=httpx.create_ssl_context(trust_env=False),
             max_connections=limits.max_connections,
@@ -127,16 +135,27 @@ class _GuardedTransport(httpx.AsyncHTTPTransport):
         )
 
 
-def create_http_client(policy: NetworkPolicy, *, timeout_s: float) -> httpx.AsyncClient:
-    """The client for every request to a registered URL (cards, ``/health`` probes).
+def create_http_client(
+    policy: NetworkPolicy,
+    *,
+    timeout: httpx.Timeout | float,
+    limits: httpx.Limits = _LIMITS,
+    plain_http: NetworkPolicy | None = None,
+) -> httpx.AsyncClient:
+    """A client whose every connection goes only to addresses ``policy`` allows (see the
+    module docstring); ``http://`` URLs only to those both ``policy`` and ``plain_http`` allow.
 
-    Connections go only to addresses ``policy`` allows (see the module docstring); no
-    redirects (a 30x would send the fetch to a path or query the URL rules refuse), no
-    proxies from the environment, ``timeout_s`` per connect/read (callers put one deadline on the
-    whole answer with ``registry.outbound.bounded_get``)."""
+    No redirects (a 30x would send the request somewhere nobody checked the URL of), no proxies
+    from the environment (a proxy would connect on our behalf, past the check), ``timeout`` per
+    connect/read (``mesh.outbound.bounded_get`` puts one deadline on a whole answer)."""
+    mounts: dict[str, httpx.AsyncBaseTransport] = {}
+    if plain_http is not None and not policy.within(plain_http):
+        # Its own pool: a connection is checked once, when it is made, for one scheme.
+        mounts["http://"] = _GuardedTransport(policy & plain_http, limits)
     return httpx.AsyncClient(
-        transport=_GuardedTransport(policy),
-        timeout=httpx.Timeout(timeout_s),
+        transport=_GuardedTransport(policy, limits),
+        mounts=mounts or None,
+        timeout=timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout),
         follow_redirects=False,
         trust_env=False,
     )
