@@ -123,6 +123,17 @@ def test_the_token_is_checked_before_the_body_is_read(tmp_path: Path) -> None:
         assert 'mesh_registry_requests_total{route="gate",status="401"} 1.0' in metrics
 
 
+def test_a_non_ascii_token_is_compared_as_the_bytes_sent(tmp_path: Path) -> None:
+    # The same bytes as the node's gate compares: the token's UTF-8, as a client sends it.
+    with registry(tmp_path, token="sécret") as reg:
+        headers = {"Authorization": "Bearer sécret"}  # _stream writes the head as UTF-8
+        right = asyncio.run(_stream(reg.port, "/v1/instances", headers=headers, total=2 * CHUNK))
+        assert right.status == 413, right.head  # past the token check, stopped by the size
+        headers = {"Authorization": "Bearer secret"}
+        wrong = asyncio.run(_stream(reg.port, "/v1/instances", headers=headers, total=2 * CHUNK))
+        assert wrong.status == 403, wrong.head
+
+
 def _mesh_registry(
     *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
