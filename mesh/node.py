@@ -39,7 +39,7 @@ from mesh.metrics import NodeMetrics, render
 from mesh.models.base import Model
 from mesh.settings import DEFAULT_REGISTRY, NodeSettings
 from mesh.sqlite import Database
-from mesh.trust import PeerTrust
+from mesh.trust import PLAIN_HTTP_NETWORKS, PeerTrust
 
 __all__ = ["Node", "create_app"]
 
@@ -201,24 +201,29 @@ class Node:
 
         from mesh.discovery import create_backend
         from mesh.discovery.client import DiscoveryClient
+        from mesh.netguard import create_http_client
 
         location, token = self._discovery_location()
         longest = max(float(getattr(t, "deadline_s", 30.0)) for t in bindable)
-        # Bounded pool, every connection kept alive: httpcore scans each pooled connection on
-        # every request (O(pool) per call), so past what a peer can serve in parallel more
-        # connections only cost CPU; a call beyond the cap waits for a free connection.
-        http = httpx.AsyncClient(
+        # One token per mesh: the node presents the token it requires of its own callers.
+        networks = self.settings.peer_policy
+        trust = PeerTrust(token=self.settings.token, networks=networks)
+        # Connections only to addresses PeerTrust would admit, checked as each one is made:
+        # its verdict lasts ttl_s, a DNS answer may not. Bounded pool, every connection kept
+        # alive: httpcore scans each pooled connection on every request (O(pool) per call),
+        # so past what a peer can serve in parallel more connections only cost CPU; a call
+        # beyond the cap waits for a free connection. No token here: a peer gets it per
+        # call, once verified.
+        http = create_http_client(
+            networks,
             timeout=httpx.Timeout(longest + 5.0, connect=2.0),
             limits=httpx.Limits(
                 max_connections=PEER_CONNECTIONS, max_keepalive_connections=PEER_CONNECTIONS
             ),
-            # No token here: a peer gets it per call, once verified (PeerTrust).
-            trust_env=False,
+            plain_http=PLAIN_HTTP_NETWORKS if self.settings.token else None,
         )
         discovery = DiscoveryClient(create_backend(location, token=token))
         self._shared = (http, discovery)
-        # One token per mesh: the node presents the token it requires of its own callers.
-        trust = PeerTrust(token=self.settings.token, networks=self.settings.peer_policy)
         for toolset in bindable:
             toolset.bind(
                 discovery=discovery,

@@ -26,8 +26,9 @@ so a specialist sees the conversation continue. The child's token usage (its ``u
 own ``children_usage``) goes to ``ctx.metadata["usage_sink"]`` when the caller provides one.
 
 Inside a node, the lifespan calls ``bind(discovery=..., http=..., metrics=...)`` and ``aclose()``.
-Used on its own (a script with a ``Runner``), the toolset opens its own HTTP client and finds the
-registry at ``$MESH_REGISTRY`` (default http://127.0.0.1:8400); call ``aclose()`` when done.
+Used on its own (a script with a ``Runner``), the toolset opens its own HTTP client, which connects
+only inside ``$MESH_PEER_NETWORKS`` (default: any network but link-local), and finds the registry
+at ``$MESH_REGISTRY`` (default http://127.0.0.1:8400); call ``aclose()`` when done.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from mesh.errors import AgentNotFound, ConfigError, DiscoveryError, RemoteError, ToolError
+from mesh.netpolicy import NetworkPolicy
 from mesh.resilience import (
     BreakerBoard,
     BreakerState,
@@ -193,8 +195,8 @@ class RemoteAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
         self._peers: dict[str, A2APeer] = {}
-        # Outside a node: no token to protect, no networks configured; the card must still
-        # name the agent asked for. A node binds its own (token and MESH_PEER_NETWORKS).
+        # Until a node binds its own (token and MESH_PEER_NETWORKS), or _ready() opens this
+        # toolset's own client: the card must name the agent asked for.
         self._trust = PeerTrust()
         self._card: dict[str, Any] | None = None
         self._card_at = float("-inf")
@@ -252,10 +254,21 @@ class RemoteAgent:
             self._loop = loop
         async with self._lock:
             if self._http is None:
-                self._http = httpx.AsyncClient(
-                    timeout=httpx.Timeout(self.deadline_s + 5.0, connect=2.0)
+                from mesh.netguard import create_http_client
+
+                # Outside a node (a node binds its own client): no token to protect, so any
+                # network unless MESH_PEER_NETWORKS narrows it; link-local (cloud metadata)
+                # never. Checked before each URL is used (PeerTrust, for a clear refusal) and
+                # as each connection is made (the client), like a node's.
+                networks = NetworkPolicy.from_env(os.environ, "MESH_PEER_NETWORKS")
+                networks = networks or NetworkPolicy.parse("any")
+                self._http = create_http_client(
+                    networks, timeout=httpx.Timeout(self.deadline_s + 5.0, connect=2.0)
                 )
                 self._owned.append(self._http)
+                if self._trust.networks is None:
+                    self._trust = PeerTrust(networks=networks)
+                    self._peers.clear()
             if self._discovery is None and self.url is None:
                 from mesh.discovery import create_backend
                 from mesh.discovery.client import DiscoveryClient
@@ -273,11 +286,13 @@ class RemoteAgent:
         return self._http, self._discovery
 
     def _peer(self, http: httpx.AsyncClient, url: str) -> A2APeer:
-        from mesh.a2a.client import A2APeer
+        from mesh.a2a.client import CARD_TIMEOUT_S, A2APeer
 
         peer = self._peers.get(url)
         if peer is None or peer.http is not http:
-            peer = self._peers[url] = A2APeer(http, url)
+            # A card read outside any call (declaring tools) is bounded by the call's deadline.
+            limit = min(CARD_TIMEOUT_S, self.deadline_s)
+            peer = self._peers[url] = A2APeer(http, url, card_timeout_s=limit)
         return peer
 
     async def _admit(

@@ -112,11 +112,7 @@ class NodeSettings:
                 f"MESH_DISCOVERY={discovery!r}: use 'registry' (the default) or consul://host:8500"
             )
         consul = discovery if discovery.startswith("consul://") else None
-        networks = env.get("MESH_PEER_NETWORKS", "").strip()
-        try:
-            peer_networks = NetworkPolicy.parse(networks) if networks else None
-        except ConfigError as exc:
-            raise ConfigError(f"MESH_PEER_NETWORKS={networks!r}: {exc}") from exc
+        peer_networks = NetworkPolicy.from_env(env, "MESH_PEER_NETWORKS")
         reg: str | None = None
         if not no_register and consul is None:
             # Like the CLI, a node finds the registry at the default address unless told

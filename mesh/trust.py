@@ -22,6 +22,13 @@ at all: ``PeerRefused`` says why and what to set, and is logged once per URL. A 
 wrote into ``remote(url=...)`` is checked the same way, except that without an agent name there
 is no name to match.
 
+A verdict lasts ``ttl_s``, but the network rules (1 and 3) hold for every connection: the calls
+go through a client built by ``mesh.netguard.create_http_client`` with the same networks (and
+``PLAIN_HTTP_NETWORKS`` for plain http when there is a token), which resolves the host itself and
+connects only to an address it checked. A name that rebinds after the check to an address
+outside them reaches nothing. The card is read within a byte cap and one deadline
+(``A2APeer.fetch_card_dict``).
+
 This is the minimum that keeps the token inside the operator's networks and off impostors that
 do not even claim the right name; an impostor serving a copy of a member's card from an allowed
 network still passes (signed cards are what close that).
@@ -39,12 +46,12 @@ from urllib.parse import urlsplit
 from mesh.errors import MeshError
 from mesh.netpolicy import NetworkPolicy, NetworkRefused
 
-__all__ = ["Admitted", "PeerRefused", "PeerTrust"]
+__all__ = ["PLAIN_HTTP_NETWORKS", "Admitted", "PeerRefused", "PeerTrust"]
 
 log = logging.getLogger("mesh.trust")
 
-# Where plain http may carry the token: the same networks NetworkPolicy calls private.
-_CLEARTEXT_OK = NetworkPolicy.parse("loopback,private")
+#: Where plain http may carry the token: the networks ``NetworkPolicy`` calls loopback and private.
+PLAIN_HTTP_NETWORKS = NetworkPolicy.parse("loopback,private")
 # Verdicts kept at once; past it the oldest go (URLs come from discovery: not ours to bound).
 _MAX_ENTRIES = 1024
 
@@ -159,7 +166,7 @@ class PeerTrust:
                 f"add its network to MESH_PEER_NETWORKS (now {policy.spec})"
             ) from exc
         if self.token is not None and scheme == "http":
-            public = [a for a in addresses if not _CLEARTEXT_OK.allows(a)]
+            public = [a for a in addresses if not PLAIN_HTTP_NETWORKS.allows(a)]
             if public:
                 raise PeerRefused(
                     f"{url} is plain http to {public[0]}, outside loopback and private "

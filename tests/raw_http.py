@@ -82,8 +82,10 @@ def chunked(total_bytes: int, chunk_bytes: int = 1 << 20) -> Handler:
 
 
 @contextlib.asynccontextmanager
-async def raw_server(handler: Handler, host: str = "127.0.0.1") -> AsyncIterator[RawServer]:
-    """Serve ``handler`` on ``host`` (a free port) until the block ends."""
+async def raw_server(
+    handler: Handler, host: str = "127.0.0.1", port: int = 0
+) -> AsyncIterator[RawServer]:
+    """Serve ``handler`` on ``host`` (``port``, or a free one) until the block ends."""
     tasks: set[asyncio.Task[None]] = set()
 
     async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -106,7 +108,7 @@ async def raw_server(handler: Handler, host: str = "127.0.0.1") -> AsyncIterator
             tasks.discard(task)
             writer.close()
 
-    listener = await asyncio.start_server(on_connection, host, 0)
+    listener = await asyncio.start_server(on_connection, host, port)
     server = RawServer(host, listener.sockets[0].getsockname()[1])
     try:
         yield server

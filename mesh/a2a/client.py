@@ -24,7 +24,6 @@ from typing import Any
 
 import httpx
 from a2a.client import (
-    A2ACardResolver,
     A2AClientError,
     A2AClientTimeoutError,
     AgentCardResolutionError,
@@ -33,6 +32,7 @@ from a2a.client import (
     ClientConfig,
     ClientFactory,
 )
+from a2a.client.card_resolver import parse_agent_card
 from a2a.helpers import get_data_parts, get_text_parts, new_data_part, new_text_part
 from a2a.server.tasks.task_manager import append_artifact_to_task
 from a2a.types import (
@@ -48,20 +48,34 @@ from a2a.types import (
     Task,
     TaskState,
 )
-from a2a.utils.constants import PROTOCOL_VERSION_CURRENT, VERSION_HEADER
+from a2a.utils.constants import (
+    AGENT_CARD_WELL_KNOWN_PATH,
+    PROTOCOL_VERSION_CURRENT,
+    VERSION_HEADER,
+)
 from a2a.utils.errors import (
     JSON_RPC_ERROR_CODE_MAP,
     A2AError,
     InvalidParamsError,
     TaskNotFoundError,
 )
-from google.protobuf.json_format import MessageToDict
+from google.protobuf.json_format import MessageToDict, ParseError
 from google.protobuf.struct_pb2 import Struct
 
 from mesh.a2a.card import JSON_MODE, card_to_dict
 from mesh.errors import RemoteError, RemoteReason
+from mesh.outbound import FetchFailed, bounded_get
 
-__all__ = ["A2APeer", "TaskPage", "TaskResult", "TaskUpdate", "auth_headers", "state_name"]
+__all__ = [
+    "CARD_TIMEOUT_S",
+    "MAX_CARD_BYTES",
+    "A2APeer",
+    "TaskPage",
+    "TaskResult",
+    "TaskUpdate",
+    "auth_headers",
+    "state_name",
+]
 
 _FAILED_STATES = {"failed", "rejected", "canceled"}
 # The lean SendMessage path (``A2APeer.call``) speaks the same JSON-RPC as the SDK's transport:
@@ -70,6 +84,10 @@ _RPC_HEADERS = {VERSION_HEADER: PROTOCOL_VERSION_CURRENT, "Content-Type": "appli
 _RPC_ERRORS = {code: error for error, code in JSON_RPC_ERROR_CODE_MAP.items()}
 _ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
 _rpc_ids = itertools.count(1)
+#: A card is a few KB; far bigger is not a card (the registry's cap too).
+MAX_CARD_BYTES = 1_000_000
+#: One deadline for a whole card (connect, headers, body).
+CARD_TIMEOUT_S = 5.0
 
 
 def state_name(state: int) -> str:
@@ -275,7 +293,8 @@ class A2APeer:
 
     ``headers`` go with every A2A call to this peer, never with the card fetch: a node sets the
     mesh token here once the peer is verified (``mesh.trust``). The ``http`` client's own
-    headers go everywhere (the CLI puts the token the user gave it there)."""
+    headers go everywhere (the CLI puts the token the user gave it there). The card is read
+    whole within ``card_timeout_s`` and ``MAX_CARD_BYTES``, or not at all."""
 
     def __init__(
         self,
@@ -284,10 +303,12 @@ class A2APeer:
         *,
         card: AgentCard | None = None,
         headers: Mapping[str, str] | None = None,
+        card_timeout_s: float = CARD_TIMEOUT_S,
     ):
         self.http = http
         self.base_url = base_url.rstrip("/")
         self.headers: dict[str, str] = dict(headers or {})
+        self.card_timeout_s = card_timeout_s
         self._card = card
         self._clients: dict[bool, Client] = {}
 
@@ -340,8 +361,7 @@ class A2APeer:
     async def card(self) -> AgentCard:
         """The peer's agent card (fetched once)."""
         if self._card is None:
-            with self._errors():
-                self._card = await A2ACardResolver(self.http, self.base_url).get_agent_card()
+            self._card = await self._read_card()
         return self._card
 
     async def card_dict(self) -> dict[str, Any]:
@@ -349,9 +369,41 @@ class A2APeer:
 
     async def fetch_card_dict(self) -> dict[str, Any]:
         """The peer's card read now (not the cached one), as JSON; it becomes the cached one."""
-        with self._errors():
-            self._card = await A2ACardResolver(self.http, self.base_url).get_agent_card()
+        self._card = await self._read_card()
         return card_to_dict(self._card)
+
+    async def _read_card(self) -> AgentCard:
+        """GET the card (without ``headers``: cards are public), the whole answer within
+        ``card_timeout_s`` and ``MAX_CARD_BYTES``: whoever a URL leads to may trickle or send
+        gigabytes, and the card is read before the peer is trusted. Every failure is
+        ``unavailable`` (the retry tries the next instance)."""
+        url = self.base_url + AGENT_CARD_WELL_KNOWN_PATH
+        problem = ""
+        try:
+            answer = await bounded_get(
+                self.http, url, max_bytes=MAX_CARD_BYTES, timeout_s=self.card_timeout_s
+            )
+        except FetchFailed as exc:
+            problem = {
+                "timeout": f"no whole card within {self.card_timeout_s:g}s",
+                "too_large": f"the answer is over {MAX_CARD_BYTES} bytes, not an agent card",
+            }.get(exc.reason, exc.detail)
+            if exc.reason == "unreachable":
+                problem += "; is the node running?"
+        else:
+            if answer.status_code != 200:
+                problem = f"HTTP {answer.status_code}"
+            else:
+                try:
+                    return parse_agent_card(json.loads(answer.content))
+                except (ValueError, ParseError) as exc:
+                    problem = f"not an agent card ({exc})"
+        raise RemoteError(
+            f"cannot read the agent card of {self.base_url}: {problem}",
+            peer=self.name,
+            skill="",
+            reason="unavailable",
+        )
 
     async def _client(self, streaming: bool) -> Client:
         if streaming not in self._clients:
