@@ -180,3 +180,22 @@ def running(
         yield proc
     finally:
         proc.terminate()
+
+
+class StaticDiscovery:
+    """Stands in for ``DiscoveryClient`` (``remote(...).bind(discovery=...)``): always the same
+    instances, in this order."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+
+    async def require(self, *, agent: str | None = None, skill: str | None = None) -> list[Any]:
+        from mesh.discovery.base import Instance
+
+        return [Instance(instance_id=u, agent=agent or "", url=u) for u in self.urls]
+
+    def invalidate(self, *, agent: str | None = None) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass

@@ -33,7 +33,7 @@ from mesh.resilience import RetryPolicy
 from mesh.runner import Runner
 from mesh.tools import ToolContext
 from mesh.tracing import TraceParent
-from tests.support import clean_env, eventually, free_port, running
+from tests.support import StaticDiscovery, clean_env, eventually, free_port, running
 
 pytestmark = pytest.mark.integration
 
@@ -252,7 +252,7 @@ async def test_a_retried_call_runs_the_skill_once(bureau: str) -> None:
 async def test_failover_to_a_healthy_instance(bureau: str) -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens here
     rem = remote("credit-bureau", policy=RetryPolicy(initial_delay=0.01))
-    rem.bind(discovery=_StaticDiscovery([dead, bureau]))  # type: ignore[arg-type]
+    rem.bind(discovery=StaticDiscovery([dead, bureau]))  # type: ignore[arg-type]
     async with toolset(rem) as tools:
         for _ in range(3):
             out = await tools["credit_bureau_score"].call(
@@ -263,24 +263,6 @@ async def test_failover_to_a_healthy_instance(bureau: str) -> None:
     assert all(r.target == bureau and r.outcome == "ok" for r in rem.recent)
     assert rem.breakers.states()[bureau] == "closed"
     assert rem.describe()["instances"] == [dead, bureau]
-
-
-class _StaticDiscovery:
-    """Stands in for DiscoveryClient: always the same instances."""
-
-    def __init__(self, urls: list[str]) -> None:
-        self.urls = urls
-
-    async def require(self, *, agent: str | None = None, skill: str | None = None) -> list[Any]:
-        from mesh.discovery.base import Instance
-
-        return [Instance(instance_id=u, agent=agent or "", url=u) for u in self.urls]
-
-    def invalidate(self, *, agent: str | None = None) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
 
 
 async def test_the_deadline_bounds_a_slow_peer(slow_verifier: str) -> None:
@@ -399,7 +381,7 @@ async def test_delegation_metrics_on_the_bound_registry(bureau: str) -> None:
 
     async with flaky_proxy(bureau) as proxy:
         rem = remote("credit-bureau", policy=RetryPolicy(initial_delay=0.01))
-        rem.bind(discovery=_StaticDiscovery([proxy["url"]]), metrics=metrics)  # type: ignore[arg-type]
+        rem.bind(discovery=StaticDiscovery([proxy["url"]]), metrics=metrics)  # type: ignore[arg-type]
         async with toolset(rem) as tools:
             out = await tools["credit_bureau_score"].call(
                 {"applicant_id": "APP-501", "amount": 1000}, tool_context()
@@ -422,9 +404,9 @@ async def test_delegation_metrics_on_the_bound_registry(bureau: str) -> None:
         policy=RetryPolicy(attempts=3, initial_delay=0.01),
         breakers=BreakerBoard(failure_threshold=2, cool_down=60),
     )
-    down.bind(discovery=_StaticDiscovery([bureau]), metrics=metrics)  # type: ignore[arg-type]
+    down.bind(discovery=StaticDiscovery([bureau]), metrics=metrics)  # type: ignore[arg-type]
     async with toolset(down) as tools:  # the card is read (and cached) while the bureau is up
-        down.bind(discovery=_StaticDiscovery([dead]))  # type: ignore[arg-type]
+        down.bind(discovery=StaticDiscovery([dead]))  # type: ignore[arg-type]
         with pytest.raises(RemoteError) as info:
             await tools["credit_bureau_score"].call(
                 {"applicant_id": "APP-1", "amount": 1000}, tool_context()

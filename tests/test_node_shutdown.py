@@ -13,12 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from mesh.discovery.base import Instance
 from mesh.remote import remote
 from mesh.resilience import RetryPolicy
 from mesh.tools import ToolContext
 from tests.holder_support import Holder, error_of, status_text
-from tests.support import eventually
+from tests.support import StaticDiscovery, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -73,22 +72,6 @@ async def test_tasks_past_the_grace_end_failed_shutdown_and_every_caller_hears_i
             assert node.calls("hold ran") == ["hold ran b0"]
 
 
-class _Instances:
-    """Stands in for DiscoveryClient: always the same instances, in this order."""
-
-    def __init__(self, urls: list[str]) -> None:
-        self.urls = urls
-
-    async def require(self, *, agent: str | None = None, skill: str | None = None) -> list[Any]:
-        return [Instance(instance_id=u, agent=agent or "", url=u) for u in self.urls]
-
-    def invalidate(self, *, agent: str | None = None) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
-
-
 async def test_a_delegation_cut_by_a_shutdown_completes_on_another_instance(
     tmp_path: Path,
 ) -> None:
@@ -98,7 +81,7 @@ async def test_a_delegation_cut_by_a_shutdown_completes_on_another_instance(
     with stopping.serve(grace=1) as proc, healthy.serve():
         rem = remote("test-holder", policy=RetryPolicy(initial_delay=0.05))
         # The first try of a fresh toolset goes to the second instance listed.
-        rem.bind(discovery=_Instances([healthy.url, stopping.url]))  # type: ignore[arg-type]
+        rem.bind(discovery=StaticDiscovery([healthy.url, stopping.url]))  # type: ignore[arg-type]
         ctx = ToolContext(agent_name="tester", user_id="u", session_id="s", invocation_id="i")
         try:
             tools = {t.name: t for t in await rem.tools(ctx)}
