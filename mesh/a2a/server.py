@@ -50,7 +50,8 @@ STOP_WAIT_S = 5.0
 
 
 class A2AService:
-    """Handler, executor and stores of one node. ``store`` is "sqlite" or "memory"."""
+    """Handler, executor and stores of one node. ``store`` is its SQLite task store (None for
+    the in-memory benchmark baseline, ``create(store="memory")``)."""
 
     def __init__(
         self,
@@ -58,7 +59,6 @@ class A2AService:
         url: str,
         executor: MeshExecutor,
         handler: FastPathHandler,
-        store_kind: str,
         card: AgentCard,
         *,
         fastpath: bool = True,
@@ -68,7 +68,6 @@ class A2AService:
         self.url = url
         self.executor = executor
         self.handler = handler
-        self.store_kind = store_kind
         self.card = card
         self.store = store
         #: Serves blocking SendMessage of function skills without the SDK's ActiveTask (see
@@ -122,9 +121,7 @@ class A2AService:
         handler = FastPathHandler(
             agent_executor=executor, task_store=task_store, agent_card=card, keys=keys
         )
-        return cls(
-            agent, url, executor, handler, store, card, fastpath=fastpath, store=sqlite_store
-        )
+        return cls(agent, url, executor, handler, card, fastpath=fastpath, store=sqlite_store)
 
     def mount(self, app: FastAPI) -> None:
         add_a2a_routes_to_fastapi(
