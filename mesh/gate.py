@@ -7,11 +7,9 @@ In order, each refusal answered at once and nothing stored:
 2. the body size (``max_body_bytes``) -> 413, and the bytes of all bodies held at once
    (``max_inflight_bytes``: a request is held from its first byte to its answer) -> 503
    ``busy, retry`` with ``Retry-After``; one request alone is always let in;
-3. the body is parsed ONCE, strictly: JSON-RPC cannot carry what JSON does not have, so
-   ``NaN``/``Infinity`` are a parse error (-32700) and a number no double holds (``1e400``, an
-   integer of thousands of digits) is invalid params (-32602), both naming where they are; a body
-   nested too deeply to parse is -32700. (Python's parser accepts all of these, and the SDK then
-   failed with HTTP 500 while writing the answer.)
+3. the body is parsed ONCE, strictly (``mesh.rpc_body``): ``NaN``/``Infinity`` and a body
+   nested too deeply are a parse error (-32700), a number no double holds (``1e400``) is invalid
+   params (-32602), both naming where they are;
 4. new sends while the node drains -> 503.
 
 Then the fast path (``mesh.a2a.fastpath``) or the SDK's route answers, and the request is
@@ -23,8 +21,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import math
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
@@ -32,139 +28,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh.a2a.server import SEND_METHODS
 from mesh.asgi import BodyTooLarge, bearer, read_body, replay
+from mesh.rpc_body import RpcRefused, parse_rpc_body
 
 if TYPE_CHECKING:
     from mesh.node import Node
 
-__all__ = ["METHODS", "RequestGate", "RpcRefused", "parse_rpc_body"]
+__all__ = ["METHODS", "RequestGate"]
 
 #: Every JSON-RPC method the SDK's route answers: the closed set of the method label.
 METHODS = frozenset(JsonRpcDispatcher.METHOD_TO_MODEL)
-
-# An id of a JSON-RPC request is a string, a number or null (bool is an int to Python).
-_RpcId = str | int | None
-
-
-class RpcRefused(Exception):
-    """A body the node answers with a JSON-RPC error itself. ``request_id`` as JSON-RPC wants
-    it: None when the body could not be parsed."""
-
-    def __init__(self, code: int, message: str, request_id: _RpcId = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.request_id = request_id
-
-    def body(self) -> bytes:
-        error = {"code": self.code, "message": self.message}
-        # "error" first, like the SDK's answers (the gate's outcome check reads the first bytes).
-        return json.dumps(
-            {"error": error, "id": self.request_id, "jsonrpc": "2.0"}, separators=(",", ":")
-        ).encode()
-
-
-class _NotFinite(ValueError):
-    """Raised by the strict parser's hooks; the slow path then says where."""
-
-
-def _no_constant(literal: str) -> Any:
-    raise _NotFinite(literal)
-
-
-def _finite_float(literal: str) -> float:
-    value = float(literal)
-    if math.isinf(value):
-        raise _NotFinite(literal)
-    return value
-
-
-# Built once: json.loads(..., hooks) would build a decoder per request.
-_STRICT = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
-
-
-def parse_rpc_body(body: bytes) -> Any:
-    """The JSON value of ``body``, or ``RpcRefused`` (-32700 not JSON, -32602 a number no
-    double holds) naming what and where. One parse, as fast as ``json.loads``: the hooks run
-    only on non-integer numbers and on the non-JSON constants."""
-    try:
-        text = body.decode(json.detect_encoding(body), "surrogatepass")
-        return _STRICT.decode(text)
-    except json.JSONDecodeError as exc:
-        raise RpcRefused(-32700, f"Parse error: {exc}") from None
-    except UnicodeDecodeError:
-        raise RpcRefused(-32700, "Parse error: the body is not UTF-8 JSON text") from None
-    except RecursionError:
-        raise RpcRefused(
-            -32700,
-            "Parse error: the JSON is nested too deeply to parse (a data part may nest at most "
-            "about 48 levels)",
-        ) from None
-    except ValueError:
-        # _NotFinite, or an integer longer than Python converts (4300 digits).
-        raise _locate(body) from None
-
-
-class _Bad:
-    """Stands for an offending literal in the slow re-parse."""
-
-    __slots__ = ("kind", "literal")
-
-    def __init__(self, kind: str, literal: str) -> None:
-        self.kind = kind
-        self.literal = literal if len(literal) <= 24 else f"{literal[:12]}...({len(literal)} chars)"
-
-
-def _mark_float(literal: str) -> Any:
-    value = float(literal)
-    return _Bad("range", literal) if math.isinf(value) else value
-
-
-def _mark_int(literal: str) -> Any:
-    try:
-        return int(literal)
-    except ValueError:
-        return _Bad("digits", literal)
-
-
-def _locate(body: bytes) -> RpcRefused:
-    """The refusal for a body the strict parse rejected for one of its numbers (error path
-    only: parses again with markers and walks to the first one)."""
-    data = json.loads(
-        body,
-        parse_constant=lambda literal: _Bad("constant", literal),
-        parse_float=_mark_float,
-        parse_int=_mark_int,
-    )
-    path, bad = next(_marks(data), ("", _Bad("range", "?")))
-    where = path or "the body"
-    if bad.kind == "constant":
-        return RpcRefused(
-            -32700,
-            f"Parse error: {bad.literal} at {where} is not JSON (JSON numbers are finite); send "
-            "null or a string instead",
-        )
-    request_id = data.get("id") if isinstance(data, dict) else None
-    if isinstance(request_id, bool) or not isinstance(request_id, str | int | None):
-        request_id = None
-    what = (
-        f"{bad.literal} is out of the range of a double (|x| < 1.8e308)"
-        if bad.kind == "range"
-        else f"the integer {bad.literal} has too many digits (send it as a string)"
-    )
-    return RpcRefused(-32602, f"Invalid params: {where}: {what}", request_id)
-
-
-def _marks(data: Any) -> Iterator[tuple[str, _Bad]]:
-    """(path, marker) of every offending literal, depth first, in document order."""
-    stack: list[tuple[str, Any]] = [("", data)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, _Bad):
-            yield path, value
-        elif isinstance(value, dict):
-            stack.extend((f"{path}.{k}" if path else k, v) for k, v in reversed(value.items()))
-        elif isinstance(value, list):
-            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
 
 
 def _rpc_method(data: Any) -> str | None:
