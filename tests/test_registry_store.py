@@ -135,6 +135,40 @@ async def test_store_round_trip_and_persistence(tmp_path: Path) -> None:
         await store.aclose()
 
 
+async def test_a_stored_card_is_derived_again_only_when_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every heartbeat answer and every lookup reads the agent: parsing its card each time was
+    # a quarter of a heartbeat's CPU.
+    import registry.sqlite_store
+
+    derived: list[str] = []
+
+    def counted(data: dict[str, Any], *, expected_name: str, now: float) -> AgentRecord:
+        derived.append(expected_name)
+        return agent_record(data, expected_name=expected_name, now=now)
+
+    monkeypatch.setattr(registry.sqlite_store, "agent_record", counted)
+    store = await SqliteRegistryStore.open(tmp_path / "r.db")
+    try:
+        await _put(store, agent_record(_card(), expected_name="echo", now=1.0), _instance("i1"))
+        first = await store.agent("echo")
+        for _ in range(3):
+            assert await store.agent("echo") == first
+            assert await store.agents() == [first]
+        assert derived == ["echo"]
+        # A new card (a re-registration) is derived once more, and served from then on.
+        changed = agent_record(_card(skill="other"), expected_name="echo", now=2.0)
+        await _put(store, changed, _instance("i1"), presented=OWNER)
+        second = await store.agent("echo")
+        assert second is not None
+        assert second == changed
+        assert await store.agents() == [second]
+        assert derived == ["echo", "echo"]
+    finally:
+        await store.aclose()
+
+
 async def test_an_instance_belongs_to_its_secret_and_its_agent(tmp_path: Path) -> None:
     store = await SqliteRegistryStore.open(tmp_path / "r.db")
     a = agent_record(_card("a"), expected_name="a", now=1)
