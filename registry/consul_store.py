@@ -146,9 +146,7 @@ class ConsulRegistryStore:
     ) -> ConsulRegistryStore:
         """A store on the Consul agent at ``consul://host:8500`` (``token``: ACL token); cards
         are read only from instances on ``policy``'s networks (default: loopback)."""
-        http = create_http_client(
-            policy or NetworkPolicy.parse("loopback"), timeout=card_timeout_s
-        )
+        http = create_http_client(policy or NetworkPolicy.parse("loopback"), timeout=card_timeout_s)
         return cls(ConsulBackend(address, token=token), http)
 
     async def _find(self, agent: str | None = None) -> list[Instance]:
