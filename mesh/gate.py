@@ -144,9 +144,11 @@ class RequestGate:
         service = node.service
         fast = service.fastpath if service is not None and method == "SendMessage" else None
         try:
-            if fast is None or not await fast.serve(parsed, scope, receive, watch):
-                del parsed  # the SDK parses the body itself
-                await self.app(scope, receive, watch)
+            # Counted until the answer is sent: a drain waits for the last event of a stream.
+            with node.exchanges:
+                if fast is None or not await fast.serve(parsed, scope, receive, watch):
+                    del parsed  # the SDK parses the body itself
+                    await self.app(scope, receive, watch)
         finally:
             # JSON-RPC errors are HTTP 200 with {"error": ...} (the SDK writes "error" first).
             ok = status < 400 and not (is_json and first_chunk.startswith(b'{"error"'))

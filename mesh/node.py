@@ -34,6 +34,7 @@ from mesh.a2a.server import A2AService
 from mesh.agent import Agent
 from mesh.gate import METHODS, RequestGate
 from mesh.health import Health
+from mesh.inflight import InFlight
 from mesh.introspect import introspect
 from mesh.metrics import NodeMetrics, render
 from mesh.models.base import Model
@@ -44,6 +45,9 @@ from mesh.trust import PLAIN_HTTP_NETWORKS, PeerTrust
 __all__ = ["Node", "create_app"]
 
 log = logging.getLogger("mesh.node")
+
+#: Seconds a drain waits, once every task has ended, for their answers to be sent.
+ANSWER_WAIT_S = 5.0
 
 #: Connections of the node's shared peer HTTP client (all peers together), see _bind_toolsets.
 PEER_CONNECTIONS = 16
@@ -76,6 +80,8 @@ class Node:
         self.instance_id = f"{agent.name}-{uuid.uuid4().hex[:8]}"
         self.health = Health(agent.name, agent.version, self.instance_id)
         self.draining = False
+        #: A2A exchanges (POST /) whose answer is not sent yet (counted by the request gate).
+        self.exchanges = InFlight()
         self._drain: asyncio.Future[bool] | None = None
         self.model: Model | None = model
         self.service: A2AService | None = None
@@ -87,7 +93,9 @@ class Node:
     # -- lifecycle ------------------------------------------------------------------------
     @asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        self._drain = None  # a drain belongs to one run (one event loop)
+        # A drain and its waits belong to one run (one event loop).
+        self._drain = None
+        self.exchanges = InFlight()
         db = await Database.open(self.settings.db_path)
         runner: Any = None
         skill_runners: dict[str, Any] = {}
@@ -270,7 +278,12 @@ class Node:
                 self.settings.grace_seconds,
                 self.service.in_flight,
             )
-        return await self.service.drain(self.settings.grace_seconds)
+        idle = await self.service.drain(self.settings.grace_seconds)
+        # Every task has ended; let their answers (a blocking reply, a stream's final event)
+        # reach the callers before the server is told to exit, which cuts open streams.
+        if not await self.exchanges.wait_idle(ANSWER_WAIT_S):
+            log.warning("%d answer(s) still unsent when stopping", self.exchanges.count)
+        return idle
 
     # -- routes ---------------------------------------------------------------------------
     async def _model_check(self) -> tuple[bool, str]:

@@ -97,3 +97,21 @@ async def test_a_delegation_cut_by_a_shutdown_completes_on_another_instance(
     assert (record.attempts, record.target, record.outcome) == (2, healthy.url, "ok")
     assert healthy.calls("hold ran d1") == ["hold ran d1"]
     assert stopping.calls("hold ran") == []
+
+
+async def test_a_drain_returns_only_once_the_answers_are_sent(tmp_path: Path) -> None:
+    """The server is told to exit when the drain returns, and exiting cuts open streams: so the
+    drain, after the tasks, waits for the answers still being written (a stream's last event)."""
+    from mesh.node import Node
+    from mesh.settings import NodeSettings
+    from tests.node_agents import agent
+
+    node = Node(agent, NodeSettings(data_dir=tmp_path, registry=None, grace_seconds=0.1))
+    async with node.app.router.lifespan_context(node.app):
+        node.exchanges.begin()  # an answer the gate is still sending
+        drain = asyncio.create_task(node.drain())
+        done, _ = await asyncio.wait({drain}, timeout=0.5)
+        assert not done, "the drain returned while an answer was still being sent"
+        assert node.draining
+        node.exchanges.end()
+        assert await asyncio.wait_for(drain, 5) is True

@@ -36,6 +36,7 @@ from mesh.a2a.idempotency import IdempotencyKeys, MessageKey, message_key
 from mesh.a2a.store import SHUTDOWN, stopped_text
 from mesh.errors import MeshError, SkillInputError
 from mesh.events import Event
+from mesh.inflight import InFlight
 from mesh.metrics import NodeMetrics, TaskOutcome
 from mesh.settings import NodeSettings
 from mesh.skills import Skill, SkillContext
@@ -96,22 +97,20 @@ class MeshExecutor(AgentExecutor):
         self.metrics = metrics
         #: Largest text turn (a chat message, an LLM skill's input as JSON), UTF-8 bytes.
         self.max_text_bytes = max_text_bytes
-        self.in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        #: The tasks running now.
+        self.running = InFlight()
         #: True once ``stop()`` was called: no skill starts any more.
         self.stopping = False
         # The deadline scope of every skill running now: ``stop()`` expires them.
         self._running: set[asyncio.Timeout] = set()
 
+    @property
+    def in_flight(self) -> int:
+        return self.running.count
+
     async def wait_idle(self, seconds: float) -> bool:
         """Wait (at most ``seconds``) until no task runs. True when idle."""
-        try:
-            async with asyncio.timeout(seconds):
-                await self._idle.wait()
-        except TimeoutError:
-            return False
-        return True
+        return await self.running.wait_idle(seconds)
 
     def stop(self) -> int:
         """Cut every running skill: each of those tasks ends FAILED with reason ``shutdown``
@@ -147,8 +146,7 @@ class MeshExecutor(AgentExecutor):
                 await self.keys.record(key, task_id)
 
         started = time.monotonic()
-        self.in_flight += 1
-        self._idle.clear()
+        self.running.begin()
         if self.metrics:
             self.metrics.task_started()
         outcome: TaskOutcome = "failed"
@@ -172,9 +170,7 @@ class MeshExecutor(AgentExecutor):
             outcome = "canceled"
             raise
         finally:
-            self.in_flight -= 1
-            if self.in_flight == 0:
-                self._idle.set()
+            self.running.end()
             seconds = time.monotonic() - started
             if self.metrics:
                 self.metrics.task_done(skill_id, outcome, seconds)
