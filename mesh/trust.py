@@ -80,8 +80,8 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
 @dataclass
 class PeerTrust:
-    """The checks of the module docstring, for one node. ``networks`` None: no network check
-    (a script's ``remote()`` outside a node, which sends no token)."""
+    """The checks of the module docstring, for one node (or one script's ``remote()``, which
+    sends no token). ``networks`` None and no token: no network check."""
 
     token: str | None = None
     networks: NetworkPolicy | None = None
