@@ -15,7 +15,6 @@ out with ``propertyOrdering`` and come back through ``mesh.schema_order.restore`
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from a2a.types import (
@@ -180,25 +179,3 @@ def _restored(skills: dict[str, Any], *, keep_hint: bool = False) -> dict[str, d
                 for k in dict.fromkeys(keys)
             }
     return out
-
-
-class _OneLineCardLog(logging.Filter):
-    """a2a-sdk logs every card it fetches, whole, at INFO: kilobytes per peer in a coordinator's
-    log. Keep the fact, in one line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if (
-            isinstance(record.msg, str)
-            and record.msg.startswith("Successfully fetched agent card data")
-            and isinstance(args, tuple)
-            and len(args) == 2
-        ):
-            url, data = args
-            name = data.get("name") if isinstance(data, dict) else None
-            record.msg = "fetched the agent card of %s from %s"
-            record.args = (str(name or "?")[:100], url)
-        return True
-
-
-logging.getLogger("a2a.client.card_resolver").addFilter(_OneLineCardLog())

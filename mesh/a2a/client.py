@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -65,6 +66,8 @@ from google.protobuf.struct_pb2 import Struct
 from mesh.a2a.card import JSON_MODE, card_to_dict
 from mesh.errors import RemoteError, RemoteReason
 from mesh.outbound import FetchFailed, bounded_get
+
+log = logging.getLogger("mesh.a2a.client")
 
 __all__ = [
     "CARD_TIMEOUT_S",
@@ -395,9 +398,14 @@ class A2APeer:
                 problem = f"HTTP {answer.status_code}"
             else:
                 try:
-                    return parse_agent_card(json.loads(answer.content))
+                    card = parse_agent_card(json.loads(answer.content))
                 except (ValueError, ParseError) as exc:
                     problem = f"not an agent card ({exc})"
+                else:
+                    # One line, the first time (re-reads every trust check would be noise).
+                    level = logging.INFO if self._card is None else logging.DEBUG
+                    log.log(level, "fetched the agent card of %s from %s", card.name[:100], url)
+                    return card
         raise RemoteError(
             f"cannot read the agent card of {self.base_url}: {problem}",
             peer=self.name,
