@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from mesh.discovery import Instance, Registrar, Registration, UnknownInstance
+from mesh.discovery.base import DiscoveryUnreachable
 from mesh.errors import DiscoveryError
 
 REG = Registration(instance_id="n-1", agent="bureau", url="http://127.0.0.1:9", version="1")
@@ -130,3 +131,63 @@ async def test_aclose_is_bounded_when_the_registry_hangs() -> None:
     assert registrar.state == "stopped"
     await registrar.start()  # a stopped registrar stays stopped
     assert registrar.state == "stopped"
+
+
+class UnreachableBackend(ScriptedBackend):
+    """Down means nothing answers (a connection refused), as ``RegistryBackend`` reports it."""
+
+    url = "http://registry.test"
+
+    async def register(self, registration: Registration) -> None:
+        self.calls.append("register")
+        if self.down:
+            raise DiscoveryUnreachable("no registry at http://registry.test: start one")
+
+    async def heartbeat(self, instance_id: str) -> None:
+        self.calls.append("heartbeat")
+        if self.down:
+            raise DiscoveryUnreachable("no registry at http://registry.test: start one")
+
+
+async def test_no_registry_yet_is_said_once_at_info_losing_one_is_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend, sleeps = UnreachableBackend(), Sleeps()
+    backend.down = True
+    registrar = Registrar(backend, REG, sleep=sleeps)
+    with caplog.at_level(logging.INFO, logger="mesh.discovery"):
+        await registrar.start()
+        await _until(lambda: len(sleeps.delays) >= 4)
+        waiting = [r for r in caplog.records if "registry" in r.getMessage()]
+        assert [(r.levelname, r.getMessage()) for r in waiting] == [
+            (
+                "INFO",
+                "bureau: no registry at http://registry.test yet; registering when one answers "
+                "(--no-register to serve alone)",
+            )
+        ]
+        backend.down = False
+        await _until(lambda: registrar.state == "registered")
+        caplog.clear()
+        # A registry it had, gone: that is worth a warning (once), whatever the error.
+        before = backend.calls.count("register")
+        backend.down = True
+        await _until(lambda: backend.calls.count("register") >= before + 3)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warnings == [
+            "discovery unavailable for bureau: no registry at http://registry.test: start one; "
+            "retrying in the background"
+        ]
+        await registrar.aclose()
+
+
+async def test_the_registry_backend_reports_a_closed_port_as_unreachable() -> None:
+    from mesh.discovery.registry_client import RegistryBackend
+    from tests.support import free_port
+
+    backend = RegistryBackend(f"http://127.0.0.1:{free_port()}")
+    try:
+        with pytest.raises(DiscoveryUnreachable, match=r"no registry at http://127\.0\.0\.1:"):
+            await backend.register(REG)
+    finally:
+        await backend.aclose()

@@ -14,6 +14,7 @@ from mesh.errors import DiscoveryError
 __all__ = [
     "CARD_PATH",
     "DiscoveryBackend",
+    "DiscoveryUnreachable",
     "Instance",
     "Registration",
     "Status",
@@ -26,6 +27,11 @@ Status = Literal["passing", "warning", "critical"]
 
 class UnknownInstance(DiscoveryError):
     """The backend does not know this instance (expired or lost): register again."""
+
+
+class DiscoveryUnreachable(DiscoveryError):
+    """Nothing answered at the backend's address (not running yet, or gone): try again later.
+    Other ``DiscoveryError``s mean it answered, and refused or failed."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,8 @@ class Instance:
 
 class DiscoveryBackend(Protocol):
     """Register nodes and find instances. Implementations translate their errors to
-    ``DiscoveryError`` (``UnknownInstance`` for a heartbeat the backend does not recognise)."""
+    ``DiscoveryError`` (``UnknownInstance`` for a heartbeat the backend does not recognise,
+    ``DiscoveryUnreachable`` when nothing answered)."""
 
     async def register(self, registration: Registration) -> None: ...
 

@@ -7,8 +7,10 @@
 
 The background task registers, then heartbeats every ``interval_s``. When the registry is down it
 keeps trying with exponential backoff (capped at ``max_backoff_s``), logging once per state
-change rather than per attempt. A heartbeat answered "unknown instance" (the registry lost or
-expired us) registers again at once. The backend is not closed here: its owner closes it.
+change rather than per attempt. A node that has not reached any registry yet says so once at
+INFO (serving without one is a normal way to start); losing a registry it had, or one that
+answers with a refusal, is a WARNING. A heartbeat answered "unknown instance" (the registry lost
+or expired us) registers again at once. The backend is not closed here: its owner closes it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
-from mesh.discovery.base import DiscoveryBackend, Registration, UnknownInstance
+from mesh.discovery.base import (
+    DiscoveryBackend,
+    DiscoveryUnreachable,
+    Registration,
+    UnknownInstance,
+)
 from mesh.errors import DiscoveryError
 
 __all__ = ["Registrar", "RegistrarState"]
@@ -54,6 +61,8 @@ class Registrar:
         self._task: asyncio.Task[None] | None = None
         self._registered_once = False
         self._registered = asyncio.Event()
+        # "waiting": no registry has answered yet (said once, at INFO); "failing": a WARNING.
+        self._outage: Literal["waiting", "failing"] | None = None
 
     @property
     def state(self) -> RegistrarState:
@@ -113,12 +122,28 @@ class Registrar:
                 reg.url,
                 self.backend,
             )
-        elif state == "retrying":
-            self._log.warning(
-                "discovery unavailable for %s: %s; retrying in the background", reg.agent, error
-            )
         elif state == "registering" and self._registered_once:
             self._log.warning("discovery forgot %s (%s): registering again", reg.agent, error)
+
+    def _retrying(self, exc: DiscoveryError) -> None:
+        """Enter ``retrying`` after ``exc``; log it once per kind of outage."""
+        self._set_state("retrying", str(exc))
+        reg = self.registration
+        if not self._registered_once and isinstance(exc, DiscoveryUnreachable):
+            if self._outage is None:
+                self._outage = "waiting"
+                where = getattr(self.backend, "url", None) or str(self.backend)
+                self._log.info(
+                    "%s: no registry at %s yet; registering when one answers (--no-register "
+                    "to serve alone)",
+                    reg.agent,
+                    where,
+                )
+        elif self._outage != "failing":
+            self._outage = "failing"
+            self._log.warning(
+                "discovery unavailable for %s: %s; retrying in the background", reg.agent, exc
+            )
 
     async def _run(self) -> None:
         backoff = self._first_backoff_s
@@ -130,6 +155,7 @@ class Registrar:
                     await self.backend.register(self.registration)
                     self._registered_once = True
                     self._registered.set()
+                    self._outage = None
                     self._set_state("registered")
             except UnknownInstance as exc:
                 self._set_state("registering", str(exc))
@@ -137,7 +163,7 @@ class Registrar:
             except DiscoveryError as exc:
                 # After an outage, register again rather than heartbeat: it is idempotent and
                 # covers a registry that came back without our record.
-                self._set_state("retrying", str(exc))
+                self._retrying(exc)
                 await self._sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff_s)
                 continue

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from mesh.discovery.base import Instance, Registration, UnknownInstance
+from mesh.discovery.base import DiscoveryUnreachable, Instance, Registration, UnknownInstance
 from mesh.errors import AgentNotFound, DiscoveryError
 
 __all__ = ["DEFAULT_REGISTRY_URL", "SECRET_HEADER", "RegistryBackend"]
@@ -83,7 +83,7 @@ class RegistryBackend:
                     method, self.url + path, json=json, params=params, headers=headers
                 )
         except httpx.HTTPError as exc:
-            raise DiscoveryError(
+            raise DiscoveryUnreachable(
                 f"no registry at {self.url}: start one with `mesh registry` or set "
                 f"MESH_REGISTRY ({type(exc).__name__}: {exc})"
             ) from exc
