@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -262,6 +263,37 @@ def test_a_skill_id_that_cannot_be_one_is_rejected(node: str) -> None:
     assert task["status"]["state"] == "TASK_STATE_REJECTED"
     assert "at most 128 characters" in task["status"]["message"]["parts"][0]["text"]
     assert _task_count(node) == before + 1
+
+
+def _with_deadline(deadline: Any) -> str:
+    body = json.loads(_send_body('{"key":"k"}'))
+    body["params"]["message"]["metadata"]["deadline"] = deadline
+    return json.dumps(body)
+
+
+@pytest.mark.parametrize(
+    "deadline", ["nan", "NaN", "inf", "-Infinity", "1e999", "soon", {"at": 5}, True, [1.0]]
+)
+def test_a_deadline_that_is_not_a_finite_number_is_rejected_naming_it(
+    node: str, deadline: Any
+) -> None:
+    """``"nan"`` ended FAILED "internal error" (the skill's timer cannot take NaN) and ``"inf"``
+    ran with no deadline: float() takes both strings."""
+    task = _answer(_post(node, _with_deadline(deadline)))["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_REJECTED", task
+    said = task["status"]["message"]["parts"][0]["text"]
+    assert "metadata field 'deadline' must be epoch seconds (a finite number)" in said, said
+    assert task["metadata"]["error"]["reason"] == "rejected"
+
+
+@pytest.mark.parametrize("ahead", [60, "60"])
+def test_a_deadline_as_a_number_or_a_numeric_string_is_kept(node: str, ahead: Any) -> None:
+    deadline = time.time() + 60 if ahead == 60 else str(time.time() + 60)
+    task = _answer(_post(node, _with_deadline(deadline)))["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task
+    past = _answer(_post(node, _with_deadline(str(time.time() - 1))))["result"]["task"]
+    assert past["status"]["state"] == "TASK_STATE_REJECTED"
+    assert past["metadata"]["error"]["reason"] == "deadline"
 
 
 def test_the_answer_does_not_echo_a_large_input(node: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -69,16 +70,26 @@ def _message_metadata(message: Message | None) -> dict[str, Any]:
 
 
 def _deadline(value: Any) -> float | None:
+    """Epoch seconds, from a number or a numeric string. Not ``nan`` or ``inf`` (strings that
+    ``float()`` takes): NaN broke the skill's timer (the task FAILED "internal error"), and
+    infinity silently meant no deadline."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise SkillInputError("metadata field 'deadline' must be epoch seconds (a number)")
-    try:
-        return float(value)
-    except ValueError as exc:
         raise SkillInputError(
-            f"metadata field 'deadline' must be epoch seconds (a number), got {value!r}"
-        ) from exc
+            "metadata field 'deadline' must be epoch seconds (a finite number), "
+            f"got {type(value).__name__}"
+        )
+    try:
+        seconds = float(value)
+    except (ValueError, OverflowError):
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        shown = value if len(str(value)) <= 40 else f"{str(value)[:40]}..."
+        raise SkillInputError(
+            f"metadata field 'deadline' must be epoch seconds (a finite number), got {shown!r}"
+        )
+    return seconds
 
 
 class MeshExecutor(AgentExecutor):
