@@ -153,3 +153,34 @@ async def test_create_backend_picks_by_scheme() -> None:
     await backend.aclose()
     with pytest.raises(ConfigError, match="consul://host:8500"):
         create_backend("zookeeper://x")
+
+
+async def test_an_empty_answer_is_not_kept_for_the_ttl() -> None:
+    # Right after a restart the registry may not list the new instance yet: a caller that
+    # asked then must find it on its next call, not a TTL later.
+    backend, clock = ScriptedBackend(), Clock()
+    client = DiscoveryClient(backend, ttl_s=60, clock=clock)
+    listed = backend.instances
+    backend.instances = []
+    with pytest.raises(AgentNotFound):
+        await client.require(agent="bureau")
+    backend.instances = listed
+    assert [i.instance_id for i in await client.require(agent="bureau")] == ["b-1"]
+    assert backend.calls == 2
+    # A non-empty answer is kept as before.
+    await client.require(agent="bureau")
+    assert backend.calls == 2
+
+
+async def test_concurrent_misses_share_an_empty_answer_too() -> None:
+    backend = ScriptedBackend()
+    backend.instances = []
+    backend.gate = asyncio.Event()
+    client = DiscoveryClient(backend)
+    lookups = [asyncio.create_task(client.find(agent="bureau")) for _ in range(5)]
+    await asyncio.sleep(0)
+    backend.gate.set()
+    assert await asyncio.gather(*lookups) == [[]] * 5
+    assert backend.calls == 1
+    await client.find(agent="bureau")  # the next lookup asks again
+    assert backend.calls == 2

@@ -1,7 +1,8 @@
 """``DiscoveryClient``: find instances of an agent (or of whoever offers a skill).
 
 Answers are cached for ``ttl_s`` (a few seconds), so a coordinator calling a peer in a loop does
-not ask the registry every time. When the registry cannot be reached, the last known answer is
+not ask the registry every time. An empty answer is not: the next lookup asks again, so a peer
+that registers a moment later (a restart) is found at once rather than a TTL later. When the registry cannot be reached, the last known answer is
 served (however old), logged once, so a registry outage does not stop delegation to peers that
 are still up. With no answer ever seen, the ``DiscoveryError`` propagates.
 
@@ -30,6 +31,7 @@ _Key = tuple[str | None, str | None, bool]
 class _Entry:
     instances: tuple[Instance, ...]
     at: float
+    answer: int = 0  # which backend answer this is (``invalidate`` keeps it)
 
 
 class DiscoveryClient:
@@ -50,6 +52,7 @@ class DiscoveryClient:
         self._cache: dict[_Key, _Entry] = {}
         self._locks: dict[_Key, asyncio.Lock] = {}
         self._stale = False
+        self._answers = 0
 
     async def find(
         self, *, agent: str | None = None, skill: str | None = None, passing_only: bool = True
@@ -59,11 +62,15 @@ class DiscoveryClient:
         entry = self._cache.get(key)
         if entry is not None and self._clock() - entry.at < self.ttl_s:
             return list(entry.instances)
-        # One backend call per key at a time: concurrent misses share its answer.
+        seen = entry.answer if entry is not None else None
+        # One backend call per key at a time: concurrent misses share its answer (an empty
+        # one too, though it is already expired for the next lookup).
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             entry = self._cache.get(key)
-            if entry is not None and self._clock() - entry.at < self.ttl_s:
+            if entry is not None and (
+                entry.answer != seen or self._clock() - entry.at < self.ttl_s
+            ):
                 return list(entry.instances)
             try:
                 found = await self.backend.find(agent=agent, skill=skill, passing_only=passing_only)
@@ -79,7 +86,11 @@ class DiscoveryClient:
             if self._stale:
                 self._log.info("discovery answering again")
                 self._stale = False
-            self._cache[key] = _Entry(tuple(found), self._clock())
+            # Kept as the last known answer (served if the backend goes down) but already
+            # expired when empty: "nobody" is worth asking again next time.
+            at = self._clock() if found else float("-inf")
+            self._answers += 1
+            self._cache[key] = _Entry(tuple(found), at, self._answers)
             return list(found)
 
     async def require(
@@ -103,7 +114,7 @@ class DiscoveryClient:
         """
         for key, entry in list(self._cache.items()):
             if agent is None or key[0] == agent or any(i.agent == agent for i in entry.instances):
-                self._cache[key] = _Entry(entry.instances, float("-inf"))
+                self._cache[key] = _Entry(entry.instances, float("-inf"), entry.answer)
 
     async def aclose(self) -> None:
         await self.backend.aclose()
