@@ -139,6 +139,8 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)
     # (host, port) it binds, so ``mesh up`` can check the port is free before starting anyone.
     listen: tuple[str, int] | None = None
+    # A node registers there: it is healthy only once this registry lists it as passing.
+    registry_url: str | None = None
 
 
 class MeshFile(_Strict):
@@ -180,6 +182,8 @@ class MeshFile(_Strict):
         """The processes to start, registry first. Relative paths resolve against ``root``."""
         state = self.state_path(root)
         registry_url = self.registry.public_url
+        # One started here, or an existing one named by url (else nodes try the default one).
+        has_registry = self.registry.enabled or self.registry.url is not None
         specs: list[ProcessSpec] = []
         if self.registry.enabled:
             reg = self.registry
@@ -237,6 +241,7 @@ class MeshFile(_Strict):
                         health_url=f"{url}/health",
                         env={**self.env, "MESH_REGISTRY": registry_url, **node.env},
                         listen=(node.host, port),
+                        registry_url=registry_url if has_registry else None,
                     )
                 )
         return specs

@@ -9,12 +9,16 @@
 
 A process is healthy when its health URL answers 200 naming the pid the supervisor started
 (``{"pid": N}``, as ``mesh serve`` and ``mesh registry`` do): an answer from another pid means
-another process holds the port, and that start fails for good.
+another process holds the port, and that start fails for good. A node with a ``registry_url``
+is healthy only once that registry also lists it (the ``instance_id`` its health names) as
+passing: callers find it from then on, so "healthy" means "reachable by name".
 
 How an exit is read: 0 is "exited" (someone stopped it; not restarted), ``EX_CONFIG`` (78, a
 start-up ``ConfigError`` of ``mesh serve`` / ``mesh registry`` such as a busy port) is "failed"
 (the same start would fail the same way; not restarted), anything else is "crashed" and restarted
-with backoff. ``mesh stop`` leaves a process "stopped" until ``mesh restart``.
+with backoff. A process the supervisor itself ended (``stop()``, ``mesh stop``, the siblings of
+a process that failed to start) is "stopped", never "crashed". ``mesh stop`` leaves a process
+"stopped" until ``mesh restart``.
 
 Each process appends to ``<log_dir>/<name>.log``, every start behind a ``RUN_MARKER`` line, and
 runs in its own session, so a Ctrl-C in the terminal reaches only ``mesh up``, which then stops
@@ -122,6 +126,16 @@ class Child:
         }
 
 
+@dataclass(frozen=True)
+class _Probe:
+    """One look at a process's health URL."""
+
+    ready: bool  # 200, naming the pid we started
+    other_pid: int | None = None  # another process answered instead
+    instance_id: str = ""
+    agent: str = ""
+
+
 class _StartFailed(ConfigError):
     """A start did not reach healthy. ``permanent``: trying again would fail the same way."""
 
@@ -200,11 +214,23 @@ class Supervisor:
             for group in (registries, nodes):
                 for child in group:
                     await self._spawn(child)
-                await asyncio.gather(*(self._wait_healthy(c) for c in group))
+                await self._all_healthy(group)
         except BaseException:
             await self.stop()
             raise
         self._started = True
+
+    async def _all_healthy(self, children: list[Child]) -> None:
+        """Wait until each of ``children`` is healthy; on the first failure, stop waiting for
+        the others (``stop()`` ends them next: a wait left running would read that as a
+        crash) and raise it."""
+        waits = [asyncio.ensure_future(self._wait_healthy(c)) for c in children]
+        try:
+            await asyncio.gather(*waits)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     async def watch(self) -> None:
         """Restart crashed processes with exponential backoff until ``stop()`` is called."""
@@ -314,11 +340,7 @@ class Supervisor:
     async def _spawn(self, child: Child) -> None:
         if self._stopping.is_set():
             raise _StartFailed("mesh up is stopping", permanent=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **child.spec.env}
-        # Modules named in mesh.toml (agents.loan_officer) are imported relative to cwd.
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(self.cwd), env.get("PYTHONPATH", "")) if p
-        )
+        env = self._env(child)
         with child.log.open("ab") as log:
             child.log_offset = log.tell()
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -339,29 +361,77 @@ class Supervisor:
         child.wanted = True
         self._set(child, "starting", f"pid {child.process.pid}")
 
-    async def _probe(self, child: Child) -> tuple[bool, int | None]:
-        """(healthy, pid of another process that answered instead of ours, if any)."""
+    def _env(self, child: Child) -> dict[str, str]:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **child.spec.env}
+        # Modules named in mesh.toml (agents.loan_officer) are imported relative to cwd.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(self.cwd), env.get("PYTHONPATH", "")) if p
+        )
+        return env
+
+    def _registry_of(self, child: Child) -> str | None:
+        """The registry that must list ``child`` before it counts as healthy, if any."""
+        if child.spec.registry_url is None:
+            return None
+        # A node told to use Consul registers there, not with the mesh's registry.
+        if self._env(child).get("MESH_DISCOVERY", "").strip().startswith("consul://"):
+            return None
+        return child.spec.registry_url
+
+    async def _probe(self, child: Child) -> _Probe:
+        """What the health URL says: ours and ready, another process's, or not yet."""
         try:
             response = await self._http.get(child.spec.health_url)
         except httpx.HTTPError:
-            return False, None
+            return _Probe(False)
         try:
             body = response.json()
         except ValueError:
-            return False, None
-        pid = body.get("pid") if isinstance(body, dict) else None
+            return _Probe(False)
+        if not isinstance(body, dict):
+            return _Probe(False)
+        pid = body.get("pid")
         if not isinstance(pid, int):
-            return False, None
+            return _Probe(False)
         if pid != child.pid:
-            return False, pid
-        return response.status_code == 200, None
+            return _Probe(False, other_pid=pid)
+        instance = body.get("instance_id")
+        agent = body.get("agent")
+        return _Probe(
+            response.status_code == 200,
+            instance_id=instance if isinstance(instance, str) else "",
+            agent=agent if isinstance(agent, str) else child.spec.agent,
+        )
+
+    async def _listed(self, child: Child, registry: str, probe: _Probe) -> bool:
+        """Whether ``registry`` lists the instance that answered ``probe`` as passing."""
+        try:
+            response = await self._http.get(
+                f"{registry.rstrip('/')}/v1/instances", params={"agent": probe.agent}
+            )
+            listed = response.json().get("instances", []) if response.status_code == 200 else []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+        for inst in listed if isinstance(listed, list) else []:
+            if not isinstance(inst, dict) or inst.get("status", "passing") != "passing":
+                continue
+            if probe.instance_id and inst.get("instance_id") == probe.instance_id:
+                return True
+            # A health answer without an instance id: the URL is the next best name.
+            if not probe.instance_id and inst.get("url") == child.spec.url:
+                return True
+        return False
 
     async def _wait_healthy(self, child: Child) -> None:
         name = child.spec.name
+        registry = self._registry_of(child)
+        answered = False  # its health said ready: only the registry is missing
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             proc = child.process
             if proc is not None and proc.returncode is not None:
+                if child.status == "stopped":  # we ended it: not an exit of its own
+                    raise _StartFailed(f"{name} was stopped while starting", permanent=True)
                 status = self._exited(child, proc.returncode)
                 if status == "failed":
                     raise _StartFailed(
@@ -373,7 +443,8 @@ class Supervisor:
                     f"(log: {child.log}):\n{child.tail()}",
                     permanent=status == "exited",
                 )
-            healthy, other = await self._probe(child)
+            probe = await self._probe(child)
+            other = probe.other_pid
             if other is not None:
                 child.wanted = False
                 await self._stop_child(child, "")
@@ -384,10 +455,21 @@ class Supervisor:
                     "see `mesh ps`, or stop that process",
                     permanent=True,
                 )
-            if healthy:
+            if probe.ready and (registry is None or await self._listed(child, registry, probe)):
                 self._set(child, "healthy", child.spec.url)
                 return
+            if probe.ready and not answered:
+                answered = True
+                self._set(child, "starting", f"pid {child.pid}; waiting for {registry} to list it")
             await asyncio.sleep(self.poll_interval)
+        if answered:
+            self._set(child, "unhealthy", f"up, but {registry} does not list it as passing")
+            raise _StartFailed(
+                f"{name} answers on {child.spec.health_url}, but the registry at {registry} "
+                f"did not list it as passing within {self.start_timeout:.0f}s, so nobody can "
+                f"find it by name; its log says why (log: {child.log}):\n{child.tail()}",
+                permanent=False,
+            )
         self._set(child, "unhealthy", f"no 200 naming pid {child.pid} from {child.spec.health_url}")
         raise _StartFailed(
             f"{name} did not become healthy within {self.start_timeout:.0f}s "

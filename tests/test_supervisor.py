@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import socket
@@ -301,3 +302,104 @@ asyncio.run(main())
         wait_for(lambda: not alive(child), what="the orphan to exit")
     finally:
         parent.kill()
+
+
+async def test_siblings_stopped_after_a_failed_start_are_stopped_not_crashed(
+    tmp_path: Path,
+) -> None:
+    """When one node cannot start, mesh up stops the others: each is "stopped" (it used to be
+    shown "stopped", then "crashed exited with code -15" by a wait still watching it)."""
+    port = free_port()
+    bad = ProcessSpec(
+        name="bad",
+        kind="node",
+        agent="bad",
+        argv=(
+            sys.executable,
+            "-c",
+            "import sys; print('no module named agents.typo'); sys.exit(1)",
+        ),
+        url=f"http://127.0.0.1:{port}",
+        health_url=f"http://127.0.0.1:{port}/health",
+    )
+    # Still starting when its sibling fails: its health is asked where nothing answers.
+    good = pid_server("good", free_port(), health_port=free_port())
+    rec = Recorder()
+    sup = Supervisor([good, bad], log_dir=tmp_path / "logs", cwd=ROOT, on_change=rec)
+    with pytest.raises(ConfigError, match="bad exited with code 1"):
+        await sup.start()
+    # Nothing of start() outlives it (a wait left behind is what called the stop a crash).
+    me = asyncio.current_task()
+    await eventually(
+        lambda: all(t.done() for t in asyncio.all_tasks() if t is not me),
+        what="start()'s waits to end",
+    )
+    assert [s for n, s in rec.seen if n == "good"] == ["starting", "stopped"]
+    assert sup.children[0].status == "stopped"
+
+
+def _bureau_mesh(tmp_path: Path) -> list[ProcessSpec]:
+    from mesh.meshfile import MeshFile
+
+    meshfile = MeshFile.model_validate(
+        {
+            "state_dir": str(tmp_path / "state"),
+            "registry": {"port": free_port()},
+            "nodes": {
+                "credit-bureau": {"module": "agents.credit_bureau:agent", "port": free_port()}
+            },
+        }
+    )
+    return [dataclasses.replace(s, env={**clean_env(), **s.env}) for s in meshfile.plan(ROOT)]
+
+
+async def _listed(registry: ProcessSpec, agent: str) -> list[str]:
+    async with httpx.AsyncClient(trust_env=False) as http:
+        answer = await http.get(f"{registry.url}/v1/instances", params={"agent": agent})
+    return [i["instance_id"] for i in answer.json()["instances"] if i["status"] == "passing"]
+
+
+async def _instance_id(spec: ProcessSpec) -> str:
+    async with httpx.AsyncClient(trust_env=False) as http:
+        return str((await http.get(spec.health_url)).json()["instance_id"])
+
+
+async def test_a_node_is_healthy_once_the_registry_lists_it(
+    tmp_path: Path, stopping: list[Supervisor]
+) -> None:
+    """Healthy means callers find it by name: at start and after a restart, the registry
+    lists the instance that answers (a call right after `mesh restart` used to find nobody)."""
+    registry, bureau = _bureau_mesh(tmp_path)
+    assert bureau.registry_url == registry.url
+    sup = Supervisor([registry, bureau], log_dir=tmp_path / "logs", cwd=ROOT)
+    stopping.append(sup)
+    await sup.start()
+    first = await _instance_id(bureau)
+    assert await _listed(registry, "credit-bureau") == [first]
+
+    [child] = await sup.restart_process("credit-bureau")
+    assert child.status == "healthy"
+    second = await _instance_id(bureau)
+    assert second != first
+    assert second in await _listed(registry, "credit-bureau")
+
+
+async def test_a_node_the_registry_never_lists_is_not_healthy(
+    tmp_path: Path, stopping: list[Supervisor]
+) -> None:
+    registry, bureau = _bureau_mesh(tmp_path)
+    # It serves (its /health says ok) but never registers.
+    silent = dataclasses.replace(bureau, argv=(*bureau.argv, "--no-register"))
+    rec = Recorder()
+    sup = Supervisor(
+        [registry, silent], log_dir=tmp_path / "logs", cwd=ROOT, on_change=rec, start_timeout=8
+    )
+    stopping.append(sup)
+    with pytest.raises(
+        ConfigError,
+        match=rf"credit-bureau answers on {bureau.health_url}, but the registry at "
+        rf"{registry.url} did not list it as passing within 8s",
+    ):
+        await sup.start()
+    bureau_seen = [s for n, s in rec.seen if n == "credit-bureau"]
+    assert bureau_seen == ["starting", "starting", "unhealthy", "stopped"]  # up; not listed
