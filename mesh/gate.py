@@ -9,7 +9,9 @@ In order, each refusal answered at once and nothing stored:
    ``busy, retry`` with ``Retry-After``; one request alone is always let in;
 3. the body is parsed ONCE, strictly (``mesh.rpc_body``): ``NaN``/``Infinity`` and a body
    nested too deeply are a parse error (-32700), a number no double holds (``1e400``) is invalid
-   params (-32602), both naming where they are;
+   params (-32602), both naming where they are; a body that is not one JSON-RPC 2.0 request
+   (an ``id`` that is an object, a fraction or a boolean, no ``method``...) is -32600 naming
+   the member;
 4. new sends while the node drains -> 503.
 
 Then the fast path (``mesh.a2a.fastpath``) or the SDK's route answers, and the request is
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -37,11 +39,6 @@ __all__ = ["METHODS", "RequestGate"]
 
 #: Every JSON-RPC method the SDK's route answers: the closed set of the method label.
 METHODS = frozenset(JsonRpcDispatcher.METHOD_TO_MODEL)
-
-
-def _rpc_method(data: Any) -> str | None:
-    method = data.get("method") if isinstance(data, dict) else None
-    return method if isinstance(method, str) else None
 
 
 class _Busy(Exception):
@@ -118,7 +115,7 @@ class RequestGate:
             node.metrics.request("invalid", ok=False)
             await _send(send, 200, refused.body())
             return
-        method = _rpc_method(parsed)
+        method: str = parsed["method"]
         if node.draining and method in SEND_METHODS:
             node.metrics.request(method, ok=False)
             await _reply(send, 503, f"{node.agent.name} is shutting down; try another instance")
@@ -152,7 +149,7 @@ class RequestGate:
         finally:
             # JSON-RPC errors are HTTP 200 with {"error": ...} (the SDK writes "error" first).
             ok = status < 400 and not (is_json and first_chunk.startswith(b'{"error"'))
-            node.metrics.request(method or "invalid", ok=ok)
+            node.metrics.request(method, ok=ok)
 
     async def _too_large(self, send: Send, limit: int) -> None:
         self.node.metrics.request("too_large", ok=False)

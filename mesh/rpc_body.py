@@ -6,8 +6,13 @@ and a number no double holds (``1e400``, an integer of thousands of digits) is i
 (-32602), both naming where they are; a body nested too deeply to parse is -32700. Python's
 parser accepts all of these (and the SDK then failed with HTTP 500 while writing the answer).
 
+Then the envelope, as JSON-RPC 2.0 defines it: an object (no batches), ``"jsonrpc": "2.0"``, a
+``method`` string, an ``id`` that is a string, an integer or null, ``params`` an object when
+present; else -32600 (-32602 for ``params``) naming the member. The SDK answers these too, but
+logs an ERROR with a traceback for each: a caller could fill the log at will.
+
     try:
-        data = parse_rpc_body(body)
+        data = parse_rpc_body(body)    # a dict whose "method" is a str
     except RpcRefused as refused:
         answer = refused.body()    # {"error": {"code": -32602, "message": "..."}, ...}
 """
@@ -62,13 +67,13 @@ def _finite_float(literal: str) -> float:
 _STRICT = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
 
 
-def parse_rpc_body(body: bytes) -> Any:
-    """The JSON value of ``body``, or ``RpcRefused`` (-32700 not JSON, -32602 a number no
-    double holds) naming what and where. One parse, as fast as ``json.loads``: the hooks run
-    only on non-integer numbers and on the non-JSON constants."""
+def parse_rpc_body(body: bytes) -> dict[str, Any]:
+    """The JSON-RPC request in ``body``, or ``RpcRefused`` (-32700 not JSON, -32602 a number no
+    double holds, -32600 not a JSON-RPC 2.0 request) naming what and where. One parse, as fast
+    as ``json.loads``: the hooks run only on non-integer numbers and on the non-JSON constants."""
     try:
         text = body.decode(json.detect_encoding(body), "surrogatepass")
-        return _STRICT.decode(text)
+        data = _STRICT.decode(text)
     except json.JSONDecodeError as exc:
         raise RpcRefused(-32700, f"Parse error: {exc}") from None
     except UnicodeDecodeError:
@@ -82,6 +87,53 @@ def parse_rpc_body(body: bytes) -> Any:
     except ValueError:
         # _NotFinite, or an integer longer than Python converts (4300 digits).
         raise _locate(body) from None
+    _check_envelope(data)
+    return data  # type: ignore[no-any-return]
+
+
+_ID_TYPES = (str, int, type(None))  # exact types: a bool is an int to isinstance
+_KINDS = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "an integer",
+    float: "a number written with a fraction or an exponent",
+    bool: "a boolean",
+    type(None): "null",
+}
+
+
+def _kind(value: Any) -> str:
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def _check_envelope(data: Any) -> None:
+    """``RpcRefused`` unless ``data`` is one JSON-RPC 2.0 request (a few lookups)."""
+    if type(data) is not dict:
+        extra = " (batches are not supported)" if type(data) is list else ""
+        raise RpcRefused(
+            -32600, f"Invalid Request: a JSON-RPC request is an object, got {_kind(data)}{extra}"
+        )
+    request_id = data.get("id")
+    if type(request_id) not in _ID_TYPES:
+        raise RpcRefused(
+            -32600,
+            "Invalid Request: 'id' must be a string, an integer or null (JSON-RPC 2.0), "
+            f"got {_kind(request_id)}",
+        )
+    if data.get("jsonrpc") != "2.0":
+        raise RpcRefused(-32600, "Invalid Request: 'jsonrpc' must be \"2.0\"", request_id)
+    method = data.get("method")
+    if type(method) is not str or not method:
+        raise RpcRefused(
+            -32600, "Invalid Request: 'method' must be the name of an A2A method", request_id
+        )
+    if "params" in data and type(data["params"]) is not dict:
+        raise RpcRefused(
+            -32602,
+            f"Invalid params: 'params' must be an object, got {_kind(data['params'])}",
+            request_id,
+        )
 
 
 class _Bad:

@@ -125,7 +125,7 @@ class NodeSettings:
             public_url=env.get("MESH_PUBLIC_URL") or None,
             registry=reg,
             registry_token=env.get("MESH_REGISTRY_TOKEN") or None,
-            token=env.get("MESH_TOKEN") or None,
+            token=_token(env, "MESH_TOKEN"),
             fastpath=env.get("MESH_FASTPATH", "1") != "0",
             consul=None if no_register else consul,
             consul_token=env.get("CONSUL_HTTP_TOKEN") or None,
@@ -148,3 +148,20 @@ def _bytes(env: Mapping[str, str], name: str, default: int) -> int:
     if not raw.isdigit() or int(raw) <= 0:
         raise ConfigError(f"{name}={raw!r}: give a positive number of bytes, e.g. {default}")
     return int(raw)
+
+
+def _token(env: Mapping[str, str], name: str) -> str | None:
+    """A bearer token from ``env[name]`` (unset or empty: none). Visible ASCII only: a token
+    with spaces at either end can never match what a caller sends (the bearer value is trimmed),
+    and one with other characters cannot go in an HTTP header (the node presents it to its
+    peers); either way every call would be refused."""
+    raw = env.get(name, "")
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isprintable()) or " " in raw:
+        what = "only spaces" if not raw.strip() else "spaces or characters outside visible ASCII"
+        raise ConfigError(
+            f"{name} has {what}: no caller could present it; use visible ASCII characters, "
+            "e.g. `export MESH_TOKEN=$(openssl rand -hex 16)`, or unset it"
+        )
+    return raw

@@ -48,6 +48,18 @@ def test_bad_target_is_one_line_error(target: str, expected: str) -> None:
     assert lines[0].startswith("mesh: error:")
 
 
+def test_a_blank_mesh_token_stops_the_start_with_one_line(tmp_path: Path) -> None:
+    r = _mesh(
+        "serve", "agents.credit_bureau:agent", "--port", str(free_port()),
+        "--data-dir", str(tmp_path), "--no-register",
+        env=clean_env(MESH_TOKEN="  "),
+    )  # fmt: skip
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "MESH_TOKEN has only spaces" in lines[0]
+
+
 def test_port_in_use_is_one_line_error(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

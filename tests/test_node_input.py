@@ -44,8 +44,12 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         MESH_FASTPATH="1" if request.param == "fast" else "0",
         MESH_MAX_TEXT_BYTES="4096",
     )
-    with proc:
+    with proc as running_node:
+        _LOGS[url] = running_node
         yield url
+
+
+_LOGS: dict[str, Any] = {}
 
 
 def _send_body(data_json: str, *, skill: str = "echo", request_id: int = 7) -> str:
@@ -114,6 +118,43 @@ def test_json_nested_too_deeply_is_a_parse_error(node: str, depth: int) -> None:
 def test_a_body_that_is_not_utf8_json_is_a_parse_error(node: str) -> None:
     answer = _answer(_post(node, b'{"jsonrpc":"2.0","id":1,"method":"\xff\xfe"}'))
     assert answer["error"]["code"] == -32700
+
+
+_GET = '"method":"GetTask","params":{"id":"t-1"}'
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "said", "answer_id"),
+    [
+        ('{"jsonrpc":"2.0","id":{"a":1},' + _GET + "}", -32600, "'id' must be", None),
+        ('{"jsonrpc":"2.0","id":1.5,' + _GET + "}", -32600, "got a number written with", None),
+        ('{"jsonrpc":"2.0","id":true,' + _GET + "}", -32600, "'id' must be", None),
+        ('{"jsonrpc":"2.0","id":[1],' + _GET + "}", -32600, "'id' must be", None),
+        ("[]", -32600, "is an object, got an array (batches", None),
+        ('"GetTask"', -32600, "is an object, got a string", None),
+        ('{"jsonrpc":"1.0","id":3,' + _GET + "}", -32600, "'jsonrpc' must be", 3),
+        ('{"id":3,' + _GET + "}", -32600, "'jsonrpc' must be", 3),
+        ('{"jsonrpc":"2.0","id":"a","params":{}}', -32600, "'method' must be", "a"),
+        ('{"jsonrpc":"2.0","id":3,"method":5}', -32600, "'method' must be", 3),
+        ('{"jsonrpc":"2.0","id":3,"method":"GetTask","params":[1]}', -32602, "'params'", 3),
+        ('{"jsonrpc":"2.0","id":3,"method":"GetTask","params":null}', -32602, "'params'", 3),
+    ],
+)
+def test_a_body_that_is_not_one_json_rpc_request_is_refused_by_the_gate(
+    node: str, body: str, code: int, said: str, answer_id: Any
+) -> None:
+    """JSON-RPC 2.0: one object, ``jsonrpc`` "2.0", a ``method`` string, an ``id`` that is a
+    string, a number or null. The SDK answered these too, but logged an ERROR with a traceback
+    for each."""
+    log = _LOGS[node]
+    before = log.output().count("Traceback")
+    answer = _answer(_post(node, body))
+    assert answer["error"]["code"] == code, answer
+    assert said in answer["error"]["message"], answer
+    assert answer["id"] == answer_id
+    ok = _answer(_post(node, '{"jsonrpc":"2.0","id":"x",' + _GET + "}"))  # flushes the log
+    assert ok["error"]["code"] == -32001  # task not found: an ordinary answer
+    assert log.output().count("Traceback") == before, log.output()[-2000:]
 
 
 # Values a data part may hold as far as a sender's JSON encoder is concerned: every float

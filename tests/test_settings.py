@@ -74,3 +74,16 @@ def test_bad_limits_and_networks_are_config_errors_naming_the_variable(
 
 def test_text_turns_are_bounded_by_default() -> None:
     assert NodeSettings.from_env({}, agent_name="a").max_text_bytes == 64 * 1024
+
+
+@pytest.mark.parametrize("token", ["   ", " s3cret", "s3cret ", "s3 cret", "s3\tcret", "sécret"])
+def test_a_mesh_token_no_caller_could_present_is_a_config_error(token: str) -> None:
+    """A blank token was accepted and then matched nothing (the bearer value is trimmed); a
+    non-ASCII one cannot go in the header the node sends its peers."""
+    with pytest.raises(ConfigError, match=r"MESH_TOKEN has .* use visible ASCII"):
+        NodeSettings.from_env({"MESH_TOKEN": token}, agent_name="a")
+
+
+def test_an_empty_mesh_token_is_no_token_and_a_visible_one_is_kept() -> None:
+    assert NodeSettings.from_env({"MESH_TOKEN": ""}, agent_name="a").token is None
+    assert NodeSettings.from_env({"MESH_TOKEN": "s3cr~t"}, agent_name="a").token == "s3cr~t"
