@@ -1,24 +1,33 @@
 """What a pure-ASGI gate reads of a request before its app does: the bearer credentials, and the
-body under a byte limit. Shared by the node's ``mesh.gate.RequestGate`` and the registry's
-``registry.gate.Gate``.
+body under a byte limit and a deadline. Shared by the node's ``mesh.gate.RequestGate`` and the
+registry's ``registry.gate.Gate``.
 
     given = bearer(scope)                                # b"s3cret", or None
-    body = await read_body(scope, receive, limit=65536)  # BodyTooLarge past the limit
+    body = await read_body(scope, receive, limit=65536, timeout_s=30)
+    # BodyTooLarge past the limit, BodyTimeout when the whole body is not in within 30 s
     if body is not None:                                 # None: the client went away
         await app(scope, replay(body, receive), send)    # the app reads the body as usual
+
+uvicorn has no timeout of its own for a request body: without ``timeout_s`` a client that
+declares a length and sends nothing more holds the request (and what it has sent) for ever.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from starlette.types import Message, Receive, Scope
 
-__all__ = ["BodyTooLarge", "bearer", "read_body", "replay"]
+__all__ = ["BodyTimeout", "BodyTooLarge", "bearer", "read_body", "replay"]
 
 
 class BodyTooLarge(Exception):
     """The body is over the limit: its ``Content-Length`` says so, or the bytes received do."""
+
+
+class BodyTimeout(Exception):
+    """The whole body did not arrive within the deadline (a stalled or trickling client)."""
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -45,19 +54,31 @@ async def read_body(
     *,
     limit: int,
     reserve: Callable[[int], None] | None = None,
+    timeout_s: float | None = None,
 ) -> bytes | None:
     """The whole body of the request, or None if the client went away first.
 
     ``BodyTooLarge`` before reading a byte when ``Content-Length`` is over ``limit``, and as
-    soon as the bytes received pass it (a chunked body). ``reserve(size)`` is told the size the
-    body will have at least (the declared length, then each new total) before more is kept; it
-    raises to refuse the request (the node's bound on bodies in flight)."""
+    soon as the bytes received pass it (a chunked body). ``BodyTimeout`` when the whole body
+    has not arrived ``timeout_s`` seconds after the call. ``reserve(size)`` is told the bytes
+    received so far (what the request really holds: a declared length costs nothing until it
+    arrives) before more is kept; it raises to refuse the request (the node's bound on bodies
+    in flight)."""
     declared = _header(scope, b"content-length")
-    if declared is not None and declared.isdigit():
-        if int(declared) > limit:
-            raise BodyTooLarge
-        if reserve is not None and int(declared):
-            reserve(int(declared))
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    if timeout_s is None:
+        return await _read(receive, limit, reserve)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read(receive, limit, reserve)
+    except TimeoutError:
+        raise BodyTimeout from None
+
+
+async def _read(
+    receive: Receive, limit: int, reserve: Callable[[int], None] | None
+) -> bytes | None:
     chunks: list[bytes] = []
     size = 0
     more = True

@@ -4,9 +4,14 @@ In order, each refusal answered at once and nothing stored:
 
 1. the mesh token, when the node has one (``Authorization: Bearer``, scheme case-insensitive
    as RFC 7235 says) -> 401;
-2. the body size (``max_body_bytes``) -> 413, and the bytes of all bodies held at once
-   (``max_inflight_bytes``: a request is held from its first byte to its answer) -> 503
-   ``busy, retry`` with ``Retry-After``; one request alone is always let in;
+2. the body size (``max_body_bytes``) -> 413 (a declared ``Content-Length`` over it at once),
+   the bytes of all bodies held at once (``max_inflight_bytes``) -> 503 ``busy, retry`` with
+   ``Retry-After``, and the time the body takes to arrive (``body_timeout_s``) -> 408 and the
+   connection closed. A request holds the bytes that have ARRIVED, from its first byte to its
+   answer: a length declared and never sent holds nothing (two idle connections declaring 10
+   and 6 MiB held the whole budget, and every other call got 503, for as long as they
+   stayed). When bodies arriving together pass the bound, the one whose next bytes do not fit
+   is refused and frees what it held; one request alone is always let in;
 3. the body is parsed ONCE, strictly (``mesh.rpc_body``): ``NaN``/``Infinity`` and a body
    nested too deeply are a parse error (-32700), a number no double holds (``1e400``) is invalid
    params (-32602), both naming where they are; a body that is not one JSON-RPC 2.0 request
@@ -29,7 +34,7 @@ from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh.a2a.server import SEND_METHODS
-from mesh.asgi import BodyTooLarge, bearer, read_body, replay
+from mesh.asgi import BodyTimeout, BodyTooLarge, bearer, read_body, replay
 from mesh.rpc_body import RpcRefused, parse_rpc_body
 
 if TYPE_CHECKING:
@@ -79,32 +84,45 @@ class RequestGate:
         held = 0
 
         def reserve(size: int) -> None:
-            # Held from the declared length on; a chunked body as it arrives.
+            # The bytes received so far: a declared length is not held until it arrives.
             nonlocal held
             if size > held:
-                if not self._hold(size - held):
+                if not self._hold(size - held, held):
                     raise _Busy(size)
                 held = size
 
+        settings = node.settings
         try:
-            limit = node.settings.max_body_bytes
+            limit = settings.max_body_bytes
             try:
-                body = await read_body(scope, receive, limit=limit, reserve=reserve)
+                body = await read_body(
+                    scope,
+                    receive,
+                    limit=limit,
+                    reserve=reserve,
+                    timeout_s=settings.body_timeout_s,
+                )
             except BodyTooLarge:
                 await self._too_large(send, limit)
                 return
             except _Busy as busy:
                 await self._busy(send, busy.size)
                 return
+            except BodyTimeout:
+                await self._too_slow(send, held)
+                return
             if body is not None:
                 await self._serve(scope, body, receive, send)
         finally:
             self.held_bytes -= held
 
-    def _hold(self, size: int) -> bool:
-        if self.held_bytes and self.held_bytes + size > self.node.settings.max_inflight_bytes:
+    def _hold(self, more: int, own: int) -> bool:
+        """Hold ``more`` bytes for a request holding ``own`` already, unless that passes the
+        bound while OTHER requests hold bytes too (one request alone is always let in)."""
+        total = self.held_bytes + more
+        if total > self.node.settings.max_inflight_bytes and self.held_bytes > own:
             return False
-        self.held_bytes += size
+        self.held_bytes = total
         return True
 
     async def _serve(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
@@ -155,6 +173,18 @@ class RequestGate:
         self.node.metrics.request("too_large", ok=False)
         await _reply(send, 413, f"request body over {limit} bytes (the node's MESH_MAX_BODY_BYTES)")
 
+    async def _too_slow(self, send: Send, received: int) -> None:
+        self.node.metrics.request("body_timeout", ok=False)
+        timeout = self.node.settings.body_timeout_s
+        # Closed: the rest of a body that stalled is not worth reading.
+        await _reply(
+            send,
+            408,
+            f"the request body did not arrive within {timeout:g} s ({received} bytes did; the "
+            f"node's MESH_BODY_TIMEOUT); send the whole body at once",
+            [(b"connection", b"close")],
+        )
+
     async def _busy(self, send: Send, size: int) -> None:
         self.node.metrics.request("busy", ok=False)
         settings = self.node.settings
@@ -162,7 +192,8 @@ class RequestGate:
             send,
             503,
             f"{self.node.agent.name} is busy: {self.held_bytes} bytes of requests in progress "
-            f"and this one has {size} (MESH_MAX_INFLIGHT_BYTES={settings.max_inflight_bytes}); "
+            f"and this one has {size} so far (MESH_MAX_INFLIGHT_BYTES="
+            f"{settings.max_inflight_bytes}); "
             "retry shortly or send to another instance",
             [(b"retry-after", b"1")],
         )

@@ -36,8 +36,9 @@ BreakerState = Literal["closed", "half-open", "open"]
 _BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}
 #: The label value of anything outside a label's closed set.
 OTHER = "other"
-# Requests refused before their method is known (401, 413, 503 busy, a body that is not JSON).
-_REFUSED = frozenset({"unauthorized", "too_large", "busy", "invalid"})
+# Requests refused before their method is known (401, 413, 503 busy, 408 a body that did not
+# arrive in time, a body that is not a JSON-RPC request).
+_REFUSED = frozenset({"unauthorized", "too_large", "busy", "body_timeout", "invalid"})
 
 # Tasks range from sub-millisecond function skills to multi-minute LLM turns.
 _TASK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -6,6 +6,7 @@ over ``MESH_*`` variables, which win over defaults.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,9 @@ class NodeSettings:
     # Request bodies held at once (being read or being worked on), bytes: past it a new request
     # gets 503 "busy, retry" (one request alone is always let in, up to max_body_bytes).
     max_inflight_bytes: int = 16 * 1024 * 1024
+    # Seconds a request body may take to arrive, from the end of its headers: past it 408 and
+    # the connection closed (uvicorn has no such timeout; an idle client held its request).
+    body_timeout_s: float = 30.0
     # Largest text turn (a chat message, an LLM skill's input), UTF-8 bytes: a longer one is
     # REJECTED before any model work.
     max_text_bytes: int = 64 * 1024
@@ -136,6 +140,7 @@ class NodeSettings:
             max_body_bytes=_bytes(env, "MESH_MAX_BODY_BYTES", cls.max_body_bytes),
             max_inflight_bytes=_bytes(env, "MESH_MAX_INFLIGHT_BYTES", cls.max_inflight_bytes),
             max_text_bytes=_bytes(env, "MESH_MAX_TEXT_BYTES", cls.max_text_bytes),
+            body_timeout_s=_seconds(env, "MESH_BODY_TIMEOUT", cls.body_timeout_s),
             peer_networks=peer_networks,
         )
 
@@ -148,6 +153,20 @@ def _bytes(env: Mapping[str, str], name: str, default: int) -> int:
     if not raw.isdigit() or int(raw) <= 0:
         raise ConfigError(f"{name}={raw!r}: give a positive number of bytes, e.g. {default}")
     return int(raw)
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """A positive, finite number of seconds from ``env[name]`` (ConfigError naming it)."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{name}={raw!r}: give a positive number of seconds, e.g. {default:g}")
+    return value
 
 
 def _token(env: Mapping[str, str], name: str) -> str | None:

@@ -223,7 +223,7 @@ async def test_bodies_in_flight_are_bounded_and_the_rest_told_to_retry(small_nod
             *(http.post(small_node + "/", content=body) for _ in range(6))
         )
         codes = sorted(r.status_code for r in answers)
-        # Two 1.4 MB bodies fit in 3 MB; the others are refused at once, before being read.
+        # Two 1.4 MB bodies fit in 3 MB; the others are refused as their bytes pass the bound.
         assert codes.count(200) >= 2, codes
         assert codes.count(503) >= 1, codes
         assert set(codes) <= {200, 503}, codes
@@ -236,6 +236,104 @@ async def test_bodies_in_flight_are_bounded_and_the_rest_told_to_retry(small_nod
         # Once they are answered their bytes are free again: a retry goes through.
         retry = await http.post(small_node + "/", content=body.replace("1.5", "0.01"))
         assert retry.status_code == 200, retry.text
+
+
+@pytest.fixture(scope="module")
+def prompt_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A node with the default body and in-flight bounds (10 and 16 MiB) whose request bodies
+    must arrive within 2 s."""
+    tmp = tmp_path_factory.mktemp("body-timeout")
+    url, proc = _serve(tmp, "prompt", MESH_BODY_TIMEOUT="2")
+    with proc as running_node:
+        _LOGS[url] = running_node
+        yield url
+
+
+async def _declare(
+    url: str, length: int, first: bytes = b"{"
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A POST / declaring ``length`` body bytes, of which only ``first`` is sent now (as
+    /tmp/attack-scripts/inflight_hold.py did)."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = (
+        "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    )
+    writer.write(head.encode() + first)
+    await writer.drain()
+    return reader, writer
+
+
+async def test_idle_connections_declaring_big_bodies_hold_nothing(prompt_node: str) -> None:
+    """Two connections that declare 10 and 6 MiB and send one byte each held the node's whole
+    in-flight budget (16 MiB): every other call got 503 for as long as they stayed open."""
+    idle = [await _declare(prompt_node, 10 * 1024 * 1024), await _declare(prompt_node, 6 << 20)]
+    started = time.monotonic()
+    try:
+        async with httpx.AsyncClient(timeout=10, headers=HEADERS, trust_env=False) as http:
+            for _ in range(3):  # bounded: the idle connections are in before the later ones
+                r = await http.post(prompt_node + "/", content=_send_body('{"key":"k"}'))
+                assert r.status_code == 200, r.text
+                assert r.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+        # And they do not stay: 408 once their bodies are 2 s late, then the connection closes
+        # (read() returns at the close).
+        for reader, _ in idle:
+            answer = await asyncio.wait_for(reader.read(), timeout=10)
+            assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+            assert b"connection: close" in answer.lower()
+            assert b"MESH_BODY_TIMEOUT" in answer
+        assert 1.9 < time.monotonic() - started < 8
+    finally:
+        for _, writer in idle:
+            writer.close()
+
+
+async def test_a_trickling_body_is_cut_at_the_deadline(prompt_node: str) -> None:
+    host, port = prompt_node.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = _send_body('{"key":"k"}').encode()
+    writer.write(
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"A2A-Version: 1.0\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    )
+    started = time.monotonic()
+    answer = asyncio.create_task(reader.read())
+    try:
+        for byte in body:  # bounded: one byte every 0.1 s would take far longer than 2 s
+            if answer.done():
+                break
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        head = await asyncio.wait_for(answer, timeout=10)
+    except ConnectionError:
+        head = await asyncio.wait_for(answer, timeout=10)
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 408 "), head[:200]
+    assert 1.9 < time.monotonic() - started < 5
+    assert _counted(prompt_node, "body_timeout") >= 1
+
+
+def _counted(url: str, method: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("mesh_requests_total{") and f'method="{method}"' in line
+    )
+
+
+async def test_a_declared_length_over_the_body_limit_is_refused_at_once(
+    prompt_node: str,
+) -> None:
+    reader, writer = await _declare(prompt_node, 10 * 1024 * 1024 + 1)
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=1.5)
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 413 "), head
 
 
 async def test_one_request_alone_is_let_in_whatever_the_in_flight_bound(tmp_path: Path) -> None:

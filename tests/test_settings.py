@@ -87,3 +87,11 @@ def test_a_mesh_token_no_caller_could_present_is_a_config_error(token: str) -> N
 def test_an_empty_mesh_token_is_no_token_and_a_visible_one_is_kept() -> None:
     assert NodeSettings.from_env({"MESH_TOKEN": ""}, agent_name="a").token is None
     assert NodeSettings.from_env({"MESH_TOKEN": "s3cr~t"}, agent_name="a").token == "s3cr~t"
+
+
+def test_the_body_timeout_comes_from_the_environment() -> None:
+    assert NodeSettings.from_env({}, agent_name="a").body_timeout_s == 30.0
+    assert NodeSettings.from_env({"MESH_BODY_TIMEOUT": "2.5"}, agent_name="a").body_timeout_s == 2.5
+    for bad in ("0", "-1", "nan", "inf", "soon"):
+        with pytest.raises(ConfigError, match="MESH_BODY_TIMEOUT"):
+            NodeSettings.from_env({"MESH_BODY_TIMEOUT": bad}, agent_name="a")
