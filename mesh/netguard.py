@@ -29,6 +29,7 @@ import httpcore
 import httpx
 
 from mesh.netpolicy import NetworkPolicy
+from mesh.pool import create_transport
 
 __all__ = ["AddressRefused", "GuardedBackend", "create_http_client"]
 
@@ -121,18 +122,8 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
-class _GuardedTransport(httpx.AsyncHTTPTransport):
-    def __init__(self, policy: NetworkPolicy, limits: httpx.Limits) -> None:
-        super().__init__(trust_env=False, limits=limits)
-        # httpx has no public seam for the network backend: swap the pool it built for one
-        # on ours (same settings). httpx is pinned below 1.0, where this is stable.
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False),
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            network_backend=GuardedBackend(policy),
-        )
+def _guarded_transport(policy: NetworkPolicy, limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
+    return create_transport(limits=limits, network_backend=GuardedBackend(policy))
 
 
 def create_http_client(
@@ -147,13 +138,15 @@ def create_http_client(
 
     No redirects (a 30x would send the request somewhere nobody checked the URL of), no proxies
     from the environment (a proxy would connect on our behalf, past the check), ``timeout`` per
-    connect/read (``mesh.outbound.bounded_get`` puts one deadline on a whole answer)."""
+    connect/read/pool wait (``mesh.outbound.bounded_get`` puts one deadline on a whole answer).
+    The pool is a ``mesh.pool.ReclaimingPool``: requests cancelled while queued (a deadline)
+    never leak its slots."""
     mounts: dict[str, httpx.AsyncBaseTransport] = {}
     if plain_http is not None and not policy.within(plain_http):
         # Its own pool: a connection is checked once, when it is made, for one scheme.
-        mounts["http://"] = _GuardedTransport(policy & plain_http, limits)
+        mounts["http://"] = _guarded_transport(policy & plain_http, limits)
     return httpx.AsyncClient(
-        transport=_GuardedTransport(policy, limits),
+        transport=_guarded_transport(policy, limits),
         mounts=mounts or None,
         timeout=timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout),
         follow_redirects=False,

@@ -24,6 +24,7 @@ import httpx
 
 from mesh.discovery.base import DiscoveryUnreachable, Instance, Registration, UnknownInstance
 from mesh.errors import AgentNotFound, DiscoveryError
+from mesh.pool import create_transport
 
 __all__ = ["DEFAULT_REGISTRY_URL", "SECRET_HEADER", "RegistryBackend"]
 
@@ -48,8 +49,11 @@ class RegistryBackend:
         self._token = token
         self._owns_http = http is None
         # trust_env=False: a proxy from the environment must never sit between a node and
-        # a registry on 127.0.0.1.
-        self._http = http or httpx.AsyncClient(timeout=timeout, trust_env=False)
+        # a registry on 127.0.0.1. The pool survives requests cancelled while queued
+        # (``mesh.pool``): a heartbeat cancelled at shutdown, a lookup under a deadline.
+        self._http = http or httpx.AsyncClient(
+            transport=create_transport(), timeout=timeout, trust_env=False
+        )
         # instance id -> the secret its registration answer gave (never logged).
         self._secrets: dict[str, str] = {}
 
