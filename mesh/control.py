@@ -30,7 +30,15 @@ from mesh.errors import ConfigError
 if TYPE_CHECKING:
     from mesh.supervisor import Supervisor
 
-__all__ = ["ControlReply", "ControlRequest", "ControlServer", "ProcessInfo", "UpLock", "ask"]
+__all__ = [
+    "ControlReply",
+    "ControlRequest",
+    "ControlServer",
+    "ProcessInfo",
+    "UpLock",
+    "ask",
+    "up_running",
+]
 
 # A restart waits for the process to be healthy: as long as `mesh up --start-timeout` allows.
 _ASK_TIMEOUT_S = 300.0
@@ -77,6 +85,23 @@ def socket_path(state_dir: Path) -> Path:
         return path
     digest = hashlib.sha256(os.fsencode(state_dir.resolve())).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"mesh-up-{os.getuid()}-{digest}.sock"
+
+
+def up_running(state_dir: Path) -> bool:
+    """Whether a ``mesh up`` holds the ``UpLock`` of ``state_dir`` (asked without taking it)."""
+    try:
+        fd = os.open(state_dir / "up.lock", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        # A shared lock is refused only while the exclusive one is held; if granted, it is
+        # dropped at once (a mesh up starting in that instant would be told to try again).
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 class UpLock:

@@ -20,7 +20,9 @@
 
 ``load_meshfile(path)`` validates it (a ``ConfigError`` names the file and the field) and
 ``MeshFile.plan(root)`` turns it into the ``ProcessSpec``s a ``Supervisor`` starts: the
-registry first, then one process per node replica, each ``python -m mesh ...``.
+registry first, then one process per node replica, each ``python -m mesh ...``. Commands given
+no mesh file look for ``MESHFILE_NAMES`` in their folder (``meshfiles_in``): a project's own
+``mesh.toml`` first, then this repository's demo, ``agents/mesh.toml``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mesh.errors import ConfigError
 
-__all__ = ["MeshFile", "NodeSpec", "ProcessSpec", "RegistrySpec", "load_meshfile"]
+__all__ = [
+    "MESHFILE_NAMES",
+    "MeshFile",
+    "NodeSpec",
+    "ProcessSpec",
+    "RegistrySpec",
+    "load_meshfile",
+    "meshfiles_in",
+]
+
+# Where a command looks when given no mesh file, in order: the project's own, then the demo.
+MESHFILE_NAMES = ("mesh.toml", "agents/mesh.toml")
 
 _MODULE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
@@ -245,6 +258,19 @@ class MeshFile(_Strict):
                     )
                 )
         return specs
+
+
+def meshfiles_in(folder: Path) -> list[Path]:
+    """The ``MESHFILE_NAMES`` that exist in ``folder``, in order; ``ConfigError`` (saying where
+    it looked and what to do) when there is none."""
+    found = [folder / name for name in MESHFILE_NAMES if (folder / name).is_file()]
+    if not found:
+        looked = " or ".join(MESHFILE_NAMES)
+        raise ConfigError(
+            f"no mesh file in {folder} (looked for {looked}): run this in the folder of your "
+            "mesh.toml, or give its path"
+        )
+    return found
 
 
 def load_meshfile(path: str | Path) -> MeshFile:

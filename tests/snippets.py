@@ -11,9 +11,11 @@ What runs, per fenced block (the language after the backticks):
   document ends (a server on a port an earlier one holds, or a ``mesh up``, replaces it, as a
   reader would stop the first with Ctrl-C); the next command runs once it answers on
   ``/health``. A command naming an agent (``mesh call fx-desk ...``) waits until the registry
-  lists a passing instance of it. A trailing ``# error: TEXT`` means the command must fail and
-  say TEXT; ``# -> TEXT`` that its output contains TEXT. Only ``mesh`` and ``python`` commands
-  run: anything else must be marked (below).
+  lists a passing instance of it. ``mesh up`` counts as started once it prints its table. A
+  trailing ``# error: TEXT`` means the command must fail and say TEXT; ``# -> TEXT`` that its
+  output contains TEXT. A command that prints a Python warning (``...Warning:``) fails: a reader
+  following the docs should see nothing alarming. Only ``mesh`` and ``python`` commands run:
+  anything else must be marked (below).
 * Other languages and unlabelled blocks (output, JSON, YAML...) are not code to run.
 
 ``<!-- not-run: REASON -->`` on the line before a fence marks an illustration: the test skips it
@@ -40,6 +42,7 @@ from pathlib import Path
 
 import httpx
 
+from mesh.meshfile import meshfiles_in
 from tests.support import ROOT, Proc, clean_env, free_port, wait_for, wait_until_ok
 
 __all__ = ["Block", "DocRun", "blocks_of"]
@@ -56,6 +59,9 @@ _DIRECTIVE = re.compile(r"\s#\s*(?P<kind>error:|->)\s*(?P<text>.+?)\s*$")
 _SERVERS = {"serve", "registry", "up"}
 _NAMED = {"call", "show", "card"}
 _AGENT = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+# A Python warning's category (DeprecationWarning, PytestDeprecationWarning, ...), not a log level.
+_WARNING = re.compile(r"\b[A-Z]\w*Warning\b")
+_UP_READY = "Ctrl-C stops everything"
 
 
 @dataclass(frozen=True)
@@ -235,6 +241,11 @@ class DocRun:
         done = self._check(
             ["bash", "-c", command], what=f"{block.id}: {command}", ok=not expect_error
         )
+        warning = _WARNING.search(done.stdout + done.stderr)
+        assert warning is None, (
+            f"{block.id}: {command!r} printed a warning ({warning.group()}):\n"
+            f"{done.stdout}{done.stderr}"
+        )
         if directive is not None:
             text = directive.group("text")
             assert text in done.stdout + done.stderr, (
@@ -244,7 +255,8 @@ class DocRun:
     def _start(self, block: Block, argv: list[str]) -> None:
         name = f"{Path(block.doc).stem}-{block.line}-{argv[1]}-{len(self.servers)}"
         if argv[1] == "up":
-            meshfile = self.tmp / next((a for a in argv[2:] if not a.startswith("-")), "")
+            given = next((a for a in argv[2:] if not a.startswith("-")), None)
+            meshfile = self.tmp / given if given else meshfiles_in(self.tmp)[0]
             ports = _meshfile_ports(meshfile)
             self.stop()  # `mesh up` runs the whole mesh: the reader stopped what ran before
         else:
@@ -257,6 +269,12 @@ class DocRun:
             cwd=self.tmp,
         )  # fmt: skip
         self.servers.append(_Server(proc, ports))
+        if argv[1] == "up":
+            # Its table comes once every node is healthy and registered: what a reader waits for.
+            wait_for(lambda: _UP_READY in proc.output() or proc.popen.poll() is not None,
+                     timeout=90, what=f"{block.id}: mesh up's table")  # fmt: skip
+            assert _UP_READY in proc.output(), f"{block.id}: mesh up failed:\n{proc.output()}"
+            return
         for port in ports:
             wait_until_ok(f"http://127.0.0.1:{port}/health", timeout=60, proc=proc)
 

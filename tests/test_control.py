@@ -66,6 +66,13 @@ def test_ps_stop_restart_and_logs_against_a_running_mesh(tmp_path: Path) -> None
             assert info["status"] == "healthy"
             assert info["pid"] != first_pid
             assert info["pid"] == _pid(bureau)
+            # ...and callers find it: the registry lists the instance that answers (and only it).
+            registry = f"http://127.0.0.1:{ports['registry']}"
+            listed = httpx.get(
+                f"{registry}/v1/instances", params={"agent": "credit-bureau"}, trust_env=False
+            ).json()["instances"]
+            health = httpx.get(f"{bureau}/health", trust_env=False).json()
+            assert [i["instance_id"] for i in listed] == [health["instance_id"]]
 
             # logs -f followed the file across the restart; logs shows the current run only.
             wait_for(lambda: follow.output().count(RUN_MARKER) == 2, what="the followed restart")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from mesh.supervisor import RUN_MARKER
-from tests.support import free_port, running
+from tests.support import BIN, ROOT, Proc, clean_env, free_port, running, wait_for
 from tests.up_support import mesh, mesh_up, small_mesh
 
 pytestmark = pytest.mark.integration
@@ -40,17 +40,18 @@ def _desk_file(tmp: Path) -> tuple[Path, dict[str, int]]:
         except OSError:
             continue
     ports["bureau"] = low
+    # The typed specialist first: `mesh up` must not suggest chatting with it.
     text = f"""
 state_dir = "{tmp / "state"}"
 [registry]
 port = {ports["registry"]}
-[nodes.loan-officer]
-module = "agents.loan_officer:agent"
-port = {ports["officer"]}
 [nodes.credit-bureau]
 module = "agents.credit_bureau:agent"
 port = "{low}-{low + 1}"
 replicas = 2
+[nodes.loan-officer]
+module = "agents.loan_officer:agent"
+port = {ports["officer"]}
 [nodes.income-verifier]
 module = "agents.income_verifier:agent"
 port = {ports["verifier"]}
@@ -60,12 +61,36 @@ port = {ports["verifier"]}
     return path, ports
 
 
-def test_mesh_up_runs_the_loan_desk_restarts_a_crash_and_stops_cleanly(tmp_path: Path) -> None:
-    from tests.support import Proc, clean_env, wait_for
+def _venv_not_active() -> dict[str, str]:
+    """A shell's environment after `make run`: the venv's bin is not on PATH."""
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    return clean_env(
+        PATH=os.pathsep.join(p for p in path if p and Path(p).resolve() != BIN.resolve())
+    )
 
+
+def _venv_active() -> dict[str, str]:
+    return clean_env(PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def _said(output: str, label: str) -> str:
+    """What the banner line ``label`` (e.g. "try:") says."""
+    line = next(ln for ln in output.splitlines() if ln.startswith(label))
+    return line.removeprefix(label).strip()
+
+
+def _shell(command: str, *, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``command`` as the user would paste it into their shell."""
+    return subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, timeout=60, cwd=cwd, env=env
+    )
+
+
+def test_mesh_up_runs_the_loan_desk_restarts_a_crash_and_stops_cleanly(tmp_path: Path) -> None:
     meshfile, ports = _desk_file(tmp_path)
     registry = f"http://127.0.0.1:{ports['registry']}"
-    up = Proc.start(["mesh", "up", str(meshfile)], name="up", tmp=tmp_path, env=clean_env())
+    shell = _venv_not_active()
+    up = Proc.start(["mesh", "up", str(meshfile)], name="up", tmp=tmp_path, env=shell)
     try:
         wait_for(lambda: "Ctrl-C stops everything" in up.output(), timeout=90, what="mesh up")
         out = up.output()
@@ -78,15 +103,24 @@ def test_mesh_up_runs_the_loan_desk_restarts_a_crash_and_stops_cleanly(tmp_path:
         instances = httpx.get(f"{registry}/v1/instances", trust_env=False).json()["instances"]
         assert len(instances) == 4
 
-        # `mesh chat` by name through the registry, two messages in one context.
-        chat = subprocess.run(
-            [
-                sys.executable, "-m", "mesh", "chat", "loan-officer", "--registry", registry,
-                "-m", "Should we approve APP-612 for 400,000 over 48 months?",
-                "-m", "Tell me about APP-501",
-            ],
-            capture_output=True, text=True, timeout=60, env=clean_env(),
-        )  # fmt: skip
+        # What to try: chat with the agent that takes text (not the first, typed, one), with
+        # the mesh command that works in this shell, where the venv is not active.
+        suggested = _said(out, "try:")
+        assert suggested == f".venv/bin/mesh chat loan-officer --registry {registry}"
+        assert _said(out, "manage:") == (
+            f".venv/bin/mesh ps --meshfile {meshfile}; "
+            f".venv/bin/mesh logs|restart|stop NAME --meshfile {meshfile}"
+        )
+        # As suggested, by name through the registry: two messages in one context.
+        messages = (
+            "Should we approve APP-612 for 400,000 over 48 months?",
+            "Tell me about APP-501",
+        )
+        chat = _shell(
+            f"{suggested} " + " ".join(f"-m {shlex.quote(m)}" for m in messages),
+            cwd=ROOT,
+            env=shell,
+        )
         assert chat.returncode == 0, chat.stderr
         assert "calling credit_bureau_score, income_verifier_verify, calculate_emi" in chat.stdout
         assert "Income verifier: discrepancy" in chat.stdout
@@ -236,3 +270,55 @@ def test_mesh_serve_and_mesh_registry_exit_with_ex_config_on_a_busy_port(tmp_pat
                 f"mesh: error: port {port} on 127.0.0.1 is already in use; stop what runs there "
                 "or pick another --port"
             ]
+
+
+# -- which mesh file, and what the banner suggests ---------------------------------------------
+
+
+def test_mesh_up_in_a_project_folder_finds_its_mesh_toml_and_suggests_what_works(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    meshfile, ports = small_mesh(tmp_path, name="project/mesh.toml")
+    registry = f"http://127.0.0.1:{ports['registry']}"
+    shell = _venv_active()
+    with mesh_up(None, tmp_path, cwd=project, env=shell) as up:
+        out = up.output()
+        assert out.startswith("mesh up: starting 2 processes of mesh.toml (logs in ")
+        # Its only agent has no chat skill: a typed call, with the skill's own example.
+        suggested = _said(out, "try:")
+        example = '{"applicant_id": "APP-501", "amount": 250000}'
+        assert suggested == (
+            f"mesh call credit-bureau --skill score --json '{example}' --registry {registry}"
+        )
+        called = _shell(suggested, cwd=project, env=shell)
+        assert called.returncode == 0, called.stderr
+        assert '"score": 445' in called.stdout
+        # `mesh ps` here finds the same mesh file without being told.
+        assert _said(out, "manage:") == "mesh ps; mesh logs|restart|stop NAME"
+        ps = mesh("ps", cwd=project)
+        assert ps.returncode == 0, ps.stderr
+        assert ps.stderr.strip() == "(mesh file: mesh.toml)"
+        assert "credit-bureau" in ps.stdout
+
+        # Both places hold a mesh file: the one a running `mesh up` uses wins.
+        both = tmp_path / "both"
+        (both / "agents").mkdir(parents=True)
+        (both / "agents" / "mesh.toml").write_text(meshfile.read_text())
+        idle = meshfile.read_text().replace(str(tmp_path / "state"), str(tmp_path / "idle"))
+        (both / "mesh.toml").write_text(idle)
+        ps = mesh("ps", cwd=both)
+        assert ps.returncode == 0, ps.stderr
+        assert ps.stderr.strip() == "(mesh file: agents/mesh.toml)"
+
+    # No mesh file where it looks: it says where it looked and what to do.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for command in (("ps",), ("up",)):
+        none = mesh(*command, cwd=empty)
+        assert none.returncode == 1
+        assert none.stderr.strip() == (
+            f"mesh: error: no mesh file in {empty} (looked for mesh.toml or agents/mesh.toml): "
+            "run this in the folder of your mesh.toml, or give its path"
+        )

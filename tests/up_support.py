@@ -37,18 +37,29 @@ port = {ports["bureau"]}
     return path, ports
 
 
-def mesh(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    """Run one ``mesh`` command to completion, from the repository root."""
+def mesh(
+    *args: str, timeout: float = 60.0, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run one ``mesh`` command to completion, from the repository root (or ``cwd``)."""
     return subprocess.run(
         [sys.executable, "-m", "mesh", *args],
-        capture_output=True, text=True, timeout=timeout, env=clean_env(), cwd=ROOT,
+        capture_output=True, text=True, timeout=timeout, env=env or clean_env(), cwd=cwd,
     )  # fmt: skip
 
 
 @contextlib.contextmanager
-def mesh_up(meshfile: Path, tmp: Path, *, name: str = "up") -> Iterator[Proc]:
-    """``mesh up meshfile`` until its table is printed; SIGTERM (which stops it all) at the end."""
-    up = Proc.start(["mesh", "up", str(meshfile)], name=name, tmp=tmp, env=clean_env())
+def mesh_up(
+    meshfile: Path | None,
+    tmp: Path,
+    *,
+    name: str = "up",
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+) -> Iterator[Proc]:
+    """``mesh up meshfile`` (no argument: ``mesh up`` in ``cwd``) until its table is printed;
+    SIGTERM (which stops it all) at the end."""
+    argv = ["mesh", "up", *([str(meshfile)] if meshfile else [])]
+    up = Proc.start(argv, name=name, tmp=tmp, env=env or clean_env(), cwd=cwd)
     try:
         wait_for(lambda: READY in up.output() or up.popen.poll() is not None, timeout=90,
                  what="mesh up to start")  # fmt: skip

@@ -5,9 +5,10 @@ mesh stop credit-bureau-1          # a process (or every replica: mesh stop cred
 mesh restart credit-bureau-1       # stop if running, start, wait until healthy
 mesh logs loan-officer -f          # its log since its latest start, then follow it
 
-They find the mesh through its mesh file (``--meshfile``, default agents/mesh.toml, relative to
-``--root``, default the current folder), like ``mesh up`` did: its state dir holds the lock and
-socket of the running ``mesh up`` (see ``mesh.control``) and the logs.
+They find the mesh through its mesh file, like ``mesh up`` did: ``--meshfile``, else the first of
+``mesh.toml`` and ``agents/mesh.toml`` in ``--root`` (default: the current folder) that a running
+``mesh up`` uses, else the first that exists (named on stderr, so nobody guesses which). Its state
+dir holds the lock and socket of the running ``mesh up`` (see ``mesh.control``) and the logs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from mesh.cli.table import format_table
-from mesh.cli.up import DEFAULT_MESHFILE
+from mesh.cli.up import shown_path
 from mesh.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -70,16 +71,27 @@ def add_parsers(sub: Any) -> None:
 def _mesh_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--meshfile",
-        default=DEFAULT_MESHFILE,
-        help=f"the mesh file `mesh up` was given (default: {DEFAULT_MESHFILE})",
+        default=None,
+        help="the mesh file `mesh up` was given (default: mesh.toml or agents/mesh.toml in the "
+        "root, the one a running `mesh up` uses first)",
     )
     p.add_argument("--root", default=".", help="the folder `mesh up` ran in (default: here)")
 
 
 def _load(args: argparse.Namespace) -> tuple[MeshFile, Path]:
-    from mesh.meshfile import load_meshfile
+    """The mesh file (``args.meshfile`` becomes the path used) and the root folder."""
+    from mesh.control import up_running
+    from mesh.meshfile import load_meshfile, meshfiles_in
 
-    return load_meshfile(args.meshfile), Path(args.root).resolve()
+    root = Path(args.root).resolve()
+    if args.meshfile is not None:
+        return load_meshfile(args.meshfile), root
+    candidates = [(path, load_meshfile(path)) for path in meshfiles_in(root)]
+    running = [(p, m) for p, m in candidates if up_running(m.state_path(root))]
+    path, meshfile = (running or candidates)[0]
+    args.meshfile = shown_path(path)
+    print(f"(mesh file: {args.meshfile})", file=sys.stderr, flush=True)
+    return meshfile, root
 
 
 def _ask(args: argparse.Namespace, op: str, name: str | None = None) -> ControlReply:

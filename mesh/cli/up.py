@@ -1,6 +1,6 @@
 """``mesh up`` (run a whole mesh from a mesh.toml) and ``mesh chat`` (talk to one agent).
 
-mesh up                       # agents/mesh.toml: the loan desk
+mesh up                       # ./mesh.toml, else agents/mesh.toml (the loan desk)
 mesh up path/to/mesh.toml     # then mesh ps / logs / restart / stop (mesh/cli/control.py)
 mesh chat loan-officer        # by name, through the registry
 mesh chat http://127.0.0.1:8401
@@ -11,12 +11,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
+import shlex
+import shutil
 import signal
 import sys
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from mesh.cli.serve import find_agent_url
 from mesh.cli.table import format_table
@@ -26,9 +29,7 @@ if TYPE_CHECKING:
     from mesh.meshfile import MeshFile
     from mesh.supervisor import Child, Supervisor
 
-__all__ = ["add_parsers"]
-
-DEFAULT_MESHFILE = "agents/mesh.toml"
+__all__ = ["add_parsers", "mesh_command", "shown_path"]
 
 _MARK = {
     "pending": " ",
@@ -55,7 +56,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "running mesh.",
     )
     up.add_argument(
-        "meshfile", nargs="?", default=DEFAULT_MESHFILE, help=f"default: {DEFAULT_MESHFILE}"
+        "meshfile",
+        nargs="?",
+        default=None,
+        help="default: mesh.toml in the root, else agents/mesh.toml (the demo)",
     )
     up.add_argument(
         "--root",
@@ -93,13 +97,39 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _run_up(args: argparse.Namespace) -> int:
     # Imported here: every `mesh` command builds this parser, only `up` needs these.
-    from mesh.meshfile import load_meshfile
+    from mesh.meshfile import load_meshfile, meshfiles_in
 
-    meshfile = load_meshfile(args.meshfile)
     root = Path(args.root).resolve()
+    path = args.meshfile or shown_path(meshfiles_in(root)[0])
+    meshfile = load_meshfile(path)
     return asyncio.run(
-        up(meshfile, root=root, start_timeout=args.start_timeout, meshfile_path=args.meshfile)
+        up(meshfile, root=root, start_timeout=args.start_timeout, meshfile_path=path)
     )
+
+
+def shown_path(path: Path) -> str:
+    """``path`` as the user would type it here: relative to the current folder when inside."""
+    here = Path.cwd()
+    for full in (Path(os.path.abspath(path)), path.resolve()):
+        if full.is_relative_to(here):
+            return str(full.relative_to(here))
+    return str(path)
+
+
+def mesh_command() -> str:
+    """How to run this very ``mesh`` from the user's shell: ``mesh`` when that is the one on
+    PATH, else its path (``.venv/bin/mesh`` after ``make run``, whose venv is not active), else
+    ``python -m mesh`` with this Python."""
+    scripts = [Path(sys.executable).parent / "mesh"]
+    if Path(sys.argv[0]).name == "mesh":
+        scripts.insert(0, Path(sys.argv[0]))
+    script = next((s for s in scripts if s.is_file()), None)
+    if script is None:
+        return f"{shlex.quote(sys.executable)} -m mesh"
+    on_path = shutil.which("mesh")
+    if on_path is not None and os.path.samefile(on_path, script):
+        return "mesh"
+    return shlex.quote(shown_path(script))
 
 
 async def up(
@@ -108,7 +138,7 @@ async def up(
     root: Path,
     start_timeout: float = 60.0,
     out: TextIO = sys.stdout,
-    meshfile_path: str = DEFAULT_MESHFILE,
+    meshfile_path: str = "agents/mesh.toml",
 ) -> int:
     """Run the mesh until SIGINT/SIGTERM. Returns the exit code.
 
@@ -147,7 +177,8 @@ async def up(
                 loop.add_signal_handler(sig, stop.set)
             try:
                 print(
-                    f"mesh up: starting {len(specs)} processes (logs in {log_dir})",
+                    f"mesh up: starting {len(specs)} processes of {meshfile_path} (logs in "
+                    f"{shown_path(log_dir)})",
                     file=out,
                     flush=True,
                 )
@@ -165,7 +196,9 @@ async def up(
                 stopper.cancel()
                 start.result()  # raises ConfigError (after stopping everything) on a failure
                 started = True
-                _print_table(meshfile, supervisor, out, meshfile_path)
+                _print_table(meshfile, supervisor, out)
+                try_it = await _first_command(supervisor, _registry_flag(meshfile))
+                _print_next_steps(meshfile, out, meshfile_path, root, try_it)
                 watcher = asyncio.create_task(supervisor.watch())
                 await stop.wait()
                 print("mesh up: stopping…", file=out, flush=True)
@@ -178,9 +211,7 @@ async def up(
                     loop.remove_signal_handler(sig)
 
 
-def _print_table(
-    meshfile: MeshFile, supervisor: Supervisor, out: TextIO, meshfile_path: str
-) -> None:
+def _print_table(meshfile: MeshFile, supervisor: Supervisor, out: TextIO) -> None:
     rows = [
         (c.spec.agent, c.spec.name, c.spec.url, "ok" if c.status == "healthy" else c.status)
         for c in supervisor.children
@@ -190,12 +221,83 @@ def _print_table(
         textwrap.indent(format_table(("AGENT", "PROCESS", "URL", "HEALTH"), rows), "  "), file=out
     )
     print(file=out)
+
+
+def _registry_flag(meshfile: MeshFile) -> str:
+    """``--registry URL`` when the CLI would not find this mesh's registry by default."""
+    from mesh.discovery.registry_client import DEFAULT_REGISTRY_URL
+
+    registry = meshfile.registry.public_url
+    default = (os.environ.get("MESH_REGISTRY") or DEFAULT_REGISTRY_URL).rstrip("/")
+    return "" if registry.rstrip("/") == default else f" --registry {registry}"
+
+
+def _print_next_steps(
+    meshfile: MeshFile, out: TextIO, meshfile_path: str, root: Path, try_it: str
+) -> None:
+    """The registry page, a first command that works with this mesh, how to manage it."""
+    from mesh.meshfile import MESHFILE_NAMES
+
+    mesh = mesh_command()
     print(f"registry page: {meshfile.registry.public_url}/", file=out)
-    first = next(iter(meshfile.nodes))
-    print(f"try:           mesh chat {first} --registry {meshfile.registry.public_url}", file=out)
-    which = "" if meshfile_path == DEFAULT_MESHFILE else f" --meshfile {meshfile_path}"
-    print(f"manage:        mesh ps{which}; mesh logs|restart|stop NAME{which}", file=out)
+    if try_it:
+        print(f"try:           {mesh} {try_it}", file=out)
+    # Without --meshfile, `mesh ps` in this folder finds the running one of these.
+    found_anyway = Path(meshfile_path).resolve() in {(root / n).resolve() for n in MESHFILE_NAMES}
+    which = "" if found_anyway else f" --meshfile {shlex.quote(meshfile_path)}"
+    print(f"manage:        {mesh} ps{which}; {mesh} logs|restart|stop NAME{which}", file=out)
     print("Ctrl-C stops everything.", file=out, flush=True)
+
+
+async def _first_command(supervisor: Supervisor, flag: str) -> str:
+    """A command to try first, read from the running nodes' cards: ``chat`` with the first
+    agent that takes text, else ``call`` of the first typed skill (with its example)."""
+    import httpx
+
+    from mesh.discovery.base import CARD_PATH
+
+    urls: dict[str, str] = {}
+    for child in supervisor.children:
+        if child.spec.kind == "node":
+            urls.setdefault(child.spec.agent, child.spec.url)
+    cards: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(timeout=2.0, trust_env=False) as http:
+        for url in urls.values():
+            try:
+                card = (await http.get(url + CARD_PATH)).json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            if isinstance(card, dict) and isinstance(card.get("name"), str):
+                cards.append(card)
+    for card in cards:
+        if any("text/plain" in _input_modes(card, skill) for skill in _skills(card)):
+            return f"chat {card['name']}{flag}"
+    for card in cards:
+        for skill in _skills(card):
+            example = next(iter(skill.get("examples") or []), None)
+            if isinstance(example, str) and _is_json(example) and isinstance(skill.get("id"), str):
+                return (
+                    f"call {card['name']} --skill {skill['id']} --json {shlex.quote(example)}{flag}"
+                )
+    return ""
+
+
+def _skills(card: dict[str, Any]) -> list[dict[str, Any]]:
+    skills = card.get("skills")
+    return [s for s in skills if isinstance(s, dict)] if isinstance(skills, list) else []
+
+
+def _input_modes(card: dict[str, Any], skill: dict[str, Any]) -> list[str]:
+    modes = skill.get("inputModes") or card.get("defaultInputModes") or []
+    return modes if isinstance(modes, list) else []
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 # -- chat -------------------------------------------------------------------------------------
