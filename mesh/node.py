@@ -239,6 +239,7 @@ class Node:
                 metrics=self.metrics,
                 caller=self.agent.name,
                 trust=trust,
+                max_answer_bytes=self.settings.max_answer_bytes,
             )
 
     async def _close_toolsets(self) -> None:

@@ -200,6 +200,8 @@ class RemoteAgent:
         self._trust = PeerTrust()
         self._card: dict[str, Any] | None = None
         self._card_at = float("-inf")
+        # The largest answer read from a peer (None: A2APeer's default, 32 MiB).
+        self._max_answer_bytes: int | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     def bind(
@@ -210,9 +212,14 @@ class RemoteAgent:
         metrics: NodeMetrics | None = None,
         caller: str | None = None,
         trust: PeerTrust | None = None,
+        max_answer_bytes: int | None = None,
     ) -> None:
         """Use the node's shared clients, metrics and peer checks (called from the node's
-        lifespan): ``trust`` decides which instance URLs get calls and the mesh token."""
+        lifespan): ``trust`` decides which instance URLs get calls and the mesh token;
+        ``max_answer_bytes`` bounds each answer read from a peer (``MESH_MAX_ANSWER_BYTES``)."""
+        if max_answer_bytes is not None:
+            self._max_answer_bytes = max_answer_bytes
+            self._peers.clear()
         if trust is not None:
             self._trust = trust
             self._peers.clear()
@@ -286,13 +293,18 @@ class RemoteAgent:
         return self._http, self._discovery
 
     def _peer(self, http: httpx.AsyncClient, url: str) -> A2APeer:
-        from mesh.a2a.client import CARD_TIMEOUT_S, A2APeer
+        from mesh.a2a.client import CARD_TIMEOUT_S, MAX_ANSWER_BYTES, A2APeer
 
         peer = self._peers.get(url)
         if peer is None or peer.http is not http:
             # A card read outside any call (declaring tools) is bounded by the call's deadline.
             limit = min(CARD_TIMEOUT_S, self.deadline_s)
-            peer = self._peers[url] = A2APeer(http, url, card_timeout_s=limit)
+            peer = self._peers[url] = A2APeer(
+                http,
+                url,
+                card_timeout_s=limit,
+                max_answer_bytes=self._max_answer_bytes or MAX_ANSWER_BYTES,
+            )
         return peer
 
     async def _admit(

@@ -56,6 +56,9 @@ class NodeSettings:
     # Seconds a request body may take to arrive, from the end of its headers: past it 408 and
     # the connection closed (uvicorn has no such timeout; an idle client held its request).
     body_timeout_s: float = 30.0
+    # Largest answer (or stream event) read from a peer this node delegates to, bytes: a bigger
+    # one is not an A2A answer, and the call fails over to the next instance.
+    max_answer_bytes: int = 32 * 1024 * 1024
     # Largest text turn (a chat message, an LLM skill's input), UTF-8 bytes: a longer one is
     # REJECTED before any model work.
     max_text_bytes: int = 64 * 1024
@@ -141,6 +144,7 @@ class NodeSettings:
             max_inflight_bytes=_bytes(env, "MESH_MAX_INFLIGHT_BYTES", cls.max_inflight_bytes),
             max_text_bytes=_bytes(env, "MESH_MAX_TEXT_BYTES", cls.max_text_bytes),
             body_timeout_s=_seconds(env, "MESH_BODY_TIMEOUT", cls.body_timeout_s),
+            max_answer_bytes=_bytes(env, "MESH_MAX_ANSWER_BYTES", cls.max_answer_bytes),
             peer_networks=peer_networks,
         )
 

@@ -95,3 +95,11 @@ def test_the_body_timeout_comes_from_the_environment() -> None:
     for bad in ("0", "-1", "nan", "inf", "soon"):
         with pytest.raises(ConfigError, match="MESH_BODY_TIMEOUT"):
             NodeSettings.from_env({"MESH_BODY_TIMEOUT": bad}, agent_name="a")
+
+
+def test_the_answer_cap_comes_from_the_environment() -> None:
+    assert NodeSettings.from_env({}, agent_name="a").max_answer_bytes == 32 * 1024 * 1024
+    env = {"MESH_MAX_ANSWER_BYTES": "1048576"}
+    assert NodeSettings.from_env(env, agent_name="a").max_answer_bytes == 1 << 20
+    with pytest.raises(ConfigError, match="MESH_MAX_ANSWER_BYTES"):
+        NodeSettings.from_env({"MESH_MAX_ANSWER_BYTES": "lots"}, agent_name="a")

@@ -7,7 +7,11 @@
         result = await peer.call({...}, skill="score")   # the same, lean: see A2APeer.call
 
 Transport and protocol errors are translated here, once, into ``RemoteError`` (reason
-``unavailable`` / ``deadline`` / ``failed`` / ``rejected``). A task that ran and failed is NOT an
+``unavailable`` / ``deadline`` / ``failed`` / ``rejected``). Every answer is read within
+``max_answer_bytes`` (``mesh.a2a.bounded``: the blocking call's body, and each answer or stream
+event the SDK's client reads); an answer over it, or one that is not an A2A answer at all (not
+JSON-RPC, neither task nor message, HTTP 404/405, an unknown method) is ``unavailable``: whatever
+answered there is not a working A2A node, and the retry tries the next instance. A task that ran and failed is NOT an
 exception: it comes back as a ``TaskResult`` with ``state`` "failed"/"rejected"/"canceled" and
 ``error = {"reason", "message"}``; the caller decides what to do.
 """
@@ -58,11 +62,13 @@ from a2a.utils.errors import (
     JSON_RPC_ERROR_CODE_MAP,
     A2AError,
     InvalidParamsError,
+    MethodNotFoundError,
     TaskNotFoundError,
 )
 from google.protobuf.json_format import MessageToDict, ParseError
 from google.protobuf.struct_pb2 import Struct
 
+from mesh.a2a.bounded import AnswerTooLarge, BoundedTransport, read_bounded
 from mesh.a2a.card import JSON_MODE, card_to_dict
 from mesh.errors import RemoteError, RemoteReason
 from mesh.outbound import FetchFailed, bounded_get
@@ -71,6 +77,7 @@ log = logging.getLogger("mesh.a2a.client")
 
 __all__ = [
     "CARD_TIMEOUT_S",
+    "MAX_ANSWER_BYTES",
     "MAX_CARD_BYTES",
     "A2APeer",
     "TaskPage",
@@ -91,6 +98,10 @@ _rpc_ids = itertools.count(1)
 MAX_CARD_BYTES = 1_000_000
 #: One deadline for a whole card (connect, headers, body).
 CARD_TIMEOUT_S = 5.0
+#: The largest answer (or stream event) read from a peer; a node's is MESH_MAX_ANSWER_BYTES.
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+# HTTP statuses that say no A2A endpoint is there (a JSON-RPC route answers every POST /).
+_NOT_A2A_STATUS = frozenset({404, 405})
 
 
 def state_name(state: int) -> str:
@@ -297,7 +308,8 @@ class A2APeer:
     ``headers`` go with every A2A call to this peer, never with the card fetch: a node sets the
     mesh token here once the peer is verified (``mesh.trust``). The ``http`` client's own
     headers go everywhere (the CLI puts the token the user gave it there). The card is read
-    whole within ``card_timeout_s`` and ``MAX_CARD_BYTES``, or not at all."""
+    whole within ``card_timeout_s`` and ``MAX_CARD_BYTES``, or not at all; every other answer
+    within ``max_answer_bytes`` (each event, for a stream)."""
 
     def __init__(
         self,
@@ -307,13 +319,18 @@ class A2APeer:
         card: AgentCard | None = None,
         headers: Mapping[str, str] | None = None,
         card_timeout_s: float = CARD_TIMEOUT_S,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
         self.http = http
         self.base_url = base_url.rstrip("/")
         self.headers: dict[str, str] = dict(headers or {})
         self.card_timeout_s = card_timeout_s
+        self.max_answer_bytes = max_answer_bytes
         self._card = card
         self._clients: dict[bool, Client] = {}
+        # What the SDK's clients send through: ``http`` itself, each answer read within
+        # ``max_answer_bytes`` (made with the first SDK client).
+        self._bounded: httpx.AsyncClient | None = None
 
     def _context(self, timeout: float | None = None) -> ClientCallContext | None:
         """The SDK call context: the per-call timeout and this peer's headers."""
@@ -340,6 +357,11 @@ class A2APeer:
         """Why a call failed (the retry policy retries only "unavailable"), and what to say."""
         if isinstance(exc, A2AClientTimeoutError | httpx.TimeoutException):
             return "deadline", f"{self.name} did not answer in time"
+        if isinstance(exc, AnswerTooLarge) or isinstance(exc.__cause__, AnswerTooLarge):
+            return "unavailable", (
+                f"{self.name} at {self.base_url} answered more than {self.max_answer_bytes} "
+                "bytes: not an A2A answer (a node's cap is MESH_MAX_ANSWER_BYTES)"
+            )
         if isinstance(exc, AgentCardResolutionError):
             return "unavailable", (
                 f"cannot read the agent card of {self.base_url}: {exc}; is the node running?"
@@ -351,12 +373,20 @@ class A2APeer:
                     f"{self.name} refused the call (HTTP {status}): it needs the mesh token; "
                     "set MESH_TOKEN to the token its node was started with"
                 )
+            if status in _NOT_A2A_STATUS:
+                return "unavailable", (
+                    f"{self.name} at {self.base_url} answered HTTP {status}: no A2A endpoint there"
+                )
             if status is not None and status not in (502, 503, 504):
                 # An answer, not an outage: another attempt would get the same one.
                 return "failed", f"{self.name} answered HTTP {status}: {exc}"
             return "unavailable", f"{self.name} is unavailable: {exc}"
         if isinstance(exc, TaskNotFoundError):
             return "failed", f"{self.name}: task not found"
+        if isinstance(exc, MethodNotFoundError):
+            return "unavailable", (
+                f"{self.name} at {self.base_url} does not know the A2A method: not an A2A node"
+            )
         if isinstance(exc, InvalidParamsError):
             return "rejected", f"{self.name} rejected the request: {exc}"
         return "failed", f"{self.name} answered with an error: {type(exc).__name__}: {exc}"
@@ -420,7 +450,15 @@ class A2APeer:
             # Talk to the address we were given: the card may advertise a bind address.
             for iface in card.supported_interfaces:
                 iface.url = self.base_url
-            config = ClientConfig(streaming=streaming, httpx_client=self.http)
+            if self._bounded is None:
+                self._bounded = httpx.AsyncClient(
+                    transport=BoundedTransport(self.http, max_bytes=self.max_answer_bytes),
+                    headers=self.http.headers,
+                    timeout=self.http.timeout,
+                    follow_redirects=False,
+                    trust_env=False,
+                )
+            config = ClientConfig(streaming=streaming, httpx_client=self._bounded)
             self._clients[streaming] = ClientFactory(config).create(card)
         return self._clients[streaming]
 
@@ -483,9 +521,7 @@ class A2APeer:
                     text = "\n".join(get_text_parts(list(m.parts)))
                     result = TaskResult("", m.context_id, "completed", text=text)
         if result is None:
-            raise RemoteError(
-                f"{self.name} returned no task", peer=self.name, skill=skill or "", reason="failed"
-            )
+            raise self._not_a2a(skill)
         return result
 
     async def call(
@@ -534,15 +570,21 @@ class A2APeer:
                 content = json.dumps(body, separators=(",", ":")).encode()
             except (TypeError, ValueError) as exc:
                 raise InvalidParamsError(f"the payload is not JSON: {exc}") from exc
-            response = await self.http.post(
+            request = self.http.build_request(
+                "POST",
                 self.base_url,
                 content=content,
                 headers={**_RPC_HEADERS, **self.headers} if self.headers else _RPC_HEADERS,
                 timeout=httpx.Timeout(timeout) if timeout is not None else httpx.USE_CLIENT_DEFAULT,
             )
-            response.raise_for_status()
+            response = await self.http.send(request, stream=True)
             try:
-                answer = json.loads(response.content)
+                response.raise_for_status()
+                answer_bytes = await read_bounded(response, max_bytes=self.max_answer_bytes)
+            finally:
+                await response.aclose()
+            try:
+                answer = json.loads(answer_bytes)
             except ValueError as exc:
                 raise A2AClientError(f"JSON Decode Error: {exc}") from exc
             result = _rpc_result(answer)
@@ -553,8 +595,16 @@ class A2APeer:
         if isinstance(message_out, Mapping):
             text = "\n".join(_json_texts(message_out.get("parts")))
             return TaskResult("", str(message_out.get("contextId") or ""), "completed", text=text)
-        raise RemoteError(
-            f"{self.name} returned no task", peer=self.name, skill=skill or "", reason="failed"
+        raise self._not_a2a(skill)
+
+    def _not_a2a(self, skill: str | None) -> RemoteError:
+        # A JSON-RPC answer without a task or a message: whatever answered is not an A2A node.
+        return RemoteError(
+            f"{self.name} at {self.base_url} answered without a task or a message: not an A2A "
+            "answer",
+            peer=self.name,
+            skill=skill or "",
+            reason="unavailable",
         )
 
     async def stream(
@@ -674,6 +724,9 @@ class A2APeer:
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
+        if self._bounded is not None:
+            await self._bounded.aclose()  # its transport leaves ``http`` open
+            self._bounded = None
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
