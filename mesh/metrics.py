@@ -7,14 +7,17 @@
 Names follow ``mesh_<what>_<unit>``; labels stay bounded (agent, skill, model, tool, peer,
 outcome), never ids. Values a caller chooses are closed sets: a JSON-RPC ``method`` label is a
 known A2A method (``methods``) or ``other``, a ``skill`` label a declared skill (``skills``) or
-``other``, so random method names or skill ids cannot grow the exposition. ``NodeMetrics`` also implements the runner's observer protocol
+``other``, so random method names or skill ids cannot grow the exposition. The ``target`` of
+``mesh_circuit_breaker_state`` is an instance URL (which whoever registers chooses): a peer has
+series only for the targets of its latest resolution, at most ``MAX_BREAKER_TARGETS``, the rest
+folded into one ``target="other"`` holding the worst of their states. ``NodeMetrics`` also implements the runner's observer protocol
 (``on_model_call``, ``on_tool_call``, ``on_session_created``), so a ``Runner`` reports straight
 into it. The delegation metrics are defined here too, for ``mesh.remote`` / ``mesh.resilience``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Literal
 
 from prometheus_client import (
@@ -29,13 +32,22 @@ from prometheus_client.exposition import choose_encoder
 
 from mesh.types import Usage
 
-__all__ = ["OTHER", "BreakerState", "NodeMetrics", "TaskOutcome", "render"]
+__all__ = [
+    "MAX_BREAKER_TARGETS",
+    "OTHER",
+    "BreakerState",
+    "NodeMetrics",
+    "TaskOutcome",
+    "render",
+]
 
 TaskOutcome = Literal["completed", "failed", "rejected", "canceled"]
 BreakerState = Literal["closed", "half-open", "open"]
 _BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}
 #: The label value of anything outside a label's closed set.
 OTHER = "other"
+#: Breaker series per peer; the targets beyond are one ``other`` series (their worst state).
+MAX_BREAKER_TARGETS = 32
 # Requests refused before their method is known (401, 413, 503 busy, 408 a body that did not
 # arrive in time, a body that is not a JSON-RPC request).
 _REFUSED = frozenset({"unauthorized", "too_large", "busy", "body_timeout", "invalid"})
@@ -142,6 +154,8 @@ class NodeMetrics:
         )
         self.tasks_in_flight.labels(agent).set(0)
         self.sessions_created.labels(agent)
+        # The targets each peer has breaker series for now.
+        self._breaker_targets: dict[str, frozenset[str]] = {}
 
     # -- node ---------------------------------------------------------------------------------
     def request(self, method: str, ok: bool) -> None:
@@ -190,5 +204,19 @@ class NodeMetrics:
     def delegation_retry(self, peer: str, skill: str) -> None:
         self.delegation_retries.labels(self.agent, peer, skill).inc()
 
-    def breaker_state(self, peer: str, target: str, state: BreakerState) -> None:
-        self.circuit_breaker.labels(self.agent, peer, target).set(_BREAKER_VALUE[state])
+    def breaker_states(self, peer: str, states: Mapping[str, BreakerState]) -> None:
+        """The breakers of ``peer`` are ``states`` (target -> state, in resolution order) and
+        only those: a target no longer listed loses its series. The first
+        ``MAX_BREAKER_TARGETS`` get a series each, the rest one ``other`` (the worst state)."""
+        values = {target: _BREAKER_VALUE[state] for target, state in states.items()}
+        if len(values) > MAX_BREAKER_TARGETS:
+            targets = list(values)
+            rest = targets[MAX_BREAKER_TARGETS:]
+            worst = max(values[t] for t in rest)
+            values = {t: values[t] for t in targets[:MAX_BREAKER_TARGETS]}
+            values[OTHER] = worst
+        for gone in self._breaker_targets.get(peer, frozenset()) - values.keys():
+            self.circuit_breaker.remove(self.agent, peer, gone)
+        for target, value in values.items():
+            self.circuit_breaker.labels(self.agent, peer, target).set(value)
+        self._breaker_targets[peer] = frozenset(values)

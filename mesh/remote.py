@@ -65,6 +65,7 @@ from mesh.trust import Admitted, PeerRefused, PeerTrust
 if TYPE_CHECKING:
     from mesh.a2a.client import A2APeer, TaskResult
     from mesh.discovery.client import DiscoveryClient
+    from mesh.metrics import BreakerState as MetricBreakerState
     from mesh.metrics import NodeMetrics
 
 __all__ = ["RemoteAgent", "RemoteSkillTool", "context_key", "remote"]
@@ -77,7 +78,7 @@ TEXT_PARAMETERS: dict[str, Any] = {
     "required": ["text"],
 }
 _OPEN_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
-_BREAKER_NAMES = {
+_BREAKER_NAMES: dict[BreakerState, MetricBreakerState] = {
     BreakerState.CLOSED: "closed",
     BreakerState.HALF_OPEN: "half-open",
     BreakerState.OPEN: "open",
@@ -202,6 +203,8 @@ class RemoteAgent:
         self._card_at = float("-inf")
         # The largest answer read from a peer (None: A2APeer's default, 32 MiB).
         self._max_answer_bytes: int | None = None
+        # Whether the breaker series show the current instances.
+        self._exported = False
 
     # -- lifecycle ------------------------------------------------------------------------
     def bind(
@@ -230,6 +233,7 @@ class RemoteAgent:
             self._peers.clear()
         if metrics is not None:
             self._metrics = metrics
+            self._exported = False
         if caller:
             self.caller = caller
         self._loop = None  # bound resources belong to the running loop
@@ -334,14 +338,15 @@ class RemoteAgent:
             raise self._unavailable(skill, str(exc)) from exc
         except DiscoveryError as exc:
             raise self._unavailable(skill, f"cannot reach discovery ({exc})") from exc
-        self.instances = [i.url.rstrip("/") for i in found]
-        if self._metrics is not None:
-            # A sample per resolved target from the start (closed until it changes): a healthy
-            # mesh shows its breakers instead of an empty series.
-            known = self.breakers.states()  # read only: no breaker is made for a sample
-            for target in self.instances:
-                state = known.get(target, "closed").replace("_", "-")
-                self._metrics.breaker_state(self.peer, target, state)  # type: ignore[arg-type]
+        instances = [i.url.rstrip("/") for i in found]
+        if instances != self.instances:
+            self.instances = instances
+            # Breakers (and their series) of targets discovery no longer names go: whoever
+            # registers chooses the URLs, and junk registrations must not pile up.
+            self.breakers.retain(instances)
+            self._exported = False
+        if not self._exported:
+            self._export_breakers()
         return list(self.instances)
 
     async def _load_card(self, skill: str) -> dict[str, Any]:
@@ -673,8 +678,18 @@ class RemoteAgent:
         log.warning(
             "circuit breaker peer=%s target=%s state=%s", self.peer, target, state.name.lower()
         )
-        if self._metrics is not None:
-            self._metrics.breaker_state(self.peer, target, _BREAKER_NAMES[state])  # type: ignore[arg-type]
+        self._export_breakers()
+
+    def _export_breakers(self) -> None:
+        """One breaker series per resolved target, from the first resolution on (closed until
+        it changes: a healthy mesh shows its breakers instead of no series), and none for
+        targets no longer resolved (``NodeMetrics.breaker_states`` bounds the count)."""
+        if self._metrics is None:
+            return
+        targets = self.instances or ([self.url] if self.url else [])
+        states = {t: _BREAKER_NAMES[self.breakers.state(t)] for t in targets}
+        self._metrics.breaker_states(self.peer, states)
+        self._exported = True
 
     def describe(self) -> dict[str, Any]:
         """For /introspect: the peer as a node of this agent's tree."""

@@ -28,7 +28,7 @@ import asyncio
 import enum
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -161,6 +161,18 @@ class BreakerBoard:
     def states(self) -> dict[str, str]:
         """``{target: "closed"|"half_open"|"open"}`` for /introspect."""
         return {t: b.state.name.lower() for t, b in self._breakers.items()}
+
+    def state(self, target: str) -> BreakerState:
+        """The state of ``target``'s breaker (closed if it has none yet; none is made)."""
+        breaker = self._breakers.get(target)
+        return BreakerState.CLOSED if breaker is None else breaker.state
+
+    def retain(self, targets: Iterable[str]) -> None:
+        """Forget the breakers of every target but ``targets`` (instances no longer resolved:
+        the targets are URLs whoever registers chooses, so the board must not only grow)."""
+        keep = set(targets)
+        for target in [t for t in self._breakers if t not in keep]:
+            del self._breakers[target]
 
 
 def is_retryable(exc: BaseException) -> bool:

@@ -415,3 +415,44 @@ async def test_delegation_metrics_on_the_bound_registry(bureau: str) -> None:
     assert value("mesh_circuit_breaker_state", peer="credit-bureau", target=dead) == 2
     assert value("mesh_delegations_total", outcome="unavailable", **labels) == 1
     assert down.describe()["breakers"] == {dead: "open"}
+
+
+async def test_breaker_series_follow_the_resolved_instances_and_stay_bounded(bureau: str) -> None:
+    """Junk instances registered under a peer's name set the breaker gauge's ``target`` label:
+    the officer's series grew from 4 to 304 and never shrank."""
+    from prometheus_client import CollectorRegistry
+
+    from mesh.metrics import MAX_BREAKER_TARGETS, NodeMetrics
+    from mesh.resilience import BreakerBoard
+
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry, "caller", process_collectors=False)
+
+    def series() -> dict[str, float]:
+        return {
+            s.labels["target"]: s.value
+            for family in registry.collect()
+            for s in family.samples
+            if s.name == "mesh_circuit_breaker_state"
+        }
+
+    # Closed ports: junk as an attacker registers it (the bureau first: the card comes from it).
+    junk = [f"http://127.0.0.1:{free_port()}/i/{i}" for i in range(299)]
+    discovery = StaticDiscovery([bureau, *junk])
+    rem = remote("credit-bureau", skill="score", breakers=BreakerBoard(failure_threshold=1))
+    rem.bind(discovery=discovery, metrics=metrics)  # type: ignore[arg-type]
+    async with toolset(rem) as tools:
+        shown = series()
+        assert len(shown) == MAX_BREAKER_TARGETS + 1, len(shown)
+        assert shown[bureau] == 0
+        assert shown["other"] == 0
+        rem.breakers.get(junk[250]).record_failure()  # opens: "other" shows the worst
+        assert series()["other"] == 2
+        # The junk is gone from discovery: so are its series and its breakers.
+        discovery.urls = [bureau]
+        out = await tools["credit_bureau_score"].call(
+            {"applicant_id": "APP-501", "amount": 1000}, tool_context()
+        )
+    assert out["score"] == _score("APP-501")
+    assert series() == {bureau: 0}
+    assert set(rem.describe()["breakers"]) <= {bureau}

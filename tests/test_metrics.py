@@ -3,6 +3,8 @@ becomes a label value."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry
 
 from mesh.agent import Agent
@@ -70,3 +72,34 @@ async def test_a_tool_name_the_model_invents_is_counted_as_other() -> None:
     runner = Runner(agent, sessions=InMemorySessionStore(), observer=metrics)
     await runner.run(user_id="u", session_id=None, message="go")
     assert _values(registry, "mesh_tool_calls_total", "tool") == {"lookup", "other"}
+
+
+def _breakers(registry: CollectorRegistry, peer: str) -> dict[str, float]:
+    return {
+        s.labels["target"]: s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == "mesh_circuit_breaker_state" and s.labels["peer"] == peer
+    }
+
+
+def test_breaker_series_are_the_latest_targets_and_at_most_max_per_peer() -> None:
+    """Junk registrations of a peer grew the officer's breaker series from 4 to 304: each
+    resolved URL was a series, and stayed one after it was gone."""
+    from mesh.metrics import MAX_BREAKER_TARGETS
+
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry, "officer", process_collectors=False)
+    junk = [f"http://127.0.0.1:{9000 + i}" for i in range(300)]
+    states: dict[str, Any] = dict.fromkeys(junk, "closed")
+    states[junk[200]] = "open"  # beyond the first MAX_BREAKER_TARGETS: folded into "other"
+    metrics.breaker_states("income-verifier", states)
+    metrics.breaker_states("credit-bureau", {"http://127.0.0.1:8411": "half-open"})
+    series = _breakers(registry, "income-verifier")
+    assert len(series) == MAX_BREAKER_TARGETS + 1
+    assert list(series)[:MAX_BREAKER_TARGETS] == junk[:MAX_BREAKER_TARGETS]
+    assert series["other"] == 2  # the worst state of the rest
+    # The next resolution names two instances: only they have series; other peers keep theirs.
+    metrics.breaker_states("income-verifier", {junk[0]: "open", junk[1]: "closed"})
+    assert _breakers(registry, "income-verifier") == {junk[0]: 2, junk[1]: 0}
+    assert _breakers(registry, "credit-bureau") == {"http://127.0.0.1:8411": 1}
