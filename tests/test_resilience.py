@@ -340,3 +340,14 @@ async def test_cancellation_propagates_and_releases_the_probe() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert board.get("http://a").allow()
+
+
+def test_a_board_forgets_the_breakers_of_targets_it_no_longer_has() -> None:
+    board = BreakerBoard(failure_threshold=1)
+    board.get("http://a").record_failure()
+    board.get("http://b")
+    assert board.state("http://a") is BreakerState.OPEN
+    assert board.state("http://never") is BreakerState.CLOSED  # asking makes no breaker
+    board.retain(["http://b", "http://c"])
+    assert board.states() == {"http://b": "closed"}
+    assert board.state("http://a") is BreakerState.CLOSED
