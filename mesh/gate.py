@@ -21,13 +21,16 @@ In order, each refusal answered at once and nothing stored:
 
 Then the fast path (``mesh.a2a.fastpath``) or the SDK's route answers, and the request is
 counted in ``mesh_requests_total`` by method (a closed set: see ``mesh.metrics``). Pure ASGI so
-SSE streams pass through unbuffered.
+SSE streams pass through unbuffered. Params the SDK cannot parse (``"message": 5``) are the
+caller's mistake: the SDK's ERROR record with a traceback for them is dropped (its WARNING line
+with the parse error follows), so callers cannot fill the log with tracebacks.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
 from typing import TYPE_CHECKING
 
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
@@ -44,6 +47,22 @@ __all__ = ["METHODS", "RequestGate"]
 
 #: Every JSON-RPC method the SDK's route answers: the closed set of the method label.
 METHODS = frozenset(JsonRpcDispatcher.METHOD_TO_MODEL)
+
+# The SDK dispatcher's records for a request it refuses (logged with a traceback at ERROR).
+_REFUSAL_RECORDS = frozenset(
+    {"Failed to validate base JSON-RPC request", "Failed to parse request params"}
+)
+
+
+class _NoTracebackForRefusals(logging.Filter):
+    """Drops the SDK's ERROR record for a request it refuses as malformed: the refusal is the
+    caller's error, and the SDK's next record (WARNING, with the parse error) says it all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in _REFUSAL_RECORDS
+
+
+_SDK_DISPATCHER_LOG = logging.getLogger("a2a.server.routes.jsonrpc_dispatcher")
 
 
 class _Busy(Exception):
@@ -63,6 +82,8 @@ class RequestGate:
         self.held_bytes = 0
         token = node.settings.token
         self._token = None if token is None else token.encode()
+        if not any(isinstance(f, _NoTracebackForRefusals) for f in _SDK_DISPATCHER_LOG.filters):
+            _SDK_DISPATCHER_LOG.addFilter(_NoTracebackForRefusals())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/":

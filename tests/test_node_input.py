@@ -138,6 +138,9 @@ _GET = '"method":"GetTask","params":{"id":"t-1"}'
         ('{"jsonrpc":"2.0","id":3,"method":5}', -32600, "'method' must be", 3),
         ('{"jsonrpc":"2.0","id":3,"method":"GetTask","params":[1]}', -32602, "'params'", 3),
         ('{"jsonrpc":"2.0","id":3,"method":"GetTask","params":null}', -32602, "'params'", 3),
+        # Params the SDK itself cannot parse: its answer, without its ERROR traceback.
+        ('{"jsonrpc":"2.0","id":3,"method":"SendMessage","params":{"message":5}}', -32602, "", 3),
+        ('{"jsonrpc":"2.0","id":3,"method":"GetTask","params":{"id":{"a":1}}}', -32602, "", 3),
     ],
 )
 def test_a_body_that_is_not_one_json_rpc_request_is_refused_by_the_gate(
