@@ -13,7 +13,7 @@ What runs, per fenced block (the language after the backticks):
   ``/health``. A command naming an agent (``mesh call fx-desk ...``) waits until the registry
   lists a passing instance of it. ``mesh up`` counts as started once it prints its table. A
   trailing ``# error: TEXT`` means the command must fail and say TEXT; ``# -> TEXT`` that its
-  output contains TEXT. A command that prints a Python warning (``...Warning:``) fails: a reader
+  output contains TEXT (for ``mesh up``: its output up to the table). A command that prints a Python warning (``...Warning:``) fails: a reader
   following the docs should see nothing alarming. Only ``mesh`` and ``python`` commands run:
   anything else must be marked (below).
 * Other languages and unlabelled blocks (output, JSON, YAML...) are not code to run.
@@ -233,7 +233,12 @@ class DocRun:
         if program == "mesh" and len(argv) > 1 and argv[1] == "chat" and "-m" not in argv:
             raise AssertionError(f"{block.id}: `mesh chat` without -m is interactive; mark it")
         if program == "mesh" and len(argv) > 1 and argv[1] in _SERVERS:
-            self._start(block, argv)
+            said = self._start(block, argv)
+            if directive is not None and directive.group("kind") == "->":
+                text = directive.group("text")
+                assert text in said, (
+                    f"{block.id}: {command!r} should say {text!r}; it said:\n{said}"
+                )
             return
         if program == "mesh" and len(argv) > 2 and argv[1] in _NAMED and _AGENT.match(argv[2]):
             self._wait_registered(argv[2])
@@ -252,7 +257,8 @@ class DocRun:
                 f"{block.id}: {command!r} should say {text!r}; it said:\n{done.stdout}{done.stderr}"
             )
 
-    def _start(self, block: Block, argv: list[str]) -> None:
+    def _start(self, block: Block, argv: list[str]) -> str:
+        """Start a server command in the background; what it printed once ready."""
         name = f"{Path(block.doc).stem}-{block.line}-{argv[1]}-{len(self.servers)}"
         if argv[1] == "up":
             given = next((a for a in argv[2:] if not a.startswith("-")), None)
@@ -274,9 +280,10 @@ class DocRun:
             wait_for(lambda: _UP_READY in proc.output() or proc.popen.poll() is not None,
                      timeout=90, what=f"{block.id}: mesh up's table")  # fmt: skip
             assert _UP_READY in proc.output(), f"{block.id}: mesh up failed:\n{proc.output()}"
-            return
+            return proc.output()
         for port in ports:
             wait_until_ok(f"http://127.0.0.1:{port}/health", timeout=60, proc=proc)
+        return proc.output()
 
     def _wait_registered(self, agent: str) -> None:
         registry = self.env["MESH_REGISTRY"]
