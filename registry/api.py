@@ -7,9 +7,12 @@ any route, by ``registry.gate``; ownership of an instance (its secret) here, by 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import secrets
 import time
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Response
@@ -91,8 +94,31 @@ def _not_owner(instance_id: str, secret: str | None) -> ApiError:
     )
 
 
+@contextlib.asynccontextmanager
+async def _fetch_slot(state: RegistryState) -> AsyncIterator[None]:
+    """One of the registration fetches allowed at once; 503 ``registry_busy`` when none frees
+    within the card timeout (a burst of registrations waits here, not in the HTTP pool)."""
+    try:
+        async with asyncio.timeout(state.settings.card_timeout_s):
+            await state.fetch_slots.acquire()
+    except TimeoutError:
+        raise ApiError(
+            503,
+            "registry_busy",
+            "too many registrations in progress at once: retry in a few seconds "
+            "(nodes do, with backoff)",
+        ) from None
+    try:
+        yield
+    finally:
+        state.fetch_slots.release()
+
+
 @router.post(
-    "/instances", status_code=201, tags=["instances"], responses={409: {"model": ErrorBody}}
+    "/instances",
+    status_code=201,
+    tags=["instances"],
+    responses={409: {"model": ErrorBody}, 503: {"model": ErrorBody}},
 )
 async def register(body: RegisterBody, state: State, secret: Secret = None) -> RegisteredOut:
     """Register an instance, or re-register one you own (send its secret). The registry
@@ -100,7 +126,8 @@ async def register(body: RegisterBody, state: State, secret: Secret = None) -> R
     (the one proposed in the header if it has at least 32 characters, else a fresh one), and
     supersedes any other instance of the same agent at the same URL."""
     try:
-        card = await fetch_card(state.http, body.url, body.card_path)
+        async with _fetch_slot(state):
+            card = await fetch_card(state.http, body.url, body.card_path)
         now = time.time()
         agent = agent_record(card, expected_name=body.agent, now=now)
     except CardRejected as exc:

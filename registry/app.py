@@ -7,11 +7,13 @@ the operator page (``registry.page``), ``/health`` and ``/metrics``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -22,10 +24,11 @@ from starlette.routing import Match
 from mesh.errors import StoreError
 from mesh.netguard import create_http_client
 from registry import api, page
+from registry.card import MAX_CONCURRENT_CARD_FETCHES
 from registry.catalog import Catalog
 from registry.gate import Gate
 from registry.metrics import RegistryMetrics
-from registry.prober import Prober
+from registry.prober import MAX_CONCURRENT_PROBES, Prober
 from registry.settings import RegistrySettings
 from registry.sqlite_store import SqliteRegistryStore
 from registry.state import RegistryState
@@ -82,7 +85,15 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned_store = store or await _open_store(settings)
-        http = create_http_client(settings.network_policy, timeout=settings.card_timeout_s)
+        # Room for every probe and every registration fetch allowed at once: the rest wait in
+        # a semaphore, never in the pool's queue (see registry.prober).
+        limits = httpx.Limits(
+            max_connections=MAX_CONCURRENT_PROBES + MAX_CONCURRENT_CARD_FETCHES,
+            max_keepalive_connections=20,
+        )
+        http = create_http_client(
+            settings.network_policy, timeout=settings.card_timeout_s, limits=limits
+        )
         prober = Prober(
             owned_store,
             http,
@@ -99,6 +110,7 @@ def create_app(
             http=http,
             prober=prober,
             metrics=metrics,
+            fetch_slots=asyncio.Semaphore(MAX_CONCURRENT_CARD_FETCHES),
         )
         await prober.start()
         log.info(

@@ -19,12 +19,20 @@ from mesh.outbound import FetchFailed, bounded_get
 from registry.store import AgentRecord, SkillRecord
 from registry.wire import card_path_problem
 
-__all__ = ["CardRejected", "UrlRefused", "agent_record", "fetch_card"]
+__all__ = [
+    "MAX_CONCURRENT_CARD_FETCHES",
+    "CardRejected",
+    "UrlRefused",
+    "agent_record",
+    "fetch_card",
+]
 
 log = logging.getLogger("registry.card")
 
 # A card is a few KB; anything far bigger is not a card.
 _MAX_CARD_BYTES = 1_000_000
+# Registrations fetching (card, /health) at once; more wait their turn (``registry.api``).
+MAX_CONCURRENT_CARD_FETCHES = 32
 
 
 class CardRejected(Exception):

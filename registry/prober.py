@@ -11,9 +11,16 @@ Every ``interval_s`` it GETs each instance's ``/health`` and combines that with 
 Registered URLs are chosen by whoever registers, so a probe is one ``bounded_get``: the whole
 answer within the probe timeout and ``MAX_HEALTH_BYTES``, or a failure. Each probe's result is
 applied as soon as that probe ends, so one instance answering at a byte a second delays nobody
-else's status change, and no round outlives the probe timeout. Status reasons are fixed texts
-made by the registry (they are published on the page and the API): nothing of an answer is
-repeated but its status code.
+else's status change. Status reasons are fixed texts made by the registry (they are published
+on the page and the API): nothing of an answer is repeated but its status code.
+
+At most ``concurrency`` probes run at once (``MAX_CONCURRENT_PROBES``, below the client's
+``max_connections``): the rest wait their turn here, where waiting is cheap, not in the HTTP
+pool, whose bookkeeping costs each arrival a pass over every queued request and connection (a
+thousand queued probes froze the registry's event loop for seconds) and where a queued probe
+would use up its deadline before it connects. The probe timeout counts from a probe's start, so
+waiting never makes an instance critical; with more than ``concurrency`` instances that answer
+slowly a round lasts longer (a wave of probe timeouts per ``concurrency`` of them).
 
 A node's ``/health`` names its ``instance_id``. A record whose URL answers with ANOTHER id is a
 ghost: the process it named is gone and another one (a restart, or another agent) serves that
@@ -42,12 +49,14 @@ from mesh.outbound import FetchFailed, bounded_get
 from registry.metrics import RegistryMetrics
 from registry.store import InstanceRecord, RegistryStore
 
-__all__ = ["MAX_HEALTH_BYTES", "Prober"]
+__all__ = ["MAX_CONCURRENT_PROBES", "MAX_HEALTH_BYTES", "Prober"]
 
 log = logging.getLogger("registry.prober")
 
 # A node's /health is a few hundred bytes; anything far bigger is not one.
 MAX_HEALTH_BYTES = 64 * 1024
+# Probes in flight at once; the registry's client has room for card fetches beside them.
+MAX_CONCURRENT_PROBES = 64
 
 # FetchFailed's fixed reason words, as the status reason says them.
 _FAILED = {
@@ -89,6 +98,7 @@ class Prober:
         timeout_s: float = 2.0,
         ttl_s: float = 30.0,
         remove_after_s: float = 300.0,
+        concurrency: int = MAX_CONCURRENT_PROBES,
         metrics: RegistryMetrics | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -98,6 +108,7 @@ class Prober:
         self._timeout_s = min(timeout_s, max(interval_s, 0.1))
         self._ttl_s = ttl_s
         self._remove_after_s = remove_after_s
+        self._slots = asyncio.Semaphore(concurrency)
         self._metrics = metrics
         self._clock = clock
         # Heartbeats could not arrive while the registry was down: the TTL counts from start-up.
@@ -192,12 +203,13 @@ class Prober:
                 "critical", f"no heartbeat for {silent_for:.0f}s (ttl {self._ttl_s:g}s)"
             )
         try:
-            answer = await bounded_get(
-                self._http,
-                inst.url + "/health",
-                max_bytes=MAX_HEALTH_BYTES,
-                timeout_s=self._timeout_s,
-            )
+            async with self._slots:
+                answer = await bounded_get(
+                    self._http,
+                    inst.url + "/health",
+                    max_bytes=MAX_HEALTH_BYTES,
+                    timeout_s=self._timeout_s,
+                )
         except FetchFailed as exc:
             reason = f"health check failed: {_FAILED.get(exc.reason, 'unreachable')}"
             return _Observation("critical", reason, detail=exc.detail)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import httpx
@@ -24,6 +25,8 @@ class RegistryState:
     http: httpx.AsyncClient
     prober: Prober
     metrics: RegistryMetrics
+    # Registrations whose fetches (card, /health) may run at once (``registry.api``).
+    fetch_slots: asyncio.Semaphore
 
 
 def get_state(request: Request) -> RegistryState:
