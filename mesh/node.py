@@ -189,8 +189,16 @@ class Node:
             skills=tuple(s.id for s in self.agent.all_skills),
             tags=tuple(self.agent.tags),
         )
-        self._registrar = (Registrar(backend, registration), backend)
-        await self._registrar[0].start()
+
+        def use_instance_id(instance_id: str) -> None:
+            # Our id was taken while we were away: /health, /introspect and the registry's
+            # check that the process at our URL is the one registering all go by the new one.
+            self.instance_id = instance_id
+            self.health.instance_id = instance_id
+
+        registrar = Registrar(backend, registration, on_new_instance_id=use_instance_id)
+        self._registrar = (registrar, backend)
+        await registrar.start()
 
     def _discovery_location(self) -> tuple[str, str | None]:
         """Where this node registers, and where its remote tools look peers up."""

@@ -17,9 +17,18 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 
+from mesh.outbound import FetchFailed, bounded_get
 from registry.card import CardRejected, agent_record, fetch_card
+from registry.prober import MAX_HEALTH_BYTES, answered_as
 from registry.state import RegistryState, get_state
-from registry.store import InstanceRecord, InstanceTaken, NotOwner, secret_hash
+from registry.store import (
+    InstanceRecord,
+    InstanceTaken,
+    NotOwner,
+    RegistryFull,
+    UrlTaken,
+    secret_hash,
+)
 from registry.wire import (
     AgentDetail,
     AgentList,
@@ -94,6 +103,32 @@ def _not_owner(instance_id: str, secret: str | None) -> ApiError:
     )
 
 
+async def _proven_ghosts(state: RegistryState, body: RegisterBody) -> frozenset[str]:
+    """The instances a registration of ``body`` may supersede: the other ids of its agent at its
+    URL, if that URL's ``/health`` names ``body.instance_id`` (so the process serving the URL
+    is the one registering, and those ids are its past lives); else none, and the store
+    refuses to supersede them (``UrlTaken``). Without this proof anyone could evict a live
+    instance by registering its URL under a new id, then take over the evicted id."""
+    others = [
+        i.instance_id
+        for i in await state.store.instances(body.agent)
+        if i.url == body.url and i.instance_id != body.instance_id
+    ]
+    if not others:
+        return frozenset()
+    try:
+        answer = await bounded_get(
+            state.http,
+            body.url + "/health",
+            max_bytes=MAX_HEALTH_BYTES,
+            timeout_s=state.settings.probe_timeout_s,
+        )
+    except FetchFailed as exc:
+        log.info("%s/health did not answer for %s: %s", body.url, body.instance_id, exc)
+        return frozenset()
+    return frozenset(others) if answered_as(answer.content) == body.instance_id else frozenset()
+
+
 @contextlib.asynccontextmanager
 async def _fetch_slot(state: RegistryState) -> AsyncIterator[None]:
     """One of the registration fetches allowed at once; 503 ``registry_busy`` when none frees
@@ -123,13 +158,16 @@ async def _fetch_slot(state: RegistryState) -> AsyncIterator[None]:
 async def register(body: RegisterBody, state: State, secret: Secret = None) -> RegisteredOut:
     """Register an instance, or re-register one you own (send its secret). The registry
     fetches and validates its card. A new instance id is owned by the secret in the answer
-    (the one proposed in the header if it has at least 32 characters, else a fresh one), and
-    supersedes any other instance of the same agent at the same URL."""
+    (the one proposed in the header if it has at least 32 characters, else a fresh one). It
+    supersedes another instance of the same agent at the same URL only if that URL's
+    ``/health`` names the registering ``instance_id`` (the process there is the one
+    registering: a restarted node), else 409 ``url_taken``."""
     try:
         async with _fetch_slot(state):
             card = await fetch_card(state.http, body.url, body.card_path)
-        now = time.time()
-        agent = agent_record(card, expected_name=body.agent, now=now)
+            now = time.time()
+            agent = agent_record(card, expected_name=body.agent, now=now)
+            supersede = await _proven_ghosts(state, body)
     except CardRejected as exc:
         raise ApiError(422, exc.code, str(exc)) from exc
     # A new instance is owned by the secret it proposes (RegistryBackend does, so that a
@@ -151,7 +189,27 @@ async def register(body: RegisterBody, state: State, secret: Secret = None) -> R
             ),
             secret_hash=secret_hash(fresh),
             presented=_presented(secret),
+            supersede=supersede,
+            max_instances=state.settings.max_instances,
         )
+    except UrlTaken as exc:
+        old = exc.instance
+        raise ApiError(
+            409,
+            "url_taken",
+            f"agent {body.agent!r} already has instance {old.instance_id!r} at {body.url}, and "
+            f"{body.url}/health does not answer as instance {body.instance_id!r}: a restarted "
+            "node replaces its old instance once its /health names its new instance_id (mesh "
+            "nodes do); another process needs a URL of its own, or the old instance's owner "
+            "deregisters it first",
+        ) from exc
+    except RegistryFull as exc:
+        raise ApiError(
+            503,
+            "registry_full",
+            f"the registry holds its maximum of {exc.limit} instances (--max-instances): "
+            "deregister instances that are gone, or ask its operator to raise the limit",
+        ) from exc
     except InstanceTaken as exc:
         raise ApiError(
             409,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import httpx
 
@@ -35,7 +35,15 @@ from mesh.errors import DiscoveryError, StoreError
 from mesh.netguard import create_http_client
 from mesh.netpolicy import NetworkPolicy
 from registry.card import CardRejected, agent_record, fetch_card
-from registry.store import AgentRecord, InstanceRecord, Registered, SkillRecord, check_owner
+from registry.store import (
+    AgentRecord,
+    InstanceRecord,
+    Registered,
+    SkillRecord,
+    check_owner,
+    check_room,
+    check_supersede,
+)
 
 __all__ = ["CardCache", "ConsulRegistryStore", "fallback_agent", "instance_record"]
 
@@ -179,6 +187,8 @@ class ConsulRegistryStore:
         *,
         secret_hash: str,
         presented: str | None,
+        supersede: Collection[str] = (),
+        max_instances: int | None = None,
     ) -> Registered:
         everyone = await self._find()
         known = next((i for i in everyone if i.instance_id == instance.instance_id), None)
@@ -194,6 +204,9 @@ class ConsulRegistryStore:
             and i.url == instance.url
             and i.instance_id != instance.instance_id
         ]
+        check_supersede((self._record(i, now) for i in superseded), supersede)
+        if known is None:
+            check_room(len(everyone), len(superseded), max_instances)
         registration = Registration(
             instance_id=instance.instance_id,
             agent=agent.name,

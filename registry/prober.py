@@ -49,7 +49,7 @@ from mesh.outbound import FetchFailed, bounded_get
 from registry.metrics import RegistryMetrics
 from registry.store import InstanceRecord, RegistryStore
 
-__all__ = ["MAX_CONCURRENT_PROBES", "MAX_HEALTH_BYTES", "Prober"]
+__all__ = ["MAX_CONCURRENT_PROBES", "MAX_HEALTH_BYTES", "Prober", "answered_as"]
 
 log = logging.getLogger("registry.prober")
 
@@ -77,7 +77,8 @@ class _Observation:
     detail: str = ""
 
 
-def _answered_as(body: bytes) -> str | None:
+def answered_as(body: bytes) -> str | None:
+    """The ``instance_id`` a ``/health`` answer names, if it names one (mesh nodes do)."""
     if b'"instance_id"' not in body:  # most answers: no parse needed
         return None
     try:
@@ -213,10 +214,10 @@ class Prober:
         except FetchFailed as exc:
             reason = f"health check failed: {_FAILED.get(exc.reason, 'unreachable')}"
             return _Observation("critical", reason, detail=exc.detail)
-        answered_as = _answered_as(answer.content)
+        who = answered_as(answer.content)
         if answer.status_code == 200:
-            return _Observation("passing", "health ok", answered_as)
-        return _Observation("warning", f"/health answered {answer.status_code}", answered_as)
+            return _Observation("passing", "health ok", who)
+        return _Observation("warning", f"/health answered {answer.status_code}", who)
 
     async def _export(self) -> None:
         assert self._metrics is not None

@@ -34,6 +34,9 @@ class RegistrySettings:
     consul_token: str | None = None
     # Largest request body read; a registration is a few hundred bytes (``registry.gate``).
     max_body_bytes: int = 64 * 1024
+    # Instances held at most (``--max-instances``): a new one beyond is 503 ``registry_full``.
+    # It bounds the store, the page and every metric label set.
+    max_instances: int = 10_000
 
     @property
     def network_policy(self) -> NetworkPolicy:

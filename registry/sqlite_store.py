@@ -9,12 +9,20 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+from collections.abc import Collection
 from pathlib import Path
 
 from mesh.discovery.base import Status
 from mesh.sqlite import Database
 from registry.card import agent_record
-from registry.store import AgentRecord, InstanceRecord, Registered, check_owner
+from registry.store import (
+    AgentRecord,
+    InstanceRecord,
+    Registered,
+    check_owner,
+    check_room,
+    check_supersede,
+)
 
 __all__ = ["SqliteRegistryStore"]
 
@@ -148,11 +156,13 @@ class SqliteRegistryStore:
         *,
         secret_hash: str,
         presented: str | None,
+        supersede: Collection[str] = (),
+        max_instances: int | None = None,
     ) -> Registered:
         def write(conn: sqlite3.Connection) -> Registered:
             known = _claim(conn, instance.instance_id, presented, agent=instance.agent)
             # One instance per (agent, URL): another id there is the same process restarted
-            # (or replaced), so its record is a ghost.
+            # (or replaced), so its record is a ghost, once the caller proved it.
             others = (instance.agent, instance.url, instance.instance_id)
             superseded = tuple(
                 _instance(r)
@@ -162,6 +172,10 @@ class SqliteRegistryStore:
                     others,
                 )
             )
+            check_supersede(superseded, supersede)
+            if not known and max_instances is not None:
+                (stored,) = conn.execute("select count(*) from registry_instances").fetchone()
+                check_room(stored, len(superseded), max_instances)
             if superseded:
                 conn.execute(
                     "delete from registry_instances where agent = ? and url = ? "

@@ -10,9 +10,12 @@ instance goes (deregistered, or removed after being critical too long).
 Ownership: an instance belongs to whoever registered it. Registration stores the hash of a
 fresh secret (``secret_hash``); re-registering, heartbeating and deregistering that instance id
 must present the same secret (as ``presented``, its hash), else ``NotOwner``, and an id can
-never move to another agent (``InstanceTaken``). A store checks both inside the same atomic
-write that changes the record. ``remove`` is the registry's own decision (the prober's) and
-checks nothing.
+never move to another agent (``InstanceTaken``). Nor does a URL: another instance of the same
+agent at the URL of a registration is superseded only when the caller proved that the process
+there is the one registering (``supersede``, see ``registry.api``), else ``UrlTaken``. And a
+store holds at most ``max_instances`` (``RegistryFull``). A store checks all of these inside the
+same write that changes the record. ``remove`` is the registry's own decision (the prober's)
+and checks nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,9 +35,13 @@ __all__ = [
     "InstanceTaken",
     "NotOwner",
     "Registered",
+    "RegistryFull",
     "RegistryStore",
     "SkillRecord",
+    "UrlTaken",
     "check_owner",
+    "check_room",
+    "check_supersede",
     "secret_hash",
 ]
 
@@ -49,6 +57,23 @@ class InstanceTaken(Exception):
 
 class NotOwner(Exception):
     """The secret presented (or its absence) does not own the instance."""
+
+
+class UrlTaken(Exception):
+    """Another instance of the agent (``instance``) is at the registration's URL, and the caller
+    did not prove that the process there is the one registering: never superseded."""
+
+    def __init__(self, instance: InstanceRecord) -> None:
+        super().__init__(f"instance {instance.instance_id!r} is at {instance.url}")
+        self.instance = instance
+
+
+class RegistryFull(Exception):
+    """A new instance beyond the store's ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the registry holds its maximum of {limit} instances")
+        self.limit = limit
 
 
 def secret_hash(secret: str) -> str:
@@ -74,6 +99,21 @@ def check_owner(
         raise InstanceTaken(instance_id, stored_agent)
     if not (stored_hash and presented is not None and hmac.compare_digest(stored_hash, presented)):
         raise NotOwner(instance_id)
+
+
+def check_supersede(others: Iterable[InstanceRecord], supersede: Collection[str]) -> None:
+    """Refuse a registration that would supersede an instance (one of ``others``: the same
+    agent, the same URL, another id) whose id is not in ``supersede``: ``UrlTaken``."""
+    for other in others:
+        if other.instance_id not in supersede:
+            raise UrlTaken(other)
+
+
+def check_room(stored: int, superseded: int, max_instances: int | None) -> None:
+    """Refuse a new instance when ``stored`` instances, less the ``superseded`` ones it
+    replaces, already reach ``max_instances``: ``RegistryFull``."""
+    if max_instances is not None and stored - superseded >= max_instances:
+        raise RegistryFull(max_instances)
 
 
 @dataclass(frozen=True)
@@ -149,13 +189,16 @@ class RegistryStore(Protocol):
         *,
         secret_hash: str,
         presented: str | None,
+        supersede: Collection[str] = (),
+        max_instances: int | None = None,
     ) -> Registered:
         """Register (or re-register) ``instance`` and replace its agent's card with ``agent``.
 
-        A new id is stored with ``secret_hash`` as its owner, and supersedes (removes) the
-        other instances of the same agent at the same URL. A known id must belong to the same
-        agent (else ``InstanceTaken``) and ``presented`` must own it (else ``NotOwner``); it
-        keeps its owner and ``registered_at``.
+        A new id is stored with ``secret_hash`` as its owner, unless the store already holds
+        ``max_instances`` (``RegistryFull``). A known id must belong to the same agent (else
+        ``InstanceTaken``) and ``presented`` must own it (else ``NotOwner``); it keeps its
+        owner and ``registered_at``. The other instances of the same agent at the same URL are
+        superseded (removed) if their ids are all in ``supersede``, else ``UrlTaken``.
         """
         ...
 

@@ -123,6 +123,9 @@ def create_app(args: argparse.Namespace) -> FastAPI:
         agent_executor=EchoExecutor(), task_store=InMemoryTaskStore(), agent_card=card
     )
     unhealthy = Path(args.unhealthy_file) if args.unhealthy_file else None
+    # Named in /health, as a node does: the registry lets a restart at the same URL replace
+    # its old instance only when the URL answers with the new id.
+    instance_id = args.instance_id or f"{args.name}-{uuid.uuid4().hex[:8]}"
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -130,7 +133,7 @@ def create_app(args: argparse.Namespace) -> FastAPI:
         if args.registry:
             backend = create_backend(args.registry, token=os.environ.get("MESH_REGISTRY_TOKEN"))
             registration = Registration(
-                instance_id=args.instance_id or f"{args.name}-{uuid.uuid4().hex[:8]}",
+                instance_id=instance_id,
                 agent=args.name,
                 url=url,
                 version="1.2.3",
@@ -150,8 +153,11 @@ def create_app(args: argparse.Namespace) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         if unhealthy is not None and unhealthy.exists():
-            return JSONResponse({"status": "failing", "agent": args.name}, status_code=503)
-        return JSONResponse({"status": "ok", "agent": args.name, "version": "1.2.3"})
+            body = {"status": "failing", "agent": args.name, "instance_id": instance_id}
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(
+            {"status": "ok", "agent": args.name, "version": "1.2.3", "instance_id": instance_id}
+        )
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from tests.support import Proc, clean_env, free_port, running
+from tests.support import Proc, clean_env, free_port, running, wait_until_ok
 
 
 @dataclass
@@ -88,3 +88,28 @@ def start_bureau(tmp: Path, registry_url: str, *, port: int | None = None) -> Se
     ]  # fmt: skip
     proc = Proc.start(argv, name=f"bureau-{port}", tmp=tmp, env=clean_env())
     return Service(proc, f"http://127.0.0.1:{port}", port)
+
+
+def flood_node(
+    tmp: Path,
+    *,
+    delay_s: float = 0.0,
+    distinct: bool = False,
+    card_delay_s: float = 0.0,
+    name: str = "junk",
+) -> Service:
+    """Start ``tests.flood_node`` (instances of ``name`` at ``/i/<n>``, whose ``/health`` names
+    no instance id; none registered) and wait for it."""
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.flood_node", "--port", str(port), "--name", name,
+            "--health-delay", str(delay_s), "--card-delay", str(card_delay_s)]  # fmt: skip
+    if distinct:
+        argv.append("--distinct-names")
+    proc = Proc.start(argv, name=f"flood-{port}", tmp=tmp)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ok(f"{url}/ready", proc=proc)
+    except BaseException:
+        proc.kill()
+        raise
+    return Service(proc, url, port)

@@ -19,7 +19,15 @@ from mesh.discovery.base import Instance, Registration, UnknownInstance
 from mesh.discovery.consul import instance_from_entry, service_registration
 from mesh.errors import StoreError
 from registry.consul_store import CardCache, ConsulRegistryStore, fallback_agent, instance_record
-from registry.store import AgentRecord, InstanceRecord, InstanceTaken, NotOwner, secret_hash
+from registry.store import (
+    AgentRecord,
+    InstanceRecord,
+    InstanceTaken,
+    NotOwner,
+    RegistryFull,
+    UrlTaken,
+    secret_hash,
+)
 from tests.support import Proc, free_port, running, wait_for, wait_until_ok
 
 
@@ -139,10 +147,25 @@ async def test_consul_store_keeps_the_ownership_rules() -> None:
         assert consul.entries["i"]["Service"]["Meta"]["secret_hash"] == owner, "owner kept"
         assert await store.heartbeat("i", 3.0, presented=owner) is not None
         assert await store.heartbeat("unknown", 3.0, presented=owner) is None
-        # One instance per (agent, URL): a new id there supersedes the old one.
-        moved = await store.put(_agent("a"), _inst("i2", "a"), secret_hash=other, presented=None)
+        # One instance per (agent, URL): a new id there supersedes the old one, once the caller
+        # proved the process at the URL is the new one (else UrlTaken, nothing written).
+        with pytest.raises(UrlTaken):
+            await store.put(_agent("a"), _inst("i2", "a"), secret_hash=other, presented=None)
+        assert set(consul.entries) == {"i"}
+        moved = await store.put(
+            _agent("a"), _inst("i2", "a"), secret_hash=other, presented=None, supersede={"i"}
+        )
         assert [r.instance_id for r in moved.superseded] == ["i"]
         assert set(consul.entries) == {"i2"}
+        # A full store takes no new id.
+        with pytest.raises(RegistryFull):
+            await store.put(
+                _agent("a"),
+                _inst("i3", "a", "http://h:3"),
+                secret_hash=other,
+                presented=None,
+                max_instances=1,
+            )
         assert await store.deregister("i2", presented=other) is not None
         assert consul.entries == {}
 

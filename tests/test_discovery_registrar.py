@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from mesh.discovery import Instance, Registrar, Registration, UnknownInstance
-from mesh.discovery.base import DiscoveryUnreachable
+from mesh.discovery.base import DiscoveryUnreachable, InstanceIdTaken
 from mesh.errors import DiscoveryError
 
 REG = Registration(instance_id="n-1", agent="bureau", url="http://127.0.0.1:9", version="1")
@@ -91,6 +91,55 @@ async def test_unknown_instance_registers_again() -> None:
     await _until(lambda: backend.calls.count("register") == 2)
     await _until(lambda: registrar.state == "registered")
     await registrar.aclose()
+
+
+class TakenBackend(ScriptedBackend):
+    """Its first heartbeat says another owner holds the id (the registry forgot this node and
+    someone registered the id meanwhile), as ``RegistryBackend`` reports a 403 not_owner."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.registered: list[str] = []
+        self.taken = {"n-1"}
+
+    async def register(self, registration: Registration) -> None:
+        await super().register(registration)
+        if registration.instance_id in self.taken:
+            raise InstanceIdTaken(f"{registration.instance_id} is someone else's")
+        self.registered.append(registration.instance_id)
+
+    async def heartbeat(self, instance_id: str) -> None:
+        await super().heartbeat(instance_id)
+        if instance_id in self.taken:
+            raise InstanceIdTaken(f"{instance_id} is someone else's")
+
+
+async def test_an_id_taken_while_away_is_replaced_by_a_new_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend, sleeps = TakenBackend(), Sleeps()
+    backend.taken = set()
+    told: list[str] = []
+
+    def on_new(instance_id: str) -> None:
+        # The node shows the new id before the registry can ask for it.
+        assert instance_id not in backend.registered
+        told.append(instance_id)
+
+    registrar = Registrar(backend, REG, sleep=sleeps, on_new_instance_id=on_new)
+    with caplog.at_level(logging.WARNING, logger="mesh.discovery"):
+        await registrar.start()
+        await _until(lambda: backend.registered == ["n-1"])
+        backend.taken = {"n-1"}
+        await _until(lambda: len(backend.registered) == 2)
+        await _until(lambda: registrar.state == "registered")
+        (new_id,) = told
+        assert backend.registered == ["n-1", new_id]
+        assert new_id.startswith("bureau-")
+        assert registrar.registration.instance_id == new_id
+        await registrar.aclose()
+    assert caplog.text.count("given to someone else") == 1
+    assert backend.calls[-1] == "deregister"
 
 
 async def test_outage_backs_off_logs_once_and_recovers(caplog: pytest.LogCaptureFixture) -> None:

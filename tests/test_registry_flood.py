@@ -5,7 +5,6 @@ clients): it keeps serving, recovers once the flood is gone, starts in bounded t
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 
@@ -17,28 +16,10 @@ from registry.card import agent_record
 from registry.settings import RegistrySettings
 from registry.sqlite_store import SqliteRegistryStore
 from registry.store import InstanceRecord, secret_hash
-from tests.registry_support import Service, instances, registry, start_node
-from tests.support import Proc, free_port, wait_for, wait_until_ok
+from tests.registry_support import flood_node, instances, registry, start_node
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def flood_node(
-    tmp: Path, *, delay_s: float, distinct: bool = False, card_delay_s: float = 0.0
-) -> Service:
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.flood_node", "--port", str(port),
-            "--health-delay", str(delay_s), "--card-delay", str(card_delay_s)]  # fmt: skip
-    if distinct:
-        argv.append("--distinct-names")
-    proc = Proc.start(argv, name=f"flood-{port}", tmp=tmp)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ok(f"{url}/ready", proc=proc)
-    except BaseException:
-        proc.kill()
-        raise
-    return Service(proc, url, port)
 
 
 async def _register_many(

@@ -4,6 +4,8 @@ processes, real echo nodes serving the cards, the real ``RegistryBackend``."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,14 @@ import pytest
 
 from mesh.discovery.base import Registration
 from mesh.discovery.registry_client import RegistryBackend
-from tests.registry_support import Service, instances, registry, start_node
+from tests.registry_support import (
+    Service,
+    flood_node,
+    instances,
+    registry,
+    start_bureau,
+    start_node,
+)
 from tests.support import free_port, wait_for, wait_until_ok
 
 pytestmark = pytest.mark.integration
@@ -119,6 +128,8 @@ def test_the_owner_heartbeats_re_registers_and_deregisters_with_its_secret(
         mine = _register(reg.url, "v-3", "victim", url, secret=proposed)
         assert mine.json()["secret"] == proposed
         assert _register(reg.url, "v-3", "victim", url, secret=proposed).status_code == 201
+        v3 = f"{reg.url}/v1/instances/v-3"
+        assert _write("DELETE", v3, **{SECRET: proposed}).status_code == 204
         short = _register(reg.url, "v-4", "victim", url, secret="short")
         assert short.status_code == 201
         assert short.json()["secret"] != "short"
@@ -191,3 +202,100 @@ def test_openapi_names_the_secret_header(tmp_path: Path) -> None:
     assert "409" in post["responses"]
     schema = post["responses"]["201"]["content"]["application/json"]["schema"]["$ref"]
     assert "secret" in spec["components"]["schemas"][schema.rsplit("/", 1)[-1]]["properties"]
+
+
+def test_a_live_instance_cannot_be_evicted_by_registering_its_url(tmp_path: Path) -> None:
+    """The two-request takeover (no server needed): register the victim's URL under a new id,
+    which used to supersede (remove) the victim, then register the victim's id with a secret
+    of one's own. And its variant: move an id one owns onto the victim's URL. The registry
+    supersedes only when the URL's /health names the registering id."""
+    with registry(tmp_path) as reg:
+        victim = start_node(tmp_path, reg.url, name="victim", instance_id="victim-1")
+        # Mallory serves a card named 'victim' at a URL of its own.
+        decoy = start_node(tmp_path, None, name="victim", instance_id="decoy")
+        with victim.proc, decoy.proc:
+            wait_for(lambda: instances(reg.url), what="victim registered")
+            wait_until_ok(f"{decoy.url}/health", proc=decoy.proc)
+            mine = "A" * 43
+
+            r = _register(reg.url, "evict-3", "victim", victim.url)
+            assert r.status_code == 409, r.text
+            assert r.json()["error"] == "url_taken"
+            assert "'victim-1'" in r.json()["message"]
+            assert "does not answer as instance 'evict-3'" in r.json()["message"]
+            r = _register(reg.url, "victim-1", "victim", victim.url, secret=mine)
+            assert r.status_code == 403
+            beat = f"{reg.url}/v1/instances/victim-1/heartbeat"
+            assert _write("PUT", beat, **{SECRET: mine}).status_code == 403
+
+            # Squatting: an id Mallory owns, registered at her URL, then moved onto the victim's.
+            assert _register(reg.url, "x-1", "victim", decoy.url, secret=mine).status_code == 201
+            r = _register(reg.url, "x-1", "victim", victim.url, secret=mine)
+            assert r.status_code == 409, r.text
+            assert r.json()["error"] == "url_taken"
+
+            listed = {(i["instance_id"], i["url"]) for i in instances(reg.url, status="any")}
+            assert listed == {("victim-1", victim.url), ("x-1", decoy.url)}
+            assert "superseded" not in reg.proc.output()
+
+
+def test_a_restarted_node_at_its_url_still_replaces_its_old_instance(tmp_path: Path) -> None:
+    """The legitimate supersede: a new process at the same URL whose /health names its new id."""
+    port = free_port()
+    with registry(tmp_path) as reg:
+        first = start_node(tmp_path, reg.url, name="echo", port=port, instance_id="echo-a")
+        with first.proc:
+            wait_for(lambda: instances(reg.url), what="first registered")
+            first.proc.kill()
+        second = start_node(tmp_path, reg.url, name="echo", port=port, instance_id="echo-b")
+        with second.proc:
+            wait_for(
+                lambda: [i["instance_id"] for i in instances(reg.url, status="any")] == ["echo-b"],
+                what="echo-b in place of echo-a",
+            )
+            assert "echo-a (http" in reg.proc.output()
+            assert "superseded by echo-b" in reg.proc.output()
+
+
+def test_a_node_whose_id_was_taken_while_it_was_away_registers_under_a_new_one(
+    tmp_path: Path,
+) -> None:
+    """A real node is frozen (SIGSTOP) until the registry removes it; meanwhile someone else
+    registers its instance id. Back, its heartbeat is refused not_owner: it must take a new id
+    (shown in /health and /introspect) and register again, not retry the taken one forever."""
+    with registry(tmp_path, probe_interval=0.3, remove_after=0.5) as reg:
+        bureau = start_bureau(tmp_path, reg.url)
+        # Somewhere else serving a credit-bureau card, whose /health names no instance (so the
+        # prober does not take the id it registers there for a ghost).
+        squatter = flood_node(tmp_path, name="credit-bureau")
+        elsewhere = f"{squatter.url}/i/0"
+        with bureau.proc, squatter.proc:
+            (old,) = wait_for(lambda: instances(reg.url), timeout=30, what="bureau registered")
+            os.kill(bureau.proc.pid, signal.SIGSTOP)
+            try:
+                wait_for(
+                    lambda: not instances(reg.url, status="any"), what="the frozen node removed"
+                )
+                taken = _register(
+                    reg.url, old["instance_id"], "credit-bureau", elsewhere, secret="M" * 43
+                )
+                assert taken.status_code == 201, taken.text
+            finally:
+                os.kill(bureau.proc.pid, signal.SIGCONT)
+
+            def renamed() -> str | None:
+                now = httpx.get(f"{bureau.url}/health", timeout=5).json()["instance_id"]
+                listed = {i["instance_id"]: i["url"] for i in instances(reg.url)}
+                return now if now != old["instance_id"] and listed.get(now) == bureau.url else None
+
+            new_id = wait_for(renamed, timeout=20, what="the node registered under a new id")
+            runtime = httpx.get(f"{bureau.url}/introspect", timeout=5).json()["runtime"]
+            assert runtime["instance_id"] == new_id
+            # The taken id stays with whoever holds it now.
+            assert {i["instance_id"]: i["url"] for i in instances(reg.url)} == {
+                new_id: bureau.url,
+                old["instance_id"]: elsewhere,
+            }
+            (line,) = [x for x in bureau.proc.output().splitlines() if "given to someone else" in x]
+            assert old["instance_id"] in line
+            assert new_id in line

@@ -19,6 +19,8 @@ from registry.store import (
     InstanceTaken,
     NotOwner,
     Registered,
+    RegistryFull,
+    UrlTaken,
     secret_hash,
 )
 
@@ -90,8 +92,18 @@ async def _put(
     agent: AgentRecord,
     inst: InstanceRecord,
     presented: str | None = None,
+    *,
+    supersede: frozenset[str] = frozenset(),
+    max_instances: int | None = None,
 ) -> Registered:
-    return await store.put(agent, inst, secret_hash=OWNER, presented=presented)
+    return await store.put(
+        agent,
+        inst,
+        secret_hash=OWNER,
+        presented=presented,
+        supersede=supersede,
+        max_instances=max_instances,
+    )
 
 
 async def test_store_round_trip_and_persistence(tmp_path: Path) -> None:
@@ -195,7 +207,9 @@ async def test_an_instance_belongs_to_its_secret_and_its_agent(tmp_path: Path) -
         await store.aclose()
 
 
-async def test_a_new_id_at_the_same_url_supersedes_the_old_one(tmp_path: Path) -> None:
+async def test_a_new_id_at_the_same_url_supersedes_the_old_one_only_when_allowed(
+    tmp_path: Path,
+) -> None:
     store = await SqliteRegistryStore.open(tmp_path / "r.db")
     a = agent_record(_card("a"), expected_name="a", now=1)
     b = agent_record(_card("b"), expected_name="b", now=1)
@@ -203,10 +217,46 @@ async def test_a_new_id_at_the_same_url_supersedes_the_old_one(tmp_path: Path) -
         await _put(store, a, _instance("old", "a").replace(url="http://h:1"))
         await _put(store, b, _instance("other-agent", "b").replace(url="http://h:1"))
         await _put(store, a, _instance("elsewhere", "a").replace(url="http://h:2"))
-        done = await _put(store, a, _instance("new", "a").replace(url="http://h:1"))
+        # Not proven (the caller names nobody it may supersede): refused, nothing written.
+        with pytest.raises(UrlTaken) as taken:
+            await _put(store, a, _instance("new", "a").replace(url="http://h:1"))
+        assert taken.value.instance.instance_id == "old"
+        # Moving a known id onto the URL is the same attempt.
+        with pytest.raises(UrlTaken):
+            await _put(store, a, _instance("elsewhere", "a").replace(url="http://h:1"), OWNER)
+        before = sorted(i.instance_id for i in await store.instances())
+        assert before == ["elsewhere", "old", "other-agent"]
+        done = await _put(
+            store, a, _instance("new", "a").replace(url="http://h:1"), supersede=frozenset({"old"})
+        )
         assert [i.instance_id for i in done.superseded] == ["old"]
         left = sorted(i.instance_id for i in await store.instances())
         assert left == ["elsewhere", "new", "other-agent"]
+    finally:
+        await store.aclose()
+
+
+async def test_a_full_store_takes_no_new_instance_but_keeps_serving_its_own(
+    tmp_path: Path,
+) -> None:
+    store = await SqliteRegistryStore.open(tmp_path / "r.db")
+    a = agent_record(_card("a"), expected_name="a", now=1)
+    try:
+        for i in range(3):
+            inst = _instance(f"i-{i}", "a").replace(url=f"http://h:{i + 1}")
+            await _put(store, a, inst, max_instances=3)
+        with pytest.raises(RegistryFull):
+            await _put(store, a, _instance("i-3", "a").replace(url="http://h:9"), max_instances=3)
+        # Re-registering one it holds, and replacing one at its own URL, still work.
+        assert not (
+            await _put(
+                store, a, _instance("i-0", "a").replace(url="http://h:1"), OWNER, max_instances=3
+            )
+        ).created
+        restarted = _instance("i-0b", "a").replace(url="http://h:1")
+        done = await _put(store, a, restarted, supersede=frozenset({"i-0"}), max_instances=3)
+        assert done.created
+        assert len(await store.instances()) == 3
     finally:
         await store.aclose()
 

@@ -16,6 +16,7 @@ __all__ = [
     "DiscoveryBackend",
     "DiscoveryUnreachable",
     "Instance",
+    "InstanceIdTaken",
     "Registration",
     "Status",
     "UnknownInstance",
@@ -27,6 +28,11 @@ Status = Literal["passing", "warning", "critical"]
 
 class UnknownInstance(DiscoveryError):
     """The backend does not know this instance (expired or lost): register again."""
+
+
+class InstanceIdTaken(DiscoveryError):
+    """The backend holds this instance id for another owner (it was taken while this node was
+    away): register under a new instance id."""
 
 
 class DiscoveryUnreachable(DiscoveryError):

@@ -10,20 +10,26 @@ keeps trying with exponential backoff (capped at ``max_backoff_s``), logging onc
 change rather than per attempt. A node that has not reached any registry yet says so once at
 INFO (serving without one is a normal way to start); losing a registry it had, or one that
 answers with a refusal, is a WARNING. A heartbeat answered "unknown instance" (the registry lost
-or expired us) registers again at once. The backend is not closed here: its owner closes it.
+or expired us) registers again at once. One answered "instance id taken" (the registry forgot us
+and someone else registered our id meanwhile: ``InstanceIdTaken``) registers under a new id,
+told first to ``on_new_instance_id`` (a node shows it in ``/health`` before the registry asks).
+The backend is not closed here: its owner closes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from mesh.discovery.base import (
     DiscoveryBackend,
     DiscoveryUnreachable,
+    InstanceIdTaken,
     Registration,
     UnknownInstance,
 )
@@ -46,9 +52,11 @@ class Registrar:
         close_timeout_s: float = 3.0,
         logger: logging.Logger | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_new_instance_id: Callable[[str], None] | None = None,
     ) -> None:
         self.backend = backend
         self.registration = registration
+        self._on_new_instance_id = on_new_instance_id
         self.interval_s = interval_s
         self._first_backoff_s = first_backoff_s
         # Never retry less often than we would heartbeat: a returning registry sees us soon.
@@ -145,6 +153,24 @@ class Registrar:
                 "discovery unavailable for %s: %s; retrying in the background", reg.agent, exc
             )
 
+    def _take_new_instance_id(self, exc: InstanceIdTaken) -> None:
+        old = self.registration
+        new_id = f"{old.agent}-{uuid.uuid4().hex[:8]}"
+        if self._on_new_instance_id is not None:
+            self._on_new_instance_id(new_id)
+        self.registration = dataclasses.replace(old, instance_id=new_id)
+        self._log.warning(
+            "%s: instance id %s was given to someone else while this node was away (%s); "
+            "registering as %s",
+            old.agent,
+            old.instance_id,
+            exc,
+            new_id,
+        )
+        # Not through _set_state: its "discovery forgot" line would say less than the above.
+        self._state = "registering"
+        self._last_error = str(exc)
+
     async def _run(self) -> None:
         backoff = self._first_backoff_s
         while True:
@@ -159,6 +185,12 @@ class Registrar:
                     self._set_state("registered")
             except UnknownInstance as exc:
                 self._set_state("registering", str(exc))
+                continue
+            except InstanceIdTaken as exc:
+                self._take_new_instance_id(exc)
+                # A fresh id is nobody's: waiting is only for a registry that says otherwise.
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff_s)
                 continue
             except DiscoveryError as exc:
                 # After an outage, register again rather than heartbeat: it is idempotent and

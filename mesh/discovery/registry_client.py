@@ -8,7 +8,9 @@ this backend keeps (in memory, per instance id) and sends as ``Mesh-Instance-Sec
 that instance's heartbeats, re-registrations and deregistration. The first registration already
 proposes one (random, 32 bytes), so sending it again after a lost answer is still the owner.
 When the registry has forgotten the instance (404), the secret is dropped: the next
-registration proposes a new one.
+registration proposes a new one. When the id belongs to another secret (403 ``not_owner``: the
+registry forgot it and someone else registered it meanwhile), ``InstanceIdTaken`` says so: the
+``Registrar`` then registers under a new id.
 
 A request that fails on a stale kept-alive connection (the server closed it as it was reused:
 ``RemoteProtocolError``, read/write/connect errors) is sent once more at once on a fresh
@@ -22,7 +24,13 @@ from typing import Any
 
 import httpx
 
-from mesh.discovery.base import DiscoveryUnreachable, Instance, Registration, UnknownInstance
+from mesh.discovery.base import (
+    DiscoveryUnreachable,
+    Instance,
+    InstanceIdTaken,
+    Registration,
+    UnknownInstance,
+)
 from mesh.errors import AgentNotFound, DiscoveryError
 from mesh.pool import create_transport
 
@@ -92,7 +100,7 @@ class RegistryBackend:
                 f"MESH_REGISTRY ({type(exc).__name__}: {exc})"
             ) from exc
         if response.status_code == 403 and _code(response) == "not_owner":
-            raise DiscoveryError(
+            raise InstanceIdTaken(
                 f"the registry at {self.url} says this node does not own its instance: "
                 f"{_message(response)}"
             )
