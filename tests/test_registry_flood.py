@@ -158,3 +158,31 @@ def test_a_burst_of_registrations_beyond_the_fetch_slots_is_told_to_retry(
         flood.proc.kill()
     assert set(codes) == {422, 503}, codes
     assert codes[422] >= 32, codes
+
+
+def test_a_full_registry_takes_no_new_instance_and_its_series_stay_bounded(
+    tmp_path: Path,
+) -> None:
+    """Junk at scale: each registration of another agent name was a new metric series and a
+    new row on the page, without end. --max-instances bounds them all (default 10,000)."""
+    with registry(tmp_path, extra=["--max-instances", "20"]) as reg:
+        flood = flood_node(tmp_path, distinct=True)
+        try:
+            codes = asyncio.run(_register_many(reg.url, flood.url, 30, distinct=True))
+            assert codes == {201: 20, 503: 10}, codes
+            body = {"instance_id": "one-more", "url": f"{flood.url}/i/99", "agent": "junk-99"}
+            r = httpx.post(f"{reg.url}/v1/instances", json=body, timeout=10)
+            assert r.status_code == 503
+            assert r.json()["error"] == "registry_full"
+            assert "maximum of 20 instances (--max-instances)" in r.json()["message"]
+
+            def series() -> int:
+                text = httpx.get(f"{reg.url}/metrics", timeout=5).text
+                return sum(1 for x in text.splitlines() if x.startswith("mesh_registry_instances{"))
+
+            # After a probe round the gauge has one series per (agent, status) held: <= 20.
+            wait_for(lambda: series() == 20, what="the gauge exported")
+            agents = httpx.get(f"{reg.url}/v1/agents", timeout=5).json()["agents"]
+            assert len(agents) == 20
+        finally:
+            flood.proc.kill()

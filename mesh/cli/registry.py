@@ -66,6 +66,14 @@ def add_parsers(sub: Any) -> None:
         "(default: $MESH_REGISTRY_ALLOW_NETWORKS, else loopback for a registry on loopback, "
         "loopback and private ranges otherwise; link-local is always refused)",
     )
+    p.add_argument(
+        "--max-instances",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="instances held at most; a new one beyond is refused with 503 registry_full "
+        "(default 10000): bounds the store, the page and every metric label set",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(handler=_run_registry)
 
@@ -108,6 +116,8 @@ def _run_registry(args: argparse.Namespace) -> int:
         policy = NetworkPolicy.parse(networks) if networks else None
     except ConfigError as exc:
         raise ConfigError(f"--allow-networks (or MESH_REGISTRY_ALLOW_NETWORKS): {exc}") from exc
+    if args.max_instances < 1:
+        raise ConfigError(f"--max-instances {args.max_instances}: give at least 1 (default 10000)")
     server = importlib.import_module("registry.server")
     settings = server.RegistrySettings(
         host=args.host,
@@ -121,6 +131,7 @@ def _run_registry(args: argparse.Namespace) -> int:
         backend=args.backend,
         consul_token=os.environ.get("CONSUL_HTTP_TOKEN") or None,
         allow_networks=policy,
+        max_instances=args.max_instances,
     )
     return int(server.run(settings, log_level=args.log_level))
 
