@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -56,6 +56,12 @@ def _field_errors(exc: RequestValidationError) -> tuple[str, list[dict[str, str]
     text = "; ".join(f"{f['field']}: {f['message']}" for f in fields)
     return text or "invalid request", fields
 
+
+# Why json.loads gave up on a body, when not for its syntax (FastAPI answers those 400).
+_UNPARSABLE: dict[type[BaseException], str] = {
+    UnicodeDecodeError: "not UTF-8 text",
+    RecursionError: "nested too deeply",
+}
 
 _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
@@ -151,6 +157,17 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.__cause__ is not None:
+            # FastAPI's "There was an error parsing the body": a JSON body that json.loads
+            # failed on other than by a syntax error. Like any invalid field, a 422 naming it.
+            why = _UNPARSABLE.get(type(exc.__cause__), "it could not be parsed")
+            detail = f"not valid JSON ({why})"
+            return _error(
+                422,
+                "invalid_request",
+                f"body: {detail}",
+                fields=[{"field": "body", "message": detail}],
+            )
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         response = _error(exc.status_code, code, str(exc.detail))
         response.headers.update(exc.headers or {})
@@ -192,8 +209,19 @@ def create_app(
         # The pid says which process answered (`mesh up` checks it is the one it started).
         return JSONResponse({"status": "ok", "store": "ok", "pid": os.getpid()})
 
-    @app.get("/metrics", tags=["registry"])
+    @app.get(
+        "/metrics",
+        tags=["registry"],
+        response_class=PlainTextResponse,
+        responses={
+            200: {
+                "description": "the Prometheus text exposition format",
+                "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
+            }
+        },
+    )
     async def prometheus_metrics() -> Response:
+        """The registry's own metrics, in the Prometheus text format."""
         return Response(generate_latest(metrics.collector), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(api.router)

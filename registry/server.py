@@ -12,11 +12,26 @@ from mesh.netpolicy import is_loopback_host
 from registry.app import create_app
 from registry.settings import RegistrySettings
 
-__all__ = ["KEEP_ALIVE_S", "RegistrySettings", "check_exposure", "run"]
+__all__ = ["KEEP_ALIVE_S", "RegistrySettings", "check_exposure", "check_token", "run"]
 
 # Longer than a node's heartbeat interval (5 s): with uvicorn's default of 5 s a heartbeat
 # could go out on a pooled connection the server was just closing.
 KEEP_ALIVE_S = 65
+
+
+def check_token(settings: RegistrySettings) -> None:
+    """A write token no node could present is a ``ConfigError``: blank, or with spaces at
+    either end (a bearer value is trimmed), every write would be refused, by nobody's fault."""
+    token = settings.token
+    if token is None or (token.strip() and token == token.strip()):
+        return
+    what = "is blank" if not token.strip() else "has spaces at either end"
+    raise ConfigError(
+        f"the registry's write token (MESH_REGISTRY_TOKEN or --token) {what}: no node could "
+        "present it, so every write would be refused; set a secret without spaces, e.g. "
+        "`export MESH_REGISTRY_TOKEN=$(openssl rand -hex 16)`, or unset it (open writes, "
+        "loopback only)"
+    )
 
 
 def check_exposure(settings: RegistrySettings) -> None:
@@ -31,6 +46,7 @@ def check_exposure(settings: RegistrySettings) -> None:
 
 def run(settings: RegistrySettings, *, log_level: str = "info") -> int:
     """Serve the registry (blocks). Returns the process exit code."""
+    check_token(settings)
     check_exposure(settings)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

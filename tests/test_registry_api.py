@@ -58,6 +58,27 @@ def test_body_that_is_not_json_is_a_clear_422(reg: str) -> None:
     assert r.json()["message"].startswith("body: not valid JSON")
 
 
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b'{"instance_id": "\xff\xfe", "url": "http://127.0.0.1:1", "agent": "a"}', "UTF-8"),
+        (b"[" * 20_000, "nested too deeply"),
+    ],
+)
+def test_a_body_json_cannot_decode_is_the_documented_422_naming_body(
+    reg: str, body: bytes, why: str
+) -> None:
+    """Not a 400 'There was an error parsing the body' (FastAPI's answer when json.loads fails
+    other than on syntax): the API's one shape for a bad request."""
+    r = httpx.post(
+        f"{reg}/v1/instances", content=body, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "invalid_request"
+    assert r.json()["fields"][0]["field"] == "body"
+    assert why in r.json()["message"]
+
+
 def test_bad_url_and_agent_name_are_named(reg: str) -> None:
     r = _register(reg, {"instance_id": "x", "agent": "Echo!", "url": "ftp://nowhere"})
     assert r.status_code == 422
@@ -187,6 +208,12 @@ def test_registry_health_metrics_and_openapi(reg: str) -> None:
     paths = set(spec["paths"])
     assert {"/v1/instances", "/v1/agents", "/v1/agents/{name}", "/v1/prometheus/targets"} <= paths
     assert "/" not in paths  # the operator page is not API
+    # /metrics is Prometheus text, and the schema says so (it said application/json).
+    documented = spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    served = httpx.get(f"{reg}/metrics").headers["content-type"]
+    assert "application/json" not in documented
+    assert served in documented
+    assert "text/plain" in documented
 
 
 def test_token_guards_writes_not_reads(tmp_path: Path) -> None:

@@ -135,11 +135,11 @@ def test_a_non_ascii_token_is_compared_as_the_bytes_sent(tmp_path: Path) -> None
 
 
 def _mesh_registry(
-    *args: str, env: dict[str, str] | None = None
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "mesh", "registry", *args],
-        capture_output=True, text=True, timeout=30, env=env or clean_env(), cwd=ROOT,
+        capture_output=True, text=True, timeout=timeout, env=env or clean_env(), cwd=ROOT,
     )  # fmt: skip
 
 
@@ -153,6 +153,32 @@ def test_beyond_loopback_without_a_token_refuses_to_start(tmp_path: Path) -> Non
     assert len(lines) == 1, result.stderr
     assert "beyond loopback" in lines[0]
     assert "MESH_REGISTRY_TOKEN" in lines[0]
+    assert not (tmp_path / "registry.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("token", "flags", "said"),
+    [
+        (" ", (), "is blank"),
+        ("\t ", (), "is blank"),
+        (" s3cret", (), "spaces at either end"),
+        (None, ("--token", "  "), "is blank"),
+        (None, ("--max-instances", "0"), "--max-instances 0"),
+    ],
+)
+def test_a_token_nobody_could_send_or_no_room_refuses_to_start(
+    tmp_path: Path, token: str | None, flags: tuple[str, ...], said: str
+) -> None:
+    """A blank write token used to be taken (beyond loopback too), after which every write was
+    refused: one line at start-up instead, on loopback as anywhere."""
+    env = clean_env(**({"MESH_REGISTRY_TOKEN": token} if token is not None else {}))
+    result = _mesh_registry(
+        "--port", str(free_port()), "--data-dir", str(tmp_path), *flags, env=env, timeout=15
+    )
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert said in lines[0]
     assert not (tmp_path / "registry.db").exists()
 
 
