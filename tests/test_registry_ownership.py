@@ -242,7 +242,9 @@ def test_a_live_instance_cannot_be_evicted_by_registering_its_url(tmp_path: Path
 def test_a_restarted_node_at_its_url_still_replaces_its_old_instance(tmp_path: Path) -> None:
     """The legitimate supersede: a new process at the same URL whose /health names its new id."""
     port = free_port()
-    with registry(tmp_path) as reg:
+    # Probes far apart: the prober's ghost rule (which would also remove echo-a once echo-b
+    # answers at its URL) must not get there first; this is about the registration itself.
+    with registry(tmp_path, probe_interval=60) as reg:
         first = start_node(tmp_path, reg.url, name="echo", port=port, instance_id="echo-a")
         with first.proc:
             wait_for(lambda: instances(reg.url), what="first registered")
