@@ -1,31 +1,43 @@
-"""Suite-wide guards: no test reaches a real model provider or a real registry by accident."""
+"""Suite-wide guards: no test reaches a real model provider, a real registry or Consul, or runs
+with the developer's mesh settings, by accident."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable, Iterator
+
 import pytest
 
-# Variables that would switch a test onto Gemini, Vertex, Consul or someone's registry.
-_LEAKY_ENV = (
-    "GOOGLE_API_KEY",
-    "GEMINI_API_KEY",
-    "GOOGLE_GENAI_USE_VERTEXAI",
-    "GOOGLE_GENAI_USE_ENTERPRISE",
-    "GOOGLE_CLOUD_PROJECT",
-    "GOOGLE_CLOUD_LOCATION",
-    "GOOGLE_GENAI_API_VERSION",
-    "GOOGLE_GEMINI_BASE_URL",
-    "MESH_REGISTRY",
-    "MESH_REGISTRY_TOKEN",
-    "MESH_DISCOVERY",
-    "MESH_DATA_DIR",
-    "MESH_PUBLIC_URL",
-)
+from tests.support import ISOLATED_PREFIXES
+
+
+def _isolated(names: Iterable[str]) -> list[str]:
+    # A prefix rule, not a list: every new MESH_* setting is covered the day it is added.
+    return [name for name in names if name.startswith(ISOLATED_PREFIXES)]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _outside_env() -> Iterator[dict[str, str]]:
+    """The developer's MESH_*, CONSUL_*, GOOGLE_* and GEMINI_* variables, taken out of the
+    environment for the whole session: module- and session-scoped fixtures start before any
+    function-scoped one, so clearing per test alone would leave them the developer's settings.
+    (Modules read at collection, before this runs: test_gemini's key, test_browser's
+    MESH_CHROMIUM.)"""
+    taken = {name: os.environ.pop(name) for name in _isolated(os.environ)}
+    yield taken
+    os.environ.update(taken)
 
 
 @pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
-    # Tests marked `gemini` or `consul` talk to the real service on purpose.
+def _isolated_env(
+    _outside_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    # Tests marked `gemini` or `consul` talk to the real service on purpose: they get the
+    # variables that say where it is (and its key) back.
     if request.node.get_closest_marker("gemini") or request.node.get_closest_marker("consul"):
+        for name, value in _outside_env.items():
+            monkeypatch.setenv(name, value)
         return
-    for name in _LEAKY_ENV:
-        monkeypatch.delenv(name, raising=False)
+    # Whatever an earlier test or an imported module put there since.
+    for name in _isolated(os.environ):
+        monkeypatch.delenv(name)

@@ -35,12 +35,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Variables that configure mesh, Consul or a model provider: a test (tests/conftest.py) and a
+# child it starts (clean_env) see none of the developer's, only what the test sets itself.
+ISOLATED_PREFIXES = ("GOOGLE_", "GEMINI_", "MESH_", "CONSUL_")
+
+# What the credit bureau scores the applicants on file (agents.applicants). Written out rather
+# than computed with the bureau's own function, so a change to its scoring fails the tests
+# instead of moving their expectations along with it.
+BUREAU_SCORES = {"APP-501": 445, "APP-612": 482, "APP-738": 864, "APP-847": 816, "APP-902": 642}
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    """The environment for a child: no model keys (so the scripted model is used), no proxies."""
+    """The environment for a child: no model keys (so the scripted model is used), no mesh or
+    Consul settings, no proxies."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("GOOGLE_", "GEMINI_", "MESH_", "CONSUL_"))
+        if not k.startswith(ISOLATED_PREFIXES)
         and k.lower() not in {"http_proxy", "https_proxy", "all_proxy"}
     }
     env["PYTHONUNBUFFERED"] = "1"

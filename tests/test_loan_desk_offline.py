@@ -16,9 +16,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from agents.credit_bureau import _score
 from mesh.a2a.client import A2APeer
-from tests.support import ROOT, clean_env
+from tests.support import BUREAU_SCORES, ROOT, clean_env
 from tests.test_delegation_e2e import Desk, ask, client, loan_desk
 
 pytestmark = pytest.mark.integration
@@ -53,7 +52,7 @@ async def test_follow_ups_rely_on_the_conversation(desk: Desk) -> None:
 
 async def test_the_answer_says_the_score_once(desk: Desk) -> None:
     result = await ask(desk.officer, "Should we approve APP-612 for 400000?")
-    score = _score("APP-612")
+    score = BUREAU_SCORES["APP-612"]
     assert f"score {score} (deep-subprime)" in result.text
     # "Why: credit score 482 is below 580" is the reason; the bureau line says it once.
     bureau_line = next(line for line in result.text.splitlines() if "Credit bureau" in line)

@@ -15,7 +15,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from mesh.a2a.card import SKILL_SCHEMA_EXTENSION, skill_schemas
 from mesh.a2a.client import A2APeer
 from mesh.errors import RemoteError
-from tests.support import Proc, clean_env, free_port, running, wait_for, wait_until_ok
+from tests.support import (
+    BUREAU_SCORES,
+    Proc,
+    clean_env,
+    free_port,
+    running,
+    wait_for,
+    wait_until_ok,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -94,10 +102,10 @@ async def test_typed_message_completes_with_validated_artifact(
     peer = A2APeer(http, bureau.url)
     result = await peer.send({"applicant_id": "APP-501", "amount": 250000}, skill="score")
     assert result.state == "completed", result
-    from agents.credit_bureau import ScoreReport, _score
+    from agents.credit_bureau import ScoreReport
 
     report = ScoreReport.model_validate(result.data)
-    assert report.score == _score("APP-501")
+    assert report.score == BUREAU_SCORES["APP-501"]
     assert result.metadata["skill"] == "score"
     assert "usage" in result.metadata
     # The single typed skill is inferred when metadata.skill is missing.

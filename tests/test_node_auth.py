@@ -11,10 +11,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from agents.credit_bureau import _score
 from mesh.a2a.client import A2APeer, auth_headers
 from mesh.errors import RemoteError
-from tests.support import ROOT, clean_env
+from tests.support import BUREAU_SCORES, ROOT, clean_env
 from tests.test_delegation_e2e import QUESTION, Desk, loan_desk
 
 pytestmark = pytest.mark.integration
@@ -67,7 +66,7 @@ async def test_the_sdk_client_works_with_the_token_and_is_told_without(desk: Des
         await peer.aclose()
     assert result.ok, result.error
     assert result.data is not None
-    assert result.data["score"] == _score("APP-501")
+    assert result.data["score"] == BUREAU_SCORES["APP-501"]
     async with httpx.AsyncClient(timeout=10) as http:
         peer = A2APeer(http, url)
         with pytest.raises(RemoteError) as info:
@@ -86,7 +85,7 @@ def test_delegation_presents_the_token_to_peers(desk: Desk) -> None:
 
     answered = call(clean_env(MESH_TOKEN=TOKEN))
     assert answered.returncode == 0, answered.stderr
-    assert f"score {_score('APP-612')}" in answered.stdout
+    assert f"score {BUREAU_SCORES['APP-612']}" in answered.stdout
     assert "Income verifier: discrepancy" in answered.stdout
 
     refused = call(clean_env())
@@ -106,4 +105,4 @@ def test_mesh_call_sends_the_token_from_the_environment(desk: Desk) -> None:
     argv += ["--json", '{"applicant_id": "APP-847", "amount": 100000}']
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["score"] == _score("APP-847")
+    assert json.loads(done.stdout)["score"] == BUREAU_SCORES["APP-847"]
