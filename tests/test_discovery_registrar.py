@@ -11,6 +11,7 @@ import pytest
 from mesh.discovery import Instance, Registrar, Registration, UnknownInstance
 from mesh.discovery.base import DiscoveryUnreachable, InstanceIdTaken
 from mesh.errors import DiscoveryError
+from tests.support import eventually
 
 REG = Registration(instance_id="n-1", agent="bureau", url="http://127.0.0.1:9", version="1")
 
@@ -59,21 +60,13 @@ class Sleeps:
         await asyncio.sleep(0)
 
 
-async def _until(predicate, limit: int = 10_000) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(limit):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached")
-
-
 async def test_start_is_non_blocking_then_registers_and_heartbeats() -> None:
     backend, sleeps = ScriptedBackend(), Sleeps()
     registrar = Registrar(backend, REG, interval_s=5.0, sleep=sleeps)
     assert registrar.state == "idle"
     await registrar.start()
     assert registrar.state == "registering"
-    await _until(lambda: backend.calls.count("heartbeat") >= 3)
+    await eventually(lambda: backend.calls.count("heartbeat") >= 3)
     assert registrar.state == "registered"
     assert backend.calls[0] == "register"
     assert set(sleeps.delays) == {5.0}
@@ -86,10 +79,10 @@ async def test_unknown_instance_registers_again() -> None:
     backend, sleeps = ScriptedBackend(), Sleeps()
     registrar = Registrar(backend, REG, sleep=sleeps)
     await registrar.start()
-    await _until(lambda: "heartbeat" in backend.calls)
+    await eventually(lambda: "heartbeat" in backend.calls)
     backend.forget = True
-    await _until(lambda: backend.calls.count("register") == 2)
-    await _until(lambda: registrar.state == "registered")
+    await eventually(lambda: backend.calls.count("register") == 2)
+    await eventually(lambda: registrar.state == "registered")
     await registrar.aclose()
 
 
@@ -129,10 +122,10 @@ async def test_an_id_taken_while_away_is_replaced_by_a_new_one(
     registrar = Registrar(backend, REG, sleep=sleeps, on_new_instance_id=on_new)
     with caplog.at_level(logging.WARNING, logger="mesh.discovery"):
         await registrar.start()
-        await _until(lambda: backend.registered == ["n-1"])
+        await eventually(lambda: backend.registered == ["n-1"])
         backend.taken = {"n-1"}
-        await _until(lambda: len(backend.registered) == 2)
-        await _until(lambda: registrar.state == "registered")
+        await eventually(lambda: len(backend.registered) == 2)
+        await eventually(lambda: registrar.state == "registered")
         (new_id,) = told
         assert backend.registered == ["n-1", new_id]
         assert new_id.startswith("bureau-")
@@ -148,12 +141,12 @@ async def test_outage_backs_off_logs_once_and_recovers(caplog: pytest.LogCapture
     registrar = Registrar(backend, REG, interval_s=4.0, sleep=sleeps)
     with caplog.at_level(logging.INFO, logger="mesh.discovery"):
         await registrar.start()
-        await _until(lambda: len(sleeps.delays) >= 6)
+        await eventually(lambda: len(sleeps.delays) >= 6)
         assert registrar.state == "retrying"
         assert "no registry" in registrar.last_error
         assert sleeps.delays[:6] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
         backend.down = False
-        await _until(lambda: registrar.state == "registered")
+        await eventually(lambda: registrar.state == "registered")
         await registrar.aclose()
     assert caplog.text.count("discovery unavailable for bureau") == 1
     assert caplog.text.count("registered bureau (n-1) at") == 1
@@ -164,7 +157,7 @@ async def test_never_registered_means_no_deregister() -> None:
     backend.down = True
     registrar = Registrar(backend, REG, sleep=sleeps)
     await registrar.start()
-    await _until(lambda: len(sleeps.delays) >= 1)
+    await eventually(lambda: len(sleeps.delays) >= 1)
     await registrar.aclose()
     assert "deregister" not in backend.calls
 
@@ -206,7 +199,7 @@ async def test_no_registry_yet_is_said_once_at_info_losing_one_is_a_warning(
     registrar = Registrar(backend, REG, sleep=sleeps)
     with caplog.at_level(logging.INFO, logger="mesh.discovery"):
         await registrar.start()
-        await _until(lambda: len(sleeps.delays) >= 4)
+        await eventually(lambda: len(sleeps.delays) >= 4)
         waiting = [r for r in caplog.records if "registry" in r.getMessage()]
         assert [(r.levelname, r.getMessage()) for r in waiting] == [
             (
@@ -216,12 +209,12 @@ async def test_no_registry_yet_is_said_once_at_info_losing_one_is_a_warning(
             )
         ]
         backend.down = False
-        await _until(lambda: registrar.state == "registered")
+        await eventually(lambda: registrar.state == "registered")
         caplog.clear()
         # A registry it had, gone: that is worth a warning (once), whatever the error.
         before = backend.calls.count("register")
         backend.down = True
-        await _until(lambda: backend.calls.count("register") >= before + 3)
+        await eventually(lambda: backend.calls.count("register") >= before + 3)
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert warnings == [
             "discovery unavailable for bureau: no registry at http://registry.test: start one; "
