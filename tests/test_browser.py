@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,8 @@ from tests.support import ROOT, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
-CHROMIUM = Path("/usr/bin/chromium")
+# Read at import: tests/conftest.py takes every MESH_* variable away before a test runs.
+CHROMIUM_OVERRIDE = os.environ.get("MESH_CHROMIUM")
 ARTIFACTS = ROOT / "tests" / "artifacts"
 ARGS = [
     "--headless",
@@ -26,14 +29,32 @@ ARGS = [
 ]
 
 
+def find_chromium(override: str | None = CHROMIUM_OVERRIDE, path: str | None = None) -> str:
+    """The Chromium to drive: ``MESH_CHROMIUM`` if set, else ``chromium`` or
+    ``chromium-browser`` on ``path`` (default ``PATH``); skips the test, saying what to do, if
+    there is none."""
+    if override:
+        found = shutil.which(override, path=path)
+        if found is None:
+            pytest.skip(f"MESH_CHROMIUM={override!r} is not an executable: set it to Chromium's")
+        return found
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name, path=path)
+        if found is not None:
+            return found
+    pytest.skip(
+        "needs Chromium: install it (apt-get install chromium; .ci/system-deps installs every "
+        "program the tests drive) or set MESH_CHROMIUM=/path/to/chromium"
+    )
+
+
 @pytest.fixture
 def page() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        pytest.skip("/usr/bin/chromium is missing (.ci/system-deps installs it)")
+    chromium = find_chromium()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        browser = pw.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
         try:
             context = browser.new_context(viewport={"width": 1366, "height": 900})
             yield context.new_page()
