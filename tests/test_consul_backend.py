@@ -1,5 +1,7 @@
-"""The Consul discovery backend: pure translations, the blocking-query cache, error translation,
-and (with a real Consul agent) register / find / heartbeat / deregister."""
+"""The Consul discovery backend: its translations checked against what a Consul agent answers
+(tests/fixtures/consul/, sources in its README), the same answers over HTTP through py-consul
+(tests/fakes/consul_server.py), the blocking-query cache, error translation, and (with a real
+Consul agent) register / find / heartbeat / deregister."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from mesh.discovery.base import Instance, Registration, UnknownInstance
@@ -24,6 +27,7 @@ from mesh.discovery.consul import (
     service_registration,
 )
 from mesh.errors import ConfigError, DiscoveryError
+from tests.fakes.consul_server import FakeConsul, recorded
 from tests.support import Proc, eventually, free_port, wait_until_ok
 
 REG = Registration(
@@ -90,91 +94,135 @@ def test_service_registration_rejects_an_unroutable_url() -> None:
         service_registration(bad)
 
 
-def _entry(*statuses: str, meta: dict[str, str] | None = None, address: str = "10.1.2.3") -> dict:
-    # The shape of one element of GET /v1/health/service/<name> (Consul HTTP API docs).
-    return {
-        "Node": {"Node": "worker-1", "Address": "10.9.9.9", "Datacenter": "dc1"},
-        "Service": {
-            "ID": "credit-bureau-7f3a",
-            "Service": "credit-bureau",
-            "Tags": ["credit_report", "chat"],
-            "Address": address,
-            "Port": 8101,
-            "Meta": meta if meta is not None else {"version": "1.2.0", "card_path": "/c.json"},
-        },
-        "Checks": [
-            {"CheckID": f"c{i}", "Status": status, "ServiceID": ""}
-            for i, status in enumerate(statuses)
-        ],
-    }
+# -- Consul's recorded answers (tests/fixtures/consul/) ----------------------------------------
+
+# What the mesh node in the recording registered: Consul holds it as the first bureau entry.
+RECORDED_NODE = Registration(
+    instance_id="credit-bureau-7f3a",
+    agent="credit-bureau",
+    url="http://bureau-a.internal:8101",
+    version="0.1.0",
+    skills=("score",),
+    tags=("credit", "bureau"),
+)
+CARD = "/.well-known/agent-card.json"
 
 
-def test_instance_from_entry() -> None:
-    inst = instance_from_entry(_entry("passing", "passing"))
-    assert inst == Instance(
+def _bureaus() -> list[dict[str, Any]]:
+    return recorded("health_service_credit-bureau.json")  # type: ignore[no-any-return]
+
+
+def test_an_instance_from_consul_s_entry_for_a_mesh_node() -> None:
+    assert instance_from_entry(_bureaus()[0]) == Instance(
         instance_id="credit-bureau-7f3a",
         agent="credit-bureau",
-        url="http://10.1.2.3:8101",
-        version="1.2.0",
+        url="http://bureau-a.internal:8101",
+        version="0.1.0",
         status="passing",
-        skills=("credit_report", "chat"),
-        meta={"version": "1.2.0", "card_path": "/c.json"},
+        skills=("score",),
+        meta={
+            "card_path": CARD,
+            "tags": "credit,bureau",
+            "url": "http://bureau-a.internal:8101",
+            "version": "0.1.0",
+        },
     )
+    # The URL the node advertises wins over Consul's address and port (e.g. behind a proxy).
+    proxied = _bureaus()[0]
+    proxied["Service"]["Meta"]["url"] = "https://bureau.example/mesh"
+    assert instance_from_entry(proxied).url == "https://bureau.example/mesh"  # type: ignore[union-attr]
+
+
+def test_an_instance_with_no_address_or_url_is_at_its_node_address() -> None:
+    # Registered from a service definition file: no Address, no url in its meta.
+    inst = instance_from_entry(_bureaus()[1])
+    assert inst is not None
+    assert (inst.instance_id, inst.url, inst.status) == (
+        "credit-bureau-b2",
+        "http://10.0.3.22:8101",
+        "critical",
+    )
+    assert inst.meta == {"card_path": CARD, "version": "0.1.0"}
+    on_ipv6 = _bureaus()[1]
+    on_ipv6["Node"]["Address"] = "fd00::22"
+    assert instance_from_entry(on_ipv6).url == "http://[fd00::22]:8101"  # type: ignore[union-attr]
+
+
+_MAINTENANCE = {
+    "Node": "worker-1",
+    "CheckID": "_service_maintenance:credit-bureau-7f3a",
+    "Name": "Service Maintenance Mode",
+    "Status": "critical",
+    "Notes": "draining for an upgrade",
+    "Output": "",
+    "ServiceID": "credit-bureau-7f3a",
+    "ServiceName": "credit-bureau",
+    "ServiceTags": ["score"],
+    "Type": "maintenance",
+    "Interval": "",
+    "Timeout": "",
+    "ExposedPort": 0,
+    "Definition": {},
+    "CreateIndex": 44,
+    "ModifyIndex": 44,
+}
 
 
 @pytest.mark.parametrize(
-    ("statuses", "expected"),
+    ("serf", "service", "extra", "expected"),
     [
-        (("passing", "warning"), "warning"),
-        (("warning", "critical", "passing"), "critical"),
-        (("passing", "maintenance"), "critical"),
-        ((), "passing"),
+        ("passing", "warning", [], "warning"),  # its /health answered 429
+        ("critical", "passing", [], "critical"),  # its Consul agent stopped answering
+        ("passing", "passing", [_MAINTENANCE], "critical"),  # maintenance mode
+        ("passing", "unknown-to-mesh", [], "critical"),  # never route to a state it cannot read
     ],
 )
-def test_instance_status_is_the_worst_check(statuses: tuple[str, ...], expected: str) -> None:
-    inst = instance_from_entry(_entry(*statuses))
-    assert inst is not None
-    assert inst.status == expected
+def test_the_status_is_the_worst_of_the_node_s_and_the_service_s_checks(
+    serf: str, service: str, extra: list[dict[str, Any]], expected: str
+) -> None:
+    entry = _bureaus()[0]
+    entry["Checks"][0]["Status"], entry["Checks"][1]["Status"] = serf, service
+    entry["Checks"] += extra
+    assert instance_from_entry(entry).status == expected  # type: ignore[union-attr]
+    entry["Checks"] = []  # Consul sends [] for an instance with no check at all
+    assert instance_from_entry(entry).status == "passing"  # type: ignore[union-attr]
 
 
-def test_instance_url_prefers_the_advertised_url_then_node_address() -> None:
-    advertised = {"version": "1", "card_path": "/c", "url": "https://bureau.example/mesh"}
-    inst = instance_from_entry(_entry("passing", meta=advertised))
-    assert inst is not None
-    assert inst.url == "https://bureau.example/mesh"
-    no_service_address = instance_from_entry(_entry("passing", address=""))
-    assert no_service_address is not None
-    assert no_service_address.url == "http://10.9.9.9:8101"
+def test_services_that_are_not_mesh_nodes_are_not_instances() -> None:
+    # Consul's own service has a "version" in its meta too; postgres has tags and meta.
+    (consul_itself,) = recorded("health_service_consul.json")
+    (postgres,) = recorded("health_service_postgres.json")
+    assert consul_itself["Service"]["Meta"]["version"] == "1.18.1"
+    assert instance_from_entry(consul_itself) is None
+    assert instance_from_entry(postgres) is None
+    postgres["Service"]["Meta"] = None  # what Consul sends for a service registered without meta
+    assert instance_from_entry(postgres) is None
 
 
-def test_non_mesh_services_are_not_instances() -> None:
-    assert instance_from_entry(_entry("passing", meta={"version": "1"})) is None
-    assert instance_from_entry({"Service": {"ID": "consul", "Service": "consul"}}) is None
+def test_a_node_registers_what_consul_holds_for_it() -> None:
+    payload = service_registration(RECORDED_NODE)
+    held = _bureaus()[0]["Service"]
+    sent = (payload["name"], payload["service_id"], payload["tags"], payload["address"])
+    assert sent == (held["Service"], held["ID"], held["Tags"], held["Address"])
+    assert (payload["port"], payload["meta"]) == (held["Port"], held["Meta"])
+    assert payload["check"]["Name"] == _bureaus()[0]["Checks"][1]["Name"]
 
 
-def test_register_payload_round_trips_through_a_health_entry() -> None:
-    payload = service_registration(REG)
-    entry = {
-        "Node": {"Address": "10.0.0.1"},
-        "Service": {
-            "ID": payload["service_id"],
-            "Service": payload["name"],
-            "Tags": payload["tags"],
-            "Address": payload["address"],
-            "Port": payload["port"],
-            "Meta": payload["meta"],
-        },
-        "Checks": [{"Status": "passing"}],
-    }
-    inst = instance_from_entry(entry)
-    assert inst is not None
-    assert (inst.instance_id, inst.agent, inst.url, inst.version, inst.skills) == (
-        REG.instance_id,
-        REG.agent,
-        REG.url,
-        REG.version,
-        REG.skills,
-    )
+def test_a_url_longer_than_consul_keeps_is_a_config_error_naming_it() -> None:
+    long_url = "http://bureau.example/" + "p" * 500
+    with pytest.raises(ConfigError, match=r"url: its URL is 522 characters.*512.*MESH_PUBLIC_URL"):
+        service_registration(Registration(instance_id="i", agent="a", url=long_url, version="1"))
+    many_tags = tuple(f"tag-{n:03}" for n in range(80))
+    with pytest.raises(ConfigError, match=r"tags: its tags take 639 characters.*fewer or shorter"):
+        service_registration(
+            Registration(instance_id="i", agent="a", url="http://a:1", version="1", tags=many_tags)
+        )
+    for key in ("not a key", "consul-owner", "k" * 129):
+        bad = Registration(
+            instance_id="i", agent="a", url="http://a:1", version="1", meta={key: "1"}
+        )
+        with pytest.raises(ConfigError, match="Consul refuses the service meta key"):
+            service_registration(bad)
 
 
 # -- the blocking-query cache ---------------------------------------------------------------------
@@ -326,6 +374,124 @@ async def test_unreachable_consul_is_a_discovery_error_naming_the_address() -> N
             await backend.register(REG)
     finally:
         await backend.aclose()
+
+
+# -- Consul's recorded answers over HTTP, through py-consul ---------------------------------------
+
+
+@pytest.fixture
+def consul() -> Iterator[FakeConsul]:
+    with FakeConsul() as fake:
+        yield fake
+
+
+@pytest.mark.integration
+async def test_find_heartbeat_and_ping_read_consul_s_answers(consul: FakeConsul) -> None:
+    base = f"http://127.0.0.1:{consul.port}"
+    # The fake answers what the recording says (before anything registers).
+    async with httpx.AsyncClient(trust_env=False) as http:
+        agent_services = (await http.get(f"{base}/v1/agent/services")).json()
+        catalog = (await http.get(f"{base}/v1/catalog/services")).json()
+    assert agent_services == recorded("agent_services.json")
+    assert catalog == recorded("catalog_services.json")
+
+    backend = ConsulBackend(consul.address, wait_s=2.0)
+    try:
+        passing = await backend.find(agent="credit-bureau")
+        assert [(i.instance_id, i.url) for i in passing] == [
+            ("credit-bureau-7f3a", "http://bureau-a.internal:8101")
+        ]
+        everyone = await backend.find(agent="credit-bureau", passing_only=False)
+        assert sorted((i.instance_id, i.url, i.status) for i in everyone) == [
+            ("credit-bureau-7f3a", "http://bureau-a.internal:8101", "passing"),
+            ("credit-bureau-b2", "http://10.0.3.22:8101", "critical"),
+        ]
+        # By skill: through the catalog, whose other services (consul, postgres) are no nodes.
+        assert [i.instance_id for i in await backend.find(skill="score")] == ["credit-bureau-7f3a"]
+        assert len(await backend.find(passing_only=False)) == 2
+        assert await backend.find(skill="no-such-skill") == []
+        await backend.heartbeat("credit-bureau-7f3a")  # registered with this agent
+        with pytest.raises(UnknownInstance):  # registered with worker-2's agent
+            await backend.heartbeat("credit-bureau-b2")
+        await backend.ping()
+    finally:
+        await backend.aclose()
+
+
+@pytest.mark.integration
+async def test_a_registration_is_consul_s_documented_body_and_its_check_is_followed(
+    consul: FakeConsul,
+) -> None:
+    reg = Registration(
+        instance_id="cb-new", agent="credit-bureau", url="http://10.0.3.21:8102", version="0.2.0",
+        skills=("score",), tags=("credit",),
+    )  # fmt: skip
+    backend = ConsulBackend(consul.address, wait_s=2.0)
+    try:
+        await backend.register(reg)
+        # The fake refuses any field Consul does not document: this body passed.
+        (sent,) = consul.registrations
+        assert sent["id"] == "cb-new"
+        assert sent["checks"][0]["HTTP"] == "http://10.0.3.21:8102/health"
+        (new,) = [
+            i for i in await backend.find(agent="credit-bureau", passing_only=False)
+            if i.instance_id == "cb-new"
+        ]  # fmt: skip
+        assert (new.url, new.version, new.status) == ("http://10.0.3.21:8102", "0.2.0", "critical")
+        await backend.heartbeat("cb-new")
+
+        # Consul's check passes: the blocking query delivers it (no direct refetch needed).
+        await backend.find(agent="credit-bureau")
+        consul.set_status("cb-new", "passing")
+
+        async def passing_ids() -> set[str]:
+            return {i.instance_id for i in await backend.find(agent="credit-bureau")}
+
+        await eventually(lambda: _contains(passing_ids(), "cb-new"), what="cb-new passing")
+
+        await backend.deregister("cb-new")
+        assert "cb-new" not in consul.entries
+        with pytest.raises(UnknownInstance):
+            await backend.heartbeat("cb-new")
+    finally:
+        await backend.aclose()
+
+
+async def _contains(found: Awaitable[set[str]], item: str) -> bool:
+    return item in await found
+
+
+@pytest.mark.integration
+async def test_a_registration_consul_refuses_says_consul_s_reason(consul: FakeConsul) -> None:
+    # An HTTP check needs an interval: Consul answers 400 with its reason, which is not an
+    # outage ("is the Consul agent running?") but a request to correct.
+    backend = ConsulBackend(consul.address, check=ConsulCheck(interval="0s"))
+    try:
+        with pytest.raises(DiscoveryError) as refused:
+            await backend.register(RECORDED_NODE)
+    finally:
+        await backend.aclose()
+    assert str(refused.value) == (
+        f"Consul at {consul.address} refused to register 'credit-bureau': Invalid check: "
+        "Interval must be > 0 for Script, HTTP, H2PING, or TCP checks"
+    )
+
+
+@pytest.mark.integration
+async def test_a_registration_consul_would_refuse_is_not_sent(consul: FakeConsul) -> None:
+    # A DiscoveryError (what a node's registrar reports and retries), naming the field.
+    long_url = "http://bureau.example/" + "p" * 500
+    backend = ConsulBackend(consul.address)
+    try:
+        with pytest.raises(
+            DiscoveryError, match=r"cannot register: agent 'a': url: its URL is 522"
+        ):
+            await backend.register(
+                Registration(instance_id="i", agent="a", url=long_url, version="1")
+            )
+    finally:
+        await backend.aclose()
+    assert consul.registrations == []
 
 
 def test_bad_address_is_a_config_error() -> None:

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -35,7 +36,7 @@ from urllib.parse import urlsplit
 
 import consul
 import requests
-from consul.exceptions import ACLDisabled, ACLPermissionDenied, ConsulException
+from consul.exceptions import ACLDisabled, ACLPermissionDenied, BadRequest, ConsulException
 
 from mesh.discovery.base import Instance, Registration, Status, UnknownInstance
 from mesh.errors import ConfigError, DiscoveryError
@@ -58,6 +59,11 @@ DEFAULT_PORT = 8500
 # Marks a Consul service as a mesh node (other services share the catalog: consul itself, ...).
 MESH_META_KEY = "card_path"
 _STATUS_RANK: dict[str, int] = {"passing": 0, "warning": 1, "critical": 2}
+# What Consul's register endpoint takes as service meta (agent/structs/structs.go): anything
+# else is refused with a 400, so a registration is checked against it before it is sent.
+_META_KEY = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_META_MAX_VALUE = 512
+_META_MAX_PAIRS = 64
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,10 @@ def parse_consul_url(url: str) -> tuple[str, str, int]:
 def service_registration(
     registration: Registration, check: ConsulCheck | None = None
 ) -> dict[str, Any]:
-    """The keyword arguments of ``consul.Consul().agent.service.register`` for a node."""
+    """The keyword arguments of ``consul.Consul().agent.service.register`` for a node.
+    ``ConfigError`` naming the field for what Consul would refuse: a URL that is not http(s)
+    with a host, service meta beyond Consul's limits (a URL or joined tags over 512
+    characters)."""
     check = check or ConsulCheck()
     parts = urlsplit(registration.url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -109,6 +118,7 @@ def service_registration(
     }
     if registration.tags:
         meta["tags"] = ",".join(registration.tags)
+    _check_meta(registration.agent, meta)
     return {
         "name": registration.agent,
         "service_id": registration.instance_id,
@@ -125,6 +135,37 @@ def service_registration(
             "DeregisterCriticalServiceAfter": check.deregister_after,
         },
     }
+
+
+def _check_meta(agent: str, meta: dict[str, str]) -> None:
+    """``ConfigError`` naming the field, unless Consul stores ``meta`` as it is."""
+    if len(meta) > _META_MAX_PAIRS:
+        raise ConfigError(
+            f"agent {agent!r} has {len(meta)} service meta entries; Consul keeps at most "
+            f"{_META_MAX_PAIRS}: register fewer"
+        )
+    for key, value in meta.items():
+        if not _META_KEY.match(key) or key.startswith("consul-"):
+            raise ConfigError(
+                f"agent {agent!r}: Consul refuses the service meta key {key!r}: use letters, "
+                "digits, '_' and '-' (at most 128, not starting 'consul-')"
+            )
+        if len(value) <= _META_MAX_VALUE:
+            continue
+        limit = f"more than the {_META_MAX_VALUE} characters Consul keeps in a service meta value"
+        if key == "url":
+            raise ConfigError(
+                f"agent {agent!r}: url: its URL is {len(value)} characters, {limit}; advertise "
+                "a shorter one (MESH_PUBLIC_URL)"
+            )
+        if key == "tags":
+            raise ConfigError(
+                f"agent {agent!r}: tags: its tags take {len(value)} characters joined, {limit}; "
+                "give the agent fewer or shorter tags"
+            )
+        raise ConfigError(
+            f"agent {agent!r}: service meta {key!r} is {len(value)} characters, {limit}"
+        )
 
 
 def _worst(statuses: list[str]) -> Status:
@@ -326,6 +367,10 @@ class ConsulBackend:
                 f"Consul at {self.address} refused to {what}: permission denied; set "
                 f"CONSUL_HTTP_TOKEN to a token allowed to do it ({exc})"
             ) from exc
+        except BadRequest as exc:
+            # Consul answered, and said what is wrong with the request (its 400 body).
+            reason = str(exc).removeprefix("400 ").strip()
+            raise DiscoveryError(f"Consul at {self.address} refused to {what}: {reason}") from exc
         except (ConsulException, requests.RequestException, OSError, ValueError) as exc:
             raise DiscoveryError(
                 f"Consul at {self.address} could not {what}: {exc!r}; is the Consul agent "
@@ -353,8 +398,14 @@ class ConsulBackend:
 
     # -- DiscoveryBackend -----------------------------------------------------------------------
     async def register(self, registration: Registration) -> None:
-        """Register (or re-register: same id replaces) the node as a Consul service."""
-        kwargs = service_registration(registration, self.check)
+        """Register (or re-register: same id replaces) the node as a Consul service.
+        ``DiscoveryError`` if Consul refuses it, or would (``service_registration``)."""
+        try:
+            kwargs = service_registration(registration, self.check)
+        except ConfigError as exc:
+            # A DiscoveryError, as the backend contract says: the node's registrar logs it
+            # (and keeps trying) instead of ending on an error nobody sees.
+            raise DiscoveryError(f"Consul at {self.address} cannot register: {exc}") from exc
         ok = await self._call(
             f"register {registration.agent!r}",
             lambda: self._client.agent.service.register(**kwargs),
