@@ -26,6 +26,7 @@ from registry.store import (
     InstanceTaken,
     NotOwner,
     RegistryFull,
+    Unstorable,
     UrlTaken,
     secret_hash,
 )
@@ -203,6 +204,8 @@ async def register(body: RegisterBody, state: State, secret: Secret = None) -> R
             "nodes do); another process needs a URL of its own, or the old instance's owner "
             "deregisters it first",
         ) from exc
+    except Unstorable as exc:
+        raise ApiError(422, "unstorable", str(exc)) from exc
     except RegistryFull as exc:
         raise ApiError(
             503,

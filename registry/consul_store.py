@@ -30,8 +30,8 @@ from collections.abc import Callable, Collection, Iterable
 import httpx
 
 from mesh.discovery.base import CARD_PATH, Instance, Registration, Status, UnknownInstance
-from mesh.discovery.consul import ConsulBackend
-from mesh.errors import DiscoveryError, StoreError
+from mesh.discovery.consul import ConsulBackend, service_registration
+from mesh.errors import ConfigError, DiscoveryError, StoreError
 from mesh.netguard import create_http_client
 from mesh.netpolicy import NetworkPolicy
 from registry.card import CardRejected, agent_record, fetch_card
@@ -40,6 +40,7 @@ from registry.store import (
     InstanceRecord,
     Registered,
     SkillRecord,
+    Unstorable,
     check_owner,
     check_room,
     check_supersede,
@@ -216,6 +217,10 @@ class ConsulRegistryStore:
             tags=agent.tags,
             meta={OWNER_META: secret_hash},
         )
+        try:
+            service_registration(registration)  # what Consul would refuse, before any write
+        except ConfigError as exc:
+            raise Unstorable(str(exc)) from exc
         try:
             for ghost in superseded:
                 await self._backend.deregister(ghost.instance_id)

@@ -38,6 +38,7 @@ __all__ = [
     "RegistryFull",
     "RegistryStore",
     "SkillRecord",
+    "Unstorable",
     "UrlTaken",
     "check_owner",
     "check_room",
@@ -66,6 +67,11 @@ class UrlTaken(Exception):
     def __init__(self, instance: InstanceRecord) -> None:
         super().__init__(f"instance {instance.instance_id!r} is at {instance.url}")
         self.instance = instance
+
+
+class Unstorable(Exception):
+    """The backend cannot keep the registration as given (Consul: a URL or tag list over the 512
+    characters of a service meta value). The message names the field and what to do."""
 
 
 class RegistryFull(Exception):
@@ -198,7 +204,8 @@ class RegistryStore(Protocol):
         ``max_instances`` (``RegistryFull``). A known id must belong to the same agent (else
         ``InstanceTaken``) and ``presented`` must own it (else ``NotOwner``); it keeps its
         owner and ``registered_at``. The other instances of the same agent at the same URL are
-        superseded (removed) if their ids are all in ``supersede``, else ``UrlTaken``.
+        superseded (removed) if their ids are all in ``supersede``, else ``UrlTaken``. A
+        registration the backend cannot hold is ``Unstorable``, before anything is written.
         """
         ...
 

@@ -4,19 +4,19 @@ agent) the registry API writing to and reading from Consul."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from mesh.discovery.base import Instance, Registration, UnknownInstance
-from mesh.discovery.consul import instance_from_entry, service_registration
+from mesh.discovery.base import Instance
+from mesh.discovery.consul import ConsulBackend
 from mesh.errors import StoreError
 from registry.consul_store import CardCache, ConsulRegistryStore, fallback_agent, instance_record
 from registry.store import (
@@ -25,9 +25,12 @@ from registry.store import (
     InstanceTaken,
     NotOwner,
     RegistryFull,
+    Unstorable,
     UrlTaken,
     secret_hash,
 )
+from tests.fakes.consul_server import FakeConsul
+from tests.registry_support import flood_node
 from tests.support import Proc, free_port, running, wait_for, wait_until_ok
 
 
@@ -72,46 +75,7 @@ def test_fallback_agent_lists_the_skills_consul_tags_name() -> None:
     assert record.card == {}
 
 
-# -- ownership, offline against an in-memory Consul -----------------------------------------------
-
-
-class FakeConsul:
-    """What the store uses of ``ConsulBackend``, in memory, through the same service and meta
-    translation as the real backend (``service_registration`` / ``instance_from_entry``)."""
-
-    def __init__(self) -> None:
-        self.entries: dict[str, dict[str, Any]] = {}
-
-    async def register(self, registration: Registration) -> None:
-        payload = service_registration(registration)
-        self.entries[registration.instance_id] = {
-            "Service": {
-                "ID": payload["service_id"],
-                "Service": payload["name"],
-                "Tags": payload["tags"],
-                "Meta": payload["meta"],
-                "Address": payload["address"],
-                "Port": payload["port"],
-            },
-            "Checks": [{"Status": "passing"}],
-        }
-
-    async def heartbeat(self, instance_id: str) -> None:
-        if instance_id not in self.entries:
-            raise UnknownInstance(instance_id)
-
-    async def deregister(self, instance_id: str) -> None:
-        self.entries.pop(instance_id, None)
-
-    async def find(
-        self, *, agent: str | None = None, skill: str | None = None, passing_only: bool = True
-    ) -> list[Instance]:
-        found = [instance_from_entry(e) for e in self.entries.values()]
-        return [i for i in found if i is not None and agent in (None, i.agent)]
-
-    async def ping(self) -> None: ...
-
-    async def aclose(self) -> None: ...
+# -- ownership, on Consul's answers through the real ConsulBackend --------------------------------
 
 
 def _agent(name: str) -> AgentRecord:
@@ -122,66 +86,108 @@ def _inst(iid: str, agent: str, url: str = "http://10.0.0.7:8000") -> InstanceRe
     return InstanceRecord(instance_id=iid, agent=agent, url=url, version="1", registered_at=1.0)
 
 
+@contextlib.asynccontextmanager
+async def _store(consul: FakeConsul) -> AsyncIterator[ConsulRegistryStore]:
+    store = ConsulRegistryStore(
+        ConsulBackend(consul.address, wait_s=2.0), httpx.AsyncClient(trust_env=False)
+    )
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+def _meta(consul: FakeConsul, instance_id: str) -> dict[str, str]:
+    return consul.entries[instance_id]["Service"]["Meta"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.integration
 async def test_consul_store_keeps_the_ownership_rules() -> None:
-    consul = FakeConsul()
-    async with httpx.AsyncClient(trust_env=False) as http:
-        store = ConsulRegistryStore(consul, http)  # type: ignore[arg-type]
-        owner, other = secret_hash("mine"), secret_hash("theirs")
-        done = await store.put(_agent("a"), _inst("i", "a"), secret_hash=owner, presented=None)
-        assert done.created
-        # The hash, never the secret, is in the service meta.
-        assert consul.entries["i"]["Service"]["Meta"]["secret_hash"] == owner
-        with pytest.raises(InstanceTaken):
-            await store.put(_agent("b"), _inst("i", "b"), secret_hash=other, presented=owner)
-        for presented in (None, other):
-            with pytest.raises(NotOwner):
+    with FakeConsul(recorded_services=False) as consul:
+        async with _store(consul) as store:
+            owner, other = secret_hash("mine"), secret_hash("theirs")
+            done = await store.put(_agent("a"), _inst("i", "a"), secret_hash=owner, presented=None)
+            assert done.created
+            # The hash, never the secret, is in the service meta.
+            assert _meta(consul, "i")["secret_hash"] == owner
+            with pytest.raises(InstanceTaken):
+                await store.put(_agent("b"), _inst("i", "b"), secret_hash=other, presented=owner)
+            for presented in (None, other):
+                with pytest.raises(NotOwner):
+                    await store.put(
+                        _agent("a"), _inst("i", "a"), secret_hash=other, presented=presented
+                    )
+                with pytest.raises(NotOwner):
+                    await store.heartbeat("i", 2.0, presented=presented)
+                with pytest.raises(NotOwner):
+                    await store.deregister("i", presented=presented)
+            again = await store.put(
+                _agent("a"), _inst("i", "a"), secret_hash=other, presented=owner
+            )
+            assert not again.created
+            assert _meta(consul, "i")["secret_hash"] == owner, "owner kept"
+            assert await store.heartbeat("i", 3.0, presented=owner) is not None
+            assert await store.heartbeat("unknown", 3.0, presented=owner) is None
+            # One instance per (agent, URL): a new id there supersedes the old one, once the
+            # caller proved the process at the URL is the new one (else UrlTaken, nothing
+            # written).
+            with pytest.raises(UrlTaken):
+                await store.put(_agent("a"), _inst("i2", "a"), secret_hash=other, presented=None)
+            assert set(consul.entries) == {"i"}
+            moved = await store.put(
+                _agent("a"), _inst("i2", "a"), secret_hash=other, presented=None, supersede={"i"}
+            )
+            assert [r.instance_id for r in moved.superseded] == ["i"]
+            assert set(consul.entries) == {"i2"}
+            # A full store takes no new id.
+            with pytest.raises(RegistryFull):
                 await store.put(
-                    _agent("a"), _inst("i", "a"), secret_hash=other, presented=presented
+                    _agent("a"),
+                    _inst("i3", "a", "http://h:3"),
+                    secret_hash=other,
+                    presented=None,
+                    max_instances=1,
                 )
-            with pytest.raises(NotOwner):
-                await store.heartbeat("i", 2.0, presented=presented)
-            with pytest.raises(NotOwner):
-                await store.deregister("i", presented=presented)
-        again = await store.put(_agent("a"), _inst("i", "a"), secret_hash=other, presented=owner)
-        assert not again.created
-        assert consul.entries["i"]["Service"]["Meta"]["secret_hash"] == owner, "owner kept"
-        assert await store.heartbeat("i", 3.0, presented=owner) is not None
-        assert await store.heartbeat("unknown", 3.0, presented=owner) is None
-        # One instance per (agent, URL): a new id there supersedes the old one, once the caller
-        # proved the process at the URL is the new one (else UrlTaken, nothing written).
-        with pytest.raises(UrlTaken):
-            await store.put(_agent("a"), _inst("i2", "a"), secret_hash=other, presented=None)
-        assert set(consul.entries) == {"i"}
-        moved = await store.put(
-            _agent("a"), _inst("i2", "a"), secret_hash=other, presented=None, supersede={"i"}
-        )
-        assert [r.instance_id for r in moved.superseded] == ["i"]
-        assert set(consul.entries) == {"i2"}
-        # A full store takes no new id.
-        with pytest.raises(RegistryFull):
-            await store.put(
-                _agent("a"),
-                _inst("i3", "a", "http://h:3"),
-                secret_hash=other,
-                presented=None,
-                max_instances=1,
-            )
-        assert await store.deregister("i2", presented=other) is not None
-        assert consul.entries == {}
+            assert await store.deregister("i2", presented=other) is not None
+            assert consul.entries == {}
 
 
+@pytest.mark.integration
 async def test_a_node_registered_straight_into_consul_cannot_be_changed_through_the_api() -> None:
-    consul = FakeConsul()
-    await consul.register(Registration(instance_id="n", agent="a", url="http://h:1", version="1"))
-    async with httpx.AsyncClient(trust_env=False) as http:
-        store = ConsulRegistryStore(consul, http)  # type: ignore[arg-type]
-        with pytest.raises(NotOwner):
-            await store.put(
-                _agent("a"), _inst("n", "a", "http://h:1"), secret_hash="h", presented=None
-            )
-        with pytest.raises(NotOwner):
-            await store.deregister("n", presented=secret_hash("guess"))
-    assert set(consul.entries) == {"n"}
+    # The recorded credit-bureau-7f3a registered itself (MESH_DISCOVERY=consul://...): its meta
+    # holds no secret hash.
+    with FakeConsul() as consul:
+        async with _store(consul) as store:
+            bureau = _inst("credit-bureau-7f3a", "credit-bureau", "http://bureau-a.internal:8101")
+            with pytest.raises(NotOwner):
+                await store.put(_agent("credit-bureau"), bureau, secret_hash="h", presented=None)
+            with pytest.raises(NotOwner):
+                await store.deregister("credit-bureau-7f3a", presented=secret_hash("guess"))
+        assert "credit-bureau-7f3a" in consul.entries
+        assert consul.registrations == []
+
+
+@pytest.mark.integration
+async def test_a_registration_consul_cannot_hold_is_refused_before_any_write() -> None:
+    with FakeConsul(recorded_services=False) as consul:
+        async with _store(consul) as store:
+            url = "http://10.0.0.7:8000"
+            await store.put(_agent("a"), _inst("old", "a", url), secret_hash="h", presented=None)
+            long_url = "http://10.0.0.7:8000/" + "p" * 500
+            with pytest.raises(Unstorable, match=r"url: its URL is 521 characters.*512"):
+                await store.put(
+                    _agent("a"), _inst("new", "a", long_url), secret_hash="h", presented=None
+                )
+            tags = tuple(f"tag-{n:03}" for n in range(80))
+            many = AgentRecord(name="a", description="", version="1", card={}, agent_tags=tags)
+            # Not even the instance it would supersede is removed.
+            with pytest.raises(Unstorable, match="tags: its tags take 639 characters"):
+                await store.put(
+                    many, _inst("new", "a", url), secret_hash="h", presented=None,
+                    supersede={"old"},
+                )  # fmt: skip
+        assert set(consul.entries) == {"old"}
+        assert len(consul.registrations) == 1
 
 
 # -- cards read from a real node ------------------------------------------------------------------
@@ -277,6 +283,49 @@ def test_registry_on_an_unreachable_consul_answers_503_not_500(tmp_path: Path) -
         agents = httpx.get(f"{base}/v1/agents", timeout=10)
         assert agents.status_code == 503
         assert agents.json()["error"] == "store_unavailable"
+
+
+@contextlib.contextmanager
+def _registry_on(consul: FakeConsul, tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    argv = _registry_argv(f"consul://127.0.0.1:{consul.port}", port, tmp_path)
+    with Proc.start(argv, name="registry", tmp=tmp_path) as proc:
+        base = f"http://127.0.0.1:{port}"
+        wait_until_ok(f"{base}/health", proc=proc)
+        yield base
+
+
+@pytest.mark.integration
+def test_the_registry_on_consul_serves_what_consul_answers(tmp_path: Path) -> None:
+    with FakeConsul() as consul, _registry_on(consul, tmp_path) as base:
+        passing = httpx.get(f"{base}/v1/instances", timeout=10).json()["instances"]
+        assert [i["instance_id"] for i in passing] == ["credit-bureau-7f3a"]
+        listed = httpx.get(f"{base}/v1/instances?status=any", timeout=10).json()["instances"]
+        assert sorted((i["instance_id"], i["url"], i["status"]) for i in listed) == [
+            ("credit-bureau-7f3a", "http://bureau-a.internal:8101", "passing"),
+            ("credit-bureau-b2", "http://10.0.3.22:8101", "critical"),
+        ]
+        # Neither card is reachable from here: the agent is listed from Consul's tags.
+        agents = httpx.get(f"{base}/v1/agents", timeout=10).json()["agents"]
+        assert [(a["name"], [s["id"] for s in a["skills"]]) for a in agents] == [
+            ("credit-bureau", ["score"])
+        ]
+
+
+@pytest.mark.integration
+def test_the_registry_on_consul_refuses_a_url_consul_cannot_hold(tmp_path: Path) -> None:
+    flood = flood_node(tmp_path)  # serves a card under any /i/<n>
+    with flood.proc, FakeConsul() as consul, _registry_on(consul, tmp_path) as base:
+        url = f"{flood.url}/i/{'n' * 500}"
+        r = httpx.post(
+            f"{base}/v1/instances",
+            json={"instance_id": "long-1", "url": url, "agent": "junk"},
+            timeout=10,
+        )
+        assert r.status_code == 422, r.text
+        assert r.json()["error"] == "unstorable"
+        assert f"url: its URL is {len(url)} characters" in r.json()["message"]
+        assert consul.registrations == []
 
 
 def test_registry_backend_must_be_consul(tmp_path: Path) -> None:
