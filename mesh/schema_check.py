@@ -1,4 +1,4 @@
-"""Check a JSON value against a JSON Schema: the subset pydantic emits, nothing more.
+"""Check a JSON value against a skill's JSON Schema (Draft 2020-12, by ``jsonschema``).
 
 A caller only has a peer's skill schemas (from its card), not its pydantic models, so remote
 arguments and results are checked against the schema itself:
@@ -6,23 +6,40 @@ arguments and results are checked against the schema itself:
     value = check({"applicant_id": "APP-501", "amount": 250000.0}, schema)   # coerced copy
     # SchemaViolation("amount: must be >= 1000", errors=[{"field": "amount", ...}])
 
-Supported: ``type`` (incl. lists), ``properties``/``required``/``additionalProperties``,
-``items``/``prefixItems``/``minItems``/``maxItems``, ``enum``/``const``, ``anyOf``/``oneOf``/
-``allOf``, ``$ref`` into ``$defs``, ``minimum``/``maximum``/``exclusive*``/``multipleOf``,
-``minLength``/``maxLength``/``pattern``. Unknown keywords (``format``, ``title``...) are ignored,
-as the spec allows. One coercion: an integral float is accepted (and returned) as an integer,
-because A2A data parts carry every number as a double.
+What this module adds to ``jsonschema``:
+
+- One coercion: an integral float is accepted (and returned) as an integer where the schema
+  wants an integer, because A2A data parts carry every number as a double.
+- Messages that name the field (``address.zip: must match '^\\d{6}$'``), one per problem.
+- The callee's leniency where its pydantic model is more lenient than the schema it publishes:
+  a ``pattern`` Python cannot compile and ``uniqueItems`` (a ``set`` field) constrain nothing,
+  ``multipleOf`` allows float rounding. ``format`` is not checked, as the spec allows.
+- Safety for schemas from a peer's card: ``$ref`` resolves inside the schema only (never over
+  the network), an invalid schema or a value nesting too deeply is a ``SchemaViolation``.
+
+Compiled validators are cached by schema content (a card's schema is checked once, ~0.6 ms).
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
-from typing import Any
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, cast
+
+from jsonschema import Draft202012Validator, FormatChecker, TypeChecker, ValidationError, validators
+from jsonschema.exceptions import SchemaError
+from jsonschema.protocols import Validator
+from referencing import Registry
+from referencing.exceptions import Unresolvable
 
 __all__ = ["SchemaViolation", "check"]
 
-_MAX_DEPTH = 64
+_CACHE_SIZE = 256
+# Messages quote a schema's pieces; a hostile card must not make them unbounded.
+_MAX_QUOTE = 200
 
 
 class SchemaViolation(ValueError):
@@ -35,35 +52,268 @@ class SchemaViolation(ValueError):
 
 def check(value: Any, schema: Mapping[str, Any]) -> Any:
     """``value`` (integral floats made ints where the schema wants integers) or
-    ``SchemaViolation`` listing every problem found."""
-    errors: list[dict[str, str]] = []
-    result = _check(value, schema, schema.get("$defs", {}), "", errors, 0)
+    ``SchemaViolation`` listing every problem found.
+
+    The value is never changed in place: a coerced value is a copy.
+    """
+    validator = _compiled(schema)
+    try:
+        errors = list(validator.iter_errors(value))
+        if errors:
+            # Integers arrive as integral floats: make those ints. When nothing else was wrong
+            # (the usual answer), the copy is valid as it is; otherwise check the copy.
+            paths = {tuple(p) for p in _integral_floats(errors)}
+            for path in sorted(paths, key=len):
+                value = _with_int_at(value, path)
+            if paths:
+                only_floats = all(_is_integral_float(e) for e in errors)
+                errors = [] if only_floats else list(validator.iter_errors(value))
+    except Unresolvable as exc:
+        raise _schema_problem(f"schema reference {_quote(exc)} cannot be resolved") from exc
+    except RecursionError as exc:
+        raise SchemaViolation(
+            [{"field": "(value)", "message": "nests too deeply to check"}]
+        ) from exc
     if errors:
-        raise SchemaViolation(errors)
-    return result
+        found: list[dict[str, str]] = []
+        for error in errors:
+            _describe_error(error, found)
+        raise SchemaViolation(found)
+    return value
 
 
-def _type_ok(value: Any, kind: str) -> bool:
-    if kind == "null":
-        return value is None
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "integer":
-        return (isinstance(value, int) and not isinstance(value, bool)) or (
-            isinstance(value, float) and value.is_integer()
+# -- the validator --------------------------------------------------------------------------
+
+
+def _is_integer(_: TypeChecker, instance: object) -> bool:
+    # Strict: an integral float is found by its type error, then coerced (see ``check``).
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+def _is_array(_: TypeChecker, instance: object) -> bool:
+    return isinstance(instance, list | tuple)
+
+
+def _is_object(_: TypeChecker, instance: object) -> bool:
+    return isinstance(instance, Mapping)
+
+
+def _required(
+    validator: Validator, required: Any, instance: Any, schema: Mapping[str, Any]
+) -> Iterator[ValidationError]:
+    # One error per missing field, at the field's own path (jsonschema reports the parent).
+    if validator.is_type(instance, "object"):
+        for name in required:
+            if name not in instance:
+                yield ValidationError("is required", path=[name])
+
+
+def _additional_properties(
+    validator: Validator, extra: Any, instance: Any, schema: Mapping[str, Any]
+) -> Iterator[ValidationError]:
+    if extra is not False:
+        yield from _BASE_KEYWORDS["additionalProperties"](validator, extra, instance, schema)
+        return
+    if not validator.is_type(instance, "object"):
+        return
+    known = schema.get("properties", {})
+    patterns = list(schema.get("patternProperties", {}))
+    for key in instance:
+        if key not in known and not any(_search(p, str(key)) for p in patterns):
+            yield ValidationError("is not an allowed field", path=[key])
+
+
+def _pattern(
+    validator: Validator, pattern: Any, instance: Any, schema: Mapping[str, Any]
+) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and _search(pattern, instance) is False:
+        yield ValidationError("pattern")
+
+
+def _multiple_of(
+    validator: Validator, step: Any, instance: Any, schema: Mapping[str, Any]
+) -> Iterator[ValidationError]:
+    # pydantic's own tolerance: 0.3 is a multiple of 0.1 although 0.3 / 0.1 != 3 in floats.
+    if validator.is_type(instance, "number") and step:
+        ratio = instance / step
+        if abs(ratio - round(ratio)) > 1e-9:
+            yield ValidationError("multipleOf")
+
+
+def _nothing(
+    validator: Validator, value: Any, instance: Any, schema: Mapping[str, Any]
+) -> Iterator[ValidationError]:
+    return iter(())
+
+
+def _search(pattern: str, text: str) -> bool | None:
+    """Whether ``pattern`` matches; ``None`` for a pattern Python cannot compile (an ECMA
+    ``\\p{L}`` that pydantic's Rust engine accepts): the callee checks it."""
+    try:
+        return re.search(pattern, text) is not None
+    except (re.error, TypeError):
+        return None
+
+
+_BASE_KEYWORDS = Draft202012Validator.VALIDATORS
+# types-jsonschema leaves extend() untyped; its result is a Validator class.
+_MeshValidator: type[Validator] = validators.extend(  # type: ignore[no-untyped-call]
+    Draft202012Validator,
+    validators={
+        "required": _required,
+        "additionalProperties": _additional_properties,
+        "pattern": _pattern,
+        "multipleOf": _multiple_of,
+        # pydantic turns a list with repeats into a set: the callee accepts it.
+        "uniqueItems": _nothing,
+    },
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {"integer": _is_integer, "array": _is_array, "object": _is_object}
+    ),
+)
+# $ref resolves inside the schema only: an empty registry never retrieves a URL (jsonschema's
+# default one would fetch http(s) references, from wherever a peer's card points).
+_NO_REMOTE_REFS: Registry[Any] = Registry()
+_NO_FORMATS = FormatChecker(formats=())
+
+_cache: OrderedDict[str, Validator | SchemaViolation] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _compiled(schema: Mapping[str, Any]) -> Validator:
+    """The validator for ``schema``, cached by content: callers rebuild their tools (and copy
+    the schemas) every turn, and checking a schema costs ~0.6 ms against ~5 us for the key."""
+    try:
+        key = json.dumps(schema, separators=(",", ":"), default=repr)
+    except (RecursionError, ValueError) as exc:  # ValueError: a dict that contains itself
+        raise _schema_problem("the skill's schema nests too deeply to check") from exc
+    with _cache_lock:
+        found = _cache.get(key)
+        if found is not None:
+            _cache.move_to_end(key)
+    if found is None:
+        found = _compile(schema)
+        with _cache_lock:
+            _cache[key] = found
+            if len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+    if isinstance(found, SchemaViolation):
+        raise found
+    return found
+
+
+def _compile(schema: Mapping[str, Any]) -> Validator | SchemaViolation:
+    try:
+        # No formats checked: a pattern Python cannot compile is not an invalid schema here.
+        Draft202012Validator.check_schema(dict(schema), format_checker=_NO_FORMATS)
+        return _MeshValidator(schema, registry=_NO_REMOTE_REFS)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        return _schema_problem(
+            f"the skill's schema is not valid JSON Schema at {where}: {_clip(exc.message)}"
         )
-    if kind == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "array":
-        return isinstance(value, list | tuple)
-    if kind == "object":
-        return isinstance(value, Mapping)
-    return True  # an unknown type name constrains nothing we understand
+    except RecursionError:
+        return _schema_problem("the skill's schema nests too deeply to check")
 
 
-def _describe(value: Any) -> str:
+def _schema_problem(message: str) -> SchemaViolation:
+    return SchemaViolation([{"field": "(schema)", "message": message}])
+
+
+# -- coercion ---------------------------------------------------------------------------------
+
+
+def _integral_floats(errors: Iterable[ValidationError]) -> Iterator[Sequence[str | int]]:
+    """Paths of integral floats that failed only for not being ``int`` (also inside
+    ``anyOf``/``oneOf`` branches, where ``Optional[int]`` puts them)."""
+    for error in errors:
+        if _is_integral_float(error):
+            yield error.absolute_path
+        yield from _integral_floats(error.context or ())
+
+
+def _is_integral_float(error: ValidationError) -> bool:
+    """A type error that only says "this integral float is not an int"."""
+    return (
+        error.validator == "type"
+        and isinstance(error.instance, float)
+        and error.instance.is_integer()
+        and "integer" in _types(error.validator_value)
+    )
+
+
+def _with_int_at(value: Any, path: Sequence[str | int]) -> Any:
+    """A copy of ``value`` with the float at ``path`` made an int (copies along the path only)."""
+    if not path:
+        return int(value)
+    head, rest = path[0], path[1:]
+    copy: Any = dict(value) if isinstance(value, Mapping) else list(value)
+    copy[head] = _with_int_at(copy[head], rest)
+    return copy
+
+
+# -- messages ---------------------------------------------------------------------------------
+
+
+def _describe_error(error: ValidationError, found: list[dict[str, str]]) -> None:
+    options: Any = error.validator_value
+    if error.validator in ("anyOf", "oneOf") and error.context and error.instance is not None:
+        # Optional[X] is anyOf [X, null]: for a non-null value, X's own errors say more.
+        real = [
+            i
+            for i, option in enumerate(options)
+            if not (isinstance(option, Mapping) and option.get("type") == "null")
+        ]
+        if len(real) == 1:
+            for sub in error.context:
+                if sub.relative_schema_path and sub.relative_schema_path[0] == real[0]:
+                    _describe_error(sub, found)
+            return
+    found.append({"field": _field(error.absolute_path), "message": _message(error)})
+
+
+def _message(error: ValidationError) -> str:
+    keyword, expected = error.validator, error.validator_value
+    expected = cast(Any, expected)
+    simple = {
+        "minimum": "must be >= {}",
+        "maximum": "must be <= {}",
+        "exclusiveMinimum": "must be > {}",
+        "exclusiveMaximum": "must be < {}",
+        "multipleOf": "must be a multiple of {}",
+        "minLength": "must have at least {} characters",
+        "maxLength": "must have at most {} characters",
+        "minItems": "must have at least {} items",
+        "maxItems": "must have at most {} items",
+        "minProperties": "must have at least {} fields",
+        "maxProperties": "must have at most {} fields",
+    }
+    if isinstance(keyword, str) and keyword in simple:
+        return simple[keyword].format(_num(expected))
+    if keyword == "type":
+        return f"must be {' or '.join(_types(expected))}, got {_kind(error.instance)}"
+    if keyword in ("required", "additionalProperties"):  # ours: "is required", "is not an ..."
+        return error.message
+    if keyword == "pattern":
+        return f"must match {_quote(expected)}"
+    if keyword == "const":
+        return f"must be {_quote(expected)}"
+    if keyword == "enum":
+        return f"must be one of {_quote(list(expected))}"
+    if keyword in ("anyOf", "oneOf"):
+        if keyword == "oneOf" and not error.context:
+            return "matches more than one of the allowed forms (oneOf)"
+        return f"matches none of the allowed forms ({keyword})"
+    if keyword is None:  # the schema ``false``
+        return "no value is allowed here"
+    return _clip(error.message)
+
+
+def _types(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _kind(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -79,154 +329,23 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _check(
-    value: Any,
-    schema: Mapping[str, Any] | bool,
-    defs: Mapping[str, Any],
-    path: str,
-    errors: list[dict[str, str]],
-    depth: int,
-) -> Any:
-    def fail(message: str) -> Any:
-        errors.append({"field": path or "(value)", "message": message})
-        return value
-
-    if schema is True or schema == {}:
-        return value
-    if schema is False:
-        return fail("no value is allowed here")
-    assert isinstance(schema, Mapping)
-    if depth > _MAX_DEPTH:
-        return fail("schema nesting too deep")
-    ref = schema.get("$ref")
-    if isinstance(ref, str):
-        target = defs.get(ref.rsplit("/", 1)[-1]) if ref.startswith("#/$defs/") else None
-        if target is None:
-            return fail(f"schema reference {ref!r} cannot be resolved")
-        value = _check(value, target, defs, path, errors, depth + 1)
-    for sub in schema.get("allOf", ()):
-        value = _check(value, sub, defs, path, errors, depth + 1)
-    for key in ("anyOf", "oneOf"):
-        options = schema.get(key)
-        if options:
-            for option in options:
-                trial: list[dict[str, str]] = []
-                converted = _check(value, option, defs, path, trial, depth + 1)
-                if not trial:
-                    value = converted
-                    break
-            else:
-                # Optional[X] is anyOf [X, null]: for a non-null value, X's own errors say more.
-                real = [
-                    o for o in options if not (isinstance(o, Mapping) and o.get("type") == "null")
-                ]
-                if value is not None and len(real) == 1:
-                    return _check(value, real[0], defs, path, errors, depth + 1)
-                return fail(f"matches none of the allowed forms ({key})")
-    if "const" in schema and value != schema["const"]:
-        return fail(f"must be {schema['const']!r}")
-    if "enum" in schema and value not in schema["enum"]:
-        return fail(f"must be one of {list(schema['enum'])!r}")
-    kinds = schema.get("type")
-    if kinds is not None:
-        allowed = [kinds] if isinstance(kinds, str) else list(kinds)
-        matching = [k for k in allowed if _type_ok(value, k)]
-        if not matching:
-            return fail(f"must be {' or '.join(allowed)}, got {_describe(value)}")
-        if "integer" in matching and "number" not in matching and isinstance(value, float):
-            value = int(value)
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        _numeric(value, schema, fail)
-    elif isinstance(value, str):
-        _string(value, schema, fail)
-    elif isinstance(value, list | tuple):
-        value = _array(list(value), schema, defs, path, errors, depth, fail)
-    elif isinstance(value, Mapping):
-        value = _object(value, schema, defs, path, errors, depth)
-    return value
-
-
-def _numeric(value: float, schema: Mapping[str, Any], fail: Any) -> None:
-    if "minimum" in schema and value < schema["minimum"]:
-        fail(f"must be >= {_num(schema['minimum'])}")
-    if "maximum" in schema and value > schema["maximum"]:
-        fail(f"must be <= {_num(schema['maximum'])}")
-    if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-        fail(f"must be > {_num(schema['exclusiveMinimum'])}")
-    if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
-        fail(f"must be < {_num(schema['exclusiveMaximum'])}")
-    step = schema.get("multipleOf")
-    if step and abs(value / step - round(value / step)) > 1e-9:
-        fail(f"must be a multiple of {_num(step)}")
-
-
-def _string(value: str, schema: Mapping[str, Any], fail: Any) -> None:
-    if "minLength" in schema and len(value) < schema["minLength"]:
-        fail(f"must have at least {_num(schema['minLength'])} characters")
-    if "maxLength" in schema and len(value) > schema["maxLength"]:
-        fail(f"must have at most {_num(schema['maxLength'])} characters")
-    pattern = schema.get("pattern")
-    if isinstance(pattern, str):
-        try:
-            matched = re.search(pattern, value) is not None
-        except re.error:
-            matched = True  # a pattern Python cannot compile constrains nothing we can check
-        if not matched:
-            fail(f"must match {pattern!r}")
-
-
-def _array(
-    value: list[Any],
-    schema: Mapping[str, Any],
-    defs: Mapping[str, Any],
-    path: str,
-    errors: list[dict[str, str]],
-    depth: int,
-    fail: Any,
-) -> list[Any]:
-    if "minItems" in schema and len(value) < schema["minItems"]:
-        fail(f"must have at least {_num(schema['minItems'])} items")
-    if "maxItems" in schema and len(value) > schema["maxItems"]:
-        fail(f"must have at most {_num(schema['maxItems'])} items")
-    prefix = list(schema.get("prefixItems", ()))
-    items = schema.get("items")
-    out = []
-    for i, item in enumerate(value):
-        sub = prefix[i] if i < len(prefix) else items
-        child = f"{path}.{i}" if path else str(i)
-        out.append(item if sub is None else _check(item, sub, defs, child, errors, depth + 1))
-    return out
-
-
-def _object(
-    value: Mapping[str, Any],
-    schema: Mapping[str, Any],
-    defs: Mapping[str, Any],
-    path: str,
-    errors: list[dict[str, str]],
-    depth: int,
-) -> dict[str, Any]:
-    props: Mapping[str, Any] = schema.get("properties", {})
-    extra = schema.get("additionalProperties", True)
-    out: dict[str, Any] = {}
-    for name in schema.get("required", ()):
-        if name not in value:
-            field = f"{path}.{name}" if path else name
-            errors.append({"field": field, "message": "is required"})
-    for key, item in value.items():
-        field = f"{path}.{key}" if path else str(key)
-        if key in props:
-            out[key] = _check(item, props[key], defs, field, errors, depth + 1)
-        elif extra is False:
-            errors.append({"field": field, "message": "is not an allowed field"})
-        elif isinstance(extra, Mapping):
-            out[key] = _check(item, extra, defs, field, errors, depth + 1)
-        else:
-            out[key] = item
-    return out
+def _field(path: Iterable[str | int]) -> str:
+    return ".".join(str(p) for p in path) or "(value)"
 
 
 def _num(value: Any) -> str:
+    # Cards travel through protobuf Struct, which turns every number of a schema into a float.
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+def _quote(value: Any) -> str:
+    if isinstance(value, Unresolvable):
+        # referencing names a local reference by its pointer: "/$defs/X" for "#/$defs/X".
+        value = "#" + value.ref if value.ref.startswith("/") else value.ref
+    return _clip(repr(value))
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_QUOTE else text[: _MAX_QUOTE - 3] + "..."
