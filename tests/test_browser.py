@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
 
 from tests.registry_support import instances, registry, start_node
-from tests.support import ROOT, wait_for
+from tests.support import ROOT, Proc, free_port, wait_for, wait_until_ok
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -115,3 +119,102 @@ def test_operator_page_lists_searches_and_shows_schemas(page: Any, tmp_path: Pat
             bureau.proc.kill()
             page.wait_for_selector("#instances .badge.critical", timeout=15_000)
             page.screenshot(path=str(ARTIFACTS / "registry-agent-critical.png"), full_page=True)
+
+
+# Closes an attribute (either quote) and any element, then runs script two ways.
+HOSTILE = """"'></pre></code><img src=x onerror="window.__xss=1"><script>window.__xss=2</script>"""
+
+
+def hostile_card() -> dict[str, Any]:
+    """An A2A card whose every free-text field is ``HOSTILE``: what an attacker who can run
+    an agent publishes, for every operator who opens the registry's page."""
+    field = "f" + HOSTILE
+    schema = {
+        "type": "object",
+        "properties": {field: {"type": "string", "description": HOSTILE, "pattern": HOSTILE}},
+        "required": [field],
+    }
+    return {
+        "name": "evil",
+        "description": "Evil " + HOSTILE,
+        "version": "1" + HOSTILE,
+        "supportedInterfaces": [
+            {
+                "url": "http://127.0.0.1:1/" + HOSTILE,
+                "protocolBinding": "JSONRPC" + HOSTILE,
+                "protocolVersion": "1.0" + HOSTILE,
+            }
+        ],
+        "capabilities": {
+            "extensions": [
+                {
+                    "uri": "urn:mesh:skill-schemas:v1",
+                    "params": {
+                        "tags": ["tag" + HOSTILE],
+                        "skills": {"s" + HOSTILE: {"input": schema, "output": schema}},
+                    },
+                }
+            ]
+        },
+        "defaultInputModes": ["text/plain" + HOSTILE],
+        "defaultOutputModes": ["application/json" + HOSTILE],
+        "skills": [
+            {
+                "id": "s" + HOSTILE,
+                "name": "Name " + HOSTILE,
+                "description": HOSTILE,
+                "tags": ["t" + HOSTILE],
+            }
+        ],
+    }
+
+
+def static_card_server(tmp: Path, card: dict[str, Any]) -> tuple[Proc, str]:
+    """A plain HTTP server (``python -m http.server``) serving ``card`` and a /health."""
+    root = tmp / "static"
+    (root / ".well-known").mkdir(parents=True)
+    (root / ".well-known" / "agent-card.json").write_text(json.dumps(card))
+    (root / "health").write_text("ok")
+    port = free_port()
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+            "--directory", str(root)]  # fmt: skip
+    proc = Proc.start(argv, name=f"static-{port}", tmp=tmp)
+    url = f"http://127.0.0.1:{port}"
+    wait_until_ok(f"{url}/health", proc=proc)
+    return proc, url
+
+
+def test_a_hostile_card_is_shown_as_text_and_runs_nothing(page: Any, tmp_path: Path) -> None:
+    with registry(tmp_path) as reg:
+        proc, url = static_card_server(tmp_path, hostile_card())
+        with proc:
+            body = {"instance_id": "evil-1", "agent": "evil", "url": url, "version": HOSTILE}
+            r = httpx.post(f"{reg.url}/v1/instances", json=body, timeout=10)
+            assert r.status_code == 201, r.text
+            pages = [
+                "/",
+                "/?" + "&".join(f"{k}={quote(HOSTILE)}" for k in ("q", "skill", "tag")),
+                "/?q=" + quote("Evil"),
+                "/agents/evil",
+                # A path segment holds no "/": the same markup without its closing tags.
+                "/agents/" + quote('"><img src=x onerror="window.__xss=3">', safe=""),
+            ]
+            for path in pages:
+                html = httpx.get(reg.url + path, timeout=10).text
+                # The markup arrives as text: no tag of it survives, its text does.
+                assert "<img" not in html, path
+                assert "<script>window" not in html, path
+                assert "</pre></code>" not in html, path
+                assert "&lt;img src=x onerror=" in html, path
+                page.goto(reg.url + path)
+                assert page.evaluate("() => window.__xss") is None, path
+            # The agent page shows each field as the text the card has.
+            page.goto(reg.url + "/agents/evil")
+            skill = page.locator("div.card.skill")
+            assert skill.locator("h3").inner_text().startswith("Name " + HOSTILE)
+            assert skill.locator("p").first.inner_text() == HOSTILE
+            fields = skill.locator("table.fields tbody tr").first.locator("td")
+            assert fields.first.inner_text() == "f" + HOSTILE
+            assert page.locator("#instances tbody tr td").nth(1).inner_text() == HOSTILE
+            card = json.loads(page.locator("details pre").text_content() or "")
+            assert card["description"] == "Evil " + HOSTILE
