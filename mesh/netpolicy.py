@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from mesh.errors import ConfigError, MeshError
+from mesh.errors import ConfigError, NetworkRefused
 
 __all__ = ["NetworkPolicy", "NetworkRefused", "is_loopback_host"]
 
@@ -52,10 +52,6 @@ _ALWAYS_REFUSED: tuple[IPNetwork, ...] = (
 )
 _NAMED = {"loopback": _LOOPBACK, "private": _PRIVATE}
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-
-
-class NetworkRefused(MeshError):
-    """A URL's host is (or resolves to) an address outside the policy. The message says which."""
 
 
 def is_loopback_host(host: str) -> bool:

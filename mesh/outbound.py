@@ -17,22 +17,10 @@ from dataclasses import dataclass
 
 import httpx
 
-from mesh.errors import MeshError
+from mesh.errors import FetchFailed
 from mesh.netguard import AddressRefused
 
 __all__ = ["BoundedResponse", "FetchFailed", "bounded_get"]
-
-
-class FetchFailed(MeshError):
-    """The fetch did not produce a whole answer. ``reason`` is one of a fixed few words
-    (``unreachable``, ``timeout``, ``too_large``, ``refused``: the host is outside the allowed
-    networks), never text from the answer; ``detail`` is for the fetcher's own log only (it
-    may name resolved addresses)."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)

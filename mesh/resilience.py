@@ -8,18 +8,19 @@
         policy=policy, breakers=breakers, deadline=time.time() + 20,
     )
 
-What is retried: connection errors, timeouts of one attempt, HTTP 502/503/504 and
-``RemoteError(reason="unavailable")``. Answers from a healthy peer (a rejected or failed task)
-are never retried: they would fail the same way again. Each retry goes to the next instance
-whose breaker lets it through, after an exponential backoff with jitter; the attempt function
-re-sends the SAME message id, so a peer that did get the first copy runs the skill once.
+What is retried: exactly the failures whose reason (``mesh.failures.reason_of``) is
+``"unavailable"``: ``RemoteError(reason="unavailable")`` (how the A2A client reports a refused or
+dropped connection, HTTP 404/405/502/503/504, an answer that is not an A2A answer), the same
+errors raw from httpx, a builtin ``ConnectionError``, and one attempt's own timeout. Answers
+from a healthy peer (a rejected or failed task) are never retried: they would fail the same way
+again. Each retry goes to the next instance whose breaker lets it through, after an exponential
+backoff with jitter; the attempt function re-sends the SAME message id, so a peer that did get
+the first copy runs the skill once.
 
 A breaker per instance opens after ``failure_threshold`` consecutive transport failures; after
 ``cool_down`` seconds one probe is let through (half-open): success closes it, failure opens it
 again. Only transport failures count; a rejected task says nothing about the instance's health.
-
-The module is transport-agnostic: it never imports httpx or a2a, it classifies exceptions by
-duck typing (``status_code``/``response.status_code``) and by ``RemoteError.reason``.
+A board's ``on_change`` belongs to whoever built it; others watch it with ``add_listener``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
-from mesh.errors import RemoteError
+from mesh.errors import CircuitOpen, DeadlineExceeded
+from mesh.failures import reason_of
 
 __all__ = [
     "BreakerBoard",
@@ -48,20 +50,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-RETRYABLE_STATUS = frozenset({502, 503, 504})
-
-
-class CircuitOpen(Exception):
-    """Every instance's breaker is open: nothing to try. Translated to RemoteError by callers."""
-
-    def __init__(self, targets: Sequence[str]) -> None:
-        super().__init__(f"circuit open for every instance: {', '.join(targets) or 'none'}")
-        self.targets = tuple(targets)
-
-
-class DeadlineExceeded(Exception):
-    """The call's deadline passed before an attempt succeeded."""
 
 
 class BreakerState(enum.IntEnum):
@@ -130,28 +118,46 @@ class CircuitBreaker:
 
 @dataclass
 class BreakerBoard:
-    """One ``CircuitBreaker`` per target (instance URL), created on first use."""
+    """One ``CircuitBreaker`` per target (instance URL), created on first use.
+
+    ``on_change(target, state)`` is the builder's own hook; whoever else watches the board (a
+    ``remote()`` toolset exports the states as a gauge) adds a listener instead, so a board
+    passed to ``remote(breakers=...)`` keeps the ``on_change`` it was given."""
 
     failure_threshold: int = 3
     cool_down: float = 10.0
     clock: Callable[[], float] = time.monotonic
-    # Called with (target, new state): the node exports it as a gauge.
     on_change: Callable[[str, BreakerState], None] | None = None
     _breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
+    _listeners: list[Callable[[str, BreakerState], None]] = field(default_factory=list)
     _calls: int = 0
 
     def get(self, target: str) -> CircuitBreaker:
         breaker = self._breakers.get(target)
         if breaker is None:
-            on_change = self.on_change
             breaker = CircuitBreaker(
                 failure_threshold=self.failure_threshold,
                 cool_down=self.cool_down,
                 clock=self.clock,
-                on_change=(lambda s: on_change(target, s)) if on_change else None,
+                on_change=lambda state: self._changed(target, state),
             )
             self._breakers[target] = breaker
         return breaker
+
+    def add_listener(self, listener: Callable[[str, BreakerState], None]) -> None:
+        """Call ``listener(target, state)`` on every change too (once, however often added)."""
+        if listener not in self._listeners:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[str, BreakerState], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def _changed(self, target: str, state: BreakerState) -> None:
+        if self.on_change is not None:
+            self.on_change(target, state)
+        for listener in list(self._listeners):
+            listener(target, state)
 
     def next_offset(self) -> int:
         """A counter that spreads the first try of successive calls over the instances."""
@@ -176,20 +182,9 @@ class BreakerBoard:
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Transport-level failures worth another attempt (maybe at another instance)."""
-    if isinstance(exc, RemoteError):
-        return exc.reason == "unavailable"
-    if isinstance(exc, (TimeoutError, ConnectionError)):
-        return True
-    status = getattr(exc, "status_code", None)
-    if status is None:
-        response = getattr(exc, "response", None)
-        status = getattr(response, "status_code", None)
-    if isinstance(status, int):
-        return status in RETRYABLE_STATUS
-    # httpx.TransportError and its subclasses (ConnectError, ReadError, RemoteProtocolError,
-    # timeouts) without importing httpx here.
-    return any(cls.__name__ == "TransportError" for cls in type(exc).__mro__)
+    """Whether another attempt (maybe at another instance) may succeed: the failure's reason
+    is ``"unavailable"`` (see ``mesh.failures.reason_of``)."""
+    return reason_of(exc) == "unavailable"
 
 
 @dataclass(frozen=True)

@@ -35,19 +35,13 @@ from jsonschema.protocols import Validator
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
+from mesh.errors import SchemaViolation
+
 __all__ = ["SchemaViolation", "check"]
 
 _CACHE_SIZE = 256
 # Messages quote a schema's pieces; a hostile card must not make them unbounded.
 _MAX_QUOTE = 200
-
-
-class SchemaViolation(ValueError):
-    """The value does not match. ``errors``: ``[{"field": "a.b.0", "message": ...}]``."""
-
-    def __init__(self, errors: list[dict[str, str]]) -> None:
-        self.errors = errors
-        super().__init__("; ".join(f"{e['field']}: {e['message']}" for e in errors))
 
 
 def check(value: Any, schema: Mapping[str, Any]) -> Any:

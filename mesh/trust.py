@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from mesh.errors import MeshError
-from mesh.netpolicy import NetworkPolicy, NetworkRefused
+from mesh.errors import NetworkRefused, PeerRefused
+from mesh.netpolicy import NetworkPolicy
 
 __all__ = ["PLAIN_HTTP_NETWORKS", "Admitted", "PeerRefused", "PeerTrust"]
 
@@ -57,10 +57,6 @@ _MAX_ENTRIES = 1024
 
 #: Reads the card at the URL being checked (its JSON form), without the token.
 CardFetcher = Callable[[], Awaitable[Mapping[str, Any]]]
-
-
-class PeerRefused(MeshError):
-    """A peer URL is not a verified member of the mesh. The message says why and what to set."""
 
 
 @dataclass(frozen=True)

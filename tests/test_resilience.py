@@ -1,13 +1,17 @@
-"""Retry policy (injected sleep), failover and the circuit breaker."""
+"""Retry policy (injected sleep), failover and the circuit breaker; which failures are retried,
+decided by their reason, for errors httpx itself raised (real requests on 127.0.0.1)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 
+import httpx
 import pytest
 
-from mesh.errors import RemoteError
+from mesh.a2a.bounded import AnswerTooLarge
+from mesh.errors import RemoteError, RemoteReason
+from mesh.failures import reason_of
 from mesh.resilience import (
     BreakerBoard,
     BreakerState,
@@ -18,6 +22,8 @@ from mesh.resilience import (
     call_with_failover,
     is_retryable,
 )
+from tests.raw_http import answer, raw_server
+from tests.support import free_port
 
 
 class FakeClock:
@@ -41,18 +47,12 @@ class Sleeps:
             self.clock.now += seconds
 
 
-class StatusError(Exception):
-    def __init__(self, status: int) -> None:
-        super().__init__(f"HTTP {status}")
-        self.status_code = status
-
-
-class TransportError(Exception):
-    """Stands in for httpx.TransportError (matched by class name)."""
-
-
-class ConnectError(TransportError):
-    pass
+def status_error(status: int) -> httpx.HTTPStatusError:
+    """The error httpx raises for an answer with ``status``."""
+    response = httpx.Response(status, request=httpx.Request("POST", "http://127.0.0.1:9/"))
+    with pytest.raises(httpx.HTTPStatusError) as info:
+        response.raise_for_status()
+    return info.value
 
 
 def unavailable() -> RemoteError:
@@ -62,20 +62,73 @@ def unavailable() -> RemoteError:
 # --- classification ----------------------------------------------------------------------
 
 
+async def _hang(target: str, writer: asyncio.StreamWriter) -> None:
+    await asyncio.sleep(30)
+
+
+async def _hang_up(target: str, writer: asyncio.StreamWriter) -> None:
+    writer.close()
+
+
+async def _raised(url: str, *, read_s: float = 5.0) -> httpx.HTTPError:
+    """What httpx raises for a POST to ``url`` (an answer's status included)."""
+    async with httpx.AsyncClient(timeout=read_s, trust_env=False) as http:
+        with pytest.raises(httpx.HTTPError) as info:
+            (await http.post(url, content=b"{}")).raise_for_status()
+    return info.value
+
+
+@pytest.mark.integration
+async def test_real_httpx_errors_are_retried_by_their_reason() -> None:
+    """What httpx raises on real connections: an outage is retried (maybe at another
+    instance), an answer never is, and a read timeout is the call's deadline."""
+    caught: dict[str, BaseException] = {
+        "refused": await _raised(f"http://127.0.0.1:{free_port()}/"),
+        "connect timeout": httpx.ConnectTimeout("timed out"),  # loopback always connects
+        "too large": AnswerTooLarge(1024),
+    }
+    async with raw_server(_hang) as slow, raw_server(_hang_up) as rude:
+        caught["read timeout"] = await _raised(slow.url, read_s=0.2)
+        caught["hung up"] = await _raised(rude.url)
+    for status in (401, 403, 404, 405, 429, 500, 502, 503, 504):
+        async with raw_server(answer(status, b"{}")) as server:
+            caught[str(status)] = await _raised(server.url)
+    assert type(caught["refused"]) is httpx.ConnectError
+    assert type(caught["read timeout"]) is httpx.ReadTimeout
+    assert type(caught["hung up"]) is httpx.RemoteProtocolError
+    expected: dict[str, RemoteReason] = {
+        "refused": "unavailable",
+        "connect timeout": "unavailable",
+        "too large": "unavailable",
+        "read timeout": "deadline",
+        "hung up": "unavailable",
+        "401": "rejected",
+        "403": "rejected",
+        "404": "unavailable",
+        "405": "unavailable",
+        "429": "failed",
+        "500": "failed",
+        "502": "unavailable",
+        "503": "unavailable",
+        "504": "unavailable",
+    }
+    assert {name: reason_of(exc) for name, exc in caught.items()} == expected
+    assert {name: is_retryable(exc) for name, exc in caught.items()} == {
+        name: reason == "unavailable" for name, reason in expected.items()
+    }
+
+
 @pytest.mark.parametrize(
     ("exc", "expected"),
     [
         (ConnectionRefusedError(), True),
-        (TimeoutError(), True),
-        (ConnectError("refused"), True),
-        (StatusError(503), True),
-        (StatusError(502), True),
-        (StatusError(504), True),
-        (StatusError(500), False),
-        (StatusError(400), False),
+        (TimeoutError(), True),  # one attempt's own timeout: another instance may answer
         (unavailable(), True),
         (RemoteError("no", peer="p", skill="s", reason="rejected"), False),
         (RemoteError("no", peer="p", skill="s", reason="failed"), False),
+        (RemoteError("slow", peer="p", skill="s", reason="deadline"), False),
+        (DeadlineExceeded("late"), False),
+        (CircuitOpen(["http://a"]), True),
         (ValueError("bug"), False),
     ],
 )
@@ -99,19 +152,23 @@ async def test_retries_transient_errors_with_backoff_then_succeeds() -> None:
     sleeps = Sleeps()
     policy = RetryPolicy(attempts=4, initial_delay=0.1, jitter=0.0, sleep=sleeps)
     calls: list[int] = []
-    retries: list[tuple[int, str]] = []
+    retries: list[tuple[int, int]] = []
 
     async def attempt(n: int) -> str:
         calls.append(n)
         if n < 3:
-            raise StatusError(503)
+            raise status_error(503)
         return "ok"
 
-    result = await policy.run(attempt, on_retry=lambda n, e: retries.append((n, str(e))))
+    def retried(n: int, exc: BaseException) -> None:
+        assert isinstance(exc, httpx.HTTPStatusError)
+        retries.append((n, exc.response.status_code))
+
+    result = await policy.run(attempt, on_retry=retried)
     assert result == "ok"
     assert calls == [1, 2, 3]
     assert sleeps.delays == pytest.approx([0.1, 0.2])
-    assert retries == [(1, "HTTP 503"), (2, "HTTP 503")]
+    assert retries == [(1, 503), (2, 503)]
 
 
 async def test_gives_up_after_attempts_and_reraises_last_error() -> None:

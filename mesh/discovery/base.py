@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from mesh.errors import DiscoveryError
+from mesh.errors import DiscoveryUnreachable, InstanceIdTaken, UnknownInstance
 
 __all__ = [
     "CARD_PATH",
@@ -24,20 +24,6 @@ __all__ = [
 
 CARD_PATH = "/.well-known/agent-card.json"
 Status = Literal["passing", "warning", "critical"]
-
-
-class UnknownInstance(DiscoveryError):
-    """The backend does not know this instance (expired or lost): register again."""
-
-
-class InstanceIdTaken(DiscoveryError):
-    """The backend holds this instance id for another owner (it was taken while this node was
-    away): register under a new instance id."""
-
-
-class DiscoveryUnreachable(DiscoveryError):
-    """Nothing answered at the backend's address (not running yet, or gone): try again later.
-    Other ``DiscoveryError``s mean it answered, and refused or failed."""
 
 
 @dataclass(frozen=True)
