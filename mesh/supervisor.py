@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from mesh.errors import ConfigError
 from mesh.listener import bind_listener
@@ -80,7 +81,8 @@ class Child:
     # The supervisor keeps it running; False once it exited, failed or was stopped by hand.
     wanted: bool = False
     log_offset: int = 0  # where its latest start begins in ``log``
-    _backoff: float = field(default=0.0, repr=False)
+    # The crash streak: restarts since it last ran ``stable_after`` (None: none).
+    _streak: RetryCallState | None = field(default=None, repr=False)
     _busy: bool = field(default=False, repr=False)  # a restart is in progress
     _restart_task: asyncio.Task[None] | None = field(default=None, repr=False)
     _op_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
@@ -168,6 +170,9 @@ class Supervisor:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.restart_backoff = restart_backoff
+        low, high = restart_backoff
+        # The wait before each restart of a streak: low, 2 x low, 4 x low ... high.
+        self._restarts = AsyncRetrying(wait=wait_exponential(multiplier=low, max=high))
         self.stable_after = stable_after
         self.poll_interval = poll_interval
         self._http = httpx.AsyncClient(timeout=2.0, trust_env=False)
@@ -241,8 +246,8 @@ class Supervisor:
                 if not child.wanted or child._busy or proc is None:
                     continue
                 if proc.returncode is None:
-                    if child._backoff and now - child.started_at > self.stable_after:
-                        child._backoff = 0.0
+                    if child._streak is not None and now - child.started_at > self.stable_after:
+                        child._streak = None
                     continue
                 # An exit seen while starting by hand is recorded already.
                 recorded = child.exit_code is not None
@@ -303,7 +308,7 @@ class Supervisor:
             try:
                 await self._stop_child(child, "by mesh restart")
                 child.wanted = True
-                child._backoff = 0.0
+                child._streak = None
                 await self._spawn(child)
                 with contextlib.suppress(_StartFailed):
                     await self._wait_healthy(child)
@@ -491,12 +496,10 @@ class Supervisor:
         return child.status
 
     async def _restart(self, child: Child) -> None:
-        low, high = self.restart_backoff
         try:
             while not self._stopping.is_set():
-                child._backoff = min(high, child._backoff * 2) if child._backoff else low
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), child._backoff)
+                    await asyncio.wait_for(self._stopping.wait(), self._next_restart_wait(child))
                 if self._stopping.is_set():
                     return
                 child.restarts += 1
@@ -512,6 +515,14 @@ class Supervisor:
         finally:
             child._busy = False
             child._restart_task = None
+
+    def _next_restart_wait(self, child: Child) -> float:
+        """Count one more restart in ``child``'s crash streak; the seconds to wait before it."""
+        if child._streak is None:
+            child._streak = RetryCallState(self._restarts, fn=None, args=(), kwargs={})
+        else:
+            child._streak.prepare_for_next_attempt()
+        return self._restarts.wait(child._streak)
 
     async def _stop_child(self, child: Child, detail: str) -> None:
         """SIGTERM (SIGKILL after ``stop_timeout``); "stopped" unless it had already ended."""

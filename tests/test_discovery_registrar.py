@@ -152,6 +152,44 @@ async def test_outage_backs_off_logs_once_and_recovers(caplog: pytest.LogCapture
     assert caplog.text.count("registered bureau (n-1) at") == 1
 
 
+class ScriptBackend(ScriptedBackend):
+    """Answers each call (register or heartbeat) as its script says, then "ok"."""
+
+    def __init__(self, script: list[str]) -> None:
+        super().__init__()
+        self.script = script
+
+    async def _answer(self) -> None:
+        outcome = self.script.pop(0) if self.script else "ok"
+        if outcome == "down":
+            raise DiscoveryError("no registry at http://registry.test")
+        if outcome == "forget":
+            raise UnknownInstance("unknown n-1")
+
+    async def register(self, registration: Registration) -> None:
+        self.calls.append("register")
+        await self._answer()
+
+    async def heartbeat(self, instance_id: str) -> None:
+        self.calls.append("heartbeat")
+        await self._answer()
+
+
+async def test_each_outage_backs_off_afresh_and_a_forgotten_id_registers_at_once() -> None:
+    script = ["ok", "ok", "down", "down", "down", "ok", "ok", "forget", "ok", "down", "down", "ok"]
+    backend, sleeps = ScriptBackend(script), Sleeps()
+    registrar = Registrar(backend, REG, interval_s=5.0, max_backoff_s=3.0, sleep=sleeps)
+    await registrar.start()
+    await eventually(lambda: len(sleeps.delays) >= 11)
+    await registrar.aclose()
+    # heartbeat interval 5; each outage waits 0.5, 1, 2 (capped at 3) from its own start.
+    assert sleeps.delays[:11] == [5.0, 5.0, 0.5, 1.0, 2.0, 5.0, 5.0, 5.0, 0.5, 1.0, 5.0]
+    assert backend.calls[:12] == [
+        "register", "heartbeat", "heartbeat", "register", "register", "register",
+        "heartbeat", "heartbeat", "register", "heartbeat", "register", "register",
+    ]  # fmt: skip
+
+
 async def test_never_registered_means_no_deregister() -> None:
     backend, sleeps = ScriptedBackend(), Sleeps()
     backend.down = True

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -403,3 +405,64 @@ async def test_a_node_the_registry_never_lists_is_not_healthy(
         await sup.start()
     bureau_seen = [s for n, s in rec.seen if n == "credit-bureau"]
     assert bureau_seen == ["starting", "starting", "unhealthy", "stopped"]  # up; not listed
+
+
+async def test_a_crash_loop_waits_longer_each_time_until_a_stable_run_resets_it(
+    tmp_path: Path, stopping: list[Supervisor]
+) -> None:
+    port = free_port()
+    broken = tmp_path / "broken"
+    # A pid_server that exits at once (code 1: a crash) while ``broken`` exists.
+    code = (
+        "import os, runpy, sys\n"
+        f"if os.path.exists({str(broken)!r}): sys.exit(1)\n"
+        f"sys.argv = ['pid_server', '{port}']\n"
+        "runpy.run_module('tests.pid_server', run_name='__main__')\n"
+    )
+    spec = dataclasses.replace(pid_server("node", port), argv=(sys.executable, "-c", code))
+    events: list[tuple[float, str]] = []
+    sup = Supervisor(
+        [spec],
+        log_dir=tmp_path / "logs",
+        cwd=ROOT,
+        on_change=lambda c: events.append((time.monotonic(), c.status)),
+        restart_backoff=(0.1, 0.8),
+        stable_after=1.0,
+    )
+    stopping.append(sup)
+    await sup.start()
+    watcher = asyncio.create_task(sup.watch())
+    child = sup.children[0]
+
+    def waits() -> list[float]:
+        """Seconds from each crash to the start after it."""
+        return [
+            later - at
+            for (at, status), (later, next_status) in itertools.pairwise(events)
+            if status == "crashed" and next_status == "starting"
+        ]
+
+    broken.touch()
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGKILL)
+    await eventually(
+        lambda: child.restarts == 4 and child.status == "crashed", what="four restarts that crash"
+    )
+    broken.unlink()
+    await eventually(lambda: child.status == "healthy", what="a restart that stays up")
+    # The streak doubles from 0.1 to the 0.8 cap: 0.1, 0.2, 0.4, 0.8, 0.8 (the last one stays).
+    streak = waits()
+    assert len(streak) >= 5
+    for waited, least in zip(streak, [0.1, 0.2, 0.4, 0.8, 0.8], strict=False):
+        assert waited >= least - 0.01, streak
+    # Up for longer than stable_after: the next crash starts a new streak at 0.1, not 0.8.
+    await eventually(
+        lambda: time.monotonic() - child.started_at > 1.2, what="a run past stable_after"
+    )
+    before = len(waits())
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGKILL)
+    await eventually(lambda: len(waits()) > before, what="the restart after the new crash")
+    assert waits()[before] < 0.6, waits()
+    await sup.stop()
+    await watcher

@@ -6,8 +6,8 @@
     await registrar.aclose()       # deregisters (bounded time)
 
 The background task registers, then heartbeats every ``interval_s``. When the registry is down it
-keeps trying with exponential backoff (capped at ``max_backoff_s``), logging once per state
-change rather than per attempt. A node that has not reached any registry yet says so once at
+keeps trying with exponential backoff (tenacity's, capped at ``max_backoff_s``), logging once per
+state change rather than per attempt. A node that has not reached any registry yet says so once at
 INFO (serving without one is a normal way to start); losing a registry it had, or one that
 answers with a refusal, is a WARNING. A heartbeat answered "unknown instance" (the registry lost
 or expired us) registers again at once. One answered "instance id taken" (the registry forgot us
@@ -25,6 +25,8 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Literal
+
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from mesh.discovery.base import (
     DiscoveryBackend,
@@ -58,9 +60,10 @@ class Registrar:
         self.registration = registration
         self._on_new_instance_id = on_new_instance_id
         self.interval_s = interval_s
-        self._first_backoff_s = first_backoff_s
-        # Never retry less often than we would heartbeat: a returning registry sees us soon.
-        self._max_backoff_s = max_backoff_s if max_backoff_s is not None else max(interval_s, 1.0)
+        # Doubling from first_backoff_s, never longer than a heartbeat interval (a returning
+        # registry sees us soon) unless max_backoff_s says otherwise.
+        cap = max_backoff_s if max_backoff_s is not None else max(interval_s, 1.0)
+        self._backoff = wait_exponential(multiplier=first_backoff_s, max=cap)
         self._close_timeout_s = close_timeout_s
         self._log = logger or logging.getLogger("mesh.discovery")
         self._sleep = sleep
@@ -172,32 +175,40 @@ class Registrar:
         self._last_error = str(exc)
 
     async def _run(self) -> None:
-        backoff = self._first_backoff_s
+        # One retry loop per registered period: a success ends it, and the next failure starts
+        # the backoff over from ``first_backoff_s``.
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(DiscoveryError),
+            wait=self._backoff,
+            sleep=self._sleep,
+        )
         while True:
-            try:
-                if self._state == "registered":
-                    await self.backend.heartbeat(self.registration.instance_id)
-                else:
-                    await self.backend.register(self.registration)
-                    self._registered_once = True
-                    self._registered.set()
-                    self._outage = None
-                    self._set_state("registered")
-            except UnknownInstance as exc:
-                self._set_state("registering", str(exc))
-                continue
-            except InstanceIdTaken as exc:
-                self._take_new_instance_id(exc)
-                # A fresh id is nobody's: waiting is only for a registry that says otherwise.
-                await self._sleep(backoff)
-                backoff = min(backoff * 2, self._max_backoff_s)
-                continue
-            except DiscoveryError as exc:
-                # After an outage, register again rather than heartbeat: it is idempotent and
-                # covers a registry that came back without our record.
-                self._retrying(exc)
-                await self._sleep(backoff)
-                backoff = min(backoff * 2, self._max_backoff_s)
-                continue
-            backoff = self._first_backoff_s
+            async for attempt in retrying:
+                with attempt:
+                    await self._attempt()
             await self._sleep(self.interval_s)
+
+    async def _attempt(self) -> None:
+        """Heartbeat when registered, else register; a failure moves the state and is raised
+        for the retry loop to wait on."""
+        try:
+            if self._state == "registered":
+                try:
+                    await self.backend.heartbeat(self.registration.instance_id)
+                    return
+                except UnknownInstance as exc:
+                    self._set_state("registering", str(exc))  # and register again at once
+            await self.backend.register(self.registration)
+        except InstanceIdTaken as exc:
+            self._take_new_instance_id(exc)
+            # A fresh id is nobody's: waiting is only for a registry that says otherwise.
+            raise
+        except DiscoveryError as exc:
+            # After an outage, register again rather than heartbeat: it is idempotent and
+            # covers a registry that came back without our record.
+            self._retrying(exc)
+            raise
+        self._registered_once = True
+        self._registered.set()
+        self._outage = None
+        self._set_state("registered")
