@@ -27,7 +27,8 @@
 take the call: another one may) is retried, at the next instance, with the same message id
 (``mesh.resilience.is_retryable``). Third-party errors (google-genai, a2a-sdk, httpx, sqlite3,
 consul) are translated into this tree once, at the module that talks to them, with
-``raise X(...) from exc``; for a call to a peer that module is ``mesh.a2a.failures``.
+``raise X(...) from exc``; for a call to a peer that module is ``mesh.a2a.client``, and the
+reason of an httpx error is ``mesh.failures.reason_of``'s, which the retry policy uses too.
 
 Not in the tree, on purpose: signals that never leave mesh, and must be another library's type
 for the code that catches them (a test checks this list and the tree against the classes):

@@ -101,11 +101,11 @@ class Node:
         skill_runners: dict[str, Any] = {}
         try:
             self.health.add_check("database", lambda: _db_check(db))
+            await self._bind_toolsets()  # before the runners: they run the node's own copies
             if self.agent.is_llm:
                 runner, skill_runners = self._build_runners(db)
                 self.model = runner.model
             self.health.add_check("model", self._model_check)
-            await self._bind_toolsets()
             self.service = await A2AService.create(
                 self.agent,
                 url=self.settings.url,
@@ -207,18 +207,24 @@ class Node:
         return self.settings.registry or DEFAULT_REGISTRY, self.settings.registry_token
 
     async def _bind_toolsets(self) -> None:
-        """Give remote toolsets the node's shared HTTP client, discovery client, metrics and
-        peer checks, so every peer call shares one connection pool, is counted, and carries
-        the mesh token only to verified members of the mesh (``mesh.trust``)."""
-        bindable = [t for t in self.agent.tools if hasattr(t, "bind")]
-        if not bindable:
+        """Run the node's own copies of the agent's remote toolsets (the ``Agent`` it was given
+        stays configuration: ``self.agent`` becomes a copy holding them), bound to the node's
+        shared HTTP client, discovery client, metrics and peer checks, so every peer call shares
+        one connection pool, is counted, and carries the mesh token only to verified members of
+        the mesh (``mesh.trust``)."""
+        if not any(hasattr(t, "bind") for t in self.agent.tools):
             return
+        import dataclasses
+
         import httpx
 
         from mesh.discovery import create_backend
         from mesh.discovery.client import DiscoveryClient
         from mesh.netguard import create_http_client
 
+        tools = [t.copy() if hasattr(t, "bind") else t for t in self.agent.tools]
+        self.agent = dataclasses.replace(self.agent, tools=tools)
+        bindable = [t for t in tools if hasattr(t, "bind")]
         location, token = self._discovery_location()
         longest = max(float(getattr(t, "deadline_s", 30.0)) for t in bindable)
         # One token per mesh: the node presents the token it requires of its own callers.
@@ -251,6 +257,7 @@ class Node:
             )
 
     async def _close_toolsets(self) -> None:
+        """Close the node's copies (``_bind_toolsets``), then the clients they shared."""
         for toolset in self.agent.tools:
             if hasattr(toolset, "bind") and hasattr(toolset, "aclose"):
                 await toolset.aclose()

@@ -456,3 +456,99 @@ async def test_breaker_series_follow_the_resolved_instances_and_stay_bounded(bur
     assert out["score"] == _score("APP-501")
     assert series() == {bureau: 0}
     assert set(rem.describe()["breakers"]) <= {bureau}
+
+
+# -- configuration stays the caller's ----------------------------------------------------------
+
+
+async def test_a_breaker_board_passed_to_remote_keeps_its_on_change(bureau: str) -> None:
+    """``remote(breakers=board)`` replaced the board's ``on_change`` with its own gauge hook."""
+    from prometheus_client import CollectorRegistry
+
+    from mesh.metrics import NodeMetrics
+    from mesh.resilience import BreakerBoard, BreakerState
+
+    seen: list[tuple[str, str]] = []
+
+    def mine(target: str, state: BreakerState) -> None:
+        seen.append((target, state.name.lower()))
+
+    board = BreakerBoard(failure_threshold=1, cool_down=60, on_change=mine)
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry, "caller", process_collectors=False)
+    rem = remote(
+        "credit-bureau",
+        skill="score",
+        policy=RetryPolicy(attempts=2, initial_delay=0.01),
+        breakers=board,
+    )
+    assert board.on_change is mine
+    dead = f"http://127.0.0.1:{free_port()}"
+    rem.bind(discovery=StaticDiscovery([bureau]), metrics=metrics)  # type: ignore[arg-type]
+    async with toolset(rem) as tools:  # the card comes from the bureau
+        rem.bind(discovery=StaticDiscovery([dead]))  # type: ignore[arg-type]
+        with pytest.raises(RemoteError):
+            await tools["credit_bureau_score"].call(
+                {"applicant_id": "APP-1", "amount": 1000}, tool_context()
+            )
+    assert board.on_change is mine
+    assert seen == [(dead, "open")]
+    # The toolset still shows the breaker, as a listener of the board.
+    labels = {"agent": "caller", "peer": "credit-bureau", "target": dead}
+    assert registry.get_sample_value("mesh_circuit_breaker_state", labels) == 2
+
+
+async def test_a_node_runs_its_own_copy_of_the_agents_remote_toolsets(
+    tmp_path: Path, bureau: str
+) -> None:
+    """The node bound (and recorded calls on) the toolset stored in the user's ``Agent``: after
+    the node stopped, that toolset still held the node's closed HTTP client."""
+    import uvicorn
+
+    from mesh.a2a.client import A2APeer
+    from mesh.node import Node
+    from mesh.settings import NodeSettings
+
+    rem = remote("credit-bureau", skill="score", url=bureau)
+    agent = Agent(
+        name="test-officer",
+        instruction="Score applicants through the credit bureau.",
+        tools=[rem],
+        script=Script(
+            rules=[
+                Rule(
+                    when=r"score (?P<who>APP-\d+)",
+                    steps=[[Call("credit_bureau_score", {"applicant_id": "{who}", "amount": 10})]],
+                    answer="score {credit_bureau_score.score}",
+                )
+            ]
+        ),
+    )
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=tmp_path / "node", grace_seconds=1))
+    server = uvicorn.Server(
+        uvicorn.Config(node.app, host="127.0.0.1", port=port, log_level="warning")
+    )
+    serving = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started or serving.done(), what="the node to start")
+        async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+            peer = A2APeer(http, f"http://127.0.0.1:{port}")
+            answer = await peer.send("score APP-501")
+        ran = node.agent.tools[0]
+    finally:
+        server.should_exit = True
+        await serving
+    assert answer.text == f"score {_score('APP-501')}", answer
+    assert agent.tools == [rem]
+    assert isinstance(ran, RemoteAgent)
+    assert ran is not rem
+    assert [r.outcome for r in ran.recent] == ["ok"]
+    assert list(rem.recent) == []
+    assert rem.caller == ""
+    # The user's toolset still works on its own (it held the node's closed client before).
+    async with toolset(rem) as tools:
+        out = await tools["credit_bureau_score"].call(
+            {"applicant_id": "APP-612", "amount": 10}, tool_context()
+        )
+    assert out["score"] == _score("APP-612")

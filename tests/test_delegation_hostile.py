@@ -179,6 +179,12 @@ async def test_a_refusal_for_the_token_is_not_failed_over(bureau: str) -> None:
     assert "MESH_TOKEN" in str(info.value)
 
 
+async def _streamed(peer: A2APeer) -> list[Any]:
+    return [
+        u async for u in peer.stream({"applicant_id": "APP-501", "amount": 1000}, skill="score")
+    ]
+
+
 @pytest.mark.parametrize("mode", ["huge", "sse_huge", "sse_lines"])
 async def test_every_answer_the_sdk_client_reads_is_capped_while_reading(
     bureau: str, mode: str
@@ -191,11 +197,7 @@ async def test_every_answer_the_sdk_client_reads_is_capped_while_reading(
         peer = A2APeer(http, evil["url"], max_answer_bytes=CAP)
         try:
             with pytest.raises(RemoteError) as info:
-                await (
-                    peer.get_task("t-1")
-                    if mode == "huge"
-                    else peer.run({"applicant_id": "APP-501", "amount": 1000}, skill="score")
-                )
+                await (peer.get_task("t-1") if mode == "huge" else _streamed(peer))
             if mode == "huge":
                 evil["sent"] = 0
                 with pytest.raises(RemoteError) as cancel:

@@ -1,15 +1,26 @@
 """A delegation is one HTTP round trip: a blocking ``SendMessage`` whose JSON answer
-(``A2APeer.call``, read without the SDK's protobuf types) is the finished task exactly as
-``GetTask`` returns it, so ``remote()`` never asks for it afterwards. The streamed events
-(``A2APeer.run``) rebuild the same task."""
+(``A2APeer.send``, read without the SDK's protobuf types) is the finished task exactly as
+``GetTask`` returns it, so ``remote()`` never asks for it afterwards; it is the request the
+a2a-sdk's own client sends. ``A2APeer.stream`` gives the events of the same task."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from a2a.client import ClientConfig, ClientFactory
+from a2a.helpers import new_data_part
+from a2a.types import (
+    Message,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    TaskState,
+)
+from google.protobuf.struct_pb2 import Struct
 
 from agents.credit_bureau import _score
 from mesh.a2a.client import A2APeer
@@ -33,27 +44,28 @@ def bureau(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-async def test_streamed_task_equals_get_task(bureau: str) -> None:
+async def test_streamed_events_say_what_get_task_says(bureau: str) -> None:
     async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
         peer = A2APeer(http, bureau)
-        seen: list[str] = []
         try:
-            streamed = await peer.run(
-                {"applicant_id": "APP-501", "amount": 250000},
-                skill="score",
-                metadata={"caller": "one-trip-test"},
-                on_task=seen.append,
-            )
-            assert streamed is not None
-            stored = await peer.get_task(streamed.task_id)
+            updates = [
+                u
+                async for u in peer.stream(
+                    {"applicant_id": "APP-501", "amount": 250000},
+                    skill="score",
+                    metadata={"caller": "one-trip-test"},
+                )
+            ]
+            stored = await peer.get_task(updates[0].task_id)
         finally:
             await peer.aclose()
-    assert seen == [streamed.task_id]
-    assert streamed == stored
-    assert streamed.state == "completed"
-    assert streamed.data is not None
-    assert streamed.data["score"] == _score("APP-501")
-    assert streamed.metadata["skill"] == "score"
+    assert updates[0].kind == "task"
+    assert {u.task_id for u in updates} == {stored.task_id}
+    assert [u.data for u in updates if u.kind == "artifact"] == [stored.data]
+    assert [u.state for u in updates if u.kind == "status"][-1] == stored.state == "completed"
+    assert stored.data is not None
+    assert stored.data["score"] == _score("APP-501")
+    assert stored.metadata["skill"] == "score"
 
 
 async def test_remote_call_sends_one_request(bureau: str) -> None:
@@ -85,7 +97,7 @@ async def test_remote_call_sends_one_request(bureau: str) -> None:
     assert methods == ["SendMessage"]
 
 
-async def test_lean_call_equals_get_task_and_speaks_a2a_1_0(bureau: str) -> None:
+async def test_send_equals_get_task_and_is_what_the_sdk_client_sends(bureau: str) -> None:
     sent: list[httpx.Request] = []
 
     async def keep(request: httpx.Request) -> None:
@@ -99,20 +111,36 @@ async def test_lean_call_equals_get_task_and_speaks_a2a_1_0(bureau: str) -> None
         event_hooks={"request": [keep]},
     ) as http:
         peer = A2APeer(http, bureau)
+        sdk = ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(
+            await peer.card()
+        )
         try:
-            called = await peer.call(
+            called = await peer.send(
                 {"applicant_id": "APP-501", "amount": 250000},
                 skill="score",
                 metadata={"caller": "one-trip-test"},
             )
             stored = await peer.get_task(called.task_id)
-            sdk = await peer.send(
-                {"applicant_id": "APP-612", "amount": 1000},
-                skill="score",
-                metadata={"caller": "one-trip-test"},
+            metadata = Struct()
+            metadata.update({"caller": "one-trip-test", "skill": "score"})
+            request = SendMessageRequest(
+                message=Message(
+                    role=Role.ROLE_USER,
+                    message_id=uuid.uuid4().hex,
+                    parts=[
+                        new_data_part(
+                            {"applicant_id": "APP-612", "amount": 1000},
+                            media_type="application/json",
+                        )
+                    ],
+                    metadata=metadata,
+                ),
+                configuration=SendMessageConfiguration(history_length=0),
             )
-            rejected = await peer.call({"applicant_id": "APP-501"}, skill="score")
+            answers = [a async for a in sdk.send_message(request)]
+            rejected = await peer.send({"applicant_id": "APP-501"}, skill="score")
         finally:
+            await sdk.close()
             await peer.aclose()
     assert called == stored
     assert called.state == "completed"
@@ -120,18 +148,17 @@ async def test_lean_call_equals_get_task_and_speaks_a2a_1_0(bureau: str) -> None
     assert called.data["score"] == _score("APP-501")
     assert isinstance(called.data["score"], int)
     assert called.metadata["skill"] == "score"
-    assert sdk.data is not None
-    assert sdk.data["score"] == _score("APP-612")
+    assert answers[-1].task.status.state == TaskState.TASK_STATE_COMPLETED
     assert rejected.state == "rejected"
     assert rejected.error is not None
     assert rejected.error["reason"] == "rejected"
     assert "amount" in rejected.error["message"]
     lean, _get, via_sdk, _rejected = sent
     # The same method, fields and headers as the SDK's own JSON-RPC transport sends.
-    for request in (lean, via_sdk):
-        assert request.headers["A2A-Version"] == "1.0"
-        assert request.headers["X-Client"] == "kept"
-        assert request.headers["Content-Type"] == "application/json"
+    for one in (lean, via_sdk):
+        assert one.headers["A2A-Version"] == "1.0"
+        assert one.headers["X-Client"] == "kept"
+        assert one.headers["Content-Type"] == "application/json"
     lean_body, sdk_body = json.loads(lean.content), json.loads(via_sdk.content)
     assert lean_body["method"] == sdk_body["method"] == "SendMessage"
     assert set(lean_body) == set(sdk_body)
@@ -141,17 +168,17 @@ async def test_lean_call_equals_get_task_and_speaks_a2a_1_0(bureau: str) -> None
     assert lean_body["params"]["configuration"] == sdk_body["params"]["configuration"]
 
 
-async def test_lean_call_translates_errors_like_the_sdk_client(bureau: str) -> None:
+async def test_send_translates_errors_like_the_sdk_client(bureau: str) -> None:
     async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
         peer = A2APeer(http, bureau)
         dead = A2APeer(http, f"http://127.0.0.1:{free_port()}")
         try:
             # A text part where the score skill wants JSON: the node rejects the task.
-            text = await peer.call("hello", skill="score")
+            text = await peer.send("hello", skill="score")
             with pytest.raises(RemoteError) as down:
-                await dead.call({"applicant_id": "APP-501", "amount": 1}, skill="score")
+                await dead.send({"applicant_id": "APP-501", "amount": 1}, skill="score")
             with pytest.raises(RemoteError) as bad_json:
-                await peer.call({"when": object()}, skill="score")
+                await peer.send({"when": object()}, skill="score")
         finally:
             await peer.aclose()
     assert text.state in {"rejected", "failed"}

@@ -1,0 +1,188 @@
+"""What a peer's answers mean to the caller: ``TaskResult``, ``TaskUpdate``, ``TaskPage``.
+
+One parser, of the JSON form: what the JSON-RPC wire carries, so the lean ``SendMessage`` of
+``A2APeer.send`` reads its answer without protobuf. Answers the a2a-sdk's client returns as
+protobuf (``GetTask``, ``CancelTask``, ``ListTasks``, stream events) are turned into that same
+JSON form first (``MessageToDict``: the proto3 JSON mapping the wire uses), so a task reads the
+same whichever way it arrived.
+
+    TaskResult.from_json({"id": "t-1", "contextId": "c-1", "status": {"state": "TASK_STATE_COMPLETED"},
+                          "artifacts": [{"parts": [{"data": {"score": 712.0}}]}]})
+    # TaskResult(task_id="t-1", context_id="c-1", state="completed", data={"score": 712}, ...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message as ProtoMessage
+
+__all__ = ["FAILED_STATES", "TaskPage", "TaskResult", "TaskUpdate", "as_json"]
+
+#: States of a task that ended without completing.
+FAILED_STATES = frozenset({"failed", "rejected", "canceled"})
+
+
+def as_json(message: ProtoMessage) -> dict[str, Any]:
+    """A protobuf answer of the SDK's client in its JSON form (what the wire carried)."""
+    return dict(MessageToDict(message))
+
+
+def _state(value: Any) -> str:
+    """``"TASK_STATE_INPUT_REQUIRED"`` -> ``"input-required"`` (missing: ``"unspecified"``)."""
+    name = value if isinstance(value, str) and value else "TASK_STATE_UNSPECIFIED"
+    return name.removeprefix("TASK_STATE_").lower().replace("_", "-")
+
+
+def _parts(holder: Any) -> list[Mapping[str, Any]]:
+    parts = holder.get("parts") if isinstance(holder, Mapping) else None
+    return [p for p in parts if isinstance(p, Mapping)] if isinstance(parts, list) else []
+
+
+def _texts(holder: Any) -> list[str]:
+    return [str(p["text"]) for p in _parts(holder) if "text" in p]
+
+
+def _first_data(holder: Any) -> dict[str, Any] | None:
+    return next(
+        (_whole(p["data"]) for p in _parts(holder) if isinstance(p.get("data"), dict)), None
+    )
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _whole(value: Any) -> Any:
+    """Undo protobuf's numbers-are-doubles for whole numbers (``712.0`` -> ``712``)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """A task as the caller sees it. ``data``: the first JSON artifact part; ``text``: the text
+    artifact parts (or the status message when there is no artifact); ``error``: for a task
+    that ended without completing, ``{"reason", "message"}`` (the node's ``metadata.error``)."""
+
+    task_id: str
+    context_id: str
+    state: str
+    data: dict[str, Any] | None = None
+    text: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "completed"
+
+    @property
+    def done(self) -> bool:
+        return self.state == "completed" or self.state in FAILED_STATES
+
+    @classmethod
+    def from_json(cls, task: Mapping[str, Any]) -> TaskResult:
+        """The task in its JSON form (a JSON-RPC result's ``task``, or ``as_json(task)``)."""
+        data: dict[str, Any] | None = None
+        texts: list[str] = []
+        for artifact in task.get("artifacts") or ():
+            if data is None:
+                data = _first_data(artifact)
+            texts.extend(_texts(artifact))
+        status = _mapping(task.get("status"))
+        status_text = "\n".join(_texts(status.get("message")))
+        state = _state(status.get("state"))
+        metadata = _mapping(task.get("metadata"))
+        error: dict[str, Any] | None = None
+        if state in FAILED_STATES:
+            found = metadata.get("error")
+            error = (
+                dict(found)
+                if isinstance(found, dict)
+                else {"reason": state, "message": status_text or state}
+            )
+        return cls(
+            task_id=str(task.get("id") or ""),
+            context_id=str(task.get("contextId") or ""),
+            state=state,
+            data=data,
+            text="".join(texts) if texts else ("" if data is not None else status_text),
+            metadata=metadata,
+            error=error,
+        )
+
+    @classmethod
+    def from_message(cls, message: Mapping[str, Any]) -> TaskResult:
+        """A direct message answer (no task): completed, with the message's text."""
+        return cls(
+            "", str(message.get("contextId") or ""), "completed", text="\n".join(_texts(message))
+        )
+
+
+@dataclass(frozen=True)
+class TaskUpdate:
+    """One streamed event: ``kind`` is "task", "status", "artifact" or "message"."""
+
+    kind: str
+    task_id: str
+    context_id: str
+    state: str = ""
+    text: str = ""
+    data: dict[str, Any] | None = None
+    partial: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, event: Mapping[str, Any]) -> TaskUpdate | None:
+        """A stream event in its JSON form (``{"task": ...}``, ``{"statusUpdate": ...}``,
+        ``{"artifactUpdate": ...}`` or ``{"message": ...}``); None for anything else."""
+        if isinstance(task := event.get("task"), Mapping):
+            state = _state(_mapping(task.get("status")).get("state"))
+            return cls("task", str(task.get("id") or ""), _context(task), state=state)
+        if isinstance(update := event.get("statusUpdate"), Mapping):
+            status = _mapping(update.get("status"))
+            said = _mapping(status.get("message"))
+            return cls(
+                "status",
+                str(update.get("taskId") or ""),
+                _context(update),
+                state=_state(status.get("state")),
+                text="\n".join(_texts(said)),
+                partial=bool(_mapping(said.get("metadata")).get("partial")),
+                metadata=_mapping(update.get("metadata")),
+            )
+        if isinstance(update := event.get("artifactUpdate"), Mapping):
+            artifact = update.get("artifact")
+            return cls(
+                "artifact",
+                str(update.get("taskId") or ""),
+                _context(update),
+                text="".join(_texts(artifact)),
+                data=_first_data(artifact),
+            )
+        if isinstance(message := event.get("message"), Mapping):
+            text = "\n".join(_texts(message))
+            return cls("message", str(message.get("taskId") or ""), _context(message), text=text)
+        return None
+
+
+def _context(holder: Mapping[str, Any]) -> str:
+    return str(holder.get("contextId") or "")
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of ``ListTasks``."""
+
+    tasks: list[TaskResult]
+    next_page_token: str
+    total_size: int
