@@ -19,9 +19,10 @@ In order, each refusal answered at once and nothing stored:
    the member;
 4. new sends while the node drains -> 503.
 
-Then the fast path (``mesh.a2a.fastpath``) or the SDK's route answers, and the request is
-counted in ``mesh_requests_total`` by method (a closed set: see ``mesh.metrics``). Pure ASGI so
-SSE streams pass through unbuffered. Params the SDK cannot parse (``"message": 5``) are the
+Then the SDK's route answers (its handler is ``mesh.a2a.handler.MeshRequestHandler``), or for
+a send the fast path takes ``mesh.a2a.fastroute`` with this parse, and the request is counted
+in ``mesh_requests_total`` by method (a closed set: see ``mesh.metrics``). Pure ASGI so SSE
+streams pass through unbuffered. Params the SDK cannot parse (``"message": 5``) are the
 caller's mistake: the SDK's ERROR record with a traceback for them is dropped (its WARNING line
 with the parse error follows), so callers cannot fill the log with tracebacks.
 """
@@ -178,12 +179,12 @@ class RequestGate:
             await send(message)
 
         service = node.service
-        fast = service.fastpath if service is not None and method == "SendMessage" else None
+        fast = service.fastroute if service is not None and method == "SendMessage" else None
         try:
             # Counted until the answer is sent: a drain waits for the last event of a stream.
             with node.exchanges:
                 if fast is None or not await fast.serve(parsed, scope, receive, watch):
-                    del parsed  # the SDK parses the body itself
+                    del parsed  # the SDK's route parses the body itself
                     await self.app(scope, receive, watch)
         finally:
             # JSON-RPC errors are HTTP 200 with {"error": ...} (the SDK writes "error" first).

@@ -3,8 +3,9 @@
 Two real nodes serve the same agent, one with ``MESH_FASTPATH=0`` (everything through the
 a2a-sdk's DefaultRequestHandler). The same JSON-RPC requests go to both; the responses, the
 stored tasks (GetTask, ListTasks), the idempotent replays and the metrics must be equal, modulo
-the ids and timestamps each node generates. An in-process test checks which requests the fast
-path takes at all (the rest must fall through untouched).
+the ids and timestamps each node generates. In-process tests check which requests the fast
+path takes at all (the rest go to the SDK's handler untouched), that the SDK's rules on an
+agent's events hold on both paths, and that the task store learns of blocking sends on both.
 """
 
 from __future__ import annotations
@@ -22,14 +23,37 @@ from typing import Any
 
 import httpx
 import pytest
+from a2a.helpers import new_text_part
+from a2a.server.agent_execution import RequestContext
 from a2a.server.context import ServerCallContext
-from a2a.types import TaskState
+from a2a.server.events import EventQueue
+from a2a.server.tasks import InMemoryTaskStore, TaskStore
+from a2a.types import (
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    Role,
+    SendMessageRequest,
+    Task,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import A2AError
+from google.protobuf.json_format import ParseDict
 from prometheus_client.parser import text_string_to_metric_families
 
+from mesh.a2a.card import build_card
+from mesh.a2a.dispatcher import SkillDispatcher
+from mesh.a2a.executor import MeshExecutor
+from mesh.a2a.fastroute import FastRoute
+from mesh.a2a.handler import MeshRequestHandler
+from mesh.a2a.idempotency import IdempotencyKeys
 from mesh.a2a.server import A2AService
+from mesh.a2a.store import BLOCKING_SEND
 from mesh.sqlite import Database
 from tests.node_agents import agent as worker_agent
-from tests.support import clean_env, free_port, running, wait_for
+from tests.support import clean_env, eventually, free_port, running, wait_for
 
 TRACE = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
 HEADERS = {"A2A-Version": "1.0"}
@@ -279,7 +303,7 @@ async def test_metrics_and_log_lines_are_the_same(pair: Pair, http: httpx.AsyncC
     assert lines(pair.log("fast"))
 
 
-# -- which requests the fast path takes (in process, real SQLite) -----------------------------
+# -- in process: which requests the fast path takes, and the SDK's rules on both paths ------
 @pytest.fixture
 async def service(tmp_path: Path) -> AsyncIterator[A2AService]:
     db = await Database.open(tmp_path / "node.db")
@@ -289,6 +313,84 @@ async def service(tmp_path: Path) -> AsyncIterator[A2AService]:
     finally:
         await svc.aclose()
         await db.aclose()
+
+
+def _params(body: dict[str, Any]) -> SendMessageRequest:
+    """The params of a JSON-RPC ``SendMessage`` body as the SDK's route parses them."""
+    params = SendMessageRequest()
+    ParseDict(body["params"], params, ignore_unknown_fields=True)
+    return params
+
+
+async def test_only_new_blocking_function_sends_take_the_fast_path(service: A2AService) -> None:
+    fast = service.handler.fastpath
+    assert fast is not None
+    assert fast.takes(_params(_send({"key": "x"}, "echo")))
+
+    def variant(**change: Any) -> SendMessageRequest:
+        body = _send({"key": "x"}, "echo")
+        body["params"]["message"].update(change.pop("message", {}))
+        body["params"].update(change)
+        return _params(body)
+
+    refused = {
+        "follow-up": variant(message={"taskId": "t-1"}),
+        "return immediately": variant(configuration={"returnImmediately": True}),
+        "push config": variant(configuration={"taskPushNotificationConfig": {"url": "http://x"}}),
+        "unknown skill": _params(_send({"key": "x"}, "nope")),
+        "skill not a string": variant(message={"metadata": {"skill": 5}}),
+    }
+    for what, params in refused.items():
+        assert not fast.takes(params), what
+
+
+async def _refusal(params: SendMessageRequest, *, fastpath: bool) -> str:
+    handler = MeshRequestHandler(
+        executor=MeshExecutor(SkillDispatcher(worker_agent)),
+        task_store=InMemoryTaskStore(),
+        agent_card=build_card(worker_agent, "http://127.0.0.1:1"),
+        keys=IdempotencyKeys(None),
+        fastpath=fastpath,
+    )
+    try:
+        with pytest.raises(A2AError) as raised:
+            await handler.on_message_send(params, ServerCallContext())
+    finally:
+        await handler.aclose()
+    return f"{type(raised.value).__name__}: {raised.value}"
+
+
+async def test_params_the_sdk_refuses_are_refused_alike_on_the_fast_path() -> None:
+    negative = _params(_send({"key": "x"}, "echo", config={"historyLength": -1}))
+    no_parts = _params(_send({"key": "x"}, "echo"))
+    del no_parts.message.parts[:]
+    for params in (negative, no_parts):
+        fast = await _refusal(params, fastpath=True)
+        assert fast == await _refusal(params, fastpath=False)
+        assert fast.startswith("InvalidParamsError"), fast
+
+
+async def test_a_fast_send_runs_outside_the_sdk_and_is_stored(service: A2AService) -> None:
+    fast = service.handler.fastpath
+    assert fast is not None
+    sending = asyncio.ensure_future(
+        service.handler.on_message_send(
+            _params(_send({"seconds": 0.3}, "slow")), ServerCallContext()
+        )
+    )
+    task_id = await eventually(lambda: next(iter(fast.running), None), what="a fast task")
+    assert service.handler.task_store.running(task_id)
+    task = await sending
+    assert isinstance(task, Task)
+    assert task.id == task_id
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED
+    stored = await service.handler.task_store.get(task_id, ServerCallContext())
+    assert stored is not None
+    assert stored.status.state == TaskState.TASK_STATE_COMPLETED
+    assert stored.artifacts[0].parts[0].data.struct_value["seconds"] == 0.3
+    assert not fast.running
+    assert not service.handler.task_store.running(task_id)
+    assert service.in_flight == 0
 
 
 def _scope(version: str | None = "1.0") -> dict[str, Any]:
@@ -307,41 +409,8 @@ def _scope(version: str | None = "1.0") -> dict[str, Any]:
     }
 
 
-async def test_only_new_blocking_function_sends_take_the_fast_path(service: A2AService) -> None:
-    fast = service.fastpath
-    assert fast is not None
-    ok = _send({"key": "x"}, "echo")
-    assert fast._prepare(ok, _scope()) is not None
-    assert fast._prepare(ok, _scope("1.0.3")) is not None
-
-    def variant(**change: Any) -> dict[str, Any]:
-        body = _send({"key": "x"}, "echo")
-        body["params"]["message"].update(change.pop("message", {}))
-        body["params"].update(change)
-        return body
-
-    refused = {
-        "no version header": (ok, _scope(None)),
-        "version 0.3": (ok, _scope("0.3")),
-        "follow-up": (variant(message={"taskId": "t-1"}), _scope()),
-        "return immediately": (variant(configuration={"returnImmediately": True}), _scope()),
-        "push config": (
-            variant(configuration={"taskPushNotificationConfig": {"url": "http://x"}}),
-            _scope(),
-        ),
-        "unknown skill": (_send({"key": "x"}, "nope"), _scope()),
-        "bad params": (variant(message={"parts": "nope"}), _scope()),
-        "negative history": (variant(configuration={"historyLength": -1}), _scope()),
-        "streaming": ({**ok, "method": "SendStreamingMessage"}, _scope()),
-        "boolean id": ({**ok, "id": True}, _scope()),
-    }
-    for what, (body, scope) in refused.items():
-        assert fast._prepare(body, scope) is None, what
-
-
-async def test_a_fast_send_is_answered_and_stored(service: A2AService) -> None:
-    fast = service.fastpath
-    assert fast is not None
+async def _serve(route: FastRoute, body: dict[str, Any], version: str | None = "1.0") -> Any:
+    """What ``route`` answers to ``body`` (None: it left the request to the SDK's route)."""
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
@@ -350,12 +419,155 @@ async def test_a_fast_send_is_answered_and_stored(service: A2AService) -> None:
     async def send(message: Any) -> None:
         sent.append(message)
 
-    assert await fast.serve(_send({"key": "in", "n": 2}, "echo"), _scope(), receive, send)
-    body = json.loads(sent[1]["body"])
+    if not await route.serve(body, _scope(version), receive, send):
+        assert not sent
+        return None
+    return json.loads(sent[1]["body"])
+
+
+async def test_the_fast_route_answers_what_the_fast_path_takes(service: A2AService) -> None:
+    route = service.fastroute
+    assert route is not None
+    body = await _serve(route, _send({"key": "in", "n": 2}, "echo"))
     task = body["result"]["task"]
     assert task["status"]["state"] == "TASK_STATE_COMPLETED"
     assert task["artifacts"][0]["parts"][0]["data"] == {"key": "in", "n": 2, "doubled": 4}
-    stored = await service.handler._watched.get(task["id"], ServerCallContext())
+    stored = await service.handler.task_store.get(task["id"], ServerCallContext())
     assert stored is not None
     assert stored.status.state == TaskState.TASK_STATE_COMPLETED
-    assert service.in_flight == 0
+    # The SDK's version check, with the SDK's error (the two-node tests compare the bodies).
+    for version in (None, "0.3", "2.0"):
+        refused = await _serve(route, _send({"key": "v"}, "echo"), version)
+        assert refused["error"]["code"] == -32009, version
+    assert await _serve(route, _send({"key": "v"}, "echo"), "1.0.3") is not None
+    ok = _send({"key": "x"}, "echo")
+    elsewhere = {
+        "streaming": {**ok, "method": "SendStreamingMessage"},
+        "boolean id": {**ok, "id": True},
+        "null id": {**ok, "id": None},
+        "params not parsed": {**ok, "params": {"message": {"parts": "nope"}}},
+        "follow-up": _send({"key": "x"}, "echo", meta={})
+        | {"params": {"message": {"taskId": "t"}}},
+        "unknown skill": _send({"key": "x"}, "nope"),
+    }
+    for what, other in elsewhere.items():
+        assert await _serve(route, other) is None, what
+
+
+class _RuleBreaker(MeshExecutor):
+    """An executor that breaks one of the rules the SDK enforces on an agent's events."""
+
+    def __init__(self, fault: str) -> None:
+        super().__init__(SkillDispatcher(worker_agent))
+        self.fault = fault
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id, context_id = str(context.task_id), str(context.context_id)
+        update = TaskStatusUpdateEvent(
+            task_id=task_id,
+            context_id=context_id,
+            status=TaskStatus(state=TaskState.TASK_STATE_WORKING),
+        )
+        if self.fault == "update before task":
+            await event_queue.enqueue_event(update)
+            return
+        first = Task(
+            id=task_id,
+            context_id=context_id,
+            status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+            history=[context.message] if context.message is not None else [],
+        )
+        await event_queue.enqueue_event(first)
+        await event_queue.enqueue_event(update)
+        if self.fault == "message in task mode":
+            await event_queue.enqueue_event(
+                Message(role=Role.ROLE_AGENT, message_id="m-1", parts=[new_text_part("hi")])
+            )
+        elif self.fault == "raises":
+            raise RuntimeError("the agent broke")
+
+
+async def _break_rule(fault: str, *, fastpath: bool) -> tuple[str, int | None]:
+    """Send one message to an executor breaking ``fault``: the error the caller gets, and the
+    state its task is stored in (None: no task)."""
+    store = InMemoryTaskStore()
+    handler = MeshRequestHandler(
+        executor=_RuleBreaker(fault),
+        task_store=store,
+        agent_card=build_card(worker_agent, "http://127.0.0.1:1"),
+        keys=IdempotencyKeys(None),
+        fastpath=fastpath,
+    )
+    assert (handler.fastpath is not None) == fastpath
+    params = _params(_send({"key": "r"}, "echo"))
+    try:
+        with pytest.raises(Exception) as raised:  # noqa: PT011 (each fault has its own error)
+            await asyncio.wait_for(handler.on_message_send(params, ServerCallContext()), 10)
+        listed = await store.list(ListTasksRequest(), ServerCallContext())
+    finally:
+        await handler.aclose()
+    states = [t.status.state for t in listed.tasks]
+    assert len(states) <= 1
+    return type(raised.value).__name__, states[0] if states else None
+
+
+@pytest.mark.parametrize("fault", ["update before task", "message in task mode", "raises"])
+async def test_the_sdks_rules_on_agent_events_hold_on_both_paths(fault: str) -> None:
+    fast = await _break_rule(fault, fastpath=True)
+    sdk = await _break_rule(fault, fastpath=False)
+    assert fast == sdk
+    expected = {
+        "update before task": ("InvalidAgentResponseError", None),
+        "message in task mode": ("InvalidAgentResponseError", TaskState.TASK_STATE_FAILED),
+        "raises": ("RuntimeError", TaskState.TASK_STATE_FAILED),
+    }
+    assert fast == expected[fault]
+
+
+class _Recording(TaskStore):
+    """A real store that notes, per save, whether its call context was a blocking send."""
+
+    def __init__(self, inner: TaskStore) -> None:
+        self.inner = inner
+        self.blocking: list[tuple[int, bool]] = []
+
+    async def save(self, task: Task, context: ServerCallContext) -> None:
+        self.blocking.append((task.status.state, context.state.get(BLOCKING_SEND) is True))
+        await self.inner.save(task, context)
+
+    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
+        return await self.inner.get(task_id, context)
+
+    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        return await self.inner.list(params, context)
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        await self.inner.delete(task_id, context)
+
+
+@pytest.mark.parametrize("fastpath", [True, False], ids=["fast-path", "sdk-path"])
+async def test_the_store_knows_a_blocking_send_on_both_paths(fastpath: bool) -> None:
+    """The write-behind store skips the wait for a blocking send's first save: it must learn
+    of it from the call context of every save, whichever path runs the task."""
+    store = _Recording(InMemoryTaskStore())
+    handler = MeshRequestHandler(
+        executor=MeshExecutor(SkillDispatcher(worker_agent)),
+        task_store=store,
+        agent_card=build_card(worker_agent, "http://127.0.0.1:1"),
+        keys=IdempotencyKeys(None),
+        fastpath=fastpath,
+    )
+    try:
+        blocking = _params(_send({"key": "b"}, "echo"))
+        await handler.on_message_send(blocking, ServerCallContext())
+        sent, store.blocking = store.blocking, []
+        assert sent
+        assert all(flag for _, flag in sent), sent
+        assert sent[-1][0] == TaskState.TASK_STATE_COMPLETED
+        streamed = _params(_send({"key": "s"}, "echo"))
+        async for _ in handler.on_message_send_stream(streamed, ServerCallContext()):
+            pass
+        assert store.blocking
+        assert not any(flag for _, flag in store.blocking), store.blocking
+    finally:
+        await handler.aclose()

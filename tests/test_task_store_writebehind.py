@@ -18,7 +18,7 @@ from a2a.types import ListTasksRequest, Message, Role, Task, TaskState, TaskStat
 from agents.applicants import APPLICANTS
 from mesh.a2a.client import A2APeer
 from mesh.a2a.idempotency import IdempotencyKeys
-from mesh.a2a.store import BLOCKING_SEND, SqliteTaskStore
+from mesh.a2a.store import SqliteTaskStore, mark_blocking_send
 from mesh.sqlite import Database
 from tests.support import clean_env, free_port, running
 
@@ -152,20 +152,20 @@ async def test_blocking_send_does_not_wait_for_the_first_save(tmp_path: Path) ->
     await keys.initialize()
     key = ("", "caller-b", "msg-2")
     path = tmp_path / "node.db"
-    token = BLOCKING_SEND.set(True)
+    blocking = ServerCallContext()
+    mark_blocking_send(blocking)
     try:
         task_id = store.id_generator().generate(IDGeneratorContext())
         assert await keys.claim(key) is None
         await keys.record(key, task_id)
-        await store.save(_task(task_id, TaskState.TASK_STATE_SUBMITTED), CTX)
+        await store.save(_task(task_id, TaskState.TASK_STATE_SUBMITTED), blocking)
         assert _disk(path, task_id) is None  # queued, not awaited
-        await store.save(_task(task_id, TaskState.TASK_STATE_WORKING), CTX)
-        await store.save(_task(task_id, TaskState.TASK_STATE_COMPLETED), CTX)
+        await store.save(_task(task_id, TaskState.TASK_STATE_WORKING), blocking)
+        await store.save(_task(task_id, TaskState.TASK_STATE_COMPLETED), blocking)
         # The final save returned: it and everything queued before it (task, key) are on disk.
         assert _disk(path, task_id) == TaskState.TASK_STATE_COMPLETED
         keys.end(key)
     finally:
-        BLOCKING_SEND.reset(token)
         await db.aclose()
     db, _ = await _open(tmp_path)
     try:

@@ -1,32 +1,31 @@
 """``FastPath``: a blocking ``SendMessage`` of a function skill without the SDK's task machinery.
 
-The SDK's ``DefaultRequestHandler`` runs every message through an ``ActiveTask`` (producer and
-consumer asyncio tasks, two event queues, a subscriber queue): most of a node's CPU per request
-for a skill whose work takes microseconds. This path serves the narrow, hot case directly:
+The SDK's ``DefaultRequestHandler`` runs every message through its active-task machinery
+(producer and consumer asyncio tasks, two event queues, a subscriber queue): most of a node's
+CPU per request for a skill whose work takes microseconds. ``MeshRequestHandler`` hands this
+path the narrow, hot case (``FastPath.takes``):
 
-* JSON-RPC ``SendMessage`` with an ``A2A-Version`` the SDK accepts (1.x),
 * a new task (no ``message.taskId``), a blocking send (no ``returnImmediately``), no push config,
 * whose skill resolves to a typed skill with a Python handler (no model).
 
-Anything else, including any request the SDK would answer with an error (bad JSON-RPC, params
-that do not parse or miss a required field, a bad ``historyLength``, an unknown skill), falls
-through to the SDK unchanged: ``serve`` returns False before it has sent anything.
+Anything else goes to the SDK's handler, which answers it (or refuses it) as always. Params
+the SDK's handler refuses (a required field missing, a negative ``historyLength``) are refused
+here with the same error.
 
-What it shares with the SDK path, so both produce the same task: the request is parsed with the
-SDK's own ``ParseDict`` and validators, the call context comes from the SDK's context builder,
-ids from the handler's request-context builder, the work is ``MeshExecutor.execute`` (metrics,
-log line, idempotency key, deadline, REJECTED on invalid input), its events are applied by the
-SDK's ``TaskManager`` to the handler's (watched) task store exactly as the ``ActiveTask``
-consumer would apply them, duplicates go through the same ``IdempotencyKeys.claim`` and
-``IdempotentRequestHandler._replay``, and the response is built like the SDK's JSON-RPC
-dispatcher builds it. What it skips: the event queues and the two asyncio tasks per request.
+Built only from the SDK's public interfaces, so a minor SDK upgrade needs no change here: the
+request context comes from the ``RequestContextBuilder`` the handler built (the same ids as
+the SDK path), the work is ``MeshExecutor.execute`` (metrics, log line, idempotency key,
+deadline, REJECTED on invalid input) in the request's own asyncio task, and its events reach
+the store through ``AppliedEvents``: an ``EventQueue`` (the interface the SDK gives executors)
+that applies each event at once with the SDK's ``TaskManager``, under the rules the SDK's own
+consumer enforces on an agent's events (``InvalidAgentResponseError``). The answer is the task
+as ``TaskManager.save_task_event`` returned it last.
 
-A task served here is not in the SDK's registry of active tasks, so ``FastPathHandler`` keeps
-its own record of them: a duplicate send waits for the running task, and ``CancelTask`` stops it,
-as they would for a task the SDK runs. This module leans on a2a-sdk internals (the request
-handler's builders and watched store, ``TaskManager``): pyproject pins the SDK's minor version
-for that reason, and tests/test_node_fastpath.py compares both paths on every upgrade.
-Set ``MESH_FASTPATH=0`` to send everything through the SDK (the tests compare both paths).
+A task run here is outside the SDK's registry of active tasks, so ``FastPath`` keeps its own
+record of them: ``CancelTask`` stops one (``MeshRequestHandler`` asks here first). A duplicate
+send waits for a running task through ``WatchedTaskStore``, which sees both paths' saves.
+Set ``MESH_FASTPATH=0`` to send everything through the SDK (tests/test_node_fastpath.py runs
+both and compares them).
 """
 
 from __future__ import annotations
@@ -34,215 +33,159 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, NoReturn
 
 from a2a.helpers import get_data_parts, get_text_parts
-from a2a.server.agent_execution import RequestContext
-from a2a.server.agent_execution.active_task import INTERRUPTED_TASK_STATES, TERMINAL_TASK_STATES
+from a2a.server.agent_execution import RequestContext, RequestContextBuilder
 from a2a.server.context import ServerCallContext
-from a2a.server.events import EventQueue
-from a2a.server.request_handlers.response_helpers import build_error_response
-from a2a.server.routes.common import DefaultServerCallContextBuilder
-from a2a.server.tasks import TaskManager
+from a2a.server.events import Event, EventQueue
+from a2a.server.tasks import TaskManager, TaskStore
 from a2a.types import (
-    CancelTaskRequest,
+    Message,
     SendMessageRequest,
-    SendMessageResponse,
     Task,
-    TaskArtifactUpdateEvent,
+    TaskState,
+    TaskStatus,
     TaskStatusUpdateEvent,
 )
-from a2a.utils import constants
 from a2a.utils.errors import (
-    A2AError,
-    InternalError,
+    InvalidAgentResponseError,
     TaskNotCancelableError,
     TaskNotFoundError,
 )
 from a2a.utils.proto_utils import validate_proto_required_fields
 from a2a.utils.task import validate_history_length
-from google.protobuf.json_format import MessageToDict, ParseDict
-from jsonrpc.jsonrpc2 import JSONRPC20Response  # type: ignore[import-untyped]
-from packaging.version import InvalidVersion, Version
-from starlette.requests import Request
-from starlette.responses import JSONResponse
 
-from mesh.a2a.idempotency import IdempotentRequestHandler, message_key, send_answer
-from mesh.a2a.store import BLOCKING_SEND
+from mesh.a2a.states import TERMINAL_STATES
 from mesh.errors import SkillInputError
 
 if TYPE_CHECKING:
-    from starlette.types import Receive, Scope, Send
-
     from mesh.a2a.executor import MeshExecutor
 
-__all__ = ["FastPath", "FastPathHandler"]
+__all__ = ["TAKEN", "AppliedEvents", "FastPath"]
 
 log = logging.getLogger("mesh.a2a")
 
-_SETTLED = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
-_VERSION_HEADER = constants.VERSION_HEADER.lower().encode()
+#: Key of ``ServerCallContext.state``: whether the fast path takes the call's send.
+TAKEN = "mesh.fastpath"
 
 
-def _version_ok(scope: Scope) -> bool:
-    """The SDK's check (``validate_version(1.0)``): same major version. A missing header means
-    0.3 to the SDK; such a request falls through and gets the SDK's error."""
-    for name, value in scope.get("headers", ()):
-        if name == _VERSION_HEADER:
-            text = value.decode("latin-1")
-            if text == constants.PROTOCOL_VERSION_1_0:
-                return True
-            try:
-                return Version(text).major == 1
-            except InvalidVersion:
-                return False
-    return False
+class AppliedEvents(EventQueue):
+    """The ``EventQueue`` an executor writes to on the fast path: each event is applied to its
+    task by ``manager`` as it arrives (no queue, no consumer task).
 
-
-class _DirectQueue:
-    """Stands in for the ``EventQueue`` the executor writes to: applies each event at once,
-    the way ``a2a.server.agent_execution.active_task.EventConsumer`` does for a new task
-    (the executor's first event is the ``Task`` with the message in its history)."""
+    The rules are those the SDK's consumer enforces on an agent's events: a ``Message`` is the
+    whole answer or none of it, a status update needs a task first, a second ``Task`` is
+    ignored; ``TaskManager`` itself refuses ids that do not match and appends to an artifact
+    that does not exist. A violation raises ``InvalidAgentResponseError`` (an ``A2AError``: the
+    caller gets it as the SDK's handler would give it)."""
 
     def __init__(self, manager: TaskManager) -> None:
         self.manager = manager
+        #: The task as the last applied event left it (None until the first task event).
+        self.task: Task | None = None
+        #: The answer of an executor that answered with a message instead of a task.
+        self.message: Message | None = None
+        #: The rule violation raised here last (it is the consumer's error, not the agent's).
+        self.violation: InvalidAgentResponseError | None = None
 
-    async def enqueue_event(self, event: Any) -> None:
+    async def enqueue_event(self, event: Event) -> None:
+        if isinstance(event, Message):
+            if self.task is not None:
+                self._refuse(
+                    "Received Message object in task mode. Use TaskStatusUpdateEvent or "
+                    "TaskArtifactUpdateEvent instead."
+                )
+            if self.message is not None:
+                self._refuse("Multiple Message objects received.")
+            self.message = event
+            return
+        if self.message is not None:
+            self._refuse(
+                f"Received {type(event).__name__} in message mode. Use Task with "
+                "TaskStatusUpdateEvent and TaskArtifactUpdateEvent instead."
+            )
         if isinstance(event, Task):
-            # EventConsumer._handle_initial_task: a new task id, nothing stored yet.
-            if await self.manager.get_task() is None:
-                await self.manager.save_task_event(event)
-            return
-        if isinstance(event, TaskStatusUpdateEvent | TaskArtifactUpdateEvent):
-            # EventConsumer._handle_task_modification_event (message_to_save is already in
-            # the history of the initial task).
-            await self.manager.ensure_task_id(str(self.manager.task_id), event.context_id)
+            if self.task is not None:
+                log.error("Task %s already exists. Ignoring task replacement.", self.task.id)
+                return
+        elif self.task is None and isinstance(event, TaskStatusUpdateEvent):
+            self._refuse(f"Agent should enqueue Task before {type(event).__name__} event")
+        else:
+            # The SDK's consumer takes the context of each update (TaskManager checks it).
             self.manager.context_id = event.context_id
-            await self.manager.process(event)
+        self.task = await self.manager.save_task_event(event)
+
+    def _refuse(self, message: str) -> NoReturn:
+        self.violation = InvalidAgentResponseError(message)
+        raise self.violation
+
+    async def fail(self, task_id: str, *, by_agent: bool) -> None:
+        """End the task FAILED after the run raised, as the SDK's consumer does: the task the
+        events built, or (``by_agent``: the executor raised before it made one) a new one."""
+        failed = TaskStatus(state=TaskState.TASK_STATE_FAILED)
+        failed.timestamp.FromDatetime(datetime.now(UTC))
+        task = self.task
+        if task is None:
+            if not by_agent:
+                return
+            created = await self.manager.ensure_task_id(task_id, self.manager.context_id or "")
+            task = Task()
+            task.CopyFrom(created)
+            task.status.CopyFrom(failed)
+            self.task = await self.manager.save_task_event(task)
             return
-        raise TypeError(f"unexpected event {type(event).__name__} from the executor")
+        if task.status.state in TERMINAL_STATES:
+            return
+        update = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=failed)
+        self.task = await self.manager.save_task_event(update)
 
 
 @dataclass
 class _Running:
-    """A task the fast path is running: what a cancel or a waiting duplicate needs."""
+    """A task the fast path is running: what a ``CancelTask`` for it needs."""
 
-    request: asyncio.Task[Any]
-    manager: TaskManager
+    request: asyncio.Task[object]
+    events: AppliedEvents
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_requested: bool = False
 
 
-class FastPathHandler(IdempotentRequestHandler):
-    """The node's request handler: the SDK's, plus what it must know of the tasks the fast
-    path runs outside its ``ActiveTaskRegistry`` (to wait for them and to cancel them)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.fast_running: dict[str, _Running] = {}
-
-    async def _replay(
-        self, task_id: str, params: SendMessageRequest, context: ServerCallContext
-    ) -> Task:
-        # A duplicate of a running task waits for it, as for a task in the SDK's registry.
-        running = self.fast_running.get(task_id)
-        if running is not None and not params.configuration.return_immediately:
-            await running.done.wait()
-        return await super()._replay(task_id, params, context)
-
-    async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task:
-        running = self.fast_running.get(params.id)
-        if running is None:
-            return await super().on_cancel_task(params, context)  # type: ignore[no-any-return]
-        # The SDK's checks first (owner scope, terminal state), then ActiveTask.cancel's work:
-        # stop the run, let the executor write CANCELED (see FastPath._run).
-        task = await self._watched.get(params.id, context)
-        if task is None:
-            raise TaskNotFoundError
-        if task.status.state in TERMINAL_TASK_STATES:
-            raise TaskNotCancelableError
-        running.cancel_requested = True
-        running.request.cancel()
-        await running.done.wait()
-        canceled = await running.manager.get_task()
-        if canceled is None:
-            raise TaskNotFoundError
-        return canceled
-
-
 class FastPath:
-    """Serves eligible ``SendMessage`` calls (see the module docstring) for one node."""
+    """Runs eligible blocking sends (see the module docstring) for one node's handler."""
 
-    def __init__(self, executor: MeshExecutor, handler: FastPathHandler) -> None:
+    def __init__(
+        self, executor: MeshExecutor, store: TaskStore, contexts: RequestContextBuilder
+    ) -> None:
         self.executor = executor
-        self.handler = handler
-        self._contexts = DefaultServerCallContextBuilder()
+        self.store = store
+        self.contexts = contexts
+        #: Tasks running here now, by id.
+        self.running: dict[str, _Running] = {}
 
-    async def serve(self, body: Any, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Answer ``body`` (the parsed JSON-RPC request) when eligible; False (nothing sent)
-        when the SDK must handle it."""
-        prepared = self._prepare(body, scope)
-        if prepared is None:
-            return False
-        request_id, params, context = prepared
-        try:
-            task = await self._send(params, context)
-            result = MessageToDict(SendMessageResponse(task=send_answer(task, params)))
-            data = JSONRPC20Response(result=result, _id=request_id).data
-        except A2AError as exc:
-            data = build_error_response(request_id, exc)
-        except Exception as exc:
-            # As the SDK's dispatcher does with an unexpected error: JSON-RPC -32603.
-            log.exception("SendMessage failed")
-            data = build_error_response(request_id, InternalError(message=str(exc)))
-        await JSONResponse(data)(scope, receive, send)
-        return True
+    def takes(self, params: SendMessageRequest, context: ServerCallContext | None = None) -> bool:
+        """Whether ``params`` is a new blocking send of a function skill. Requests the executor
+        would reject for their metadata or skill name go to the SDK (their REJECTED task is
+        built there). Decided once per call: with ``context`` the answer is kept in its state
+        (``FastRoute`` decides before the handler runs)."""
+        if context is not None:
+            decided = context.state.get(TAKEN)
+            if isinstance(decided, bool):
+                return decided
+        taken = self._takes(params)
+        if context is not None:
+            context.state[TAKEN] = taken
+        return taken
 
-    def _prepare(
-        self, body: Any, scope: Scope
-    ) -> tuple[str | int | None, SendMessageRequest, ServerCallContext] | None:
-        """The request id, parsed params and call context of an eligible request, else None."""
-        if not isinstance(body, dict) or body.get("jsonrpc") != "2.0":
-            return None
-        if body.get("method") != "SendMessage" or not _version_ok(scope):
-            return None
-        request_id = body.get("id")
-        if isinstance(request_id, bool) or not isinstance(request_id, str | int):
-            return None
-        raw = body.get("params")
-        if not isinstance(raw, dict):
-            return None
-        message = raw.get("message")
-        config = raw.get("configuration")
-        # Cheap rejections before parsing: follow-ups and non-blocking or push sends.
-        if not isinstance(message, dict) or message.get("taskId") or message.get("task_id"):
-            return None
-        if config is not None and not isinstance(config, dict):
-            return None
-        try:
-            params = ParseDict(raw, SendMessageRequest(), ignore_unknown_fields=True)
-            validate_proto_required_fields(params)
-            validate_history_length(params.configuration)
-        except Exception:
-            return None  # the SDK answers with its own error
-        cfg = params.configuration
+    def _takes(self, params: SendMessageRequest) -> bool:
+        config = params.configuration
         if (
             params.message.task_id
-            or cfg.return_immediately
-            or cfg.HasField("task_push_notification_config")
-            or self.handler._validate_input_modes
-            or not self._is_function_skill(params)
+            or config.return_immediately
+            or config.HasField("task_push_notification_config")
         ):
-            return None
-        context = self._contexts.build(Request(scope))
-        context.tenant = params.tenant
-        context.state["method"] = "SendMessage"
-        context.state["request_id"] = request_id
-        return request_id, params, context
-
-    def _is_function_skill(self, params: SendMessageRequest) -> bool:
-        """The message's skill is typed with a handler. Requests the executor would reject for
-        their metadata or skill name go to the SDK (their REJECTED task is built there)."""
+            return False
         try:
             req = self.executor.read_request(params.message)
             parts = list(params.message.parts)
@@ -255,57 +198,80 @@ class FastPath:
             return False
         return skill.typed and skill.handler is not None and not skill.llm
 
-    async def _send(self, params: SendMessageRequest, context: ServerCallContext) -> Task:
-        """``IdempotentRequestHandler.on_message_send`` for a new task, without ActiveTask."""
-        handler = self.handler
-        key = message_key(params.message, context)
-        if key is not None:
-            existing = await handler.keys.claim(key)
-            if existing is not None:
-                return await handler._replay(existing, params, context)
-        # From here this send owns ``key`` (if any) until it ends.
-        token = BLOCKING_SEND.set(True)
-        try:
-            request = await handler._request_context_builder.build(
-                params=params,
-                task_id=None,
-                context_id=params.message.context_id or None,
-                task=None,
+    async def send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
+        """Run the new task of ``params`` to its end; the task (or the executor's message).
+        Params the SDK's handler would refuse raise its error here."""
+        validate_proto_required_fields(params)
+        validate_history_length(params.configuration)
+        request = await self.contexts.build(
+            context=context,
+            params=params,
+            task_id=None,
+            context_id=params.message.context_id or None,
+            task=None,
+        )
+        task_id = str(request.task_id)
+        events = AppliedEvents(
+            TaskManager(
+                task_store=self.store,
                 context=context,
-            )
-            manager = TaskManager(
-                task_store=handler._watched,
-                context=context,
-                task_id=request.task_id,
+                task_id=task_id,
                 context_id=request.context_id,
                 initial_message=request.message,
             )
-            await self._run(request, manager)
-            task = await manager.get_task()
-            if task is None or task.status.state not in _SETTLED:
-                raise InternalError(message=f"task {request.task_id} did not settle")
-            return task
-        finally:
-            BLOCKING_SEND.reset(token)
-            if key is not None:
-                handler.keys.end(key)
+        )
+        await self._run(request, events)
+        if events.message is not None:
+            return events.message
+        if events.task is None:
+            raise InvalidAgentResponseError(f"Agent made no task or message for task {task_id}")
+        return events.task
 
-    async def _run(self, request: RequestContext, manager: TaskManager) -> None:
-        """``MeshExecutor.execute`` in the request's own asyncio task (no producer task), and
-        on a ``CancelTask`` for it ``MeshExecutor.cancel``, as ``ActiveTask.cancel`` does."""
-        queue = cast(EventQueue, _DirectQueue(manager))
+    async def _run(self, request: RequestContext, events: AppliedEvents) -> None:
+        """``MeshExecutor.execute`` in the request's own asyncio task, and on a ``CancelTask``
+        for it ``MeshExecutor.cancel``."""
         current = asyncio.current_task()
         assert current is not None
         task_id = str(request.task_id)
-        running = _Running(current, manager)
-        self.handler.fast_running[task_id] = running
+        running = _Running(current, events)
+        self.running[task_id] = running
         try:
-            await self.executor.execute(request, queue)
+            await self.executor.execute(request, events)
         except asyncio.CancelledError:
             if not running.cancel_requested:
                 raise
             current.uncancel()  # canceled by CancelTask, not by the server: answer normally
-            await self.executor.cancel(request, queue)
+            await self.executor.cancel(request, events)
+            if events.task is not None and events.task.status.state not in TERMINAL_STATES:
+                # An executor whose cancel wrote no end: the task is CANCELED all the same.
+                canceled = TaskStatus(state=TaskState.TASK_STATE_CANCELED)
+                update = TaskStatusUpdateEvent(
+                    task_id=task_id, context_id=events.task.context_id, status=canceled
+                )
+                events.task = await events.manager.save_task_event(update)
+        except Exception as exc:
+            try:
+                await events.fail(task_id, by_agent=exc is not events.violation)
+            except Exception:
+                log.exception("task %s: could not record its failure", task_id)
+            raise
         finally:
-            del self.handler.fast_running[task_id]
+            del self.running[task_id]
             running.done.set()
+
+    async def cancel(self, task_id: str, context: ServerCallContext) -> Task:
+        """Stop task ``task_id`` (running here: see ``running``) and return it CANCELED. The
+        SDK's checks first: the caller's own task (owner scope), not terminal."""
+        running = self.running[task_id]
+        task = await self.store.get(task_id, context)
+        if task is None:
+            raise TaskNotFoundError
+        if task.status.state in TERMINAL_STATES:
+            raise TaskNotCancelableError
+        running.cancel_requested = True
+        running.request.cancel()
+        await running.done.wait()
+        canceled = running.events.task
+        if canceled is None:
+            raise TaskNotFoundError
+        return canceled

@@ -20,18 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import AsyncGenerator
 from typing import Any
 
-from a2a.server.agent_execution import AgentExecutor, SimpleRequestContextBuilder
-from a2a.server.agent_execution.active_task import INTERRUPTED_TASK_STATES, TERMINAL_TASK_STATES
 from a2a.server.context import ServerCallContext
-from a2a.server.events import Event as A2AEvent
 from a2a.server.owner_resolver import resolve_user_scope
-from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.tasks import TaskStore
 from a2a.types import (
-    AgentCard,
     ListTasksRequest,
     ListTasksResponse,
     Message,
@@ -42,14 +36,16 @@ from a2a.types import (
 from a2a.utils.errors import TaskNotFoundError
 from a2a.utils.task import apply_history_length
 
-from mesh.a2a.store import BLOCKING_SEND, SqliteTaskStore
+from mesh.a2a.states import SETTLED_STATES
+from mesh.a2a.store import SqliteTaskStore
 from mesh.sqlite import Database
 
 __all__ = [
     "IdempotencyKeys",
-    "IdempotentRequestHandler",
     "MessageKey",
     "WatchedTaskStore",
+    "message_key",
+    "replay",
     "send_answer",
 ]
 
@@ -72,7 +68,6 @@ _INSERT = (
 _DELETE = (
     "delete from a2a_message_keys where owner = ? and caller = ? and message_id = ? and task_id = ?"
 )
-_SETTLED = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
 log = logging.getLogger("mesh.a2a")
 
 
@@ -243,11 +238,20 @@ class IdempotencyKeys:
 
 
 class WatchedTaskStore(TaskStore):
-    """Delegates to ``inner`` and wakes whoever waits for a task to settle (end or pause)."""
+    """Delegates to ``inner``; knows which tasks run in this process and wakes whoever waits
+    for one of them to settle (end or pause).
+
+    A task runs here from a save of it in an unsettled state until a save of it settled: the
+    same for a task the SDK runs and one the fast path runs, with no look into either."""
 
     def __init__(self, inner: TaskStore) -> None:
         self.inner = inner
         self._waiters: dict[str, list[asyncio.Event]] = {}
+        self._running: set[str] = set()
+
+    def running(self, task_id: str) -> bool:
+        """Whether task ``task_id`` runs in this process now (it will settle here)."""
+        return task_id in self._running
 
     def waiter(self, task_id: str) -> asyncio.Event:
         event = asyncio.Event()
@@ -262,8 +266,16 @@ class WatchedTaskStore(TaskStore):
             self._waiters.pop(task_id, None)
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
-        await self.inner.save(task, context)
-        if task.status.state in _SETTLED:
+        if task.status.state not in SETTLED_STATES:
+            # Before the write: whoever learns of the task once it is stored finds it running.
+            self._running.add(task.id)
+            await self.inner.save(task, context)
+            return
+        try:
+            await self.inner.save(task, context)
+        finally:
+            # Even when the write failed: a waiter re-reads the task rather than hang.
+            self._running.discard(task.id)
             for event in self._waiters.pop(task.id, []):
                 event.set()
 
@@ -277,91 +289,23 @@ class WatchedTaskStore(TaskStore):
         await self.inner.delete(task_id, context)
 
 
-class IdempotentRequestHandler(DefaultRequestHandler):
-    """``DefaultRequestHandler`` that answers a repeated message with the task it started."""
-
-    def __init__(
-        self,
-        *,
-        agent_executor: AgentExecutor,
-        task_store: TaskStore,
-        agent_card: AgentCard,
-        keys: IdempotencyKeys,
-    ) -> None:
-        self._watched = (
-            task_store if isinstance(task_store, WatchedTaskStore) else WatchedTaskStore(task_store)
-        )
-        # The SQLite store generates new task ids itself, so it knows they are not stored yet.
-        inner = self._watched.inner
-        id_generator = inner.id_generator() if isinstance(inner, SqliteTaskStore) else None
-        super().__init__(
-            agent_executor=agent_executor,
-            task_store=self._watched,
-            agent_card=agent_card,
-            request_context_builder=SimpleRequestContextBuilder(
-                should_populate_referred_tasks=False,
-                task_store=None,
-                task_id_generator=id_generator,
-            ),
-        )
-        self.keys = keys
-
-    async def _replay(
-        self, task_id: str, params: SendMessageRequest, context: ServerCallContext
-    ) -> Task:
-        waiter = self._watched.waiter(task_id)
-        try:
-            task = await self._watched.get(task_id, context)
-            if task is None:
-                raise TaskNotFoundError(f"Task {task_id} not found")
-            running_here = await self._active_task_registry.get(task_id) is not None
-            if (
-                task.status.state not in _SETTLED
-                and running_here
-                and not params.configuration.return_immediately
-            ):
-                await waiter.wait()
-                task = await self._watched.get(task_id, context) or task
-        finally:
-            self._watched.forget(task_id, waiter)
-        return apply_history_length(task, params.configuration)
-
-    async def on_message_send(
-        self, params: SendMessageRequest, context: ServerCallContext
-    ) -> Message | Task:
-        key = message_key(params.message, context)
-        if key is None:
-            return _answer(await self._send(params, context), params)
-        existing = await self.keys.claim(key)
-        if existing is not None:
-            return _answer(await self._replay(existing, params, context), params)
-        try:
-            return _answer(await self._send(params, context), params)
-        finally:
-            self.keys.end(key)
-
-    async def _send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
-        token = BLOCKING_SEND.set(not params.configuration.return_immediately)
-        try:
-            return await super().on_message_send(params, context)  # type: ignore[no-any-return]
-        finally:
-            BLOCKING_SEND.reset(token)
-
-    async def on_message_send_stream(
-        self, params: SendMessageRequest, context: ServerCallContext
-    ) -> AsyncGenerator[A2AEvent, None]:
-        key = message_key(params.message, context)
-        existing = await self.keys.claim(key) if key is not None else None
-        if existing is not None:
-            yield await self._replay(existing, params, context)
-            return
-        try:
-            async for event in super().on_message_send_stream(params, context):
-                yield event
-        finally:
-            if key is not None:
-                self.keys.end(key)
-
-
-def _answer(result: Message | Task, params: SendMessageRequest) -> Message | Task:
-    return send_answer(result, params) if isinstance(result, Task) else result
+async def replay(
+    store: WatchedTaskStore, task_id: str, params: SendMessageRequest, context: ServerCallContext
+) -> Task:
+    """The task a repeated message started, as the answer to ``params``. A blocking send of a
+    task still running here waits for it to settle first, as the first send does."""
+    waiter = store.waiter(task_id)
+    try:
+        task = await store.get(task_id, context)
+        if task is None:
+            raise TaskNotFoundError(f"Task {task_id} not found")
+        if (
+            task.status.state not in SETTLED_STATES
+            and store.running(task_id)
+            and not params.configuration.return_immediately
+        ):
+            await waiter.wait()
+            task = await store.get(task_id, context) or task
+    finally:
+        store.forget(task_id, waiter)
+    return apply_history_length(task, params.configuration)

@@ -28,7 +28,8 @@ from a2a.types import AgentCard
 from mesh.a2a.card import CARD_CACHE_CONTROL, build_card
 from mesh.a2a.dispatcher import SkillDispatcher, TurnRunner
 from mesh.a2a.executor import MeshExecutor
-from mesh.a2a.fastpath import FastPath, FastPathHandler
+from mesh.a2a.fastroute import FastRoute
+from mesh.a2a.handler import MeshRequestHandler
 from mesh.a2a.idempotency import IdempotencyKeys
 from mesh.a2a.store import SqliteTaskStore
 from mesh.agent import Agent
@@ -58,10 +59,9 @@ class A2AService:
         agent: Agent,
         url: str,
         executor: MeshExecutor,
-        handler: FastPathHandler,
+        handler: MeshRequestHandler,
         card: AgentCard,
         *,
-        fastpath: bool = True,
         store: SqliteTaskStore | None = None,
     ) -> None:
         self.agent = agent
@@ -70,11 +70,11 @@ class A2AService:
         self.handler = handler
         self.card = card
         self.store = store
-        #: Serves blocking SendMessage of function skills without the SDK's ActiveTask (see
-        #: mesh.a2a.fastpath); None when the agent has no such skill or it is turned off.
-        self.fastpath: FastPath | None = None
-        if fastpath and any(s.typed and s.handler is not None for s in agent.all_skills):
-            self.fastpath = FastPath(executor, handler)
+        #: The gate's way to the fast path for a body it parsed (see mesh.a2a.fastroute); None
+        #: when the handler has no fast path.
+        self.fastroute: FastRoute | None = None
+        if handler.fastpath is not None:
+            self.fastroute = FastRoute(handler, handler.fastpath)
 
     @classmethod
     async def create(
@@ -118,10 +118,10 @@ class A2AService:
             max_text_bytes=max_text_bytes,
         )
         card = build_card(agent, url, bearer=bearer)
-        handler = FastPathHandler(
-            agent_executor=executor, task_store=task_store, agent_card=card, keys=keys
+        handler = MeshRequestHandler(
+            executor=executor, task_store=task_store, agent_card=card, keys=keys, fastpath=fastpath
         )
-        return cls(agent, url, executor, handler, card, fastpath=fastpath, store=sqlite_store)
+        return cls(agent, url, executor, handler, card, store=sqlite_store)
 
     def mount(self, app: FastAPI) -> None:
         add_a2a_routes_to_fastapi(

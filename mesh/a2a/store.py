@@ -5,8 +5,9 @@ plus the few columns ``ListTasks`` filters and sorts on. Rows are scoped by owne
 authenticated user, ``''`` when anonymous) exactly like the SDK's ``InMemoryTaskStore``, and the
 listing order and page tokens are the SDK's: ``(status timestamp, id)`` descending.
 
-The SDK mutates the task object it saved in place afterwards, so the bytes are taken on the
-event loop before the write is handed to the database thread.
+A caller may change a task object after saving it (the SDK's ``TaskManager`` updates its
+current task in place), so ``save`` takes the bytes at once, before the write is handed to the
+database thread: what is stored is the task as it was saved.
 
 Write-behind: the SDK saves a task on every event (SUBMITTED, WORKING, each artifact, the final
 state) and reads it back several times per request. The store keeps the latest state of each
@@ -22,7 +23,9 @@ and task ids this node just generated (``id_generator``) are known to be absent 
 For a new task of a blocking send the first save is queued but not awaited: the client hears
 of the task only with its final state, whose commit comes after (same queue, in order), so
 the promise holds with one wait less. Streaming sends await it (the client sees the task at
-once, and its idempotency key rides in that transaction).
+once, and its idempotency key rides in that transaction). The store learns which save belongs
+to a blocking send from the call context every save gets (``mark_blocking_send``: a key of
+``ServerCallContext.state``, the SDK's place for a server's own per-request data).
 
 Tasks cut by a stop: a crash leaves a task in its first saved state, so when the node starts,
 ``end_unfinished`` ends every stored task that is neither finished nor waiting for input
@@ -35,7 +38,6 @@ sending the message again runs the work (see ``mesh.a2a.idempotency``).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import sqlite3
 import uuid
@@ -43,7 +45,6 @@ from collections.abc import Callable
 from typing import Any
 
 from a2a.helpers import new_text_part
-from a2a.server.agent_execution.active_task import INTERRUPTED_TASK_STATES, TERMINAL_TASK_STATES
 from a2a.server.context import ServerCallContext
 from a2a.server.id_generator import IDGenerator, IDGeneratorContext
 from a2a.server.owner_resolver import OwnerResolver, resolve_user_scope
@@ -54,6 +55,7 @@ from a2a.utils.errors import InvalidParamsError
 from a2a.utils.task import ListTasksCursor, decode_list_tasks_cursor, encode_list_tasks_cursor
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from mesh.a2a.states import SETTLED_STATES
 from mesh.sqlite import Database
 
 __all__ = [
@@ -62,10 +64,10 @@ __all__ = [
     "SHUTDOWN",
     "STOPPED_REASONS",
     "SqliteTaskStore",
+    "mark_blocking_send",
     "stopped_text",
 ]
 
-_SETTLED = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
 log = logging.getLogger("mesh.a2a")
 
 #: ``metadata.error.reason`` of a task its node stopped (crash, kill -9) while it ran, found
@@ -82,11 +84,10 @@ _STOPPED_TEXT = {
     "message again (same messageId), to another instance, to run it",
 }
 
-#: True while a blocking SendMessage (not streaming, not return_immediately) is handled; set
-#: by the request handler, inherited by the SDK's consumer task that saves the new task.
-BLOCKING_SEND: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "mesh_blocking_send", default=False
-)
+#: Key of ``ServerCallContext.state``: true in the call context of a blocking SendMessage (not
+#: streaming, not return_immediately). The request handler sets it; every save of the task
+#: gets that call context (the SDK's ``TaskStore`` contract: owner scoping reads it too).
+BLOCKING_SEND = "mesh.blocking_send"
 # Fresh ids not yet saved: normally one per request in flight. A bound against a leak from
 # requests that end before their first save; clearing only costs a read per id.
 _MAX_FRESH = 10_000
@@ -114,6 +115,12 @@ _UPSERT = (
     "context_id = excluded.context_id, state = excluded.state, "
     "updated_at = excluded.updated_at, data = excluded.data"
 )
+
+
+def mark_blocking_send(context: ServerCallContext) -> None:
+    """Tell the store that ``context`` is the call of a blocking send: the first save of its
+    new task need not be awaited (see the module docstring)."""
+    context.state[BLOCKING_SEND] = True
 
 
 def _timestamp_ns(task: Task) -> int:
@@ -197,7 +204,7 @@ def _end_stopped(task: Task, reason: str, at: Timestamp) -> None:
 
 
 # Neither finished nor waiting for input: the states a task of a stopped node may be left in.
-_UNSETTLED_SQL = f"state not in ({', '.join(str(int(s)) for s in sorted(_SETTLED))})"
+_UNSETTLED_SQL = f"state not in ({', '.join(str(int(s)) for s in sorted(SETTLED_STATES))})"
 #: Called with the tasks a stop ended, in the transaction that ends them (the node releases
 #: their idempotency keys there).
 Ended = list[tuple[str, Task]]  # (owner, task)
@@ -248,14 +255,14 @@ class SqliteTaskStore(TaskStore):
         key = (owner, task.id)
         data = task.SerializeToString()
         state = task.status.state
-        settled = state in _SETTLED
+        settled = state in SETTLED_STATES
         if key in self._live and not settled:
             self._live[key] = data  # write-behind: persisted with the next settled state
             self._dirty.add(key)
             return
         # A new task of a blocking send: nobody learns of it before its final state, which is
         # committed after this row (one queue, in order), so the first write is not awaited.
-        lazy = not settled and task.id in self._fresh and BLOCKING_SEND.get()
+        lazy = not settled and task.id in self._fresh and context.state.get(BLOCKING_SEND) is True
         self._fresh.discard(task.id)
         self._live[key] = data
         self._dirty.discard(key)
@@ -405,7 +412,7 @@ class SqliteTaskStore(TaskStore):
         ended: Ended = []
         for (owner, _), data in self._live.items():
             task = _parse(data)
-            if task.status.state in _SETTLED:
+            if task.status.state in SETTLED_STATES:
                 continue
             _end_stopped(task, SHUTDOWN, at)
             ended.append((owner, task))
