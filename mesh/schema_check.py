@@ -50,18 +50,18 @@ def check(value: Any, schema: Mapping[str, Any]) -> Any:
 
     The value is never changed in place: a coerced value is a copy.
     """
-    validator = _compiled(schema)
+    validator, has_integers = _compiled(schema)
     try:
-        errors = list(validator.iter_errors(value))
-        if errors:
-            # Integers arrive as integral floats: make those ints. When nothing else was wrong
-            # (the usual answer), the copy is valid as it is; otherwise check the copy.
-            paths = {tuple(p) for p in _integral_floats(errors)}
+        # JSON Schema says 3.0 is an integer: the verdict is the one on a copy with ints for
+        # integral floats (also right under ``not``, ``if`` and ``oneOf``).
+        as_ints = _ints(value)
+        errors = list(validator.iter_errors(as_ints))
+        if not errors and as_ints is not value and has_integers:
+            # Valid: return ints only where the schema wants an integer, i.e. where an integral
+            # float fails "integer" under the type check that takes only ints.
+            paths = {tuple(p) for p in _integral_floats(validator.iter_errors(value))}
             for path in sorted(paths, key=len):
                 value = _with_int_at(value, path)
-            if paths:
-                only_floats = all(_is_integral_float(e) for e in errors)
-                errors = [] if only_floats else list(validator.iter_errors(value))
     except Unresolvable as exc:
         raise _schema_problem(f"schema reference {_quote(exc)} cannot be resolved") from exc
     except RecursionError as exc:
@@ -80,7 +80,7 @@ def check(value: Any, schema: Mapping[str, Any]) -> Any:
 
 
 def _is_integer(_: TypeChecker, instance: object) -> bool:
-    # Strict: an integral float is found by its type error, then coerced (see ``check``).
+    # Only ints: an integral float's type error says where to coerce it (see ``check``).
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
@@ -170,13 +170,14 @@ _MeshValidator: type[Validator] = validators.extend(  # type: ignore[no-untyped-
 _NO_REMOTE_REFS: Registry[Any] = Registry()
 _NO_FORMATS = FormatChecker(formats=())
 
-_cache: OrderedDict[str, Validator | SchemaViolation] = OrderedDict()
+_cache: OrderedDict[str, tuple[Validator, bool] | SchemaViolation] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def _compiled(schema: Mapping[str, Any]) -> Validator:
-    """The validator for ``schema``, cached by content: callers rebuild their tools (and copy
-    the schemas) every turn, and checking a schema costs ~0.6 ms against ~5 us for the key."""
+def _compiled(schema: Mapping[str, Any]) -> tuple[Validator, bool]:
+    """The validator for ``schema`` and whether the schema names the type "integer" (else no
+    float is made an int), cached by content: callers rebuild their tools (and copy the
+    schemas) every turn, and checking a schema costs ~0.6 ms against ~5 us for the key."""
     try:
         key = json.dumps(schema, separators=(",", ":"), default=repr)
     except (RecursionError, ValueError) as exc:  # ValueError: a dict that contains itself
@@ -186,7 +187,10 @@ def _compiled(schema: Mapping[str, Any]) -> Validator:
         if found is not None:
             _cache.move_to_end(key)
     if found is None:
-        found = _compile(schema)
+        compiled = _compile(schema)
+        found = (
+            compiled if isinstance(compiled, SchemaViolation) else (compiled, '"integer"' in key)
+        )
         with _cache_lock:
             _cache[key] = found
             if len(_cache) > _CACHE_SIZE:
@@ -217,23 +221,31 @@ def _schema_problem(message: str) -> SchemaViolation:
 # -- coercion ---------------------------------------------------------------------------------
 
 
+def _ints(value: Any) -> Any:
+    """``value`` with every integral float an int (a copy; ``value`` itself if it has none)."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, Mapping):
+        items = {k: _ints(v) for k, v in value.items()}
+        return value if all(items[k] is v for k, v in value.items()) else items
+    if isinstance(value, list | tuple):
+        seq = [_ints(v) for v in value]
+        return value if all(a is b for a, b in zip(seq, value, strict=True)) else seq
+    return value
+
+
 def _integral_floats(errors: Iterable[ValidationError]) -> Iterator[Sequence[str | int]]:
-    """Paths of integral floats that failed only for not being ``int`` (also inside
-    ``anyOf``/``oneOf`` branches, where ``Optional[int]`` puts them)."""
+    """Paths of integral floats that failed "integer" (also inside ``anyOf``/``oneOf``
+    branches, where ``Optional[int]`` puts them)."""
     for error in errors:
-        if _is_integral_float(error):
+        if (
+            error.validator == "type"
+            and isinstance(error.instance, float)
+            and error.instance.is_integer()
+            and "integer" in _types(error.validator_value)
+        ):
             yield error.absolute_path
         yield from _integral_floats(error.context or ())
-
-
-def _is_integral_float(error: ValidationError) -> bool:
-    """A type error that only says "this integral float is not an int"."""
-    return (
-        error.validator == "type"
-        and isinstance(error.instance, float)
-        and error.instance.is_integer()
-        and "integer" in _types(error.validator_value)
-    )
 
 
 def _with_int_at(value: Any, path: Sequence[str | int]) -> Any:

@@ -134,6 +134,16 @@ def test_integral_floats_become_ints_wherever_the_schema_wants_integers() -> Non
     Order.model_validate(value)
 
 
+def test_an_integral_float_is_an_integer_wherever_the_schema_asks() -> None:
+    # JSON Schema counts 3.0 as an integer, under "not" and "if" too (they were not checked).
+    with pytest.raises(SchemaViolation, match="should not be valid"):
+        check(3.0, {"not": {"type": "integer"}})
+    schema = {"if": {"type": "integer"}, "then": {"minimum": 5}, "else": {"type": "string"}}
+    with pytest.raises(SchemaViolation, match=r"\(value\): must be >= 5"):
+        check(3.0, schema)
+    assert check(7.0, schema) == 7
+
+
 def test_every_keyword_pydantic_emits_is_checked() -> None:
     # minProperties and patternProperties (a dict with a length and constrained keys) were
     # not checked before: the call went out and came back REJECTED by the callee.
