@@ -29,6 +29,7 @@ from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import InMemoryTaskStore, TaskStore
 from a2a.types import (
+    CancelTaskRequest,
     ListTasksRequest,
     ListTasksResponse,
     Message,
@@ -569,5 +570,65 @@ async def test_the_store_knows_a_blocking_send_on_both_paths(fastpath: bool) -> 
             pass
         assert store.blocking
         assert not any(flag for _, flag in store.blocking), store.blocking
+    finally:
+        await handler.aclose()
+
+
+class _SlowCancel(_Recording):
+    """A real store whose CANCELED save waits for the test to let it through."""
+
+    def __init__(self, inner: TaskStore) -> None:
+        super().__init__(inner)
+        self.canceling = asyncio.Event()
+        self.release = asyncio.Event()
+        self.reads = 0
+
+    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
+        self.reads += 1
+        return await super().get(task_id, context)
+
+    async def save(self, task: Task, context: ServerCallContext) -> None:
+        if task.status.state == TaskState.TASK_STATE_CANCELED:
+            self.canceling.set()
+            await self.release.wait()
+        await super().save(task, context)
+
+
+@pytest.mark.parametrize("fastpath", [True, False], ids=["fast-path", "sdk-path"])
+async def test_a_second_cancel_does_not_cut_the_first(fastpath: bool) -> None:
+    """A CancelTask arriving while the first one writes CANCELED waits for that write: all
+    three callers (sender, both cancels) get the CANCELED task."""
+    store = _SlowCancel(InMemoryTaskStore())
+    handler = MeshRequestHandler(
+        executor=MeshExecutor(SkillDispatcher(worker_agent)),
+        task_store=store,
+        agent_card=build_card(worker_agent, "http://127.0.0.1:1"),
+        keys=IdempotencyKeys(None),
+        fastpath=fastpath,
+    )
+    try:
+        sending = asyncio.ensure_future(
+            handler.on_message_send(_params(_send({"seconds": 20}, "slow")), ServerCallContext())
+        )
+        await eventually(
+            lambda: any(s == TaskState.TASK_STATE_WORKING for s, _ in store.blocking),
+            what="the slow task to run",
+        )
+        listed = await store.list(ListTasksRequest(), ServerCallContext())
+        cancel = CancelTaskRequest(id=listed.tasks[0].id)
+        first = asyncio.ensure_future(handler.on_cancel_task(cancel, ServerCallContext()))
+        await asyncio.wait_for(store.canceling.wait(), 10)
+        reads = store.reads
+        second = asyncio.ensure_future(handler.on_cancel_task(cancel, ServerCallContext()))
+        # The second cancel has read the task: one loop turn more and it has acted on it.
+        await eventually(lambda: store.reads > reads, what="the second cancel to read the task")
+        await asyncio.sleep(0)
+        store.release.set()
+        results = await asyncio.wait_for(
+            asyncio.gather(sending, first, second, return_exceptions=True), 10
+        )
+        for result in results:
+            assert isinstance(result, Task), result
+            assert result.status.state == TaskState.TASK_STATE_CANCELED
     finally:
         await handler.aclose()

@@ -259,17 +259,24 @@ class FastPath:
             del self.running[task_id]
             running.done.set()
 
-    async def cancel(self, task_id: str, context: ServerCallContext) -> Task:
-        """Stop task ``task_id`` (running here: see ``running``) and return it CANCELED. The
-        SDK's checks first: the caller's own task (owner scope), not terminal."""
-        running = self.running[task_id]
+    async def cancel(self, task_id: str, context: ServerCallContext) -> Task | None:
+        """Stop task ``task_id`` and return it CANCELED; None when it is not (or no longer)
+        running here (the SDK's handler answers then). The SDK's checks first: the caller's
+        own task (owner scope), not terminal."""
+        running = self.running.get(task_id)
+        if running is None:
+            return None
         task = await self.store.get(task_id, context)
         if task is None:
             raise TaskNotFoundError
+        if running.done.is_set():
+            return None  # it ended while we read it
         if task.status.state in TERMINAL_STATES:
             raise TaskNotCancelableError
-        running.cancel_requested = True
-        running.request.cancel()
+        if not running.cancel_requested:
+            # Once: a second CancelTask must not cut the first one's CANCELED write.
+            running.cancel_requested = True
+            running.request.cancel()
         await running.done.wait()
         canceled = running.events.task
         if canceled is None:

@@ -134,9 +134,10 @@ class MeshRequestHandler(RequestHandler):
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
     ) -> Task | None:
-        fast = self.fastpath
-        if fast is not None and params.id in fast.running:
-            return await fast.cancel(params.id, context)
+        if self.fastpath is not None:
+            canceled = await self.fastpath.cancel(params.id, context)
+            if canceled is not None:
+                return canceled
         return await self.sdk.on_cancel_task(params, context)
 
     # -- the rest: the SDK's ----------------------------------------------------------------
