@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from mesh import Agent, ToolContext, llm_skill
-from mesh.models.scripted import Call, Rule, Script
+from mesh import Agent, Call, Rule, Script, ToolContext, llm_skill
 
 # Fixed demo rates: a tool with a real lookup would sit here.
 _RATES = {"EUR": 1.0, "USD": 1.08, "GBP": 0.85, "CHF": 0.96}

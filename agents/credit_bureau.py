@@ -16,8 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from agents.applicants import APPLICANTS, find_applicant
-from mesh import Agent, skill
-from mesh.errors import SkillInputError
+from mesh import Agent, SkillInputError, skill
 
 Tier = Literal["prime", "near-prime", "subprime", "deep-subprime"]
 

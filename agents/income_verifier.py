@@ -17,8 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from agents.applicants import find_applicant
-from mesh import Agent, SkillContext, skill
-from mesh.errors import SkillInputError
+from mesh import Agent, SkillContext, SkillInputError, skill
 
 Status = Literal["verified", "discrepancy", "unverifiable"]
 

@@ -16,8 +16,7 @@ import os
 from typing import Any, Literal
 
 from agents.applicants import APPLICANTS, find_applicant
-from mesh import Agent, ToolError, remote
-from mesh.models.scripted import Call, Rule, Script
+from mesh import Agent, Call, Rule, Script, ToolError, remote
 
 # Seconds each delegation may take, retries included.
 DEADLINE_S = float(os.environ.get("LOAN_DESK_DEADLINE_S", "20"))

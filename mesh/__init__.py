@@ -2,54 +2,84 @@
 
     from mesh import Agent, Runner, tool, skill, remote
 
-The public names are imported lazily: ``import mesh`` stays cheap (the CLI, a node's start-up),
-and a name's module is loaded on first use.
+Everything a user imports is exported here; the modules behind it are private (``mesh._*``, as
+httpx does it) and may change between releases. The names are imported lazily: ``import mesh``
+stays cheap (the CLI, a node's start-up), and a name's module is loaded on first use.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
-    "Agent": "mesh.agent",
-    "AgentNotFound": "mesh.errors",
-    "ConfigError": "mesh.errors",
-    "Content": "mesh.types",
-    "DiscoveryError": "mesh.errors",
-    "Event": "mesh.events",
-    "GeminiModel": "mesh.models.gemini",
-    "InMemorySessionStore": "mesh.sessions.memory",
-    "MaxModelCallsExceeded": "mesh.errors",
-    "MeshError": "mesh.errors",
-    "Model": "mesh.models.base",
-    "ModelError": "mesh.errors",
-    "ModelRequest": "mesh.models.base",
-    "ModelResponse": "mesh.models.base",
-    "Part": "mesh.types",
-    "RemoteError": "mesh.errors",
-    "Rule": "mesh.models.scripted",
-    "RunResult": "mesh.runner",
-    "Runner": "mesh.runner",
-    "Script": "mesh.models.scripted",
-    "ScriptedModel": "mesh.models.scripted",
-    "Session": "mesh.sessions.base",
-    "SessionStore": "mesh.sessions.base",
-    "Skill": "mesh.skills",
-    "SkillContext": "mesh.skills",
-    "SqliteSessionStore": "mesh.sessions.sqlite",
-    "Tool": "mesh.tools",
-    "ToolContext": "mesh.tools",
-    "ToolError": "mesh.errors",
-    "Usage": "mesh.types",
-    "llm_skill": "mesh.skills",
-    "remote": "mesh.remote",
-    "skill": "mesh.skills",
-    "tool": "mesh.tools",
+    "A2APeer": "mesh._a2a.client",
+    "Agent": "mesh._agent",
+    "AgentNotFound": "mesh._errors",
+    "BreakerBoard": "mesh._resilience",
+    "Call": "mesh._models.scripted",
+    "CircuitOpen": "mesh._errors",
+    "ConfigError": "mesh._errors",
+    "Content": "mesh._types",
+    "Database": "mesh._sqlite",
+    "DeadlineExceeded": "mesh._errors",
+    "DiscoveryBackend": "mesh._discovery.base",
+    "DiscoveryClient": "mesh._discovery.client",
+    "DiscoveryError": "mesh._errors",
+    "DiscoveryUnreachable": "mesh._errors",
+    "Event": "mesh._events",
+    "GeminiModel": "mesh._models.gemini",
+    "InMemorySessionStore": "mesh._sessions.memory",
+    "Instance": "mesh._discovery.base",
+    "MaxModelCallsExceeded": "mesh._errors",
+    "MeshError": "mesh._errors",
+    "Model": "mesh._models.base",
+    "ModelError": "mesh._errors",
+    "ModelRateLimited": "mesh._errors",
+    "ModelRequest": "mesh._models.base",
+    "ModelResponse": "mesh._models.base",
+    "Node": "mesh._node",
+    "NodeMetrics": "mesh._metrics",
+    "NodeSettings": "mesh._settings",
+    "Part": "mesh._types",
+    "Registrar": "mesh._discovery.registrar",
+    "Registration": "mesh._discovery.base",
+    "RemoteAgent": "mesh._remote",
+    "RemoteError": "mesh._errors",
+    "RetryPolicy": "mesh._resilience",
+    "Rule": "mesh._models.scripted",
+    "RunObserver": "mesh._runner",
+    "RunResult": "mesh._runner",
+    "Runner": "mesh._runner",
+    "SchemaViolation": "mesh._errors",
+    "Script": "mesh._models.scripted",
+    "ScriptedModel": "mesh._models.scripted",
+    "Session": "mesh._sessions.base",
+    "SessionStore": "mesh._sessions.base",
+    "Skill": "mesh._skills",
+    "SkillContext": "mesh._skills",
+    "SkillInputError": "mesh._errors",
+    "SkillOutputError": "mesh._errors",
+    "SqliteSessionStore": "mesh._sessions.sqlite",
+    "TaskResult": "mesh._a2a.client",
+    "Tool": "mesh._tools",
+    "ToolContext": "mesh._tools",
+    "ToolError": "mesh._errors",
+    "UnknownInstance": "mesh._errors",
+    "Usage": "mesh._types",
+    "agent_tags": "mesh._a2a.card",
+    "call_with_failover": "mesh._resilience",
+    "create_app": "mesh._node",
+    "create_backend": "mesh._discovery",
+    "current_context": "mesh._tools",
+    "llm_skill": "mesh._skills",
+    "remote": "mesh._remote",
+    "resolve_model": "mesh._models",
+    "skill": "mesh._skills",
+    "skill_schemas": "mesh._a2a.card",
+    "tool": "mesh._tools",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -68,42 +98,47 @@ def __dir__() -> list[str]:
     return __all__
 
 
-class _Facade(ModuleType):
-    """Importing ``mesh.remote`` makes the import system bind ``mesh.remote`` to that module,
-    hiding the function ``remote`` it exports: then ``from mesh import remote`` would give the
-    module. Keep the public name bound to the function (``from mesh.remote import ...`` still
-    reaches the module)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, ModuleType) and _EXPORTS.get(name) == value.__name__:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Facade
-
-
 if TYPE_CHECKING:
-    from mesh.agent import Agent
-    from mesh.errors import (
+    from mesh._a2a.card import agent_tags, skill_schemas
+    from mesh._a2a.client import A2APeer, TaskResult
+    from mesh._agent import Agent
+    from mesh._discovery import create_backend
+    from mesh._discovery.base import DiscoveryBackend, Instance, Registration
+    from mesh._discovery.client import DiscoveryClient
+    from mesh._discovery.registrar import Registrar
+    from mesh._errors import (
         AgentNotFound,
+        CircuitOpen,
         ConfigError,
+        DeadlineExceeded,
         DiscoveryError,
+        DiscoveryUnreachable,
         MaxModelCallsExceeded,
         MeshError,
         ModelError,
+        ModelRateLimited,
         RemoteError,
+        SchemaViolation,
+        SkillInputError,
+        SkillOutputError,
         ToolError,
+        UnknownInstance,
     )
-    from mesh.events import Event
-    from mesh.models.base import Model, ModelRequest, ModelResponse
-    from mesh.models.gemini import GeminiModel
-    from mesh.models.scripted import Rule, Script, ScriptedModel
-    from mesh.remote import remote
-    from mesh.runner import Runner, RunResult
-    from mesh.sessions.base import Session, SessionStore
-    from mesh.sessions.memory import InMemorySessionStore
-    from mesh.sessions.sqlite import SqliteSessionStore
-    from mesh.skills import Skill, SkillContext, llm_skill, skill
-    from mesh.tools import Tool, ToolContext, tool
-    from mesh.types import Content, Part, Usage
+    from mesh._events import Event
+    from mesh._metrics import NodeMetrics
+    from mesh._models import resolve_model
+    from mesh._models.base import Model, ModelRequest, ModelResponse
+    from mesh._models.gemini import GeminiModel
+    from mesh._models.scripted import Call, Rule, Script, ScriptedModel
+    from mesh._node import Node, create_app
+    from mesh._remote import RemoteAgent, remote
+    from mesh._resilience import BreakerBoard, RetryPolicy, call_with_failover
+    from mesh._runner import Runner, RunObserver, RunResult
+    from mesh._sessions.base import Session, SessionStore
+    from mesh._sessions.memory import InMemorySessionStore
+    from mesh._sessions.sqlite import SqliteSessionStore
+    from mesh._settings import NodeSettings
+    from mesh._skills import Skill, SkillContext, llm_skill, skill
+    from mesh._sqlite import Database
+    from mesh._tools import Tool, ToolContext, current_context, tool
+    from mesh._types import Content, Part, Usage

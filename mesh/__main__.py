@@ -1,5 +1,5 @@
 import sys
 
-from mesh.cli.main import main
+from mesh._cli.main import main
 
 sys.exit(main())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from mesh.cli.main import main
+from mesh._cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["registry", *sys.argv[1:]]))

@@ -17,7 +17,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 
-from mesh.outbound import FetchFailed, bounded_get
+from mesh._outbound import FetchFailed, bounded_get
 from registry.card import CardRejected, agent_record, fetch_card
 from registry.prober import MAX_HEALTH_BYTES, answered_as
 from registry.state import RegistryState, get_state

@@ -21,8 +21,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from mesh.errors import StoreError
-from mesh.netguard import create_http_client
+from mesh._errors import StoreError
+from mesh._netguard import create_http_client
 from registry import api, page
 from registry.card import MAX_CONCURRENT_CARD_FETCHES
 from registry.catalog import Catalog

@@ -1,7 +1,7 @@
 """Fetching and validating an instance's agent card at registration.
 
 The registry never trusts what a node says about itself beyond its URL and agent name: it reads
-the card from the instance, parses it with the A2A card parser (``mesh.a2a.card``), checks the
+the card from the instance, parses it with the A2A card parser (``mesh._a2a.card``), checks the
 name, and derives skills, tags and the typed-skill schemas (extension ``urn:mesh:skill-schemas:v1``).
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 
-from mesh.a2a.card import agent_tags, card_from_dict, card_to_dict, skill_schemas
-from mesh.netguard import AddressRefused
-from mesh.outbound import FetchFailed, bounded_get
+from mesh._a2a.card import agent_tags, card_from_dict, card_to_dict, skill_schemas
+from mesh._netguard import AddressRefused
+from mesh._outbound import FetchFailed, bounded_get
 from registry.store import AgentRecord, SkillRecord
 from registry.wire import card_path_problem
 

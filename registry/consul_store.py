@@ -29,11 +29,11 @@ from collections.abc import Callable, Collection, Iterable
 
 import httpx
 
-from mesh.discovery.base import CARD_PATH, Instance, Registration, Status, UnknownInstance
-from mesh.discovery.consul import ConsulBackend, service_registration
-from mesh.errors import ConfigError, DiscoveryError, StoreError
-from mesh.netguard import create_http_client
-from mesh.netpolicy import NetworkPolicy
+from mesh._discovery.base import CARD_PATH, Instance, Registration, Status, UnknownInstance
+from mesh._discovery.consul import ConsulBackend, service_registration
+from mesh._errors import ConfigError, DiscoveryError, StoreError
+from mesh._netguard import create_http_client
+from mesh._netpolicy import NetworkPolicy
 from registry.card import CardRejected, agent_record, fetch_card
 from registry.store import (
     AgentRecord,
@@ -127,7 +127,7 @@ class CardCache:
 
 
 class ConsulRegistryStore:
-    """``RegistryStore`` over Consul (through ``mesh.discovery.consul.ConsulBackend``)."""
+    """``RegistryStore`` over Consul (through ``mesh._discovery.consul.ConsulBackend``)."""
 
     def __init__(
         self,

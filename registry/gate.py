@@ -1,7 +1,7 @@
 """``Gate``: what every request to the registry passes before a route reads a byte of its body.
 
-Pure ASGI (the node's ``mesh.gate.RequestGate`` is its twin; both read a request through
-``mesh.asgi``), outermost of the app's middleware:
+Pure ASGI (the node's ``mesh._gate.RequestGate`` is its twin; both read a request through
+``mesh._asgi``), outermost of the app's middleware:
 
 - a write (any method but GET, HEAD, OPTIONS) needs ``Authorization: Bearer <token>`` when the
   registry has a token: 401 without it, 403 with a wrong one, answered BEFORE the body is read,
@@ -20,7 +20,7 @@ import hmac
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mesh.asgi import BodyTooLarge, bearer, read_body, replay
+from mesh._asgi import BodyTooLarge, bearer, read_body, replay
 from registry.metrics import RegistryMetrics
 
 __all__ = ["Gate"]

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from mesh.discovery.base import Status
-from mesh.outbound import FetchFailed, bounded_get
+from mesh._discovery.base import Status
+from mesh._outbound import FetchFailed, bounded_get
 from registry.metrics import RegistryMetrics
 from registry.store import InstanceRecord, RegistryStore
 

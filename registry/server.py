@@ -6,9 +6,9 @@ import logging
 
 import uvicorn
 
-from mesh.errors import ConfigError
-from mesh.listener import bind_listener
-from mesh.netpolicy import is_loopback_host
+from mesh._errors import ConfigError
+from mesh._listener import bind_listener
+from mesh._netpolicy import is_loopback_host
 from registry.app import create_app
 from registry.settings import RegistrySettings
 

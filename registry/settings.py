@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mesh.netpolicy import NetworkPolicy
+from mesh._netpolicy import NetworkPolicy
 
 __all__ = ["RegistrySettings"]
 

@@ -1,5 +1,5 @@
 """``SqliteRegistryStore``: the registry's records in one SQLite file (WAL), so a restart of the
-registry forgets nothing. Runs over ``mesh.sqlite.Database`` (one connection, one thread).
+registry forgets nothing. Runs over ``mesh._sqlite.Database`` (one connection, one thread).
 
 Ownership checks (``registry.store``) run inside the write that changes the record, so two
 registrations racing for one id cannot both win."""
@@ -12,8 +12,8 @@ import sqlite3
 from collections.abc import Collection
 from pathlib import Path
 
-from mesh.discovery.base import Status
-from mesh.sqlite import Database
+from mesh._discovery.base import Status
+from mesh._sqlite import Database
 from registry.card import agent_record
 from registry.store import (
     AgentRecord,

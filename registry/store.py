@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mesh.discovery.base import Status
+from mesh._discovery.base import Status
 
 __all__ = [
     "AgentRecord",

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mesh.discovery.base import CARD_PATH, Status
+from mesh._discovery.base import CARD_PATH, Status
 from registry.store import AgentRecord, InstanceRecord, SkillRecord
 
 __all__ = [

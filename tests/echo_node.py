@@ -42,7 +42,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 from google.protobuf.struct_pb2 import Struct
 
-from mesh.discovery import Registrar, Registration, create_backend
+from mesh._discovery import Registrar, Registration, create_backend
 
 ECHO_INPUT = {
     "type": "object",

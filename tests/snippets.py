@@ -42,7 +42,7 @@ from pathlib import Path
 
 import httpx
 
-from mesh.meshfile import meshfiles_in
+from mesh._meshfile import meshfiles_in
 from tests.support import ROOT, Proc, clean_env, free_port, wait_for, wait_until_ok
 
 __all__ = ["Block", "DocRun", "blocks_of"]

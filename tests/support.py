@@ -201,7 +201,7 @@ class StaticDiscovery:
         self.urls = urls
 
     async def require(self, *, agent: str | None = None, skill: str | None = None) -> list[Any]:
-        from mesh.discovery.base import Instance
+        from mesh._discovery.base import Instance
 
         return [Instance(instance_id=u, agent=agent or "", url=u) for u in self.urls]
 

@@ -10,8 +10,8 @@ from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, Field
 
 from mesh import Agent, skill
-from mesh.a2a.card import agent_tags, build_card, card_from_dict, card_to_dict, skill_schemas
-from mesh.schema_order import ORDER_KEYWORD, order_like
+from mesh._a2a.card import agent_tags, build_card, card_from_dict, card_to_dict, skill_schemas
+from mesh._schema_order import ORDER_KEYWORD, order_like
 
 
 class Address(BaseModel):

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from mesh.discovery.base import Instance, Registration, UnknownInstance
-from mesh.discovery.consul import (
+from mesh._discovery.base import Instance, Registration, UnknownInstance
+from mesh._discovery.consul import (
     ConsulBackend,
     ConsulCheck,
     QueryCache,
@@ -26,7 +26,7 @@ from mesh.discovery.consul import (
     parse_consul_url,
     service_registration,
 )
-from mesh.errors import ConfigError, DiscoveryError
+from mesh._errors import ConfigError, DiscoveryError
 from tests.fakes.consul_server import FakeConsul, recorded
 from tests.support import Proc, eventually, free_port, wait_until_ok
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mesh.discovery.base import Instance
-from mesh.discovery.consul import ConsulBackend
-from mesh.errors import StoreError
+from mesh._discovery.base import Instance
+from mesh._discovery.consul import ConsulBackend
+from mesh._errors import StoreError
 from registry.consul_store import CardCache, ConsulRegistryStore, fallback_agent, instance_record
 from registry.store import (
     AgentRecord,

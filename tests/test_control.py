@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mesh.supervisor import RUN_MARKER
+from mesh._supervisor import RUN_MARKER
 from tests.support import Proc, wait_for
 from tests.up_support import mesh, mesh_up, small_mesh
 

@@ -25,14 +25,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agents.credit_bureau import _score
-from mesh.agent import Agent
-from mesh.errors import RemoteError, ToolError
-from mesh.models.scripted import Call, Rule, Script, ScriptedModel
-from mesh.remote import RemoteAgent, RemoteSkillTool, context_key, remote
-from mesh.resilience import RetryPolicy
-from mesh.runner import Runner
-from mesh.tools import ToolContext
-from mesh.tracing import TraceParent
+from mesh._agent import Agent
+from mesh._errors import RemoteError, ToolError
+from mesh._models.scripted import Call, Rule, Script, ScriptedModel
+from mesh._remote import RemoteAgent, RemoteSkillTool, context_key, remote
+from mesh._resilience import RetryPolicy
+from mesh._runner import Runner
+from mesh._tools import ToolContext
+from mesh._tracing import TraceParent
 from tests.support import StaticDiscovery, clean_env, eventually, free_port, running
 
 pytestmark = pytest.mark.integration
@@ -306,7 +306,7 @@ async def test_cancelling_the_caller_cancels_the_child_task(slow_verifier: str) 
             await call
         task_id = rem.recent[-1].task_id
         assert rem.recent[-1].outcome == "canceled"
-    from mesh.a2a.client import A2APeer
+    from mesh._a2a.client import A2APeer
 
     async with httpx.AsyncClient(timeout=10, trust_env=False) as http:
         peer = A2APeer(http, slow_verifier)
@@ -340,7 +340,7 @@ async def test_session_keeps_one_context_per_peer_and_the_trace_goes_along(burea
         )
         await score.call({"applicant_id": "APP-612", "amount": 5000}, ctx2)
         assert key not in ctx2.state_delta  # unchanged: same context
-    from mesh.a2a.client import A2APeer
+    from mesh._a2a.client import A2APeer
 
     async with httpx.AsyncClient(timeout=10, trust_env=False) as http:
         peer = A2APeer(http, bureau)
@@ -370,8 +370,8 @@ async def test_child_usage_goes_to_the_callers_sink(tmp_path: Path) -> None:
 async def test_delegation_metrics_on_the_bound_registry(bureau: str) -> None:
     from prometheus_client import CollectorRegistry
 
-    from mesh.metrics import NodeMetrics
-    from mesh.resilience import BreakerBoard
+    from mesh._metrics import NodeMetrics
+    from mesh._resilience import BreakerBoard
 
     registry = CollectorRegistry()
     metrics = NodeMetrics(registry, "caller", process_collectors=False)
@@ -422,8 +422,8 @@ async def test_breaker_series_follow_the_resolved_instances_and_stay_bounded(bur
     the officer's series grew from 4 to 304 and never shrank."""
     from prometheus_client import CollectorRegistry
 
-    from mesh.metrics import MAX_BREAKER_TARGETS, NodeMetrics
-    from mesh.resilience import BreakerBoard
+    from mesh._metrics import MAX_BREAKER_TARGETS, NodeMetrics
+    from mesh._resilience import BreakerBoard
 
     registry = CollectorRegistry()
     metrics = NodeMetrics(registry, "caller", process_collectors=False)
@@ -465,8 +465,8 @@ async def test_a_breaker_board_passed_to_remote_keeps_its_on_change(bureau: str)
     """``remote(breakers=board)`` replaced the board's ``on_change`` with its own gauge hook."""
     from prometheus_client import CollectorRegistry
 
-    from mesh.metrics import NodeMetrics
-    from mesh.resilience import BreakerBoard, BreakerState
+    from mesh._metrics import NodeMetrics
+    from mesh._resilience import BreakerBoard, BreakerState
 
     seen: list[tuple[str, str]] = []
 
@@ -505,9 +505,9 @@ async def test_a_node_runs_its_own_copy_of_the_agents_remote_toolsets(
     the node stopped, that toolset still held the node's closed HTTP client."""
     import uvicorn
 
-    from mesh.a2a.client import A2APeer
-    from mesh.node import Node
-    from mesh.settings import NodeSettings
+    from mesh._a2a.client import A2APeer
+    from mesh._node import Node
+    from mesh._settings import NodeSettings
 
     rem = remote("credit-bureau", skill="score", url=bureau)
     agent = Agent(

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from agents.credit_bureau import _score
-from mesh.a2a.client import A2APeer, TaskResult
-from mesh.tracing import TraceParent
+from mesh._a2a.client import A2APeer, TaskResult
+from mesh._tracing import TraceParent
 from tests.support import Proc, clean_env, free_port, running, wait_for, wait_until_ok
 
 pytestmark = pytest.mark.integration

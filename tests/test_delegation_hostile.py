@@ -25,12 +25,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agents.credit_bureau import _score
-from mesh.a2a.client import A2APeer
-from mesh.errors import RemoteError
-from mesh.remote import RemoteAgent, remote
-from mesh.resilience import BreakerBoard, RetryPolicy
-from mesh.tools import ToolContext
-from mesh.tracing import TraceParent
+from mesh._a2a.client import A2APeer
+from mesh._errors import RemoteError
+from mesh._remote import RemoteAgent, remote
+from mesh._resilience import BreakerBoard, RetryPolicy
+from mesh._tools import ToolContext
+from mesh._tracing import TraceParent
 from tests.support import StaticDiscovery, clean_env, eventually, free_port, running
 
 pytestmark = pytest.mark.integration

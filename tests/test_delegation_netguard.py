@@ -30,16 +30,16 @@ import uvicorn
 
 from agents.credit_bureau import agent as bureau_agent
 from mesh import Agent, Rule, Script, remote
-from mesh.a2a.card import build_card, card_to_dict
-from mesh.a2a.client import MAX_CARD_BYTES, A2APeer, auth_headers
-from mesh.errors import RemoteError
-from mesh.models.scripted import Call
-from mesh.netguard import AddressRefused, create_http_client
-from mesh.netpolicy import NetworkPolicy
-from mesh.node import Node
-from mesh.resilience import RetryPolicy
-from mesh.settings import NodeSettings
-from mesh.tools import ToolContext
+from mesh._a2a.card import build_card, card_to_dict
+from mesh._a2a.client import MAX_CARD_BYTES, A2APeer, auth_headers
+from mesh._errors import RemoteError
+from mesh._models.scripted import Call
+from mesh._netguard import AddressRefused, create_http_client
+from mesh._netpolicy import NetworkPolicy
+from mesh._node import Node
+from mesh._resilience import RetryPolicy
+from mesh._settings import NodeSettings
+from mesh._tools import ToolContext
 from tests.raw_http import Handler, answer, raw_server, trickle
 from tests.support import clean_env, eventually, free_port
 

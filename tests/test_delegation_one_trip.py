@@ -23,11 +23,11 @@ from a2a.types import (
 from google.protobuf.struct_pb2 import Struct
 
 from agents.credit_bureau import _score
-from mesh.a2a.client import A2APeer
-from mesh.errors import RemoteError
-from mesh.remote import remote
-from mesh.tools import ToolContext
-from mesh.tracing import TraceParent
+from mesh._a2a.client import A2APeer
+from mesh._errors import RemoteError
+from mesh._remote import remote
+from mesh._tools import ToolContext
+from mesh._tracing import TraceParent
 from tests.support import clean_env, free_port, running
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel, Field, StringConstraints
 
-from mesh.schema_check import SchemaViolation, check
+from mesh._schema_check import SchemaViolation, check
 
 
 class Tier(StrEnum):

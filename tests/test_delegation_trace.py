@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from mesh.delegation import turn_trace
-from mesh.tools import ToolContext
-from mesh.tracing import TraceParent
+from mesh._delegation import turn_trace
+from mesh._tools import ToolContext
+from mesh._tracing import TraceParent
 
 
 def test_a_turn_without_a_traceparent_has_one_trace_for_all_its_delegations() -> None:

@@ -28,8 +28,8 @@ from starlette.routing import Route
 
 from agents.credit_bureau import _score
 from agents.credit_bureau import agent as bureau_agent
-from mesh.a2a.card import build_card, card_to_dict
-from mesh.a2a.client import A2APeer, auth_headers
+from mesh._a2a.card import build_card, card_to_dict
+from mesh._a2a.client import A2APeer, auth_headers
 from tests.support import Proc, clean_env, eventually, free_port, running, wait_until_ok
 
 pytestmark = pytest.mark.integration

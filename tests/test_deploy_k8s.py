@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mesh.meshfile import MeshFile
+from mesh._meshfile import MeshFile
 from tests.support import ROOT
 
 K8S = ROOT / "deploy" / "k8s"

@@ -9,9 +9,9 @@ import logging
 
 import pytest
 
-from mesh.discovery import DiscoveryClient, Instance, Registration, create_backend
-from mesh.discovery.registry_client import RegistryBackend
-from mesh.errors import AgentNotFound, ConfigError, DiscoveryError
+from mesh._discovery import DiscoveryClient, Instance, Registration, create_backend
+from mesh._discovery.registry_client import RegistryBackend
+from mesh._errors import AgentNotFound, ConfigError, DiscoveryError
 
 
 class ScriptedBackend:
@@ -81,7 +81,7 @@ async def test_last_known_answer_served_while_backend_is_down(
     client = DiscoveryClient(backend, ttl_s=1.0, clock=clock)
     known = await client.find(agent="bureau")
     backend.error = DiscoveryError("no registry at http://registry.test")
-    with caplog.at_level(logging.INFO, logger="mesh.discovery"):
+    with caplog.at_level(logging.INFO, logger="mesh._discovery"):
         for _ in range(3):
             clock.now += 5
             assert await client.find(agent="bureau") == known

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from mesh.discovery import Registrar, Registration
-from mesh.discovery.registry_client import RegistryBackend
+from mesh._discovery import Registrar, Registration
+from mesh._discovery.registry_client import RegistryBackend
 from registry.app import create_app
 from registry.metrics import RegistryMetrics
 from registry.server import KEEP_ALIVE_S
@@ -76,7 +76,7 @@ async def test_a_request_on_a_connection_the_server_closed_is_retried_once(
         backend = RegistryBackend(url)
         registrar = Registrar(backend, REG, interval_s=INTERVAL_S)
         try:
-            with caplog.at_level(logging.INFO, logger="mesh.discovery"):
+            with caplog.at_level(logging.INFO, logger="mesh._discovery"):
                 await registrar.start()
                 # The registration, then 5 heartbeats, each meeting a closed pooled connection.
                 await eventually(lambda: len(answered) >= 6, within=10, what="6 answers")
@@ -113,7 +113,7 @@ async def test_against_a_real_registry_whose_keep_alive_equals_the_interval(
         beats = metrics.requests.labels(route="/v1/instances/{instance_id}/heartbeat", status="200")
         try:
             await eventually(lambda: server.started, within=10, what="registry started")
-            with caplog.at_level(logging.INFO, logger="mesh.discovery"):
+            with caplog.at_level(logging.INFO, logger="mesh._discovery"):
                 await registrar.start()
                 await eventually(lambda: beats._value.get() >= 12, within=15, what="heartbeats")
                 assert registrar.state == "registered"

@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from mesh.discovery import Instance, Registrar, Registration, UnknownInstance
-from mesh.discovery.base import DiscoveryUnreachable, InstanceIdTaken
-from mesh.errors import DiscoveryError
+from mesh._discovery import Instance, Registrar, Registration, UnknownInstance
+from mesh._discovery.base import DiscoveryUnreachable, InstanceIdTaken
+from mesh._errors import DiscoveryError
 from tests.support import eventually
 
 REG = Registration(instance_id="n-1", agent="bureau", url="http://127.0.0.1:9", version="1")
@@ -120,7 +120,7 @@ async def test_an_id_taken_while_away_is_replaced_by_a_new_one(
         told.append(instance_id)
 
     registrar = Registrar(backend, REG, sleep=sleeps, on_new_instance_id=on_new)
-    with caplog.at_level(logging.WARNING, logger="mesh.discovery"):
+    with caplog.at_level(logging.WARNING, logger="mesh._discovery"):
         await registrar.start()
         await eventually(lambda: backend.registered == ["n-1"])
         backend.taken = {"n-1"}
@@ -139,7 +139,7 @@ async def test_outage_backs_off_logs_once_and_recovers(caplog: pytest.LogCapture
     backend, sleeps = ScriptedBackend(), Sleeps()
     backend.down = True
     registrar = Registrar(backend, REG, interval_s=4.0, sleep=sleeps)
-    with caplog.at_level(logging.INFO, logger="mesh.discovery"):
+    with caplog.at_level(logging.INFO, logger="mesh._discovery"):
         await registrar.start()
         await eventually(lambda: len(sleeps.delays) >= 6)
         assert registrar.state == "retrying"
@@ -235,7 +235,7 @@ async def test_no_registry_yet_is_said_once_at_info_losing_one_is_a_warning(
     backend, sleeps = UnreachableBackend(), Sleeps()
     backend.down = True
     registrar = Registrar(backend, REG, sleep=sleeps)
-    with caplog.at_level(logging.INFO, logger="mesh.discovery"):
+    with caplog.at_level(logging.INFO, logger="mesh._discovery"):
         await registrar.start()
         await eventually(lambda: len(sleeps.delays) >= 4)
         waiting = [r for r in caplog.records if "registry" in r.getMessage()]
@@ -262,7 +262,7 @@ async def test_no_registry_yet_is_said_once_at_info_losing_one_is_a_warning(
 
 
 async def test_the_registry_backend_reports_a_closed_port_as_unreachable() -> None:
-    from mesh.discovery.registry_client import RegistryBackend
+    from mesh._discovery.registry_client import RegistryBackend
     from tests.support import free_port
 
     backend = RegistryBackend(f"http://127.0.0.1:{free_port()}")

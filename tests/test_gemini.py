@@ -13,10 +13,10 @@ from typing import Any, cast
 
 import pytest
 
-from mesh.errors import ConfigError, ModelError, ModelRateLimited
-from mesh.models.base import ModelRequest, ModelResponse, ToolDeclaration
-from mesh.models.gemini import GeminiModel
-from mesh.types import Content, FunctionResponse, Part
+from mesh._errors import ConfigError, ModelError, ModelRateLimited
+from mesh._models.base import ModelRequest, ModelResponse, ToolDeclaration
+from mesh._models.gemini import GeminiModel
+from mesh._types import Content, FunctionResponse, Part
 from tests.fakes.gemini_server import FakeGemini, call_response, text_response, usage
 from tests.support import ROOT, free_port
 
@@ -470,7 +470,7 @@ async def test_describe_never_shows_the_key() -> None:
 
 @pytest.mark.integration
 def test_importing_the_module_does_not_import_the_sdk() -> None:
-    code = "import sys, mesh.models.gemini; print('google.genai' in sys.modules)"
+    code = "import sys, mesh._models.gemini; print('google.genai' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code],
         capture_output=True,

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from mesh.a2a.client import A2APeer
+from mesh._a2a.client import A2APeer
 from tests.support import BUREAU_SCORES, ROOT, clean_env
 from tests.test_delegation_e2e import Desk, ask, client, loan_desk
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mesh.errors import ConfigError
-from mesh.meshfile import load_meshfile
+from mesh._errors import ConfigError
+from mesh._meshfile import load_meshfile
 from tests.support import ROOT
 
 GOOD = """

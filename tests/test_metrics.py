@@ -7,12 +7,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from mesh.agent import Agent
-from mesh.metrics import NodeMetrics
-from mesh.models.scripted import Call, Rule, Script
-from mesh.runner import Runner
-from mesh.sessions.memory import InMemorySessionStore
-from mesh.tools import tool
+from mesh._agent import Agent
+from mesh._metrics import NodeMetrics
+from mesh._models.scripted import Call, Rule, Script
+from mesh._runner import Runner
+from mesh._sessions.memory import InMemorySessionStore
+from mesh._tools import tool
 
 
 def _values(registry: CollectorRegistry, metric: str, label: str) -> set[str]:
@@ -86,7 +86,7 @@ def _breakers(registry: CollectorRegistry, peer: str) -> dict[str, float]:
 def test_breaker_series_are_the_latest_targets_and_at_most_max_per_peer() -> None:
     """Junk registrations of a peer grew the officer's breaker series from 4 to 304: each
     resolved URL was a series, and stayed one after it was gone."""
-    from mesh.metrics import MAX_BREAKER_TARGETS
+    from mesh._metrics import MAX_BREAKER_TARGETS
 
     registry = CollectorRegistry()
     metrics = NodeMetrics(registry, "officer", process_collectors=False)

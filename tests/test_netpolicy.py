@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.errors import ConfigError
-from mesh.netpolicy import NetworkPolicy, NetworkRefused, is_loopback_host
+from mesh._errors import ConfigError
+from mesh._netpolicy import NetworkPolicy, NetworkRefused, is_loopback_host
 
 
 def test_named_networks_and_cidrs() -> None:

@@ -1,4 +1,4 @@
-"""A real `mesh serve` node driven by the real a2a-sdk client (through mesh.a2a.client)."""
+"""A real `mesh serve` node driven by the real a2a-sdk client (through mesh._a2a.client)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mesh.a2a.card import SKILL_SCHEMA_EXTENSION, skill_schemas
-from mesh.a2a.client import A2APeer
-from mesh.errors import RemoteError
+from mesh._a2a.card import SKILL_SCHEMA_EXTENSION, skill_schemas
+from mesh._a2a.client import A2APeer
+from mesh._errors import RemoteError
 from tests.support import (
     BUREAU_SCORES,
     Proc,

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from mesh.a2a.client import A2APeer, auth_headers
-from mesh.errors import RemoteError
+from mesh._a2a.client import A2APeer, auth_headers
+from mesh._errors import RemoteError
 from tests.support import BUREAU_SCORES, ROOT, clean_env
 from tests.test_delegation_e2e import QUESTION, Desk, loan_desk
 

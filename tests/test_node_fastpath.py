@@ -1,4 +1,4 @@
-"""The fast path (mesh.a2a.fastpath) answers exactly like the SDK path.
+"""The fast path (mesh._a2a.fastpath) answers exactly like the SDK path.
 
 Two real nodes serve the same agent, one with ``MESH_FASTPATH=0`` (everything through the
 a2a-sdk's DefaultRequestHandler). The same JSON-RPC requests go to both; the responses, the
@@ -44,15 +44,15 @@ from a2a.utils.errors import A2AError
 from google.protobuf.json_format import ParseDict
 from prometheus_client.parser import text_string_to_metric_families
 
-from mesh.a2a.card import build_card
-from mesh.a2a.dispatcher import SkillDispatcher
-from mesh.a2a.executor import MeshExecutor
-from mesh.a2a.fastroute import FastRoute
-from mesh.a2a.handler import MeshRequestHandler
-from mesh.a2a.idempotency import IdempotencyKeys
-from mesh.a2a.server import A2AService
-from mesh.a2a.store import BLOCKING_SEND
-from mesh.sqlite import Database
+from mesh._a2a.card import build_card
+from mesh._a2a.dispatcher import SkillDispatcher
+from mesh._a2a.executor import MeshExecutor
+from mesh._a2a.fastroute import FastRoute
+from mesh._a2a.handler import MeshRequestHandler
+from mesh._a2a.idempotency import IdempotencyKeys
+from mesh._a2a.server import A2AService
+from mesh._a2a.store import BLOCKING_SEND
+from mesh._sqlite import Database
 from tests.node_agents import agent as worker_agent
 from tests.support import clean_env, eventually, free_port, running, wait_for
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mesh.a2a.client import A2APeer
+from mesh._a2a.client import A2APeer
 from tests.support import clean_env, free_port, running
 
 pytestmark = pytest.mark.integration

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from mesh.remote import remote
-from mesh.resilience import RetryPolicy
-from mesh.tools import ToolContext
+from mesh._remote import remote
+from mesh._resilience import RetryPolicy
+from mesh._tools import ToolContext
 from tests.holder_support import Holder, error_of, status_text
 from tests.support import StaticDiscovery, eventually
 
@@ -102,8 +102,8 @@ async def test_a_delegation_cut_by_a_shutdown_completes_on_another_instance(
 async def test_a_drain_returns_only_once_the_answers_are_sent(tmp_path: Path) -> None:
     """The server is told to exit when the drain returns, and exiting cuts open streams: so the
     drain, after the tasks, waits for the answers still being written (a stream's last event)."""
-    from mesh.node import Node
-    from mesh.settings import NodeSettings
+    from mesh._node import Node
+    from mesh._settings import NodeSettings
     from tests.node_agents import agent
 
     node = Node(agent, NodeSettings(data_dir=tmp_path, registry=None, grace_seconds=0.1))

@@ -1,4 +1,4 @@
-"""``mesh.pool``: requests cancelled under pool contention never cost the client a slot.
+"""``mesh._pool``: requests cancelled under pool contention never cost the client a slot.
 
 A real HTTP/1.1 server on 127.0.0.1 (in this process) answers slowly while hundreds of requests
 are cancelled by their deadlines at every stage (queued for a slot, connecting, reading, while
@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from mesh.discovery.registry_client import RegistryBackend
-from mesh.netguard import create_http_client
-from mesh.netpolicy import NetworkPolicy
-from mesh.pool import CancelSafePool, create_transport
+from mesh._discovery.registry_client import RegistryBackend
+from mesh._netguard import create_http_client
+from mesh._netpolicy import NetworkPolicy
+from mesh._pool import CancelSafePool, create_transport
 from tests.support import eventually
 
 _BODY = b'{"instances": []}'

@@ -46,7 +46,7 @@ async def _register_many(
 
 def test_a_registry_flooded_with_slow_instances_recovers(tmp_path: Path) -> None:
     """250 instances whose /health outlasts the probe timeout: every round cancels probes queued
-    for a connection (before mesh.pool the registry's pool lost its slots for good, and every
+    for a connection (before mesh._pool the registry's pool lost its slots for good, and every
     card fetch, so every registration, failed from then on)."""
     with registry(tmp_path, probe_interval=0.5, ttl=6.0) as reg:
         flood = flood_node(tmp_path, delay_s=3.0)

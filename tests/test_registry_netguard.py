@@ -8,11 +8,11 @@ import httpx
 import pytest
 
 import registry.server
-from mesh.cli import registry as cli
-from mesh.errors import ConfigError
-from mesh.netguard import AddressRefused, create_http_client
-from mesh.netpolicy import NetworkPolicy
-from mesh.outbound import FetchFailed, bounded_get
+from mesh._cli import registry as cli
+from mesh._errors import ConfigError
+from mesh._netguard import AddressRefused, create_http_client
+from mesh._netpolicy import NetworkPolicy
+from mesh._outbound import FetchFailed, bounded_get
 from registry.settings import RegistrySettings
 from tests.raw_http import answer, raw_server
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from mesh.outbound import FetchFailed, bounded_get
+from mesh._outbound import FetchFailed, bounded_get
 
 
 def _app(routes: dict[str, httpx.Response | str]) -> httpx.AsyncClient:

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from mesh.discovery.base import Registration
-from mesh.discovery.registry_client import RegistryBackend
+from mesh._discovery.base import Registration
+from mesh._discovery.registry_client import RegistryBackend
 from tests.registry_support import (
     Service,
     flood_node,

@@ -9,10 +9,10 @@ import random
 import httpx
 import pytest
 
-from mesh.a2a.bounded import AnswerTooLarge
-from mesh.errors import RemoteError, RemoteReason
-from mesh.failures import reason_of
-from mesh.resilience import (
+from mesh._a2a.bounded import AnswerTooLarge
+from mesh._errors import RemoteError, RemoteReason
+from mesh._failures import reason_of
+from mesh._resilience import (
     BreakerBoard,
     BreakerState,
     CircuitBreaker,

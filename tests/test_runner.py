@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from mesh.agent import Agent
-from mesh.errors import ConfigError, MaxModelCallsExceeded, ModelError
-from mesh.models.base import Model, ModelRequest, ModelResponse
-from mesh.models.scripted import Call, Rule, Script, ScriptedModel
-from mesh.runner import Runner, SessionLocks
-from mesh.sessions.memory import InMemorySessionStore
-from mesh.sessions.sqlite import SqliteSessionStore
-from mesh.skills import skill
-from mesh.sqlite import Database
-from mesh.tools import FunctionTool, Tool, ToolContext, tool
-from mesh.types import Content, Part, Usage
+from mesh._agent import Agent
+from mesh._errors import ConfigError, MaxModelCallsExceeded, ModelError
+from mesh._models.base import Model, ModelRequest, ModelResponse
+from mesh._models.scripted import Call, Rule, Script, ScriptedModel
+from mesh._runner import Runner, SessionLocks
+from mesh._sessions.memory import InMemorySessionStore
+from mesh._sessions.sqlite import SqliteSessionStore
+from mesh._skills import skill
+from mesh._sqlite import Database
+from mesh._tools import FunctionTool, Tool, ToolContext, tool
+from mesh._types import Content, Part, Usage
 from tests.support import eventually
 
 

@@ -11,13 +11,13 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from mesh.agent import Agent
-from mesh.errors import ConfigError
-from mesh.models import resolve_model
-from mesh.models.base import Model, ModelRequest, ModelResponse, ToolDeclaration
-from mesh.models.scripted import Call, Rule, Script, ScriptedModel, example_from_schema
-from mesh.tools import ToolContext, reset_current_context, set_current_context
-from mesh.types import Content, FunctionResponse, Part
+from mesh._agent import Agent
+from mesh._errors import ConfigError
+from mesh._models import resolve_model
+from mesh._models.base import Model, ModelRequest, ModelResponse, ToolDeclaration
+from mesh._models.scripted import Call, Rule, Script, ScriptedModel, example_from_schema
+from mesh._tools import ToolContext, reset_current_context, set_current_context
+from mesh._types import Content, FunctionResponse, Part
 
 LOAN = Script(
     rules=[
@@ -274,11 +274,11 @@ def test_script_mistakes_are_config_errors() -> None:
 
 def test_resolve_model_without_a_key_uses_the_script(caplog: pytest.LogCaptureFixture) -> None:
     agent = Agent(name="loan-officer", instruction="x", model="gemini-2.5-flash", script=LOAN)
-    with caplog.at_level(logging.INFO, logger="mesh.models"):
+    with caplog.at_level(logging.INFO, logger="mesh._models"):
         model = resolve_model(agent, {})
     assert isinstance(model, ScriptedModel)
     assert model.script is LOAN
-    lines = [r.getMessage() for r in caplog.records if r.name == "mesh.models"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "mesh._models"]
     assert lines == [
         "loan-officer runs offline: no GOOGLE_API_KEY/GEMINI_API_KEY, so instead of "
         "gemini-2.5-flash it follows its offline script (2 rules); set GOOGLE_API_KEY for the "
@@ -288,9 +288,9 @@ def test_resolve_model_without_a_key_uses_the_script(caplog: pytest.LogCaptureFi
 
 def test_an_agent_without_a_script_says_it_echoes(caplog: pytest.LogCaptureFixture) -> None:
     agent = Agent(name="fx-desk", instruction="x", model="gemini-2.5-flash")
-    with caplog.at_level(logging.INFO, logger="mesh.models"):
+    with caplog.at_level(logging.INFO, logger="mesh._models"):
         resolve_model(agent, {})
-    lines = [r.getMessage() for r in caplog.records if r.name == "mesh.models"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "mesh._models"]
     assert lines == [
         "fx-desk runs offline: no GOOGLE_API_KEY/GEMINI_API_KEY, so instead of gemini-2.5-flash "
         "it echoes each message back (it has no offline script: Agent(script=...)); set "

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from mesh.errors import StoreError
-from mesh.events import Event
-from mesh.sessions.base import SessionStore
-from mesh.sessions.memory import InMemorySessionStore
-from mesh.sessions.sqlite import SqliteSessionStore
-from mesh.sqlite import Database
-from mesh.types import Content
+from mesh._errors import StoreError
+from mesh._events import Event
+from mesh._sessions.base import SessionStore
+from mesh._sessions.memory import InMemorySessionStore
+from mesh._sessions.sqlite import SqliteSessionStore
+from mesh._sqlite import Database
+from mesh._types import Content
 
 
 @pytest.fixture(params=["memory", "sqlite"])

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.errors import ConfigError
-from mesh.settings import DEFAULT_REGISTRY, NodeSettings
+from mesh._errors import ConfigError
+from mesh._settings import DEFAULT_REGISTRY, NodeSettings
 
 
 def test_node_registers_with_the_default_registry_unless_told_otherwise() -> None:

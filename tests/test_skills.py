@@ -6,8 +6,8 @@ import pytest
 from pydantic import BaseModel
 
 from mesh import Agent, llm_skill, skill
-from mesh.a2a.dispatcher import SkillDispatcher
-from mesh.errors import ConfigError, SkillInputError
+from mesh._a2a.dispatcher import SkillDispatcher
+from mesh._errors import ConfigError, SkillInputError
 
 
 class Pair(BaseModel):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mesh.errors import StoreError
-from mesh.sqlite import Database
+from mesh._errors import StoreError
+from mesh._sqlite import Database
 
 SCHEMA = "create table if not exists t (k text primary key, v integer not null);"
 

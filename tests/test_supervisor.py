@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mesh.errors import ConfigError
-from mesh.meshfile import ProcessSpec
-from mesh.supervisor import RUN_MARKER, Child, Supervisor
+from mesh._errors import ConfigError
+from mesh._meshfile import ProcessSpec
+from mesh._supervisor import RUN_MARKER, Child, Supervisor
 from tests.support import ROOT, Proc, clean_env, eventually, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -278,8 +278,8 @@ def test_children_do_not_outlive_a_killed_supervisor(tmp_path: Path) -> None:
     script = f"""
 import asyncio, sys
 from pathlib import Path
-from mesh.meshfile import ProcessSpec
-from mesh.supervisor import Supervisor
+from mesh._meshfile import ProcessSpec
+from mesh._supervisor import Supervisor
 
 async def main():
     spec = ProcessSpec(name="child", kind="node", agent="child",
@@ -341,7 +341,7 @@ async def test_siblings_stopped_after_a_failed_start_are_stopped_not_crashed(
 
 
 def _bureau_mesh(tmp_path: Path) -> list[ProcessSpec]:
-    from mesh.meshfile import MeshFile
+    from mesh._meshfile import MeshFile
 
     meshfile = MeshFile.model_validate(
         {

@@ -16,10 +16,10 @@ from a2a.server.id_generator import IDGeneratorContext
 from a2a.types import ListTasksRequest, Message, Role, Task, TaskState, TaskStatus
 
 from agents.applicants import APPLICANTS
-from mesh.a2a.client import A2APeer
-from mesh.a2a.idempotency import IdempotencyKeys
-from mesh.a2a.store import SqliteTaskStore, mark_blocking_send
-from mesh.sqlite import Database
+from mesh._a2a.client import A2APeer
+from mesh._a2a.idempotency import IdempotencyKeys
+from mesh._a2a.store import SqliteTaskStore, mark_blocking_send
+from mesh._sqlite import Database
 from tests.support import clean_env, free_port, running
 
 CTX = ServerCallContext()

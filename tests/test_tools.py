@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from mesh.errors import ConfigError, ToolError
-from mesh.tools import (
+from mesh._errors import ConfigError, ToolError
+from mesh._tools import (
     FunctionTool,
     Tool,
     ToolContext,

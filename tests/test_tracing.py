@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from mesh.tracing import (
+from mesh._tracing import (
     TraceLogFilter,
     TraceParent,
     current_traceparent,

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from agents.credit_bureau import agent as bureau_agent
-from mesh.a2a.card import build_card, card_to_dict
-from mesh.netpolicy import NetworkPolicy
-from mesh.trust import PeerRefused, PeerTrust
+from mesh._a2a.card import build_card, card_to_dict
+from mesh._netpolicy import NetworkPolicy
+from mesh._trust import PeerRefused, PeerTrust
 
 TOKEN = "unit-token"
 
@@ -104,7 +104,7 @@ async def test_a_verdict_lasts_ttl_seconds_and_a_refusal_is_logged_once(
     trust = PeerTrust(token=TOKEN, networks=NetworkPolicy.parse("loopback"), clock=lambda: now[0])
     url = "http://127.0.0.1:8411"
     fetch = card_at(url, "mallory")
-    with caplog.at_level(logging.WARNING, logger="mesh.trust"):
+    with caplog.at_level(logging.WARNING, logger="mesh._trust"):
         for _ in range(5):
             with pytest.raises(PeerRefused):
                 await trust.admit(url, "credit-bureau", fetch)

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mesh.supervisor import RUN_MARKER
+from mesh._supervisor import RUN_MARKER
 from tests.support import BIN, ROOT, Proc, clean_env, free_port, running, wait_for
 from tests.up_support import mesh, mesh_up, small_mesh
 

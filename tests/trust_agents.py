@@ -4,8 +4,8 @@ through the registry) for a score and says the score, or the error it got."""
 from __future__ import annotations
 
 from mesh import Agent, Rule, Script, remote
-from mesh.models.scripted import Call
-from mesh.resilience import RetryPolicy
+from mesh._models.scripted import Call
+from mesh._resilience import RetryPolicy
 
 officer = Agent(
     name="test-officer",

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                         "reason": str(exc).splitlines()[0][:300],
                     }
                 )
-    result["imports"] = host.import_times(("mesh", "mesh.node"), repeat=1 if quick else 3)
+    result["imports"] = host.import_times(("mesh", "mesh._node"), repeat=1 if quick else 3)
     report.add_ratios(result["rows"])
     result["delegation"] = report.delegation(result["rows"])
     result["targets"] = report.targets(result["rows"], result["delegation"])

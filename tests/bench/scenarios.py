@@ -186,7 +186,7 @@ ROWS: tuple[Row, ...] = (
             ),
         ),
         target=_a2a_target(SCORE_PARTS, "score", COMPLETED),
-        missing=_need("mesh.node", "mesh.cli.serve"),
+        missing=_need("mesh._node", "mesh._cli.serve"),
     ),
     Row(
         key=LOCAL,
@@ -199,7 +199,7 @@ ROWS: tuple[Row, ...] = (
             ),
         ),
         target=_a2a_target(SCORE_TEXT, None, SCORED),
-        missing=_need("mesh.node", "mesh.cli.serve"),
+        missing=_need("mesh._node", "mesh._cli.serve"),
     ),
     Row(
         key=REMOTE,
@@ -220,6 +220,6 @@ ROWS: tuple[Row, ...] = (
             ),
         ),
         target=_a2a_target(SCORE_TEXT, None, SCORED),
-        missing=_need("mesh.node", "mesh.cli.serve", "mesh.remote"),
+        missing=_need("mesh._node", "mesh._cli.serve", "mesh._remote"),
     ),
 )

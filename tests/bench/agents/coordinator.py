@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 
-from mesh.agent import Agent
-from mesh.models.scripted import Call, Rule, Script
-from mesh.remote import remote
-from mesh.tools import Tool, tool
+from mesh._agent import Agent
+from mesh._models.scripted import Call, Rule, Script
+from mesh._remote import remote
+from mesh._tools import Tool, tool
 from tests.bench.agents.specialist import compute
 
 TOOL = "bench_bureau_score"

@@ -9,8 +9,8 @@ import zlib
 
 from pydantic import BaseModel
 
-from mesh.agent import Agent
-from mesh.skills import Skill, skill
+from mesh._agent import Agent
+from mesh._skills import Skill, skill
 
 
 class ScoreRequest(BaseModel):

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mesh.cli.main import main
-from mesh.sqlite import Database
+from mesh._cli.main import main
+from mesh._sqlite import Database
 
 # Modules whose presence in a running node is worth knowing about.
 WATCHED = ("google.genai", "google.auth", "consul", "sqlalchemy", "aiosqlite", "pyinstrument")

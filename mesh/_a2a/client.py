@@ -1,0 +1,422 @@
+"""``A2APeer``: one peer node, as a caller talks to it.
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        peer = A2APeer(http, "http://127.0.0.1:8017")
+        result = await peer.send({"applicant_id": "APP-501", "amount": 250000}, skill="score")
+        result.state, result.data            # "completed", {"score": 712, ...}
+        async for update in peer.stream("convert 100 eur to usd"):
+            update.kind, update.text         # "status", "calling convert" ... as they happen
+
+One way to send per need: ``send`` is one blocking ``SendMessage`` (one JSON body each way, the
+task in the answer; built and read by ``mesh._a2a.jsonrpc`` without protobuf, lean enough for every
+delegation), ``stream`` a ``SendStreamingMessage`` whose events arrive as they happen (through
+the a2a-sdk's client, as do ``get_task``, ``cancel`` and ``list_tasks``). Every answer is parsed
+by ``mesh._a2a.results``.
+
+Transport and protocol errors become ``RemoteError`` here, once (``_translate``; the reason of an
+httpx error is ``mesh._failures.reason_of``'s): ``unavailable`` / ``deadline`` / ``failed`` /
+``rejected``. Every answer is read within ``max_answer_bytes`` (``mesh._a2a.bounded``: the
+blocking call's body, and each answer or stream event the SDK's client reads); an answer over it,
+or one that is not an A2A answer at all (not JSON-RPC, neither task nor message, HTTP 404/405, an
+unknown method) is ``unavailable``: whatever answered there is not a working A2A node, and the
+retry tries the next instance. A task that ran and failed is NOT an exception: it comes back as a
+``TaskResult`` with ``state`` "failed"/"rejected"/"canceled" and ``error = {"reason",
+"message"}``; the caller decides what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+from a2a.client import (
+    A2AClientError,
+    A2AClientTimeoutError,
+    AgentCardResolutionError,
+    Client,
+    ClientCallContext,
+    ClientConfig,
+    ClientFactory,
+)
+from a2a.client.card_resolver import parse_agent_card
+from a2a.helpers import new_data_part, new_text_part
+from a2a.types import (
+    AgentCard,
+    CancelTaskRequest,
+    GetTaskRequest,
+    ListTasksRequest,
+    Message,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+)
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
+from a2a.utils.errors import A2AError, InvalidParamsError, MethodNotFoundError, TaskNotFoundError
+from google.protobuf.json_format import ParseError
+from google.protobuf.struct_pb2 import Struct
+
+from mesh._a2a import jsonrpc
+from mesh._a2a.bounded import AnswerTooLarge, BoundedTransport, read_bounded
+from mesh._a2a.card import JSON_MODE, card_to_dict
+from mesh._a2a.results import TaskPage, TaskResult, TaskUpdate, as_json
+from mesh._errors import FetchFailed, RemoteError, RemoteReason
+from mesh._failures import NOT_A2A_STATUS, reason_of, status_of
+from mesh._outbound import bounded_get
+
+log = logging.getLogger("mesh._a2a.client")
+
+__all__ = [
+    "CARD_TIMEOUT_S",
+    "MAX_ANSWER_BYTES",
+    "MAX_CARD_BYTES",
+    "A2APeer",
+    "TaskPage",
+    "TaskResult",
+    "TaskUpdate",
+    "auth_headers",
+]
+
+#: A card is a few KB; far bigger is not a card (the registry's cap too).
+MAX_CARD_BYTES = 1_000_000
+#: One deadline for a whole card (connect, headers, body).
+CARD_TIMEOUT_S = 5.0
+#: The largest answer (or stream event) read from a peer; a node's is MESH_MAX_ANSWER_BYTES.
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+
+
+class A2APeer:
+    """One peer node at ``base_url``. ``http`` is owned by the caller (timeouts included).
+
+    ``headers`` go with every A2A call to this peer, never with the card fetch: a node sets the
+    mesh token here once the peer is verified (``mesh._trust``). The ``http`` client's own
+    headers go everywhere (the CLI puts the token the user gave it there). The card is read
+    whole within ``card_timeout_s`` and ``MAX_CARD_BYTES``, or not at all; every other answer
+    within ``max_answer_bytes`` (each event, for a stream)."""
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        base_url: str,
+        *,
+        card: AgentCard | None = None,
+        headers: Mapping[str, str] | None = None,
+        card_timeout_s: float = CARD_TIMEOUT_S,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+    ):
+        self.http = http
+        self.base_url = base_url.rstrip("/")
+        self.headers: dict[str, str] = dict(headers or {})
+        self.card_timeout_s = card_timeout_s
+        self.max_answer_bytes = max_answer_bytes
+        self._card = card
+        self._clients: dict[bool, Client] = {}
+        # What the SDK's clients send through: ``http`` itself, each answer read within
+        # ``max_answer_bytes`` (made with the first SDK client).
+        self._bounded: httpx.AsyncClient | None = None
+
+    @property
+    def name(self) -> str:
+        return self._card.name if self._card is not None else self.base_url
+
+    # -- sending ----------------------------------------------------------------------------
+    async def send(
+        self,
+        payload: dict[str, Any] | str,
+        *,
+        skill: str | None = None,
+        message_id: str | None = None,
+        context_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the HTTP timeout of this call
+        wait: bool = True,
+    ) -> TaskResult:
+        """Send one message (a dict: one JSON data part; a str: text) and return its task:
+        finished, or as it is once it exists with ``wait=False``. Re-sending the same
+        ``message_id`` returns the same task (the node deduplicates). ``timeout`` bounds the
+        whole call except connecting, which the client's own connect timeout bounds when
+        sooner (a host that never answers is ``unavailable``: another instance may be up)."""
+        with self._errors(skill or ""):
+            content = jsonrpc.send_message_body(
+                payload,
+                skill=skill,
+                message_id=message_id,
+                context_id=context_id,
+                metadata=metadata,
+                wait=wait,
+            )
+            request = self.http.build_request(
+                "POST",
+                self.base_url,
+                content=content,
+                headers={**jsonrpc.HEADERS, **self.headers} if self.headers else jsonrpc.HEADERS,
+                timeout=self._timeout(timeout),
+            )
+            response = await self.http.send(request, stream=True)
+            try:
+                response.raise_for_status()
+                answer = await read_bounded(response, max_bytes=self.max_answer_bytes)
+            finally:
+                await response.aclose()
+            result = jsonrpc.result_of(answer)
+        if isinstance(task := result.get("task"), Mapping):
+            return TaskResult.from_json(task)
+        if isinstance(message := result.get("message"), Mapping):
+            return TaskResult.from_message(message)
+        raise self._not_a2a(skill)
+
+    async def stream(
+        self,
+        payload: dict[str, Any] | str,
+        *,
+        skill: str | None = None,
+        message_id: str | None = None,
+        context_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - forwarded to the SDK per call
+    ) -> AsyncIterator[TaskUpdate]:
+        """Send one message and yield its events as they arrive; ``get_task`` for the end."""
+        request = SendMessageRequest(
+            message=_message(payload, skill, message_id, context_id, metadata),
+            configuration=SendMessageConfiguration(history_length=0),
+        )
+        with self._errors(skill or ""):
+            client = await self._client(streaming=True)
+            async for event in client.send_message(request, context=self._context(timeout)):
+                update = TaskUpdate.from_json(as_json(event))
+                if update is not None:
+                    yield update
+
+    # -- tasks ------------------------------------------------------------------------------
+    async def get_task(self, task_id: str, *, history_length: int = 0) -> TaskResult:
+        with self._errors():
+            client = await self._client(streaming=False)
+            task = await client.get_task(
+                GetTaskRequest(id=task_id, history_length=history_length), context=self._context()
+            )
+        return TaskResult.from_json(as_json(task))
+
+    async def cancel(self, task_id: str) -> TaskResult:
+        with self._errors():
+            client = await self._client(streaming=False)
+            task = await client.cancel_task(CancelTaskRequest(id=task_id), context=self._context())
+        return TaskResult.from_json(as_json(task))
+
+    async def list_tasks(
+        self,
+        *,
+        context_id: str | None = None,
+        page_size: int = 50,
+        page_token: str = "",
+    ) -> TaskPage:
+        with self._errors():
+            client = await self._client(streaming=False)
+            page = await client.list_tasks(
+                ListTasksRequest(
+                    context_id=context_id or "",
+                    page_size=page_size,
+                    page_token=page_token,
+                    include_artifacts=True,
+                ),
+                context=self._context(),
+            )
+        return TaskPage(
+            tasks=[TaskResult.from_json(as_json(t)) for t in page.tasks],
+            next_page_token=page.next_page_token,
+            total_size=page.total_size,
+        )
+
+    # -- the card ---------------------------------------------------------------------------
+    async def card(self) -> AgentCard:
+        """The peer's agent card (fetched once)."""
+        if self._card is None:
+            self._card = await self._read_card()
+        return self._card
+
+    async def card_dict(self) -> dict[str, Any]:
+        return card_to_dict(await self.card())
+
+    async def fetch_card_dict(self) -> dict[str, Any]:
+        """The peer's card read now (not the cached one), as JSON; it becomes the cached one."""
+        self._card = await self._read_card()
+        return card_to_dict(self._card)
+
+    async def _read_card(self) -> AgentCard:
+        """GET the card (without ``headers``: cards are public), the whole answer within
+        ``card_timeout_s`` and ``MAX_CARD_BYTES``: whoever a URL leads to may trickle or send
+        gigabytes, and the card is read before the peer is trusted. Every failure is
+        ``unavailable`` (the retry tries the next instance)."""
+        url = self.base_url + AGENT_CARD_WELL_KNOWN_PATH
+        problem = ""
+        try:
+            answer = await bounded_get(
+                self.http, url, max_bytes=MAX_CARD_BYTES, timeout_s=self.card_timeout_s
+            )
+        except FetchFailed as exc:
+            problem = {
+                "timeout": f"no whole card within {self.card_timeout_s:g}s",
+                "too_large": f"the answer is over {MAX_CARD_BYTES} bytes, not an agent card",
+            }.get(exc.reason, exc.detail)
+            if exc.reason == "unreachable":
+                problem += "; is the node running?"
+        else:
+            if answer.status_code != 200:
+                problem = f"HTTP {answer.status_code}"
+            else:
+                try:
+                    card = parse_agent_card(json.loads(answer.content))
+                except (ValueError, ParseError) as exc:
+                    problem = f"not an agent card ({exc})"
+                else:
+                    # One line, the first time (re-reads every trust check would be noise).
+                    level = logging.INFO if self._card is None else logging.DEBUG
+                    log.log(level, "fetched the agent card of %s from %s", card.name[:100], url)
+                    return card
+        raise RemoteError(
+            f"cannot read the agent card of {self.base_url}: {problem}",
+            peer=self.name,
+            skill="",
+            reason="unavailable",
+        )
+
+    async def aclose(self) -> None:
+        """Close the SDK clients (the caller's ``httpx`` client stays open)."""
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+        if self._bounded is not None:
+            await self._bounded.aclose()  # its transport leaves ``http`` open
+            self._bounded = None
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _timeout(self, timeout: float | None) -> Any:
+        if timeout is None:
+            return httpx.USE_CLIENT_DEFAULT
+        connect = self.http.timeout.connect
+        return httpx.Timeout(timeout, connect=timeout if connect is None else min(connect, timeout))
+
+    def _context(self, timeout: float | None = None) -> ClientCallContext | None:
+        """The SDK call context: the per-call timeout and this peer's headers."""
+        if timeout is None and not self.headers:
+            return None
+        return ClientCallContext(timeout=timeout, service_parameters=dict(self.headers) or None)
+
+    async def _client(self, streaming: bool) -> Client:
+        if streaming not in self._clients:
+            card = AgentCard()
+            card.CopyFrom(await self.card())
+            # Talk to the address we were given: the card may advertise a bind address.
+            for iface in card.supported_interfaces:
+                iface.url = self.base_url
+            if self._bounded is None:
+                self._bounded = httpx.AsyncClient(
+                    transport=BoundedTransport(self.http, max_bytes=self.max_answer_bytes),
+                    headers=self.http.headers,
+                    timeout=self.http.timeout,
+                    follow_redirects=False,
+                    trust_env=False,
+                )
+            config = ClientConfig(streaming=streaming, httpx_client=self._bounded)
+            self._clients[streaming] = ClientFactory(config).create(card)
+        return self._clients[streaming]
+
+    @contextmanager
+    def _errors(self, skill: str = "") -> Iterator[None]:
+        """The one place a2a-sdk and httpx errors become ``RemoteError``."""
+        try:
+            yield
+        except RemoteError:
+            raise
+        except (A2AError, httpx.HTTPError) as exc:
+            reason, message = self._translate(exc)
+            raise RemoteError(message, peer=self.name, skill=skill, reason=reason) from exc
+
+    def _translate(self, exc: A2AError | httpx.HTTPError) -> tuple[RemoteReason, str]:
+        """Why a call failed (only "unavailable" is retried, at another instance), and what
+        to say. Protocol answers by their A2A error type; transport failures (the SDK wraps
+        httpx's errors) by ``reason_of``."""
+        name, url = self.name, self.base_url
+        if isinstance(exc, AnswerTooLarge) or isinstance(exc.__cause__, AnswerTooLarge):
+            return "unavailable", (
+                f"{name} at {url} answered more than {self.max_answer_bytes} bytes: not an A2A "
+                "answer (a node's cap is MESH_MAX_ANSWER_BYTES)"
+            )
+        if isinstance(exc, AgentCardResolutionError):
+            return (
+                "unavailable",
+                f"cannot read the agent card of {url}: {exc}; is the node running?",
+            )
+        if isinstance(exc, MethodNotFoundError):
+            return "unavailable", f"{name} at {url} does not know the A2A method: not an A2A node"
+        if isinstance(exc, InvalidParamsError):
+            return "rejected", f"{name} rejected the request: {exc}"
+        if isinstance(exc, TaskNotFoundError):
+            return "failed", f"{name}: task not found"
+        if isinstance(exc, A2AError) and not isinstance(exc, A2AClientError):
+            return "failed", f"{name} answered with an error: {type(exc).__name__}: {exc}"
+        transport = exc if isinstance(exc, httpx.HTTPError) else exc.__cause__
+        if not isinstance(transport, httpx.HTTPError):
+            if isinstance(exc, A2AClientTimeoutError):
+                return "deadline", f"{name} did not answer in time"
+            # Not JSON, not JSON-RPC, an SSE error event: nothing a working node answers.
+            return "unavailable", f"{name} at {url} did not answer as an A2A node: {exc}"
+        reason, status = reason_of(transport), status_of(transport)
+        if reason == "deadline":
+            return reason, f"{name} did not answer in time"
+        if status in (401, 403):
+            return reason, (
+                f"{name} refused the call (HTTP {status}): it needs the mesh token; "
+                "set MESH_TOKEN to the token its node was started with"
+            )
+        if status in NOT_A2A_STATUS:
+            return reason, f"{name} at {url} answered HTTP {status}: no A2A endpoint there"
+        if status is not None:
+            # 502/503/504 (unavailable): an outage in front of that node; any other: an answer.
+            return reason, f"{name} at {url} answered HTTP {status}: {transport}"
+        return reason, f"the connection to {url} failed: {transport}; is the node running?"
+
+    def _not_a2a(self, skill: str | None) -> RemoteError:
+        # A JSON-RPC answer without a task or a message: whatever answered is not an A2A node.
+        return RemoteError(
+            f"{self.name} at {self.base_url} answered without a task or a message: not an A2A "
+            "answer",
+            peer=self.name,
+            skill=skill or "",
+            reason="unavailable",
+        )
+
+
+def _message(
+    payload: dict[str, Any] | str,
+    skill: str | None,
+    message_id: str | None,
+    context_id: str | None,
+    metadata: Mapping[str, Any] | None,
+) -> Message:
+    """The protobuf message the SDK's client sends (``stream``), as ``jsonrpc`` builds it."""
+    meta: dict[str, Any] = dict(metadata or {})
+    if skill:
+        meta["skill"] = skill
+    struct = Struct()
+    struct.update(meta)
+    part = (
+        new_text_part(payload)
+        if isinstance(payload, str)
+        else new_data_part(payload, media_type=JSON_MODE)
+    )
+    return Message(
+        role=Role.ROLE_USER,
+        message_id=message_id or uuid.uuid4().hex,
+        context_id=context_id or "",
+        parts=[part],
+        metadata=struct,
+    )
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    """Headers that present the mesh token to nodes that require one (none without a token)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}

@@ -1,0 +1,297 @@
+"""``SkillDispatcher``: one skill request in, one validated outcome out (no A2A types here).
+
+* Function skills: validate the input, call the handler, validate its output.
+* LLM typed skills: render the input into the turn (JSON), run the agent's runner with
+  ``response_schema`` = the output schema, validate; on a validation error tell the model what
+  was wrong ONCE, then give up with ``SkillOutputError``.
+* ``chat``: the text goes to the runner as is; the answer is text.
+
+The runner is used through ``run_stream`` only, so progress (partial text, tool calls) can be
+forwarded to the caller as it happens.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from mesh._agent import Agent
+from mesh._errors import ConfigError, RunError, SkillInputError, SkillOutputError
+from mesh._events import Event
+from mesh._skills import TEXT_SKILL_ID, Skill, SkillContext
+from mesh._types import Usage
+
+__all__ = [
+    "Outcome",
+    "ProgressSink",
+    "SkillDispatcher",
+    "TurnRunner",
+    "describe_validation",
+    "skill_agent",
+]
+
+
+class TurnRunner(Protocol):
+    """The part of ``mesh._runner.Runner`` a node needs."""
+
+    def run_stream(
+        self,
+        *,
+        user_id: str,
+        session_id: str,
+        message: str,
+        response_schema: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> AsyncIterator[Event]: ...
+
+
+ProgressSink = Callable[[Event], Awaitable[None]]
+
+
+@dataclass
+class Outcome:
+    """What a skill produced: ``data`` for typed skills, ``text`` for chat."""
+
+    data: dict[str, Any] | None = None
+    text: str = ""
+    usage: Usage = field(default_factory=Usage)
+
+
+def _expected_type(schema: dict[str, Any] | None, loc: tuple[Any, ...]) -> str | None:
+    if not schema or len(loc) != 1:
+        return None
+    prop = (schema.get("properties") or {}).get(str(loc[0])) or {}
+    if "type" in prop:
+        return str(prop["type"])
+    options = [str(o["type"]) for o in prop.get("anyOf", []) if "type" in o]
+    return " or ".join(options) or None
+
+
+def describe_validation(
+    exc: ValidationError, schema: dict[str, Any] | None = None, *, limit: int = 5
+) -> tuple[str, list[dict[str, Any]]]:
+    """A one-line message naming each bad field and what it expected, plus structured errors."""
+    parts: list[str] = []
+    errors: list[dict[str, Any]] = []
+    for err in exc.errors(include_url=False)[:limit]:
+        loc = tuple(err.get("loc", ()))
+        where = ".".join(str(p) for p in loc) or "(root)"
+        expected = _expected_type(schema, loc)
+        detail = str(err.get("msg", "invalid"))
+        if err.get("type") == "missing":
+            detail = "required field is missing"
+        line = f"field '{where}': {detail}"
+        if expected:
+            line += f" (expected {expected})"
+        if err.get("type") != "missing" and "input" in err:
+            line += f", got {json.dumps(err['input'], default=str)[:60]}"
+        parts.append(line)
+        errors.append({"field": where, "message": detail, "expected": expected})
+    return "; ".join(parts), errors
+
+
+def skill_agent(agent: Agent, skill: Skill) -> Agent:
+    """The agent as it runs an LLM typed skill: its instruction says what the JSON turn asks.
+
+    The turn itself is the input as JSON only (so scripts can read ``{input.field}``); what to
+    do with it travels in the system instruction.
+    """
+    lines = [agent.instruction or ""]
+    lines.append(
+        f"A user message that is a JSON object is a request for the skill '{skill.id}': "
+        f"{skill.description} Answer with one JSON object matching the response schema."
+    )
+    if skill.instruction:
+        lines.append(skill.instruction)
+    return replace(agent, instruction="\n\n".join(line for line in lines if line))
+
+
+def _parse_json(text: str) -> Any:
+    body = text.strip()
+    if body.startswith("```"):
+        body = body.strip("`")
+        body = body.removeprefix("json").strip()
+    return json.loads(body)
+
+
+class SkillDispatcher:
+    """Runs the skills of one agent. ``runner`` (chat) and ``skill_runners`` (one per LLM typed
+    skill, see ``skill_agent``) are needed only for LLM-handled skills."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        runner: TurnRunner | None = None,
+        skill_runners: dict[str, TurnRunner] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.runner = runner
+        self.skill_runners = dict(skill_runners or {})
+        self._skills = {s.id: s for s in agent.all_skills}
+        self._typed = [s for s in agent.all_skills if s.typed]
+
+    def resolve(self, skill_id: str | None, *, has_data: bool, has_text: bool) -> Skill:
+        """Which skill a request names (or implies). Raises ``SkillInputError`` with the fix."""
+        if skill_id:
+            found = self._skills.get(skill_id)
+            if found is None:
+                close = difflib.get_close_matches(skill_id, self._skills, n=1, cutoff=0.6)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                raise SkillInputError(
+                    f"unknown skill '{skill_id[:100]}'; {hint}{self.agent.name} offers: "
+                    + ", ".join(sorted(self._skills))
+                )
+            return found
+        if has_data:
+            if len(self._typed) == 1:
+                return self._typed[0]
+            raise SkillInputError(
+                "metadata field 'skill' is required with a data part: "
+                f"{self.agent.name} has typed skills " + ", ".join(s.id for s in self._typed)
+            )
+        if has_text and TEXT_SKILL_ID in self._skills:
+            return self._skills[TEXT_SKILL_ID]
+        if has_text and len(self._typed) == 1:
+            raise SkillInputError(
+                f"skill '{self._typed[0].id}' expects a data part (application/json) "
+                "matching its input schema, not text"
+            )
+        raise SkillInputError(
+            "the message needs a data part (typed skill) or text parts (chat), and metadata "
+            "field 'skill' naming one of: " + ", ".join(sorted(self._skills))
+        )
+
+    def validate_input(self, skill: Skill, data: Any) -> BaseModel:
+        """The validated input model; ``SkillInputError`` naming the field otherwise."""
+        assert skill.input_model is not None
+        if not isinstance(data, dict):
+            raise SkillInputError(
+                f"skill '{skill.id}' expects a JSON object matching its input schema, "
+                f"got {type(data).__name__}"
+            )
+        try:
+            return skill.input_model.model_validate(data)
+        except ValidationError as exc:
+            message, errors = describe_validation(exc, skill.input_schema())
+            raise SkillInputError(
+                f"invalid input for skill '{skill.id}': {message}", errors
+            ) from exc
+
+    def validate_output(self, skill: Skill, value: Any) -> dict[str, Any]:
+        assert skill.output_model is not None
+        try:
+            if isinstance(value, BaseModel):
+                value = value.model_dump(mode="json")
+            model = skill.output_model.model_validate(value)
+        except ValidationError as exc:
+            message, _ = describe_validation(exc, skill.output_schema())
+            raise SkillOutputError(
+                f"skill '{skill.id}' produced invalid output: {message}"
+            ) from exc
+        return model.model_dump(mode="json")
+
+    async def run(
+        self,
+        skill: Skill,
+        payload: BaseModel | str,
+        ctx: SkillContext,
+        *,
+        user_id: str,
+        progress: ProgressSink | None = None,
+    ) -> Outcome:
+        """Do the work. ``payload`` is the validated input model, or the text for ``chat``."""
+        if not skill.llm:
+            return await self._call_handler(skill, payload, ctx)
+        if skill.typed:
+            assert isinstance(payload, BaseModel)
+            return await self._llm_typed(skill, payload, ctx, user_id, progress)
+        text = payload if isinstance(payload, str) else payload.model_dump_json()
+        return await self._turn(self.runner, text, None, ctx, user_id, progress)
+
+    async def _call_handler(self, skill: Skill, payload: Any, ctx: SkillContext) -> Outcome:
+        assert skill.handler is not None
+        args = (payload, ctx) if skill.takes_context else (payload,)
+        result = skill.handler(*args)
+        if inspect.isawaitable(result):
+            result = await result
+        return Outcome(data=self.validate_output(skill, result))
+
+    async def _llm_typed(
+        self,
+        skill: Skill,
+        payload: BaseModel,
+        ctx: SkillContext,
+        user_id: str,
+        progress: ProgressSink | None,
+    ) -> Outcome:
+        schema = skill.output_schema()
+        runner = self.skill_runners.get(skill.id, self.runner)
+        outcome = await self._turn(
+            runner, payload.model_dump_json(), schema, ctx, user_id, progress
+        )
+        try:
+            outcome.data = self._check_answer(skill, outcome)
+            return outcome
+        except SkillOutputError as first:
+            repair = (
+                f"Your answer did not validate: {first}. Answer again with only one JSON "
+                "object that matches the output schema."
+            )
+            second = await self._turn(runner, repair, schema, ctx, user_id, progress)
+            second.usage = outcome.usage + second.usage
+            try:
+                second.data = self._check_answer(skill, second)
+            except SkillOutputError as exc:
+                raise SkillOutputError(f"{exc} (after one repair attempt)") from exc
+            return second
+
+    def _check_answer(self, skill: Skill, outcome: Outcome) -> dict[str, Any]:
+        if outcome.data is not None:
+            return self.validate_output(skill, outcome.data)
+        try:
+            value = _parse_json(outcome.text)
+        except ValueError as exc:
+            raise SkillOutputError(f"skill '{skill.id}' answer is not JSON: {exc}") from exc
+        return self.validate_output(skill, value)
+
+    async def _turn(
+        self,
+        runner: TurnRunner | None,
+        message: str,
+        schema: dict[str, Any] | None,
+        ctx: SkillContext,
+        user_id: str,
+        progress: ProgressSink | None,
+    ) -> Outcome:
+        if runner is None:
+            raise ConfigError(f"agent {self.agent.name!r} has no runner for LLM skills")
+        metadata = {"skill": ctx.skill_id, "task_id": ctx.task_id, **ctx.metadata}
+        if ctx.traceparent:
+            metadata["traceparent"] = ctx.traceparent
+        if ctx.deadline is not None:
+            metadata["deadline"] = ctx.deadline
+        usage = Usage()
+        final: Event | None = None
+        async for event in runner.run_stream(
+            user_id=user_id,
+            session_id=ctx.context_id,
+            message=message,
+            response_schema=schema,
+            metadata=metadata,
+        ):
+            if not event.partial and event.usage is not None:
+                usage = usage + event.usage
+            if event.final:
+                final = event
+            elif progress is not None:
+                await progress(event)
+        if final is None:
+            raise RunError("the turn ended without a final answer")
+        data = final.metadata.get("data") if schema is not None else None
+        return Outcome(data=data if isinstance(data, dict) else None, text=final.text, usage=usage)

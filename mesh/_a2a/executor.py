@@ -1,0 +1,419 @@
+"""``MeshExecutor``: the A2A ``AgentExecutor`` of a node; turns one message into one task.
+
+Order of work for a message: record the idempotency key, read the metadata (skill, caller,
+traceparent, deadline), pick and validate the skill's input (invalid -> REJECTED naming the
+field, before any work), refuse a deadline already past, then run the skill under
+``asyncio.timeout`` and publish the validated output as an artifact (a data part for typed
+skills, a text part for chat). Every failure ends the task cleanly (FAILED with a message and
+``metadata.error = {reason, message}``): no exception text reaches the caller as -32603.
+
+``stop()`` (a shutdown whose drain grace ran out) cuts every skill still running, and each of
+those tasks ends FAILED with reason ``shutdown`` through the same event path, so its callers
+get that task as the answer (blocking) or final event (streaming); its message id is released
+(see ``mesh._a2a.idempotency``) so the caller's retry runs the work again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from a2a.helpers import get_data_parts, get_text_parts, new_data_part, new_text_part
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.owner_resolver import resolve_user_scope
+from a2a.server.tasks import TaskUpdater
+from a2a.types import Message, Part, Task, TaskState, TaskStatus
+from google.protobuf.json_format import MessageToDict
+from pydantic import BaseModel
+
+from mesh._a2a.card import JSON_MODE, TEXT_MODE
+from mesh._a2a.dispatcher import Outcome, SkillDispatcher
+from mesh._a2a.idempotency import IdempotencyKeys, MessageKey, message_key
+from mesh._a2a.store import SHUTDOWN, stopped_text
+from mesh._errors import MeshError, SkillInputError
+from mesh._events import Event
+from mesh._inflight import InFlight
+from mesh._metrics import NodeMetrics, TaskOutcome
+from mesh._settings import NodeSettings
+from mesh._skills import Skill, SkillContext
+from mesh._tracing import ensure_traceparent
+
+__all__ = ["MeshExecutor"]
+
+log = logging.getLogger("mesh.task")
+
+_MAX_SKILL_ID = 128
+
+
+@dataclass
+class _Request:
+    """The facts of one message, read once."""
+
+    skill_id: str
+    caller: str
+    traceparent: str | None
+    deadline: float | None
+    metadata: dict[str, Any]
+    #: The idempotency key the task was recorded under (released if a shutdown ends it).
+    key: MessageKey | None = None
+
+
+def _message_metadata(message: Message | None) -> dict[str, Any]:
+    if message is None or not message.metadata:
+        return {}
+    return dict(MessageToDict(message.metadata))
+
+
+def _deadline(value: Any) -> float | None:
+    """Epoch seconds, from a number or a numeric string. Not ``nan`` or ``inf`` (strings that
+    ``float()`` takes): NaN broke the skill's timer (the task FAILED "internal error"), and
+    infinity silently meant no deadline."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise SkillInputError(
+            "metadata field 'deadline' must be epoch seconds (a finite number), "
+            f"got {type(value).__name__}"
+        )
+    try:
+        seconds = float(value)
+    except (ValueError, OverflowError):
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        shown = value if len(str(value)) <= 40 else f"{str(value)[:40]}..."
+        raise SkillInputError(
+            f"metadata field 'deadline' must be epoch seconds (a finite number), got {shown!r}"
+        )
+    return seconds
+
+
+class MeshExecutor(AgentExecutor):
+    """Runs the skills of ``dispatcher.agent`` for A2A requests."""
+
+    def __init__(
+        self,
+        dispatcher: SkillDispatcher,
+        *,
+        keys: IdempotencyKeys | None = None,
+        metrics: NodeMetrics | None = None,
+        max_text_bytes: int = NodeSettings.max_text_bytes,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.keys = keys
+        self.metrics = metrics
+        #: Largest text turn (a chat message, an LLM skill's input as JSON), UTF-8 bytes.
+        self.max_text_bytes = max_text_bytes
+        #: The tasks running now.
+        self.running = InFlight()
+        #: True once ``stop()`` was called: no skill starts any more.
+        self.stopping = False
+        # The deadline scope of every skill running now: ``stop()`` expires them.
+        self._running: set[asyncio.Timeout] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return self.running.count
+
+    async def wait_idle(self, seconds: float) -> bool:
+        """Wait (at most ``seconds``) until no task runs. True when idle."""
+        return await self.running.wait_idle(seconds)
+
+    def stop(self) -> int:
+        """Cut every running skill: each of those tasks ends FAILED with reason ``shutdown``
+        (``wait_idle`` tells when they have); a skill about to start ends so at once.
+        Returns how many skills were running."""
+        self.stopping = True
+        now = asyncio.get_running_loop().time()
+        for scope in self._running:
+            if not scope.expired():
+                scope.reschedule(now)
+        return len(self._running)
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        message = context.message
+        task_id = str(context.task_id)
+        current = context.current_task
+        # A follow-up naming a task but no context gets a fresh context id from the SDK.
+        context_id = current.context_id if current is not None else str(context.context_id)
+        if current is None:
+            await event_queue.enqueue_event(
+                Task(
+                    id=task_id,
+                    context_id=context_id,
+                    status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                    history=[message] if message is not None else [],
+                )
+            )
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        key = None
+        if self.keys is not None and message is not None:
+            key = message_key(message, context.call_context)
+            if key is not None:
+                await self.keys.record(key, task_id)
+
+        started = time.monotonic()
+        self.running.begin()
+        if self.metrics:
+            self.metrics.task_started()
+        outcome: TaskOutcome = "failed"
+        skill_id = "unknown"
+        req: _Request | None = None
+        try:
+            try:
+                req = self.read_request(message)
+                skill_id = req.skill_id or "unknown"
+                skill, payload = self._validate(req, message)
+                skill_id = skill.id
+            except SkillInputError as exc:
+                outcome = "rejected"
+                if req is not None and req.skill_id:
+                    skill_id = req.skill_id
+                await self._end(updater, TaskState.TASK_STATE_REJECTED, "rejected", str(exc), req)
+                return
+            req.key = key
+            outcome = await self._run(skill, payload, req, context, updater, task_id, context_id)
+        except asyncio.CancelledError:
+            outcome = "canceled"
+            raise
+        finally:
+            self.running.end()
+            seconds = time.monotonic() - started
+            if self.metrics:
+                self.metrics.task_done(skill_id, outcome, seconds)
+            log.info(
+                "task agent=%s skill=%s task=%s outcome=%s duration_ms=%.1f traceparent=%s",
+                self.dispatcher.agent.name,
+                skill_id,
+                task_id,
+                outcome,
+                seconds * 1000,
+                (req.traceparent if req else None) or "-",
+            )
+
+    def read_request(self, message: Message | None) -> _Request:
+        """The skill, caller, trace and deadline a message's metadata names
+        (``SkillInputError`` for a malformed one)."""
+        meta = _message_metadata(message)
+        skill = meta.get("skill")
+        if skill is not None and not isinstance(skill, str):
+            raise SkillInputError("metadata field 'skill' must be a string (a skill id)")
+        if skill is not None and len(skill) > _MAX_SKILL_ID:
+            # Not a skill of any agent; and it would land in every log line of the task.
+            raise SkillInputError(
+                f"metadata field 'skill' must be a skill id (at most {_MAX_SKILL_ID} characters)"
+            )
+        traceparent = meta.get("traceparent")
+        return _Request(
+            skill_id=skill or "",
+            caller=str(meta.get("caller") or ""),
+            # Every task gets a trace: the caller's when it sent a valid one, a new one otherwise,
+            # so the task's log line and its delegations can always be correlated.
+            traceparent=ensure_traceparent(
+                traceparent if isinstance(traceparent, str) else None
+            ).format(),
+            deadline=_deadline(meta.get("deadline")),
+            metadata=meta,
+        )
+
+    def _validate(self, req: _Request, message: Message | None) -> tuple[Skill, BaseModel | str]:
+        parts = list(message.parts) if message is not None else []
+        data = get_data_parts(parts)
+        texts = get_text_parts(parts)
+        skill = self.dispatcher.resolve(
+            req.skill_id or None, has_data=bool(data), has_text=bool(texts)
+        )
+        req.skill_id = skill.id
+        if skill.typed:
+            if len(data) != 1:
+                raise SkillInputError(
+                    f"skill '{skill.id}' expects exactly one data part (application/json) "
+                    f"matching its input schema, got {len(data)}"
+                )
+            payload = self.dispatcher.validate_input(skill, data[0])
+            if skill.llm:
+                # The model's turn is the input as JSON: bounded like a chat message.
+                self._check_turn(skill, payload.model_dump_json())
+            return skill, payload
+        text = "\n".join(texts).strip()
+        if not text:
+            raise SkillInputError(f"skill '{skill.id}' expects a text part, got none")
+        self._check_turn(skill, text)
+        return skill, text
+
+    def _check_turn(self, skill: Skill, text: str) -> None:
+        """A text turn over ``max_text_bytes`` is refused before any model work: the cost of a
+        model turn (and of any matching on it) grows with its length."""
+        limit = self.max_text_bytes
+        if len(text) * 4 <= limit:  # UTF-8 needs at most 4 bytes a character
+            return
+        size = len(text.encode())
+        if size > limit:
+            raise SkillInputError(
+                f"skill '{skill.id}': the text turn is {size} bytes, over this node's limit of "
+                f"{limit} bytes (MESH_MAX_TEXT_BYTES); send a shorter text"
+            )
+
+    async def _run(
+        self,
+        skill: Skill,
+        payload: BaseModel | str,
+        req: _Request,
+        context: RequestContext,
+        updater: TaskUpdater,
+        task_id: str,
+        context_id: str,
+    ) -> TaskOutcome:
+        if req.deadline is not None and req.deadline <= time.time():
+            await self._end(
+                updater, TaskState.TASK_STATE_REJECTED, "deadline", "deadline exceeded", req
+            )
+            return "rejected"
+        await updater.start_work(
+            updater.new_agent_message([new_text_part(f"running skill '{skill.id}'")])
+        )
+        ctx = SkillContext(
+            skill_id=skill.id,
+            task_id=task_id,
+            context_id=context_id,
+            deadline=req.deadline,
+            traceparent=req.traceparent,
+            metadata={"caller": req.caller} if req.caller else {},
+        )
+        # Remote tools report each child task's usage here (see mesh._remote).
+        children: list[dict[str, int]] = []
+        ctx.metadata["usage_sink"] = children
+        owner = resolve_user_scope(context.call_context) if context.call_context else ""
+        user_id = owner or req.caller or "a2a"
+
+        async def progress(event: Event) -> None:
+            await self._progress(updater, event)
+
+        loop = asyncio.get_running_loop()
+        when = None if req.deadline is None else loop.time() + (req.deadline - time.time())
+        # No await between this check and registering the scope: stop() sees every skill.
+        if self.stopping:
+            await self._end_shutdown(updater, task_id, req)
+            return "failed"
+        try:
+            async with asyncio.timeout_at(when) as scope:
+                self._running.add(scope)
+                try:
+                    result = await self.dispatcher.run(
+                        skill, payload, ctx, user_id=user_id, progress=progress
+                    )
+                finally:
+                    self._running.discard(scope)
+        except TimeoutError:
+            if self.stopping:
+                await self._end_shutdown(updater, task_id, req)
+                return "failed"
+            await self._end(
+                updater, TaskState.TASK_STATE_FAILED, "deadline", "deadline exceeded", req
+            )
+            return "failed"
+        except SkillInputError as exc:
+            await self._end(updater, TaskState.TASK_STATE_REJECTED, "rejected", str(exc), req)
+            return "rejected"
+        except MeshError as exc:
+            await self._end(updater, TaskState.TASK_STATE_FAILED, "failed", str(exc), req)
+            return "failed"
+        except Exception:
+            log.exception("skill %r raised", skill.id)
+            await self._end(
+                updater,
+                TaskState.TASK_STATE_FAILED,
+                "failed",
+                f"skill '{skill.id}' failed with an internal error (details in the node log)",
+                req,
+            )
+            return "failed"
+        await self._publish(updater, skill, result, req, _sum_usage(children))
+        return "completed"
+
+    async def _progress(self, updater: TaskUpdater, event: Event) -> None:
+        """Forward a runner event as a WORKING status update (partial text, tool calls)."""
+        if event.partial and event.text:
+            parts, meta = [new_text_part(event.text)], {"partial": True}
+        elif event.function_calls:
+            names = ", ".join(c.name for c in event.function_calls)
+            parts, meta = [new_text_part(f"calling {names}")], {"tool_calls": True}
+        else:
+            return
+        await updater.update_status(
+            TaskState.TASK_STATE_WORKING, message=updater.new_agent_message(parts, meta)
+        )
+
+    async def _publish(
+        self,
+        updater: TaskUpdater,
+        skill: Skill,
+        result: Outcome,
+        req: _Request,
+        children_usage: dict[str, int],
+    ) -> None:
+        if skill.typed:
+            part: Part = new_data_part(result.data or {}, media_type=JSON_MODE)
+        else:
+            part = new_text_part(result.text, media_type=TEXT_MODE)
+        await updater.add_artifact([part], name=skill.id, last_chunk=True)
+        await updater.update_status(
+            TaskState.TASK_STATE_COMPLETED,
+            metadata={
+                **self._task_metadata(req),
+                "usage": result.usage.as_dict(),
+                "children_usage": children_usage,
+            },
+        )
+
+    def _task_metadata(self, req: _Request | None) -> dict[str, Any]:
+        if req is None:
+            return {}
+        meta: dict[str, Any] = {"skill": req.skill_id}
+        if req.caller:
+            meta["caller"] = req.caller
+        if req.traceparent:
+            meta["traceparent"] = req.traceparent
+        return meta
+
+    async def _end(
+        self,
+        updater: TaskUpdater,
+        state: TaskState,
+        reason: str,
+        text: str,
+        req: _Request | None,
+    ) -> None:
+        meta = {**self._task_metadata(req), "error": {"reason": reason, "message": text}}
+        await updater.update_status(
+            state, message=updater.new_agent_message([new_text_part(text)]), metadata=meta
+        )
+
+    async def _end_shutdown(self, updater: TaskUpdater, task_id: str, req: _Request) -> None:
+        # The key first: its delete is queued before (or committed with) the final save.
+        if self.keys is not None and req.key is not None:
+            self.keys.release(req.key, task_id)
+        await self._end(updater, TaskState.TASK_STATE_FAILED, SHUTDOWN, stopped_text(SHUTDOWN), req)
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task = context.current_task
+        context_id = task.context_id if task is not None else str(context.context_id)
+        updater = TaskUpdater(event_queue, str(context.task_id), context_id)
+        await updater.update_status(
+            TaskState.TASK_STATE_CANCELED,
+            message=updater.new_agent_message([new_text_part("canceled by request")]),
+            metadata={"error": {"reason": "canceled", "message": "canceled by request"}},
+        )
+
+
+def _sum_usage(reports: list[dict[str, int]]) -> dict[str, int]:
+    """Token usage of the child tasks of one turn, added up by kind."""
+    total: dict[str, int] = {}
+    for report in reports:
+        for kind, count in report.items():
+            total[kind] = total.get(kind, 0) + count
+    return total

@@ -1,0 +1,284 @@
+"""``FastPath``: a blocking ``SendMessage`` of a function skill without the SDK's task machinery.
+
+The SDK's ``DefaultRequestHandler`` runs every message through its active-task machinery
+(producer and consumer asyncio tasks, two event queues, a subscriber queue): most of a node's
+CPU per request for a skill whose work takes microseconds. ``MeshRequestHandler`` hands this
+path the narrow, hot case (``FastPath.takes``):
+
+* a new task (no ``message.taskId``), a blocking send (no ``returnImmediately``), no push config,
+* whose skill resolves to a typed skill with a Python handler (no model).
+
+Anything else goes to the SDK's handler, which answers it (or refuses it) as always. Params
+the SDK's handler refuses (a required field missing, a negative ``historyLength``) are refused
+here with the same error.
+
+Built only from the SDK's public interfaces, so a minor SDK upgrade needs no change here: the
+request context comes from the ``RequestContextBuilder`` the handler built (the same ids as
+the SDK path), the work is ``MeshExecutor.execute`` (metrics, log line, idempotency key,
+deadline, REJECTED on invalid input) in the request's own asyncio task, and its events reach
+the store through ``AppliedEvents``: an ``EventQueue`` (the interface the SDK gives executors)
+that applies each event at once with the SDK's ``TaskManager``, under the rules the SDK's own
+consumer enforces on an agent's events (``InvalidAgentResponseError``). The answer is the task
+as ``TaskManager.save_task_event`` returned it last.
+
+A task run here is outside the SDK's registry of active tasks, so ``FastPath`` keeps its own
+record of them: ``CancelTask`` stops one (``MeshRequestHandler`` asks here first). A duplicate
+send waits for a running task through ``WatchedTaskStore``, which sees both paths' saves.
+Set ``MESH_FASTPATH=0`` to send everything through the SDK (tests/test_node_fastpath.py runs
+both and compares them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, NoReturn
+
+from a2a.helpers import get_data_parts, get_text_parts
+from a2a.server.agent_execution import RequestContext, RequestContextBuilder
+from a2a.server.context import ServerCallContext
+from a2a.server.events import Event, EventQueue
+from a2a.server.tasks import TaskManager, TaskStore
+from a2a.types import (
+    Message,
+    SendMessageRequest,
+    Task,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import (
+    InvalidAgentResponseError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+)
+from a2a.utils.proto_utils import validate_proto_required_fields
+from a2a.utils.task import validate_history_length
+
+from mesh._a2a.states import TERMINAL_STATES
+from mesh._errors import SkillInputError
+
+if TYPE_CHECKING:
+    from mesh._a2a.executor import MeshExecutor
+
+__all__ = ["TAKEN", "AppliedEvents", "FastPath"]
+
+log = logging.getLogger("mesh._a2a")
+
+#: Key of ``ServerCallContext.state``: whether the fast path takes the call's send.
+TAKEN = "mesh.fastpath"
+
+
+class AppliedEvents(EventQueue):
+    """The ``EventQueue`` an executor writes to on the fast path: each event is applied to its
+    task by ``manager`` as it arrives (no queue, no consumer task).
+
+    The rules are those the SDK's consumer enforces on an agent's events: a ``Message`` is the
+    whole answer or none of it, a status update needs a task first, a second ``Task`` is
+    ignored; ``TaskManager`` itself refuses ids that do not match and appends to an artifact
+    that does not exist. A violation raises ``InvalidAgentResponseError`` (an ``A2AError``: the
+    caller gets it as the SDK's handler would give it)."""
+
+    def __init__(self, manager: TaskManager) -> None:
+        self.manager = manager
+        #: The task as the last applied event left it (None until the first task event).
+        self.task: Task | None = None
+        #: The answer of an executor that answered with a message instead of a task.
+        self.message: Message | None = None
+        #: The rule violation raised here last (it is the consumer's error, not the agent's).
+        self.violation: InvalidAgentResponseError | None = None
+
+    async def enqueue_event(self, event: Event) -> None:
+        if isinstance(event, Message):
+            if self.task is not None:
+                self._refuse(
+                    "Received Message object in task mode. Use TaskStatusUpdateEvent or "
+                    "TaskArtifactUpdateEvent instead."
+                )
+            if self.message is not None:
+                self._refuse("Multiple Message objects received.")
+            self.message = event
+            return
+        if self.message is not None:
+            self._refuse(
+                f"Received {type(event).__name__} in message mode. Use Task with "
+                "TaskStatusUpdateEvent and TaskArtifactUpdateEvent instead."
+            )
+        if isinstance(event, Task):
+            if self.task is not None:
+                log.error("Task %s already exists. Ignoring task replacement.", self.task.id)
+                return
+        elif self.task is None and isinstance(event, TaskStatusUpdateEvent):
+            self._refuse(f"Agent should enqueue Task before {type(event).__name__} event")
+        else:
+            # The SDK's consumer takes the context of each update (TaskManager checks it).
+            self.manager.context_id = event.context_id
+        self.task = await self.manager.save_task_event(event)
+
+    def _refuse(self, message: str) -> NoReturn:
+        self.violation = InvalidAgentResponseError(message)
+        raise self.violation
+
+    async def fail(self, task_id: str, *, by_agent: bool) -> None:
+        """End the task FAILED after the run raised, as the SDK's consumer does: the task the
+        events built, or (``by_agent``: the executor raised before it made one) a new one."""
+        failed = TaskStatus(state=TaskState.TASK_STATE_FAILED)
+        failed.timestamp.FromDatetime(datetime.now(UTC))
+        task = self.task
+        if task is None:
+            if not by_agent:
+                return
+            created = await self.manager.ensure_task_id(task_id, self.manager.context_id or "")
+            task = Task()
+            task.CopyFrom(created)
+            task.status.CopyFrom(failed)
+            self.task = await self.manager.save_task_event(task)
+            return
+        if task.status.state in TERMINAL_STATES:
+            return
+        update = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=failed)
+        self.task = await self.manager.save_task_event(update)
+
+
+@dataclass
+class _Running:
+    """A task the fast path is running: what a ``CancelTask`` for it needs."""
+
+    request: asyncio.Task[object]
+    events: AppliedEvents
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    cancel_requested: bool = False
+
+
+class FastPath:
+    """Runs eligible blocking sends (see the module docstring) for one node's handler."""
+
+    def __init__(
+        self, executor: MeshExecutor, store: TaskStore, contexts: RequestContextBuilder
+    ) -> None:
+        self.executor = executor
+        self.store = store
+        self.contexts = contexts
+        #: Tasks running here now, by id.
+        self.running: dict[str, _Running] = {}
+
+    def takes(self, params: SendMessageRequest, context: ServerCallContext | None = None) -> bool:
+        """Whether ``params`` is a new blocking send of a function skill. Requests the executor
+        would reject for their metadata or skill name go to the SDK (their REJECTED task is
+        built there). Decided once per call: with ``context`` the answer is kept in its state
+        (``FastRoute`` decides before the handler runs)."""
+        if context is not None:
+            decided = context.state.get(TAKEN)
+            if isinstance(decided, bool):
+                return decided
+        taken = self._takes(params)
+        if context is not None:
+            context.state[TAKEN] = taken
+        return taken
+
+    def _takes(self, params: SendMessageRequest) -> bool:
+        config = params.configuration
+        if (
+            params.message.task_id
+            or config.return_immediately
+            or config.HasField("task_push_notification_config")
+        ):
+            return False
+        try:
+            req = self.executor.read_request(params.message)
+            parts = list(params.message.parts)
+            skill = self.executor.dispatcher.resolve(
+                req.skill_id or None,
+                has_data=bool(get_data_parts(parts)),
+                has_text=bool(get_text_parts(parts)),
+            )
+        except SkillInputError:
+            return False
+        return skill.typed and skill.handler is not None and not skill.llm
+
+    async def send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
+        """Run the new task of ``params`` to its end; the task (or the executor's message).
+        Params the SDK's handler would refuse raise its error here."""
+        validate_proto_required_fields(params)
+        validate_history_length(params.configuration)
+        request = await self.contexts.build(
+            context=context,
+            params=params,
+            task_id=None,
+            context_id=params.message.context_id or None,
+            task=None,
+        )
+        task_id = str(request.task_id)
+        events = AppliedEvents(
+            TaskManager(
+                task_store=self.store,
+                context=context,
+                task_id=task_id,
+                context_id=request.context_id,
+                initial_message=request.message,
+            )
+        )
+        await self._run(request, events)
+        if events.message is not None:
+            return events.message
+        if events.task is None:
+            raise InvalidAgentResponseError(f"Agent made no task or message for task {task_id}")
+        return events.task
+
+    async def _run(self, request: RequestContext, events: AppliedEvents) -> None:
+        """``MeshExecutor.execute`` in the request's own asyncio task, and on a ``CancelTask``
+        for it ``MeshExecutor.cancel``."""
+        current = asyncio.current_task()
+        assert current is not None
+        task_id = str(request.task_id)
+        running = _Running(current, events)
+        self.running[task_id] = running
+        try:
+            await self.executor.execute(request, events)
+        except asyncio.CancelledError:
+            if not running.cancel_requested:
+                raise
+            current.uncancel()  # canceled by CancelTask, not by the server: answer normally
+            await self.executor.cancel(request, events)
+            if events.task is not None and events.task.status.state not in TERMINAL_STATES:
+                # An executor whose cancel wrote no end: the task is CANCELED all the same.
+                canceled = TaskStatus(state=TaskState.TASK_STATE_CANCELED)
+                update = TaskStatusUpdateEvent(
+                    task_id=task_id, context_id=events.task.context_id, status=canceled
+                )
+                events.task = await events.manager.save_task_event(update)
+        except Exception as exc:
+            try:
+                await events.fail(task_id, by_agent=exc is not events.violation)
+            except Exception:
+                log.exception("task %s: could not record its failure", task_id)
+            raise
+        finally:
+            del self.running[task_id]
+            running.done.set()
+
+    async def cancel(self, task_id: str, context: ServerCallContext) -> Task | None:
+        """Stop task ``task_id`` and return it CANCELED; None when it is not (or no longer)
+        running here (the SDK's handler answers then). The SDK's checks first: the caller's
+        own task (owner scope), not terminal."""
+        running = self.running.get(task_id)
+        if running is None:
+            return None
+        task = await self.store.get(task_id, context)
+        if task is None:
+            raise TaskNotFoundError
+        if running.done.is_set():
+            return None  # it ended while we read it
+        if task.status.state in TERMINAL_STATES:
+            raise TaskNotCancelableError
+        if not running.cancel_requested:
+            # Once: a second CancelTask must not cut the first one's CANCELED write.
+            running.cancel_requested = True
+            running.request.cancel()
+        await running.done.wait()
+        canceled = running.events.task
+        if canceled is None:
+            raise TaskNotFoundError
+        return canceled

@@ -1,0 +1,106 @@
+"""``FastRoute``: the JSON-RPC way in to the fast path, for a body the node's gate has parsed.
+
+The SDK's JSON-RPC route reads and parses the body again, validates it and builds the call
+context before it calls the handler: about 0.13 ms of CPU per request, a tenth of what a node
+spends on a function skill's task. For the requests the fast path takes, the gate hands its
+parse here instead (``mesh._gate``), and this does the route's work with the SDK's own public
+pieces: ``ParseDict`` into ``SendMessageRequest``, the ``A2A-Version`` check
+(``validate_version``), the call context (``DefaultServerCallContextBuilder``), the handler's
+``on_message_send`` (idempotency, then ``FastPath``), and the answer or error body
+(``build_error_response``). Every other request (a malformed one included: it gets the SDK's
+own error) goes on to the SDK's route untouched: ``serve`` returns False before sending
+anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from a2a.server.context import ServerCallContext
+from a2a.server.request_handlers import build_error_response
+from a2a.server.routes import DefaultServerCallContextBuilder
+from a2a.types import SendMessageRequest, SendMessageResponse, Task
+from a2a.utils import constants
+from a2a.utils.errors import A2AError, InternalError
+from a2a.utils.version_validator import validate_version
+from google.protobuf.json_format import MessageToDict, ParseDict
+from jsonrpc.jsonrpc2 import JSONRPC20Response  # type: ignore[import-untyped]
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from mesh._a2a.fastpath import TAKEN, FastPath
+from mesh._a2a.handler import MeshRequestHandler
+
+if TYPE_CHECKING:
+    from starlette.types import Receive, Scope, Send
+
+__all__ = ["FastRoute"]
+
+log = logging.getLogger("mesh._a2a")
+
+
+class FastRoute:
+    """Answers the JSON-RPC ``SendMessage`` requests ``fastpath`` takes (see the module
+    docstring) through ``handler``."""
+
+    def __init__(self, handler: MeshRequestHandler, fastpath: FastPath) -> None:
+        self.fastpath = fastpath
+        # The route's version check, as the SDK's route applies it to the same call.
+        self._send = validate_version(constants.PROTOCOL_VERSION_1_0)(handler.on_message_send)
+        self._contexts = DefaultServerCallContextBuilder()
+
+    async def serve(self, body: Any, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer ``body`` (the parsed JSON-RPC request) when the fast path takes it; False,
+        with nothing sent, when the SDK's route must handle it."""
+        prepared = self._prepare(body)
+        if prepared is None:
+            return False
+        request_id, params = prepared
+        if not self.fastpath.takes(params):
+            return False
+        context = self._contexts.build(Request(scope))
+        context.state[TAKEN] = True  # decided: the handler need not ask again
+        context.tenant = params.tenant
+        context.state["method"] = "SendMessage"
+        context.state["request_id"] = request_id
+        try:
+            result = await self._call(params, context)
+            data = JSONRPC20Response(result=result, _id=request_id).data
+        except A2AError as exc:
+            data = build_error_response(request_id, exc)
+        except Exception as exc:
+            # As the SDK's route does with an unexpected error: JSON-RPC -32603.
+            log.exception("SendMessage failed")
+            data = build_error_response(request_id, InternalError(message=str(exc)))
+        await JSONResponse(data)(scope, receive, send)
+        return True
+
+    async def _call(self, params: SendMessageRequest, context: ServerCallContext) -> Any:
+        answer = await self._send(params, context)
+        if isinstance(answer, Task):
+            return MessageToDict(SendMessageResponse(task=answer))
+        return MessageToDict(SendMessageResponse(message=answer))
+
+    def _prepare(self, body: Any) -> tuple[str | int, SendMessageRequest] | None:
+        """The request id and params of a ``SendMessage`` request, else None."""
+        if not isinstance(body, dict) or body.get("jsonrpc") != "2.0":
+            return None
+        if body.get("method") != "SendMessage":
+            return None
+        request_id = body.get("id")
+        if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+            return None
+        raw = body.get("params")
+        if not isinstance(raw, dict):
+            return None
+        message = raw.get("message")
+        # Cheap refusals before parsing: follow-ups go to the SDK.
+        if not isinstance(message, dict) or message.get("taskId") or message.get("task_id"):
+            return None
+        params = SendMessageRequest()
+        try:
+            ParseDict(raw, params, ignore_unknown_fields=True)
+        except Exception:
+            return None  # the SDK's route answers with its own error
+        return request_id, params

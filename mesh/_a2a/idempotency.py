@@ -1,0 +1,311 @@
+"""Idempotent ``SendMessage``: the same message sent twice runs the work once.
+
+A message is identified by ``(owner, caller, messageId)``: the authenticated user ('' when
+anonymous), the ``caller`` of the message metadata (the calling agent), and the message id the
+caller chose. When the executor starts a task it records that key against the task id
+(``IdempotencyKeys.record``), in the node's database so it survives a restart: with a
+``SqliteTaskStore`` the key row is committed in the same transaction as the task's first save
+(no write of its own), so a task and the key that created it reach the disk together. A second
+message with the same key gets the existing task back instead of a new run; if the original is
+still running here, a blocking send waits for it to finish first.
+
+Except when the task ended because its node stopped (reason ``interrupted`` or ``shutdown``,
+see ``mesh._a2a.store``): its key is released in the transaction that ends it, so the same
+message sent again runs the work as a new task. Work cut by a crash or a shutdown is thus done
+at least once, through the caller's retry; everything else exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from typing import Any
+
+from a2a.server.context import ServerCallContext
+from a2a.server.owner_resolver import resolve_user_scope
+from a2a.server.tasks import TaskStore
+from a2a.types import (
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    Role,
+    SendMessageRequest,
+    Task,
+)
+from a2a.utils.errors import TaskNotFoundError
+from a2a.utils.task import apply_history_length
+
+from mesh._a2a.states import SETTLED_STATES
+from mesh._a2a.store import SqliteTaskStore
+from mesh._sqlite import Database
+
+__all__ = [
+    "IdempotencyKeys",
+    "MessageKey",
+    "WatchedTaskStore",
+    "message_key",
+    "replay",
+    "send_answer",
+]
+
+MessageKey = tuple[str, str, str]  # (owner, caller, message_id)
+
+_SCHEMA = """
+create table if not exists a2a_message_keys (
+    owner text not null,
+    caller text not null,
+    message_id text not null,
+    task_id text not null,
+    primary key (owner, caller, message_id)
+) without rowid;
+"""
+_INSERT = (
+    "insert or ignore into a2a_message_keys (owner, caller, message_id, task_id) "
+    "values (?, ?, ?, ?)"
+)
+# Only the task's own key: an id another task holds (first writer wins) stays.
+_DELETE = (
+    "delete from a2a_message_keys where owner = ? and caller = ? and message_id = ? and task_id = ?"
+)
+log = logging.getLogger("mesh._a2a")
+
+
+def send_answer(task: Task, params: SendMessageRequest) -> Task:
+    """``task`` as the answer to the blocking ``SendMessage`` ``params``: with the history
+    length the caller asked for; when it asked for none, the history after the caller's own
+    message. The caller has the message it just sent, and echoing it made every answer to a
+    large input twice its size; A2A 1.0 lets a server return fewer messages than the (here
+    unlimited) length asked for ("MAY apply a lower limit")."""
+    config = params.configuration
+    if config.HasField("history_length"):
+        return apply_history_length(task, config)
+    sent = params.message.message_id
+    history = task.history
+    for i in range(len(history) - 1, -1, -1):
+        if history[i].message_id == sent:
+            # A new Task, not a copy trimmed afterwards: the message is never copied.
+            return Task(
+                id=task.id,
+                context_id=task.context_id,
+                status=task.status,
+                artifacts=task.artifacts,
+                history=history[i + 1 :],
+                metadata=task.metadata if task.HasField("metadata") else None,
+            )
+    return task
+
+
+def message_key(message: Message, context: ServerCallContext | None) -> MessageKey | None:
+    """The idempotency key of ``message``, None when it has no id."""
+    if not message.message_id:
+        return None
+    owner = resolve_user_scope(context) if context is not None else ""
+    return (owner, _caller(message), message.message_id)
+
+
+def _caller(message: Message) -> str:
+    # A protobuf Struct: membership works, .get() does not.
+    return str(message.metadata["caller"]) if "caller" in message.metadata else ""
+
+
+def _key_of(owner: str, message: Message) -> MessageKey | None:
+    if not message.message_id or message.role == Role.ROLE_AGENT:
+        return None
+    return (owner, _caller(message), message.message_id)
+
+
+def _log_failure(done: asyncio.Future[None], task_id: str) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.warning("idempotency key of task %s not released: %s", task_id, done.exception())
+
+
+class IdempotencyKeys:
+    """``(owner, caller, message_id) -> task_id``, in ``db`` or (``db=None``) in memory.
+    With ``store`` (the node's task store on the same ``db``) a key is written with its task."""
+
+    def __init__(self, db: Database | None, store: SqliteTaskStore | None = None) -> None:
+        self._db = db
+        self._store = store
+        self._memory: dict[MessageKey, str] = {}
+        # Keys whose first message is being handled right now in this process.
+        self._pending: dict[MessageKey, asyncio.Future[str | None]] = {}
+
+    async def initialize(self) -> None:
+        if self._db is not None:
+            await self._db.ensure_schema("a2a_message_keys", _SCHEMA)
+
+    async def claim(self, key: MessageKey) -> str | None:
+        """The task id of an already accepted message, or None: the caller now owns ``key``
+        and must call ``end(key)`` when its send is over. Concurrent duplicates wait here."""
+        for _ in range(3):  # a first send that ended without a task lets the next one in
+            pending = self._pending.get(key)
+            if pending is None:
+                break
+            task_id = await asyncio.shield(pending)
+            if task_id is not None:
+                return task_id
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._pending[key] = fut
+        try:
+            found = await self._read(key)
+        except BaseException:
+            self.end(key)
+            raise
+        if found is not None:
+            fut.set_result(found)
+            self._pending.pop(key, None)
+        return found
+
+    async def _read(self, key: MessageKey) -> str | None:
+        if self._db is None:
+            return self._memory.get(key)
+
+        def read(conn: sqlite3.Connection) -> Any:
+            return conn.execute(
+                "select task_id from a2a_message_keys where owner = ? and caller = ? "
+                "and message_id = ?",
+                key,
+            ).fetchone()
+
+        row = await self._db.read(read)
+        return None if row is None else str(row[0])
+
+    def end(self, key: MessageKey) -> None:
+        fut = self._pending.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def record(self, key: MessageKey, task_id: str) -> None:
+        """The executor accepted ``key`` as task ``task_id`` (first writer wins)."""
+        if self._db is None:
+            self._memory.setdefault(key, task_id)
+            self._settle(key, task_id)
+            return
+        row = (*key, task_id)
+        if self._store is not None:
+            # Committed with the task's first save; duplicates waiting in claim() are let in
+            # once both are on disk (they then find the task).
+            written = self._store.write_with_task(
+                key[0], task_id, lambda conn: conn.execute(_INSERT, row)
+            )
+            written.add_done_callback(lambda done: self._written(key, task_id, done))
+            return
+        self._settle(key, task_id)
+        await self._db.write(lambda conn: conn.execute(_INSERT, row))
+
+    def release(self, key: MessageKey, task_id: str) -> None:
+        """Task ``task_id`` is ending without having run to the end (the node stops): ``key``
+        no longer holds the message. The delete is queued before the task's final save."""
+        if self._db is None:
+            if self._memory.get(key) == task_id:
+                del self._memory[key]
+            return
+        row = (*key, task_id)
+        written: asyncio.Future[Any]
+        if self._store is not None:
+            written = self._store.write_with_task(
+                key[0], task_id, lambda conn: conn.execute(_DELETE, row)
+            )
+        else:
+            written = self._db.write_soon(lambda conn: conn.execute(_DELETE, row))
+        written.add_done_callback(lambda done: _log_failure(done, task_id))
+
+    @staticmethod
+    def release_ended(conn: sqlite3.Connection, ended: list[tuple[str, Task]]) -> None:
+        """Release the keys of tasks a stop ended (an ``EndedHook`` of ``SqliteTaskStore``):
+        the keys of the messages in each task's history, by primary key."""
+        rows = [
+            (*key, task.id)
+            for owner, task in ended
+            for message in task.history
+            if (key := _key_of(owner, message)) is not None
+        ]
+        conn.executemany(_DELETE, rows)
+
+    def _written(self, key: MessageKey, task_id: str, done: asyncio.Future[None]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            if not done.cancelled():
+                log.warning("idempotency key of task %s not stored: %s", task_id, done.exception())
+            self.end(key)
+            return
+        self._settle(key, task_id)
+
+    def _settle(self, key: MessageKey, task_id: str) -> None:
+        fut = self._pending.get(key)
+        if fut is not None and not fut.done():
+            fut.set_result(task_id)
+
+
+class WatchedTaskStore(TaskStore):
+    """Delegates to ``inner``; knows which tasks run in this process and wakes whoever waits
+    for one of them to settle (end or pause).
+
+    A task runs here from a save of it in an unsettled state until a save of it settled: the
+    same for a task the SDK runs and one the fast path runs, with no look into either."""
+
+    def __init__(self, inner: TaskStore) -> None:
+        self.inner = inner
+        self._waiters: dict[str, list[asyncio.Event]] = {}
+        self._running: set[str] = set()
+
+    def running(self, task_id: str) -> bool:
+        """Whether task ``task_id`` runs in this process now (it will settle here)."""
+        return task_id in self._running
+
+    def waiter(self, task_id: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._waiters.setdefault(task_id, []).append(event)
+        return event
+
+    def forget(self, task_id: str, event: asyncio.Event) -> None:
+        events = self._waiters.get(task_id, [])
+        if event in events:
+            events.remove(event)
+        if not events:
+            self._waiters.pop(task_id, None)
+
+    async def save(self, task: Task, context: ServerCallContext) -> None:
+        if task.status.state not in SETTLED_STATES:
+            # Before the write: whoever learns of the task once it is stored finds it running.
+            self._running.add(task.id)
+            await self.inner.save(task, context)
+            return
+        try:
+            await self.inner.save(task, context)
+        finally:
+            # Even when the write failed: a waiter re-reads the task rather than hang.
+            self._running.discard(task.id)
+            for event in self._waiters.pop(task.id, []):
+                event.set()
+
+    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
+        return await self.inner.get(task_id, context)
+
+    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        return await self.inner.list(params, context)
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        await self.inner.delete(task_id, context)
+
+
+async def replay(
+    store: WatchedTaskStore, task_id: str, params: SendMessageRequest, context: ServerCallContext
+) -> Task:
+    """The task a repeated message started, as the answer to ``params``. A blocking send of a
+    task still running here waits for it to settle first, as the first send does."""
+    waiter = store.waiter(task_id)
+    try:
+        task = await store.get(task_id, context)
+        if task is None:
+            raise TaskNotFoundError(f"Task {task_id} not found")
+        if (
+            task.status.state not in SETTLED_STATES
+            and store.running(task_id)
+            and not params.configuration.return_immediately
+        ):
+            await waiter.wait()
+            task = await store.get(task_id, context) or task
+    finally:
+        store.forget(task_id, waiter)
+    return apply_history_length(task, params.configuration)

@@ -1,0 +1,452 @@
+"""``SqliteTaskStore``: durable A2A tasks in the node's one SQLite file.
+
+A task is stored as its protobuf bytes (``SerializeToString``: the cheapest faithful encoding)
+plus the few columns ``ListTasks`` filters and sorts on. Rows are scoped by owner (the
+authenticated user, ``''`` when anonymous) exactly like the SDK's ``InMemoryTaskStore``, and the
+listing order and page tokens are the SDK's: ``(status timestamp, id)`` descending.
+
+A caller may change a task object after saving it (the SDK's ``TaskManager`` updates its
+current task in place), so ``save`` takes the bytes at once, before the write is handed to the
+database thread: what is stored is the task as it was saved.
+
+Write-behind: the SDK saves a task on every event (SUBMITTED, WORKING, each artifact, the final
+state) and reads it back several times per request. The store keeps the latest state of each
+in-flight task in memory and persists only what a reader must find after a restart: the first
+save of a task in this process, every terminal state and every interrupted state
+(input-required, auth-required). Those saves return after their commit, and the SDK answers a
+blocking request only after it saved the final state, so a task acknowledged as finished is on
+disk. Intermediate states live in memory until then (a crash leaves the task in its first saved
+state, never ahead of what a client saw as final). ``get`` answers in-flight tasks from memory,
+and task ids this node just generated (``id_generator``) are known to be absent without a read.
+``list`` writes the in-memory states first, so a listing is never behind ``get``.
+
+For a new task of a blocking send the first save is queued but not awaited: the client hears
+of the task only with its final state, whose commit comes after (same queue, in order), so
+the promise holds with one wait less. Streaming sends await it (the client sees the task at
+once, and its idempotency key rides in that transaction). The store learns which save belongs
+to a blocking send from the call context every save gets (``mark_blocking_send``: a key of
+``ServerCallContext.state``, the SDK's place for a server's own per-request data).
+
+Tasks cut by a stop: a crash leaves a task in its first saved state, so when the node starts,
+``end_unfinished`` ends every stored task that is neither finished nor waiting for input
+(FAILED, ``metadata.error.reason = "interrupted"``), in one statement; at a shutdown whose
+grace ran out, the executor ends its running tasks itself (reason ``shutdown``) and
+``end_in_flight`` writes whatever could still not settle. Either way the caller learns that
+sending the message again runs the work (see ``mesh._a2a.idempotency``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from a2a.helpers import new_text_part
+from a2a.server.context import ServerCallContext
+from a2a.server.id_generator import IDGenerator, IDGeneratorContext
+from a2a.server.owner_resolver import OwnerResolver, resolve_user_scope
+from a2a.server.tasks import TaskStore
+from a2a.types import ListTasksRequest, ListTasksResponse, Message, Role, Task, TaskState
+from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
+from a2a.utils.errors import InvalidParamsError
+from a2a.utils.task import ListTasksCursor, decode_list_tasks_cursor, encode_list_tasks_cursor
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from mesh._a2a.states import SETTLED_STATES
+from mesh._sqlite import Database
+
+__all__ = [
+    "BLOCKING_SEND",
+    "INTERRUPTED",
+    "SHUTDOWN",
+    "STOPPED_REASONS",
+    "SqliteTaskStore",
+    "mark_blocking_send",
+    "stopped_text",
+]
+
+log = logging.getLogger("mesh._a2a")
+
+#: ``metadata.error.reason`` of a task its node stopped (crash, kill -9) while it ran, found
+#: when the node starts again.
+INTERRUPTED = "interrupted"
+#: ``metadata.error.reason`` of a task still running when a shutdown's drain grace ran out.
+SHUTDOWN = "shutdown"
+#: Reasons of tasks that ended without finishing: their message id no longer holds the message.
+STOPPED_REASONS = frozenset({INTERRUPTED, SHUTDOWN})
+_STOPPED_TEXT = {
+    INTERRUPTED: "the node stopped while this task ran (a crash or a kill), so its work may be "
+    "incomplete: send the message again (same messageId) to run it",
+    SHUTDOWN: "the node shut down before this task finished (its drain grace ran out): send the "
+    "message again (same messageId), to another instance, to run it",
+}
+
+#: Key of ``ServerCallContext.state``: true in the call context of a blocking SendMessage (not
+#: streaming, not return_immediately). The request handler sets it; every save of the task
+#: gets that call context (the SDK's ``TaskStore`` contract: owner scoping reads it too).
+BLOCKING_SEND = "mesh.blocking_send"
+# Fresh ids not yet saved: normally one per request in flight. A bound against a leak from
+# requests that end before their first save; clearing only costs a read per id.
+_MAX_FRESH = 10_000
+TaskKey = tuple[str, str]  # (owner, task id)
+Statement = Callable[[sqlite3.Connection], object]
+
+_SCHEMA = """
+create table if not exists a2a_tasks (
+    owner text not null,
+    id text not null,
+    context_id text not null,
+    state integer not null,
+    -- status timestamp in ns, -1 without one (sorts last, like the SDK's in-memory store)
+    updated_at integer not null,
+    data blob not null,
+    primary key (owner, id)
+) without rowid;
+create index if not exists a2a_tasks_by_time on a2a_tasks (owner, updated_at desc, id desc);
+create index if not exists a2a_tasks_by_context on a2a_tasks (owner, context_id, updated_at desc);
+"""
+
+_UPSERT = (
+    "insert into a2a_tasks (owner, id, context_id, state, updated_at, data) "
+    "values (?, ?, ?, ?, ?, ?) on conflict (owner, id) do update set "
+    "context_id = excluded.context_id, state = excluded.state, "
+    "updated_at = excluded.updated_at, data = excluded.data"
+)
+
+
+def mark_blocking_send(context: ServerCallContext) -> None:
+    """Tell the store that ``context`` is the call of a blocking send: the first save of its
+    new task need not be awaited (see the module docstring)."""
+    context.state[BLOCKING_SEND] = True
+
+
+def _timestamp_ns(task: Task) -> int:
+    if task.HasField("status") and task.status.HasField("timestamp"):
+        return int(task.status.timestamp.ToNanoseconds())
+    return -1
+
+
+class _FreshIds(IDGenerator):
+    """Task ids for new tasks (uuid4, like the SDK's), remembered as not stored yet."""
+
+    def __init__(self, fresh: set[str]) -> None:
+        self._fresh = fresh
+
+    def generate(self, context: IDGeneratorContext) -> str:
+        task_id = str(uuid.uuid4())
+        if len(self._fresh) >= _MAX_FRESH:
+            self._fresh.clear()
+        self._fresh.add(task_id)
+        return task_id
+
+
+def _fail_staged(staged: list[tuple[Statement, asyncio.Future[None]]], exc: BaseException) -> None:
+    for _, future in staged:
+        if future.done():
+            continue
+        if isinstance(exc, asyncio.CancelledError):
+            future.cancel()
+        else:
+            future.set_exception(exc)
+
+
+def _settle_staged(
+    staged: list[tuple[Statement, asyncio.Future[None]]], done: asyncio.Future[Any], task_id: str
+) -> None:
+    """Report an unawaited write to the statements that rode on it."""
+    if done.cancelled():
+        _fail_staged(staged, asyncio.CancelledError())
+        return
+    exc = done.exception()
+    if exc is not None:
+        # The final save of the task (queued after this one) reports the failure to the caller.
+        log.warning("write for task %s failed: %s", task_id, exc)
+        _fail_staged(staged, exc)
+        return
+    for _, future in staged:
+        if not future.done():
+            future.set_result(None)
+
+
+def _parse(data: bytes) -> Task:
+    task = Task()
+    task.ParseFromString(data)
+    return task
+
+
+def stopped_text(reason: str) -> str:
+    """The status message of a task ended with ``reason`` (one of ``STOPPED_REASONS``)."""
+    return _STOPPED_TEXT[reason]
+
+
+def _end_stopped(task: Task, reason: str, at: Timestamp) -> None:
+    """End ``task`` FAILED with ``reason``, as the SDK's ``TaskManager`` applies a status update
+    (the previous status message moves to the history, the error merges into the metadata)."""
+    text = stopped_text(reason)
+    if task.status.HasField("message"):
+        task.history.append(task.status.message)
+    task.status.Clear()
+    task.status.state = TaskState.TASK_STATE_FAILED
+    task.status.timestamp.CopyFrom(at)
+    task.status.message.CopyFrom(
+        Message(
+            role=Role.ROLE_AGENT,
+            message_id=str(uuid.uuid4()),
+            task_id=task.id,
+            context_id=task.context_id,
+            parts=[new_text_part(text)],
+        )
+    )
+    task.metadata.update({"error": {"reason": reason, "message": text}})
+
+
+# Neither finished nor waiting for input: the states a task of a stopped node may be left in.
+_UNSETTLED_SQL = f"state not in ({', '.join(str(int(s)) for s in sorted(SETTLED_STATES))})"
+#: Called with the tasks a stop ended, in the transaction that ends them (the node releases
+#: their idempotency keys there).
+Ended = list[tuple[str, Task]]  # (owner, task)
+EndedHook = Callable[[sqlite3.Connection, Ended], object]
+
+
+class SqliteTaskStore(TaskStore):
+    """A2A ``TaskStore`` over ``mesh._sqlite.Database`` (table ``a2a_tasks``).
+
+    Call ``await store.initialize()`` once before use (creates the table).
+    """
+
+    def __init__(self, db: Database, owner_resolver: OwnerResolver = resolve_user_scope) -> None:
+        self._db = db
+        self._owner = owner_resolver
+        # In-flight tasks: the latest state (bytes), maybe newer than the row on disk.
+        self._live: dict[TaskKey, bytes] = {}
+        self._dirty: set[TaskKey] = set()
+        # Ids generated here and never saved: get() knows they are absent.
+        self._fresh: set[str] = set()
+        # Statements to commit with the next persisted save of a task (idempotency keys).
+        self._staged: dict[TaskKey, list[tuple[Statement, asyncio.Future[None]]]] = {}
+
+    async def initialize(self) -> None:
+        await self._db.ensure_schema("a2a_tasks", _SCHEMA)
+
+    def id_generator(self) -> IDGenerator:
+        """The task id generator for the request handler (see ``get``)."""
+        return _FreshIds(self._fresh)
+
+    def write_with_task(self, owner: str, task_id: str, fn: Statement) -> asyncio.Future[None]:
+        """Commit ``fn(conn)`` in the same transaction as the next persisted save of the task
+        (its first save in this process), or on its own when that save already happened.
+        The future resolves once it is committed."""
+        key = (owner, task_id)
+        if key in self._live:
+            written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._db.write_soon(fn).add_done_callback(
+                lambda done: _settle_staged([(fn, written)], done, task_id)
+            )
+            return written
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._staged.setdefault(key, []).append((fn, future))
+        return future
+
+    async def save(self, task: Task, context: ServerCallContext) -> None:
+        owner = self._owner(context)
+        key = (owner, task.id)
+        data = task.SerializeToString()
+        state = task.status.state
+        settled = state in SETTLED_STATES
+        if key in self._live and not settled:
+            self._live[key] = data  # write-behind: persisted with the next settled state
+            self._dirty.add(key)
+            return
+        # A new task of a blocking send: nobody learns of it before its final state, which is
+        # committed after this row (one queue, in order), so the first write is not awaited.
+        lazy = not settled and task.id in self._fresh and context.state.get(BLOCKING_SEND) is True
+        self._fresh.discard(task.id)
+        self._live[key] = data
+        self._dirty.discard(key)
+        row = (owner, task.id, task.context_id, int(state), _timestamp_ns(task), data)
+        staged = self._staged.pop(key, [])
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(_UPSERT, row)
+            for fn, _ in staged:
+                fn(conn)
+
+        if lazy:
+            self._db.write_soon(write).add_done_callback(
+                lambda done: _settle_staged(staged, done, task.id)
+            )
+            return
+        try:
+            await self._db.write(write)
+        except BaseException as exc:
+            _fail_staged(staged, exc)
+            raise
+        finally:
+            # Settled tasks leave memory once their row is committed (or failed to be).
+            if settled and self._live.get(key) is data:
+                del self._live[key]
+        for _, future in staged:
+            if not future.done():
+                future.set_result(None)
+
+    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
+        owner = self._owner(context)
+        live = self._live.get((owner, task_id))
+        if live is not None:
+            return _parse(live)
+        if task_id in self._fresh:
+            return None
+
+        def read(conn: sqlite3.Connection) -> Any:
+            return conn.execute(
+                "select data from a2a_tasks where owner = ? and id = ?", (owner, task_id)
+            ).fetchone()
+
+        row = await self._db.read(read)
+        return None if row is None else _parse(row[0])
+
+    async def _write_dirty(self) -> None:
+        """Persist the in-memory states of in-flight tasks (before a listing)."""
+        rows = []
+        for key in list(self._dirty):
+            task = _parse(self._live[key])
+            rows.append(
+                (
+                    *key,
+                    task.context_id,
+                    int(task.status.state),
+                    _timestamp_ns(task),
+                    self._live[key],
+                )
+            )
+        self._dirty.clear()
+        if rows:
+            await self._db.write(lambda conn: conn.executemany(_UPSERT, rows))
+
+    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        await self._write_dirty()
+        where = ["owner = ?"]
+        args: list[Any] = [self._owner(context)]
+        if params.context_id:
+            where.append("context_id = ?")
+            args.append(params.context_id)
+        if params.status:
+            where.append("state = ?")
+            args.append(int(params.status))
+        if params.HasField("status_timestamp_after"):
+            where.append("updated_at >= ?")
+            args.append(int(params.status_timestamp_after.ToNanoseconds()))
+        count_sql = f"select count(*) from a2a_tasks where {' and '.join(where)}"
+        count_args = list(args)
+        if params.page_token:
+            cursor = decode_list_tasks_cursor(params.page_token)
+            if cursor is None:
+                raise InvalidParamsError(f"Invalid page token: {params.page_token}")
+            ts = -1 if cursor.timestamp_ns is None else cursor.timestamp_ns
+            where.append("(updated_at, id) < (?, ?)")
+            args.extend([ts, cursor.task_id])
+        page_size = params.page_size or DEFAULT_LIST_TASKS_PAGE_SIZE
+        # One row more than the page tells whether there is a next page.
+        page_sql = (
+            f"select data, updated_at, id from a2a_tasks where {' and '.join(where)} "
+            "order by updated_at desc, id desc limit ?"
+        )
+
+        def read(conn: sqlite3.Connection) -> tuple[int, list[Any]]:
+            total = conn.execute(count_sql, count_args).fetchone()[0]
+            rows = conn.execute(page_sql, [*args, page_size + 1]).fetchall()
+            return int(total), rows
+
+        total, rows = await self._db.read(read)
+        next_token = ""
+        if len(rows) > page_size:
+            rows = rows[:page_size]
+            last_ts, last_id = rows[-1][1], rows[-1][2]
+            next_token = encode_list_tasks_cursor(
+                ListTasksCursor(timestamp_ns=None if last_ts < 0 else last_ts, task_id=last_id)
+            )
+        return ListTasksResponse(
+            tasks=[_parse(r[0]) for r in rows],
+            next_page_token=next_token,
+            total_size=total,
+            page_size=page_size,
+        )
+
+    async def end_unfinished(self, then: EndedHook | None = None) -> Ended:
+        """At start-up, before any request: end every stored task left unfinished by the last
+        process (not terminal, not waiting for input) FAILED with reason ``interrupted``.
+        One statement over the table; ``then(conn, ended)`` runs in the same transaction.
+        Returns the ``(owner, task)`` pairs it ended."""
+        at = Timestamp()
+        at.GetCurrentTime()
+        ended: Ended = []
+
+        def end(owner: str, data: bytes) -> bytes:
+            task = _parse(data)
+            _end_stopped(task, INTERRUPTED, at)
+            ended.append((owner, task))
+            return bytes(task.SerializeToString())
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.create_function("mesh_end_interrupted", 2, end)
+            conn.execute(
+                "update a2a_tasks set state = ?, updated_at = ?, "
+                f"data = mesh_end_interrupted(owner, data) where {_UNSETTLED_SQL}",
+                (int(TaskState.TASK_STATE_FAILED), int(at.ToNanoseconds())),
+            )
+            if ended and then is not None:
+                then(conn, ended)
+
+        await self._db.write(write)
+        return ended
+
+    async def end_in_flight(self, then: EndedHook | None = None) -> Ended:
+        """At shutdown, once nothing runs any more: write every task still in flight in this
+        process FAILED with reason ``shutdown`` (the executor ends the tasks it runs itself;
+        this catches any it could not). ``then(conn, ended)`` runs in the same transaction."""
+        at = Timestamp()
+        at.GetCurrentTime()
+        ended: Ended = []
+        for (owner, _), data in self._live.items():
+            task = _parse(data)
+            if task.status.state in SETTLED_STATES:
+                continue
+            _end_stopped(task, SHUTDOWN, at)
+            ended.append((owner, task))
+        if not ended:
+            return ended
+        rows = [
+            (
+                owner,
+                t.id,
+                t.context_id,
+                int(t.status.state),
+                _timestamp_ns(t),
+                t.SerializeToString(),
+            )
+            for owner, t in ended
+        ]
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.executemany(_UPSERT, rows)
+            if then is not None:
+                then(conn, ended)
+
+        await self._db.write(write)
+        for owner, task in ended:
+            self._live.pop((owner, task.id), None)
+            self._dirty.discard((owner, task.id))
+        return ended
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        owner = self._owner(context)
+        self._live.pop((owner, task_id), None)
+        self._dirty.discard((owner, task_id))
+        await self._db.write(
+            lambda conn: conn.execute(
+                "delete from a2a_tasks where owner = ? and id = ?", (owner, task_id)
+            )
+        )

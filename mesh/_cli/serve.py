@@ -1,0 +1,348 @@
+"""``mesh serve``, ``mesh card``, ``mesh call``: run one agent as a node, and talk to nodes.
+
+mesh serve agents.credit_bureau:agent --port 8017 --data-dir .mesh/credit-bureau
+mesh card http://127.0.0.1:8017
+mesh call http://127.0.0.1:8017 --skill score --json '{"applicant_id": "APP-501", "amount": 250000}'
+mesh call http://127.0.0.1:8007 --text "Should we approve APP-612 for 400000?" --stream
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import re
+import signal
+import sys
+from types import FrameType
+from typing import Any
+
+from mesh._errors import ConfigError, MeshError
+
+__all__ = ["add_parsers", "load_agent", "resolve_target"]
+
+
+# -- target resolution ----------------------------------------------------------------------
+def resolve_target(name_or_url: str, registry: str | None = None) -> str:
+    """The base URL of a node named by URL, ``host:port``, or agent name (looked up in the
+    registry: ``registry``, else ``$MESH_REGISTRY``, else the default address)."""
+    target = name_or_url.strip()
+    if target.startswith(("http://", "https://")):
+        return target.rstrip("/")
+    if ":" in target and target.split(":", 1)[1].isdigit():
+        return f"http://{target}"
+    if _AGENT_NAME.match(target):
+        return asyncio.run(find_agent_url(target, registry))
+    raise ConfigError(
+        f"{name_or_url!r} is neither a URL nor an agent name: give the node's address "
+        "(e.g. http://127.0.0.1:8017) or an agent name registered in the registry"
+    )
+
+
+async def find_agent_url(name: str, registry: str | None = None) -> str:
+    """The URL of one passing instance of ``name``, asked of the registry (or Consul, with
+    ``MESH_DISCOVERY=consul://...``)."""
+    from mesh._discovery import create_backend
+    from mesh._discovery.client import DiscoveryClient
+    from mesh._discovery.registry_client import DEFAULT_REGISTRY_URL
+
+    location = registry or os.environ.get("MESH_REGISTRY") or DEFAULT_REGISTRY_URL
+    discovery = os.environ.get("MESH_DISCOVERY", "")
+    if registry is None and discovery.startswith("consul://"):
+        location = discovery
+    client = DiscoveryClient(create_backend(location))
+    try:
+        instances = await client.require(agent=name)
+    finally:
+        await client.aclose()
+    return instances[0].url.rstrip("/")
+
+
+_AGENT_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+
+
+# -- serve ----------------------------------------------------------------------------------
+def load_agent(target: str) -> Any:
+    """Import ``MODULE:ATTR`` and return the ``Agent`` it names (ConfigError otherwise)."""
+    from mesh._agent import Agent
+
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"{target!r}: name the agent as MODULE:ATTR, e.g. agents.credit_bureau:agent"
+        )
+    if os.getcwd() not in sys.path:
+        # `mesh serve` is run from a project folder; its modules are importable like `python -m`.
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ConfigError(f"{target!r}: no module named {module_name!r}") from exc
+        raise ConfigError(f"{target!r}: importing {module_name!r} failed: {exc}") from exc
+    except MeshError as exc:
+        raise ConfigError(f"{target!r}: {exc}") from exc
+    except Exception as exc:
+        raise ConfigError(
+            f"{target!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        agent = getattr(module, attr)
+    except AttributeError as exc:
+        raise ConfigError(f"{target!r}: module {module_name!r} has no attribute {attr!r}") from exc
+    if not isinstance(agent, Agent):
+        raise ConfigError(f"{target!r} is a {type(agent).__name__}, not a mesh Agent")
+    return agent
+
+
+def _serve(args: argparse.Namespace) -> int:
+    # Before the agent's module runs: importing mesh._a2a turns off the a2a-sdk's no-op tracing
+    # (read once when ``a2a`` is first imported; see mesh/_a2a/__init__.py).
+    import mesh._a2a  # noqa: F401
+    from mesh._listener import bind_listener
+    from mesh._settings import NodeSettings
+
+    agent = load_agent(args.target)
+    settings = NodeSettings.from_env(
+        os.environ,
+        agent_name=agent.name,
+        host=args.host,
+        port=args.port,
+        data_dir=args.data_dir,
+        registry=args.registry,
+        no_register=args.no_register,
+        store=args.store,
+        grace_seconds=args.grace,
+    )
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # httpx logs every request at INFO: one line per heartbeat and delegation is noise.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if settings.exposed and settings.token is None:
+        logging.getLogger("mesh.serve").warning(
+            "listening on %s without MESH_TOKEN: anyone who can reach this address can send "
+            "tasks; set MESH_TOKEN on every node of the mesh",
+            settings.host,
+        )
+    sock = bind_listener(settings.host, settings.port)
+
+    import uvicorn
+
+    from mesh._node import Node
+
+    node = Node(agent, settings)
+
+    class _Server(uvicorn.Server):
+        """SIGTERM/SIGINT: drain the node first (503 on new sends, in-flight tasks finish),
+        then let uvicorn stop. A second signal stops at once."""
+
+        draining = False
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.draining:
+                self.should_exit = True
+                if sig == signal.SIGINT:
+                    self.force_exit = True
+                return
+            self.draining = True
+            loop = asyncio.get_event_loop()
+            loop.call_soon_threadsafe(self._start_drain)
+
+        def _start_drain(self) -> None:
+            self._drain_task = asyncio.ensure_future(self._drain())
+
+        async def _drain(self) -> None:
+            try:
+                await node.drain()
+            finally:
+                self.should_exit = True
+
+    config = uvicorn.Config(
+        node.app,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        log_level=settings.log_level.lower(),
+    )
+    server = _Server(config)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0 if server.started else 1
+
+
+# -- card / call ----------------------------------------------------------------------------
+def _card(args: argparse.Namespace) -> int:
+    return asyncio.run(_card_async(resolve_target(args.target, args.registry)))
+
+
+async def _card_async(url: str) -> int:
+    import httpx
+
+    from mesh._a2a.client import A2APeer, auth_headers
+
+    headers = auth_headers(os.environ.get("MESH_TOKEN"))
+    async with httpx.AsyncClient(timeout=10.0, headers=headers, trust_env=False) as http:
+        peer = A2APeer(http, url)
+        print(json.dumps(await peer.card_dict(), indent=2))
+    return 0
+
+
+def _call(args: argparse.Namespace) -> int:
+    payload: dict[str, Any] | str
+    if args.json is not None:
+        try:
+            payload = json.loads(args.json)
+        except ValueError as exc:
+            raise ConfigError(f"--json is not valid JSON: {exc}") from exc
+        if not isinstance(payload, dict):
+            raise ConfigError('--json must be a JSON object, e.g. \'{"applicant_id": "APP-501"}\'')
+    else:
+        payload = args.text
+    return asyncio.run(_call_async(resolve_target(args.target, args.registry), payload, args))
+
+
+def _print_result(result: Any, shown: str = "") -> int:
+    if result.ok:
+        if result.data is not None:
+            print(json.dumps(result.data, indent=2))
+        elif result.text.strip() != shown.strip():  # already streamed as it arrived
+            print(result.text)
+        if result.context_id:
+            print(f"(task {result.task_id}, context {result.context_id})", file=sys.stderr)
+        return 0
+    error = result.error or {}
+    print(
+        f"mesh: task {result.task_id} {result.state}: {error.get('message', result.text)}",
+        file=sys.stderr,
+    )
+    return 1
+
+
+async def _in_declared_order(peer: Any, result: Any) -> Any:
+    """The result with its data in the order the skill's output model declares (the wire's
+    protobuf Struct scrambles it), read from the node's card."""
+    import dataclasses
+
+    from mesh._a2a.card import skill_schemas
+    from mesh._schema_order import order_like
+
+    if result.data is None:
+        return result
+    schema = skill_schemas(await peer.card()).get(str(result.metadata.get("skill")), {})
+    return dataclasses.replace(result, data=order_like(result.data, schema.get("output")))
+
+
+async def _call_async(url: str, payload: dict[str, Any] | str, args: argparse.Namespace) -> int:
+    import httpx
+
+    from mesh._a2a.client import A2APeer, auth_headers
+
+    timeout = httpx.Timeout(10.0, read=args.timeout)
+    headers = auth_headers(os.environ.get("MESH_TOKEN"))
+    async with httpx.AsyncClient(timeout=timeout, headers=headers, trust_env=False) as http:
+        peer = A2APeer(http, url)
+        try:
+            if not args.stream:
+                result = await peer.send(
+                    payload, skill=args.skill, context_id=args.context_id, timeout=args.timeout
+                )
+                return _print_result(await _in_declared_order(peer, result))
+            task_id = ""
+            partial = False
+            shown = ""
+            async for update in peer.stream(
+                payload, skill=args.skill, context_id=args.context_id, timeout=args.timeout
+            ):
+                task_id = update.task_id or task_id
+                if update.partial:
+                    print(update.text, end="", flush=True)
+                    shown += update.text
+                    partial = True
+                    continue
+                if partial:
+                    print()
+                    partial = False
+                if update.kind in ("task", "status") and update.text:
+                    print(f"[{update.state}] {update.text}", file=sys.stderr, flush=True)
+                elif update.kind in ("task", "status"):
+                    print(f"[{update.state}]", file=sys.stderr, flush=True)
+            if not task_id:
+                raise ConfigError("the stream ended without a task")
+            result = await _in_declared_order(peer, await peer.get_task(task_id))
+            return _print_result(result, shown)
+        finally:
+            await peer.aclose()
+
+
+# -- parsers --------------------------------------------------------------------------------
+_TARGET_HELP = "the node's URL (http://127.0.0.1:8017) or an agent name found in the registry"
+
+
+def _registry_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--registry",
+        default=None,
+        help="registry that resolves agent names (default $MESH_REGISTRY or http://127.0.0.1:8400)",
+    )
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``serve``, ``card`` and ``call`` on the ``mesh`` sub-command parser."""
+    p = sub.add_parser(
+        "serve",
+        help="run one agent as an A2A node",
+        description="Serve the Agent named by MODULE:ATTR over A2A (card, JSON-RPC, /health, "
+        "/metrics, /introspect). SIGTERM drains: new sends get 503, running tasks finish.",
+    )
+    p.add_argument(
+        "target", metavar="MODULE:ATTR", help="the Agent, e.g. agents.credit_bureau:agent"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="folder of node.db (default $MESH_DATA_DIR or .mesh/<agent-name>)",
+    )
+    p.add_argument(
+        "--registry", default=None, help="registry URL to register with (default $MESH_REGISTRY)"
+    )
+    p.add_argument("--no-register", action="store_true", help="do not register with a registry")
+    p.add_argument(
+        "--grace", type=float, default=None, help="seconds running tasks get on SIGTERM (20)"
+    )
+    # Benchmark baseline: the SDK's in-memory task store instead of SQLite.
+    p.add_argument("--store", choices=["sqlite", "memory"], default=None, help=argparse.SUPPRESS)
+    p.set_defaults(handler=_serve)
+
+    c = sub.add_parser(
+        "card", help="print a node's agent card", description="Print the agent card."
+    )
+    c.add_argument("target", metavar="URL|NAME", help=_TARGET_HELP)
+    _registry_flag(c)
+    c.set_defaults(handler=_card)
+
+    k = sub.add_parser(
+        "call",
+        help="send one task to a node and print the result",
+        description="Send a typed request (--skill S --json J) or free text (--text T).",
+    )
+    k.add_argument("target", metavar="URL|NAME", help=_TARGET_HELP)
+    _registry_flag(k)
+    k.add_argument("--skill", default=None, help="skill id (optional when the node has one)")
+    what = k.add_mutually_exclusive_group(required=True)
+    what.add_argument("--json", default=None, help="the input as a JSON object")
+    what.add_argument("--text", default=None, help="free text (the chat skill)")
+    k.add_argument("--stream", action="store_true", help="show progress as it arrives")
+    k.add_argument("--context-id", default=None, help="continue this conversation")
+    k.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (300)")
+    k.set_defaults(handler=_call)

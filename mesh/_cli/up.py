@@ -1,0 +1,405 @@
+"""``mesh up`` (run a whole mesh from a mesh.toml) and ``mesh chat`` (talk to one agent).
+
+mesh up                       # ./mesh.toml, else agents/mesh.toml (the loan desk)
+mesh up path/to/mesh.toml     # then mesh ps / logs / restart / stop (mesh/_cli/control.py)
+mesh chat loan-officer        # by name, through the registry
+mesh chat http://127.0.0.1:8401
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import sys
+import textwrap
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from mesh._cli.serve import find_agent_url
+from mesh._cli.table import format_table
+
+if TYPE_CHECKING:
+    from mesh._a2a.client import A2APeer
+    from mesh._meshfile import MeshFile
+    from mesh._supervisor import Child, Supervisor
+
+__all__ = ["add_parsers", "mesh_command", "shown_path"]
+
+_MARK = {
+    "pending": " ",
+    "starting": "…",
+    "healthy": "✓",
+    "unhealthy": "!",
+    "crashed": "✗",
+    "exited": "■",
+    "failed": "✗",
+    "stopped": "■",
+}
+# Lines of a crashed process's log (its latest start only) shown under the crash.
+_CRASH_LINES = 8
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    up = sub.add_parser(
+        "up",
+        help="start the registry and every node of a mesh file; Ctrl-C stops them",
+        description="Start the registry and every node of a mesh file as separate processes, "
+        "restart crashed nodes, and stop everything on Ctrl-C or SIGTERM. Nothing starts unless "
+        "every port is free and no other `mesh up` runs for the same state dir. Logs go to "
+        "<state_dir>/logs/; `mesh ps`, `mesh logs`, `mesh restart` and `mesh stop` act on the "
+        "running mesh.",
+    )
+    up.add_argument(
+        "meshfile",
+        nargs="?",
+        default=None,
+        help="default: mesh.toml in the root, else agents/mesh.toml (the demo)",
+    )
+    up.add_argument(
+        "--root",
+        default=".",
+        help="directory the processes run in (modules and relative paths resolve here)",
+    )
+    up.add_argument(
+        "--start-timeout", type=float, default=60.0, help="seconds to wait for each process"
+    )
+    up.set_defaults(handler=_run_up)
+
+    chat = sub.add_parser(
+        "chat",
+        help="talk to an agent (by name through the registry, or by URL)",
+        description="An interactive conversation with one agent over A2A, in one context: "
+        "tool and peer calls are shown as they happen. Type 'exit' or Ctrl-D to leave.",
+    )
+    chat.add_argument("agent", help="agent name (e.g. loan-officer) or URL")
+    chat.add_argument(
+        "--registry",
+        default=None,
+        help="registry URL to find the agent (default $MESH_REGISTRY or http://127.0.0.1:8400)",
+    )
+    chat.add_argument("--context-id", default=None, help="continue an existing context")
+    chat.add_argument(
+        "-m",
+        "--message",
+        action="append",
+        default=None,
+        help="send this message instead of reading the terminal (repeatable)",
+    )
+    chat.add_argument("--timeout", type=float, default=120.0, help="seconds per answer")
+    chat.set_defaults(handler=_run_chat)
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    # Imported here: every `mesh` command builds this parser, only `up` needs these.
+    from mesh._meshfile import load_meshfile, meshfiles_in
+
+    root = Path(args.root).resolve()
+    path = args.meshfile or shown_path(meshfiles_in(root)[0])
+    meshfile = load_meshfile(path)
+    return asyncio.run(
+        up(meshfile, root=root, start_timeout=args.start_timeout, meshfile_path=path)
+    )
+
+
+def shown_path(path: Path) -> str:
+    """``path`` as the user would type it here: relative to the current folder when inside."""
+    here = Path.cwd()
+    for full in (Path(os.path.abspath(path)), path.resolve()):
+        if full.is_relative_to(here):
+            return str(full.relative_to(here))
+    return str(path)
+
+
+def mesh_command() -> str:
+    """How to run this very ``mesh`` from the user's shell: ``mesh`` when that is the one on
+    PATH, else its path (``.venv/bin/mesh`` after ``make run``, whose venv is not active), else
+    ``python -m mesh`` with this Python."""
+    scripts = [Path(sys.executable).parent / "mesh"]
+    if Path(sys.argv[0]).name == "mesh":
+        scripts.insert(0, Path(sys.argv[0]))
+    script = next((s for s in scripts if s.is_file()), None)
+    if script is None:
+        return f"{shlex.quote(sys.executable)} -m mesh"
+    on_path = shutil.which("mesh")
+    if on_path is not None and os.path.samefile(on_path, script):
+        return "mesh"
+    return shlex.quote(shown_path(script))
+
+
+async def up(
+    meshfile: MeshFile,
+    *,
+    root: Path,
+    start_timeout: float = 60.0,
+    out: TextIO = sys.stdout,
+    meshfile_path: str = "agents/mesh.toml",
+) -> int:
+    """Run the mesh until SIGINT/SIGTERM. Returns the exit code.
+
+    Nothing starts, and no log is written, unless this is the only ``mesh up`` of the state
+    dir (``UpLock``) and every port of the plan is free; a ``ConfigError`` says which is not.
+    """
+    from mesh._control import ControlServer, UpLock
+    from mesh._supervisor import Supervisor
+
+    state_dir = meshfile.state_path(root)
+    log_dir = state_dir / "logs"
+    started = False
+
+    def report(child: Child) -> None:
+        # Before everything is up, show every step; afterwards only what matters.
+        if started and child.status in ("starting", "pending"):
+            return
+        restarts = f"(restart {child.restarts})" if child.restarts else ""
+        about = " ".join(x for x in (child.detail, restarts) if x)
+        line = f"  {_MARK[child.status]} {child.spec.name:<20} {child.status:<9} {about}"
+        print(line.rstrip(), file=out, flush=True)
+        if started and child.status == "crashed":
+            for line in child.tail(_CRASH_LINES).splitlines():
+                print(f"      | {line}", file=out, flush=True)
+
+    specs = meshfile.plan(root)
+    supervisor = Supervisor(
+        specs, log_dir=log_dir, cwd=root, on_change=report, start_timeout=start_timeout
+    )
+    with UpLock(state_dir):
+        supervisor.check_ports()
+        async with ControlServer(supervisor, state_dir):
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            try:
+                print(
+                    f"mesh up: starting {len(specs)} processes of {meshfile_path} (logs in "
+                    f"{shown_path(log_dir)})",
+                    file=out,
+                    flush=True,
+                )
+                start = asyncio.create_task(supervisor.start())
+                stopper = asyncio.create_task(stop.wait())
+                await asyncio.wait({start, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if not start.done():
+                    start.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await start
+                    stopper.cancel()
+                    await supervisor.stop()
+                    print("mesh up: interrupted while starting; stopped", file=out, flush=True)
+                    return 130
+                stopper.cancel()
+                start.result()  # raises ConfigError (after stopping everything) on a failure
+                started = True
+                _print_table(meshfile, supervisor, out)
+                try_it = await _first_command(supervisor, _registry_flag(meshfile))
+                _print_next_steps(meshfile, out, meshfile_path, root, try_it)
+                watcher = asyncio.create_task(supervisor.watch())
+                await stop.wait()
+                print("mesh up: stopping…", file=out, flush=True)
+                await supervisor.stop()
+                await watcher
+                print("mesh up: stopped", file=out, flush=True)
+                return 0
+            finally:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+
+
+def _print_table(meshfile: MeshFile, supervisor: Supervisor, out: TextIO) -> None:
+    rows = [
+        (c.spec.agent, c.spec.name, c.spec.url, "ok" if c.status == "healthy" else c.status)
+        for c in supervisor.children
+    ]
+    print(file=out)
+    print(
+        textwrap.indent(format_table(("AGENT", "PROCESS", "URL", "HEALTH"), rows), "  "), file=out
+    )
+    print(file=out)
+
+
+def _registry_flag(meshfile: MeshFile) -> str:
+    """``--registry URL`` when the CLI would not find this mesh's registry by default."""
+    from mesh._discovery.registry_client import DEFAULT_REGISTRY_URL
+
+    registry = meshfile.registry.public_url
+    default = (os.environ.get("MESH_REGISTRY") or DEFAULT_REGISTRY_URL).rstrip("/")
+    return "" if registry.rstrip("/") == default else f" --registry {registry}"
+
+
+def _print_next_steps(
+    meshfile: MeshFile, out: TextIO, meshfile_path: str, root: Path, try_it: str
+) -> None:
+    """The registry page, a first command that works with this mesh, how to manage it."""
+    from mesh._meshfile import MESHFILE_NAMES
+
+    mesh = mesh_command()
+    print(f"registry page: {meshfile.registry.public_url}/", file=out)
+    if try_it:
+        print(f"try:           {mesh} {try_it}", file=out)
+    # Without --meshfile, `mesh ps` in this folder finds the running one of these.
+    found_anyway = Path(meshfile_path).resolve() in {(root / n).resolve() for n in MESHFILE_NAMES}
+    which = "" if found_anyway else f" --meshfile {shlex.quote(meshfile_path)}"
+    print(f"manage:        {mesh} ps{which}; {mesh} logs|restart|stop NAME{which}", file=out)
+    print("Ctrl-C stops everything.", file=out, flush=True)
+
+
+async def _first_command(supervisor: Supervisor, flag: str) -> str:
+    """A command to try first, read from the running nodes' cards: ``chat`` with the first
+    agent that takes text, else ``call`` of the first typed skill (with its example)."""
+    import httpx
+
+    from mesh._discovery.base import CARD_PATH
+
+    urls: dict[str, str] = {}
+    for child in supervisor.children:
+        if child.spec.kind == "node":
+            urls.setdefault(child.spec.agent, child.spec.url)
+    cards: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(timeout=2.0, trust_env=False) as http:
+        for url in urls.values():
+            try:
+                card = (await http.get(url + CARD_PATH)).json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            if isinstance(card, dict) and isinstance(card.get("name"), str):
+                cards.append(card)
+    for card in cards:
+        if any("text/plain" in _input_modes(card, skill) for skill in _skills(card)):
+            return f"chat {card['name']}{flag}"
+    for card in cards:
+        for skill in _skills(card):
+            example = next(iter(skill.get("examples") or []), None)
+            if isinstance(example, str) and _is_json(example) and isinstance(skill.get("id"), str):
+                return (
+                    f"call {card['name']} --skill {skill['id']} --json {shlex.quote(example)}{flag}"
+                )
+    return ""
+
+
+def _skills(card: dict[str, Any]) -> list[dict[str, Any]]:
+    skills = card.get("skills")
+    return [s for s in skills if isinstance(s, dict)] if isinstance(skills, list) else []
+
+
+def _input_modes(card: dict[str, Any], skill: dict[str, Any]) -> list[str]:
+    modes = skill.get("inputModes") or card.get("defaultInputModes") or []
+    return modes if isinstance(modes, list) else []
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+# -- chat -------------------------------------------------------------------------------------
+def _run_chat(args: argparse.Namespace) -> int:
+    import os
+
+    registry = args.registry or os.environ.get("MESH_REGISTRY") or "http://127.0.0.1:8400"
+    messages: list[str] | None = args.message
+    return asyncio.run(
+        chat(
+            args.agent,
+            registry=registry,
+            messages=messages,
+            context_id=args.context_id,
+            answer_timeout_s=args.timeout,
+        )
+    )
+
+
+async def _resolve(agent: str, registry: str) -> str:
+    if agent.startswith(("http://", "https://")):
+        return agent.rstrip("/")
+    return await find_agent_url(agent, registry)
+
+
+async def chat(
+    agent: str,
+    *,
+    registry: str,
+    messages: list[str] | None = None,
+    context_id: str | None = None,
+    answer_timeout_s: float = 120.0,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Talk to ``agent`` (name or URL): ``messages`` in order, or lines read from stdin."""
+    import httpx
+
+    from mesh._a2a.client import A2APeer, auth_headers
+
+    url = await _resolve(agent, registry)
+    timeout = httpx.Timeout(10.0, read=answer_timeout_s)
+    headers = auth_headers(os.environ.get("MESH_TOKEN"))
+    async with httpx.AsyncClient(timeout=timeout, headers=headers, trust_env=False) as http:
+        peer = A2APeer(http, url)
+        try:
+            card = await peer.card_dict()
+            print(f"talking to {card.get('name', agent)} at {url} (exit or Ctrl-D to leave)",
+                  file=out, flush=True)  # fmt: skip
+            pending = list(messages) if messages is not None else None
+            failures = 0
+            while True:
+                if pending is not None:
+                    if not pending:
+                        break
+                    text = pending.pop(0)
+                    print(f"you> {text}", file=out, flush=True)
+                else:
+                    try:
+                        text = await asyncio.to_thread(input, "you> ")
+                    except EOFError:
+                        print(file=out)
+                        break
+                text = text.strip()
+                if not text:
+                    continue
+                if text in ("exit", "quit"):
+                    break
+                context_id, ok = await _turn(peer, text, context_id, answer_timeout_s, out)
+                failures += 0 if ok else 1
+        finally:
+            await peer.aclose()
+    if context_id:
+        print(f"(context {context_id})", file=out, flush=True)
+    return 1 if failures else 0
+
+
+async def _turn(
+    peer: A2APeer, text: str, context_id: str | None, read_timeout_s: float, out: TextIO
+) -> tuple[str | None, bool]:
+    """One message: show progress (tool and peer calls) as it streams, then the answer."""
+    task_id = ""
+    streamed = ""
+    async for update in peer.stream(text, context_id=context_id, timeout=read_timeout_s):
+        task_id = update.task_id or task_id
+        context_id = update.context_id or context_id
+        if update.partial and update.text:
+            if not streamed:
+                print("agent> ", end="", file=out)
+            streamed += update.text
+            print(update.text, end="", file=out, flush=True)
+        elif update.kind == "status" and update.text.startswith("calling "):
+            print(f"  … {update.text}", file=out, flush=True)
+    if streamed:
+        print(file=out)
+    if not task_id:
+        print("agent> (no answer)", file=out, flush=True)
+        return context_id, False
+    result = await peer.get_task(task_id)
+    if result.ok:
+        if result.text.strip() != streamed.strip():
+            print(f"agent> {result.text}", file=out, flush=True)
+        return result.context_id or context_id, True
+    error = result.error or {}
+    print(f"agent> ({result.state}: {error.get('message', result.text)})", file=out, flush=True)
+    return result.context_id or context_id, False

@@ -1,0 +1,401 @@
+"""``Delegation``: one call of a remote skill, what ``remote()``'s tools run.
+
+A call checks the arguments against the skill's input schema (``check_arguments``: a bad argument
+goes back to the model as a tool error, nothing is sent), then sends ONE A2A message (data part,
+metadata ``skill``, ``traceparent``, ``deadline``, ``caller``) under the retry policy: a failed
+attempt is re-sent with the SAME message id to the next healthy instance (the node deduplicates,
+so the skill runs once), each instance behind its circuit breaker, all within the call's deadline
+(``deadline_s``, or the caller's own when sooner). The answer is checked against the output schema
+(``check_answer``). Every failure is a ``RemoteError`` (peer, skill, reason), never a crash or a
+hang. When the turn is cancelled, or the deadline passes, the child task gets a CancelTask.
+
+The caller's session keeps one A2A context per peer (session state ``_mesh.contexts.<peer>``),
+so a specialist sees the conversation continue. The child's token usage (its ``usage`` plus its
+own ``children_usage``) goes to ``ctx.metadata["usage_sink"]`` when the caller provides one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from mesh._errors import (
+    CircuitOpen,
+    DeadlineExceeded,
+    RemoteError,
+    RemoteReason,
+    SchemaViolation,
+    ToolError,
+)
+from mesh._resilience import BreakerBoard, RetryPolicy, call_with_failover
+from mesh._schema_check import check
+from mesh._tools import ToolContext
+from mesh._tracing import TraceParent
+
+if TYPE_CHECKING:
+    from mesh._a2a.client import A2APeer
+    from mesh._a2a.results import TaskResult
+    from mesh._peer_link import PeerLink
+
+__all__ = [
+    "CallRecord",
+    "Delegation",
+    "InFlightChild",
+    "Outgoing",
+    "SkillTool",
+    "check_answer",
+    "check_arguments",
+    "child_failure",
+    "context_key",
+    "report_usage",
+    "turn_trace",
+]
+
+log = logging.getLogger("mesh._remote")
+
+# A finished child task's ``metadata.error.reason`` -> the RemoteError reason. A task its node
+# ended because it stopped (shutdown past the drain grace, or a crash found at restart) says
+# nothing about the request: the instance was unavailable, and the retry (same message id,
+# which that node released) goes to another one.
+_REASONS: dict[str, RemoteReason] = {
+    "deadline": "deadline",
+    "rejected": "rejected",
+    "canceled": "canceled",
+    "shutdown": "unavailable",
+    "interrupted": "unavailable",
+}
+# How long a CancelTask for the child may take (we are being cancelled ourselves).
+_CANCEL_S = 3.0
+
+
+def context_key(peer: str) -> str:
+    """The session-state key holding the A2A context id used with ``peer``."""
+    return f"_mesh.contexts.{peer}"
+
+
+class SkillTool(Protocol):
+    """What a delegation needs of the tool that stands for a remote skill."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def skill_id(self) -> str: ...
+
+    @property
+    def typed(self) -> bool: ...
+
+    @property
+    def input_schema(self) -> dict[str, Any] | None: ...
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None: ...
+
+
+@dataclass
+class CallRecord:
+    """One finished delegation, kept (the last few) for /introspect."""
+
+    skill: str
+    target: str
+    task_id: str
+    trace_id: str
+    started_at: float
+    ended_at: float
+    outcome: str
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """The one message of a delegation: every attempt sends it again, with the same id."""
+
+    payload: dict[str, Any] | str
+    skill: str | None
+    message_id: str
+    context_id: str | None
+    metadata: dict[str, Any]
+
+    async def send(self, peer: A2APeer, *, timeout: float, wait: bool = True) -> TaskResult:  # noqa: ASYNC109 - the HTTP timeout of this send
+        return await peer.send(
+            self.payload,
+            skill=self.skill,
+            message_id=self.message_id,
+            context_id=self.context_id,
+            metadata=self.metadata,
+            timeout=timeout,
+            wait=wait,
+        )
+
+
+@dataclass
+class InFlightChild:
+    """The child task of the attempt under way: the instance it went to and the message that
+    started it. Its id arrives with the answer; until then the same message, re-sent without
+    waiting, answers with it (the peer deduplicates)."""
+
+    peer: A2APeer
+    message: Outgoing
+    task_id: str = ""
+    canceled: bool = False
+
+    async def cancel(self) -> None:
+        """Send CancelTask for the child (learning its id first if need be)."""
+        if not self.task_id:
+            self.task_id = (await self.message.send(self.peer, timeout=2.0, wait=False)).task_id
+        if self.task_id:
+            await self.peer.cancel(self.task_id)
+            self.canceled = True
+
+
+class Delegation:
+    """One call of ``tool`` at the peer ``link`` reaches, for the turn ``ctx`` (see the module
+    docstring). ``record`` is filled in as it goes (attempts, target, child task id)."""
+
+    def __init__(
+        self,
+        link: PeerLink,
+        tool: SkillTool,
+        ctx: ToolContext,
+        *,
+        trace: TraceParent,
+        record: CallRecord,
+        policy: RetryPolicy,
+        breakers: BreakerBoard,
+        deadline_s: float,
+        caller: str,
+    ) -> None:
+        self.link = link
+        self.tool = tool
+        self.ctx = ctx
+        self.trace = trace
+        self.record = record
+        self.policy = policy
+        self.breakers = breakers
+        self.deadline_s = deadline_s
+        self.caller = caller
+        self.deadline = 0.0
+        self.child: InFlightChild | None = None
+        self._message: Outgoing | None = None
+
+    @property
+    def peer(self) -> str:
+        return self.link.peer
+
+    async def run(self, payload: dict[str, Any] | str) -> TaskResult:
+        """Send ``payload`` (checked by ``check_arguments``) and return the child task as it
+        ended; ``RemoteError`` when no instance could take it."""
+        ctx, skill = self.ctx, self.tool.skill_id
+        await self.link.ready()
+        self.deadline = time.time() + self.deadline_s
+        parent_deadline = ctx.metadata.get("deadline")
+        if isinstance(parent_deadline, int | float):
+            self.deadline = min(self.deadline, float(parent_deadline))
+        targets = await self.link.targets(skill)
+        context_id = ctx.state.get(context_key(self.peer))
+        context_id = context_id if isinstance(context_id, str) else None
+        self._message = Outgoing(
+            payload=payload,
+            skill=skill if self.tool.typed or skill != "chat" else None,
+            message_id=uuid.uuid4().hex,  # the same for every attempt: the peer deduplicates
+            context_id=context_id,
+            metadata={
+                "traceparent": str(self.trace.child()),
+                "deadline": self.deadline,
+                "caller": ctx.agent_name or self.caller,
+            },
+        )
+        try:
+            result = await call_with_failover(
+                targets,
+                self._attempt,
+                policy=self.policy,
+                breakers=self.breakers,
+                deadline=self.deadline,
+                on_retry=self._retried,
+            )
+        except asyncio.CancelledError:
+            await self._cancel_child()
+            raise
+        except DeadlineExceeded as exc:
+            await self._cancel_child()
+            raise self._past_deadline() from exc
+        except CircuitOpen as exc:
+            detail = "every instance is failing (circuit open)"
+            raise RemoteError.unavailable(self.peer, skill, detail) from exc
+        except RemoteError as exc:
+            if exc.reason == "deadline":  # the HTTP timeout of the attempt: the same deadline
+                await self._cancel_child()
+                raise self._past_deadline() from exc
+            if exc.reason == "unavailable":
+                self.link.forget_instances()
+            raise
+        if result.context_id and result.context_id != context_id:
+            ctx.state_delta[context_key(self.peer)] = result.context_id
+        report_usage(ctx, result.metadata)
+        return result
+
+    async def _attempt(self, url: str) -> TaskResult:
+        """One try at the instance at ``url``: every ``unavailable`` leaves here in the one
+        form (``RemoteError.unavailable``), retried at the next instance."""
+        skill, record = self.tool.skill_id, self.record
+        assert self._message is not None
+        record.attempts += 1
+        record.target = url
+        peer, _ = await self.link.admit(url, skill)
+        child = self.child = InFlightChild(peer, self._message)
+        try:
+            # One blocking SendMessage: one JSON body each way, the finished task in the answer.
+            result = await self._message.send(peer, timeout=max(0.1, self.deadline - time.time()))
+        except RemoteError as exc:
+            if exc.reason == "unavailable":
+                raise RemoteError.unavailable(self.peer, skill, exc.detail) from exc
+            raise
+        child.task_id = record.task_id = result.task_id
+        if not result.task_id:
+            detail = f"the instance at {url} answered without a task"
+            raise RemoteError.unavailable(self.peer, skill, detail)
+        if not result.done:
+            # An interrupted task (input-required, auth-required): a delegation cannot answer
+            # it; a re-send (same message id) reports its state again.
+            detail = f"the instance at {url} left task {result.task_id} unfinished ({result.state})"
+            raise RemoteError.unavailable(self.peer, skill, detail)
+        self.child = None
+        if not result.ok and (failure := child_failure(self.peer, skill, result)).reason == (
+            "unavailable"
+        ):
+            # The instance stopped under the task: retried elsewhere.
+            detail = f"the instance at {url} {failure.detail}"
+            raise RemoteError.unavailable(self.peer, skill, detail) from failure
+        return result
+
+    def _retried(self, target: str, exc: BaseException) -> None:
+        skill = self.tool.skill_id
+        log.warning(
+            "delegation retry peer=%s skill=%s target=%s: %s", self.peer, skill, target, exc
+        )
+        if self.link.metrics is not None:
+            self.link.metrics.delegation_retry(self.peer, skill)
+
+    def _past_deadline(self) -> RemoteError:
+        return RemoteError(
+            f"{self.peer} did not answer {self.tool.skill_id!r} within the deadline "
+            f"({self.deadline_s:.0f}s or the caller's)",
+            peer=self.peer,
+            skill=self.tool.skill_id,
+            reason="deadline",
+        )
+
+    async def _cancel_child(self) -> None:
+        child = self.child
+        if child is None:
+            return
+        # Shielded and bounded: we are being cancelled ourselves, the CancelTask must still go.
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(child.cancel()), _CANCEL_S)
+        if child.task_id:
+            self.record.task_id = child.task_id
+        if child.canceled:
+            log.info("canceled child task %s at %s", child.task_id, self.peer)
+
+
+def check_arguments(tool: SkillTool, args: Mapping[str, Any]) -> dict[str, Any] | str:
+    """What to send for the model's ``args``: the text of a text skill, the checked JSON of a
+    typed one. ``ToolError`` (``invalid_arguments``, naming each field) when they do not fit."""
+    if not tool.typed:
+        text = args.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise ToolError(
+                f"invalid arguments for {tool.name}: text: a non-empty string is required",
+                kind="invalid_arguments",
+                details=[{"field": "text", "message": "a non-empty string is required"}],
+            )
+        return text
+    if tool.input_schema is None:
+        return dict(args)
+    try:
+        value = check(dict(args), tool.input_schema)
+    except SchemaViolation as exc:
+        raise ToolError(
+            f"invalid arguments for {tool.name}: {exc}",
+            kind="invalid_arguments",
+            details=exc.errors,
+        ) from exc
+    return dict(value)
+
+
+def child_failure(peer: str, skill: str, result: TaskResult) -> RemoteError:
+    """The error of a child task that finished without completing."""
+    error = result.error or {}
+    reason = _REASONS.get(str(error.get("reason")), _REASONS.get(result.state, "failed"))
+    detail = f"{result.state} the {skill!r} request: {error.get('message') or result.text or result.state}"
+    return RemoteError(f"{peer} {detail}", peer=peer, skill=skill, reason=reason, detail=detail)
+
+
+def check_answer(peer: str, tool: SkillTool, result: TaskResult) -> Any:
+    """What the model gets of a finished child task: the text of a text skill, the data of a
+    typed one checked against its output schema; else the ``RemoteError`` it deserves."""
+    skill = tool.skill_id
+    if result.state != "completed":
+        raise child_failure(peer, skill, result)
+    if not tool.typed:
+        return result.text
+    if result.data is None:
+        raise RemoteError(
+            f"{peer} answered {skill!r} without a JSON result",
+            peer=peer,
+            skill=skill,
+            reason="invalid_output",
+        )
+    if tool.output_schema is None:
+        return result.data
+    try:
+        return check(result.data, tool.output_schema)
+    except SchemaViolation as exc:
+        raise RemoteError(
+            f"{peer} answered {skill!r} with data that does not match its output schema: {exc}",
+            peer=peer,
+            skill=skill,
+            reason="invalid_output",
+        ) from exc
+
+
+def turn_trace(ctx: ToolContext) -> TraceParent:
+    """The turn's trace: the caller's ``traceparent``, else one derived from the turn's
+    invocation id, so every delegation of one turn shares a trace id without any state kept
+    (a call with neither gets a trace of its own)."""
+    parsed = TraceParent.parse(ctx.metadata.get("traceparent"))
+    if parsed is not None:
+        return parsed
+    if not ctx.invocation_id:
+        return TraceParent.new()
+    digest = hashlib.sha256(ctx.invocation_id.encode()).hexdigest()
+    derived = TraceParent.parse(f"00-{digest[:32]}-{digest[32:48]}-01")
+    return derived or TraceParent.new()  # all zeros: the spec's invalid ids
+
+
+def report_usage(ctx: ToolContext, task_metadata: Mapping[str, Any]) -> None:
+    """Pass the child's usage (its own plus its children's) to the caller's usage sink."""
+    sink = ctx.metadata.get("usage_sink")
+    if sink is None:
+        return
+    total: dict[str, int] = {}
+    for key in ("usage", "children_usage"):
+        usage = task_metadata.get(key)
+        if isinstance(usage, Mapping):
+            for name, value in usage.items():
+                if isinstance(value, int | float):
+                    total[name] = total.get(name, 0) + int(value)
+    if not total:
+        return
+    if callable(sink):
+        sink(total)
+    elif isinstance(sink, list):
+        sink.append(total)

@@ -1,0 +1,248 @@
+"""``RequestGate``: what a node checks on ``POST /`` (A2A JSON-RPC) before the A2A layer runs.
+
+In order, each refusal answered at once and nothing stored:
+
+1. the mesh token, when the node has one (``Authorization: Bearer``, scheme case-insensitive
+   as RFC 7235 says) -> 401;
+2. the body size (``max_body_bytes``) -> 413 (a declared ``Content-Length`` over it at once),
+   the bytes of all bodies held at once (``max_inflight_bytes``) -> 503 ``busy, retry`` with
+   ``Retry-After``, and the time the body takes to arrive (``body_timeout_s``) -> 408 and the
+   connection closed. A request holds the bytes that have ARRIVED, from its first byte to its
+   answer: a length declared and never sent holds nothing (two idle connections declaring 10
+   and 6 MiB held the whole budget, and every other call got 503, for as long as they
+   stayed). When bodies arriving together pass the bound, the one whose next bytes do not fit
+   is refused and frees what it held; one request alone is always let in;
+3. the body is parsed ONCE, strictly (``mesh._rpc_body``): ``NaN``/``Infinity`` and a body
+   nested too deeply are a parse error (-32700), a number no double holds (``1e400``) is invalid
+   params (-32602), both naming where they are; a body that is not one JSON-RPC 2.0 request
+   (an ``id`` that is an object, a fraction or a boolean, no ``method``...) is -32600 naming
+   the member;
+4. new sends while the node drains -> 503.
+
+Then the SDK's route answers (its handler is ``mesh._a2a.handler.MeshRequestHandler``), or for
+a send the fast path takes ``mesh._a2a.fastroute`` with this parse, and the request is counted
+in ``mesh_requests_total`` by method (a closed set: see ``mesh._metrics``). Pure ASGI so SSE
+streams pass through unbuffered. Params the SDK cannot parse (``"message": 5``) are the
+caller's mistake: the SDK's ERROR record with a traceback for them is dropped (its WARNING line
+with the parse error follows), so callers cannot fill the log with tracebacks.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mesh._a2a.server import SEND_METHODS
+from mesh._asgi import BodyTimeout, BodyTooLarge, bearer, read_body, replay
+from mesh._rpc_body import RpcRefused, parse_rpc_body
+
+if TYPE_CHECKING:
+    from mesh._node import Node
+
+__all__ = ["METHODS", "RequestGate"]
+
+#: Every JSON-RPC method the SDK's route answers: the closed set of the method label.
+METHODS = frozenset(JsonRpcDispatcher.METHOD_TO_MODEL)
+
+# The SDK dispatcher's records for a request it refuses (logged with a traceback at ERROR).
+_REFUSAL_RECORDS = frozenset(
+    {"Failed to validate base JSON-RPC request", "Failed to parse request params"}
+)
+
+
+class _NoTracebackForRefusals(logging.Filter):
+    """Drops the SDK's ERROR record for a request it refuses as malformed: the refusal is the
+    caller's error, and the SDK's next record (WARNING, with the parse error) says it all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in _REFUSAL_RECORDS
+
+
+_SDK_DISPATCHER_LOG = logging.getLogger("a2a.server.routes.jsonrpc_dispatcher")
+
+
+class _Busy(Exception):
+    """Holding a body of ``size`` bytes would pass ``max_inflight_bytes``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+class RequestGate:
+    """Pure-ASGI middleware of a node's JSON-RPC route (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, node: Node) -> None:
+        self.app = app
+        self.node = node
+        #: Bytes of request bodies held now (read, being read, or being worked on).
+        self.held_bytes = 0
+        token = node.settings.token
+        self._token = None if token is None else token.encode()
+        if not any(isinstance(f, _NoTracebackForRefusals) for f in _SDK_DISPATCHER_LOG.filters):
+            _SDK_DISPATCHER_LOG.addFilter(_NoTracebackForRefusals())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/":
+            await self.app(scope, receive, send)
+            return
+        node = self.node
+        if self._token is not None:
+            given = bearer(scope)
+            if given is None or not hmac.compare_digest(given, self._token):
+                node.metrics.request("unauthorized", ok=False)
+                await _reply(
+                    send,
+                    401,
+                    "this node needs 'Authorization: Bearer <token>' on A2A calls "
+                    "(the mesh token, MESH_TOKEN)",
+                    [(b"www-authenticate", b'Bearer realm="mesh"')],
+                )
+                return
+        held = 0
+
+        def reserve(size: int) -> None:
+            # The bytes received so far: a declared length is not held until it arrives.
+            nonlocal held
+            if size > held:
+                if not self._hold(size - held, held):
+                    raise _Busy(size)
+                held = size
+
+        settings = node.settings
+        try:
+            limit = settings.max_body_bytes
+            try:
+                body = await read_body(
+                    scope,
+                    receive,
+                    limit=limit,
+                    reserve=reserve,
+                    timeout_s=settings.body_timeout_s,
+                )
+            except BodyTooLarge:
+                await self._too_large(send, limit)
+                return
+            except _Busy as busy:
+                await self._busy(send, busy.size)
+                return
+            except BodyTimeout:
+                await self._too_slow(send, held)
+                return
+            if body is not None:
+                await self._serve(scope, body, receive, send)
+        finally:
+            self.held_bytes -= held
+
+    def _hold(self, more: int, own: int) -> bool:
+        """Hold ``more`` bytes for a request holding ``own`` already, unless that passes the
+        bound while OTHER requests hold bytes too (one request alone is always let in)."""
+        total = self.held_bytes + more
+        if total > self.node.settings.max_inflight_bytes and self.held_bytes > own:
+            return False
+        self.held_bytes = total
+        return True
+
+    async def _serve(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        node = self.node
+        try:
+            parsed = parse_rpc_body(body)
+        except RpcRefused as refused:
+            node.metrics.request("invalid", ok=False)
+            await _send(send, 200, refused.body())
+            return
+        method: str = parsed["method"]
+        if node.draining and method in SEND_METHODS:
+            node.metrics.request(method, ok=False)
+            await _reply(send, 503, f"{node.agent.name} is shutting down; try another instance")
+            return
+
+        receive = replay(body, receive)
+        del body  # the app holds the only reference from here on
+
+        status = 200
+        is_json = False
+        first_chunk = b""
+
+        async def watch(message: Message) -> None:
+            nonlocal status, is_json, first_chunk
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = dict(message.get("headers", []))
+                is_json = headers.get(b"content-type", b"").startswith(b"application/json")
+            elif message["type"] == "http.response.body" and not first_chunk:
+                first_chunk = bytes(message.get("body", b""))[:16]
+            await send(message)
+
+        service = node.service
+        fast = service.fastroute if service is not None and method == "SendMessage" else None
+        try:
+            # Counted until the answer is sent: a drain waits for the last event of a stream.
+            with node.exchanges:
+                if fast is None or not await fast.serve(parsed, scope, receive, watch):
+                    del parsed  # the SDK's route parses the body itself
+                    await self.app(scope, receive, watch)
+        finally:
+            # JSON-RPC errors are HTTP 200 with {"error": ...} (the SDK writes "error" first).
+            ok = status < 400 and not (is_json and first_chunk.startswith(b'{"error"'))
+            node.metrics.request(method, ok=ok)
+
+    async def _too_large(self, send: Send, limit: int) -> None:
+        self.node.metrics.request("too_large", ok=False)
+        await _reply(send, 413, f"request body over {limit} bytes (the node's MESH_MAX_BODY_BYTES)")
+
+    async def _too_slow(self, send: Send, received: int) -> None:
+        self.node.metrics.request("body_timeout", ok=False)
+        timeout = self.node.settings.body_timeout_s
+        # Closed: the rest of a body that stalled is not worth reading.
+        await _reply(
+            send,
+            408,
+            f"the request body did not arrive within {timeout:g} s ({received} bytes did; the "
+            f"node's MESH_BODY_TIMEOUT); send the whole body at once",
+            [(b"connection", b"close")],
+        )
+
+    async def _busy(self, send: Send, size: int) -> None:
+        self.node.metrics.request("busy", ok=False)
+        settings = self.node.settings
+        await _reply(
+            send,
+            503,
+            f"{self.node.agent.name} is busy: {self.held_bytes} bytes of requests in progress "
+            f"and this one has {size} so far (MESH_MAX_INFLIGHT_BYTES="
+            f"{settings.max_inflight_bytes}); "
+            "retry shortly or send to another instance",
+            [(b"retry-after", b"1")],
+        )
+
+
+def _json_error(status: int, message: str) -> bytes:
+    return json.dumps({"error": message, "status": status}).encode()
+
+
+async def _reply(
+    send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await _send(send, status, _json_error(status, message), headers)
+
+
+async def _send(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,40 @@
+"""``bind_listener``: the listening socket a service binds before uvicorn starts.
+
+    sock = bind_listener("127.0.0.1", 8401)      # ConfigError: "port 8401 on 127.0.0.1 is ..."
+    uvicorn.Server(config).run(sockets=[sock])
+
+Binding first turns a busy port into one ``ConfigError`` line (uvicorn would log a stack of its
+own and exit 1), so ``mesh serve`` and ``mesh registry`` exit with ``EX_CONFIG`` and ``mesh up``
+does not restart them. ``mesh up`` uses the same bind to check every port before it starts
+anything.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from mesh._errors import ConfigError
+
+__all__ = ["bind_listener"]
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A bound (not yet listening) TCP socket on ``host:port``, inheritable so uvicorn can use
+    it. A busy port or an address that is not this machine's is a ``ConfigError``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # A port left in TIME_WAIT by a process that just stopped is free to take again.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"port {port} on {host} is already in use; stop what runs there or pick "
+                "another --port"
+            ) from exc
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.set_inheritable(True)
+    return sock

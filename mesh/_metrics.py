@@ -1,0 +1,222 @@
+"""Every Prometheus metric a node exposes, on one injected ``CollectorRegistry``.
+
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry, agent="credit-bureau", version="0.1.0")
+    metrics.task_done("score", "completed", seconds=0.012)
+
+Names follow ``mesh_<what>_<unit>``; labels stay bounded (agent, skill, model, tool, peer,
+outcome), never ids. Values a caller chooses are closed sets: a JSON-RPC ``method`` label is a
+known A2A method (``methods``) or ``other``, a ``skill`` label a declared skill (``skills``) or
+``other``, so random method names or skill ids cannot grow the exposition. The ``target`` of
+``mesh_circuit_breaker_state`` is an instance URL (which whoever registers chooses): a peer has
+series only for the targets of its latest resolution, at most ``MAX_BREAKER_TARGETS``, the rest
+folded into one ``target="other"`` holding the worst of their states. ``NodeMetrics`` also implements the runner's observer protocol
+(``on_model_call``, ``on_tool_call``, ``on_session_created``), so a ``Runner`` reports straight
+into it. The delegation metrics are defined here too, for ``mesh._remote`` / ``mesh._resilience``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.exposition import choose_encoder
+
+from mesh._types import Usage
+
+__all__ = [
+    "MAX_BREAKER_TARGETS",
+    "OTHER",
+    "BreakerState",
+    "NodeMetrics",
+    "TaskOutcome",
+    "render",
+]
+
+TaskOutcome = Literal["completed", "failed", "rejected", "canceled"]
+BreakerState = Literal["closed", "half-open", "open"]
+_BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}
+#: The label value of anything outside a label's closed set.
+OTHER = "other"
+#: Breaker series per peer; the targets beyond are one ``other`` series (their worst state).
+MAX_BREAKER_TARGETS = 32
+# Requests refused before their method is known (401, 413, 503 busy, 408 a body that did not
+# arrive in time, a body that is not a JSON-RPC request).
+_REFUSED = frozenset({"unauthorized", "too_large", "busy", "body_timeout", "invalid"})
+
+# Tasks range from sub-millisecond function skills to multi-minute LLM turns.
+_TASK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_MODEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
+
+
+def render(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
+    """The exposition of ``registry`` and its content type, in the format ``accept`` (the
+    scraper's Accept header) asks for: Prometheus text 0.0.4 by default, OpenMetrics when asked.
+    CPU-bound: call it off the event loop."""
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(registry), content_type
+
+
+class NodeMetrics:
+    """The metrics of one node (agent), registered on ``registry``."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        agent: str,
+        *,
+        version: str = "",
+        skills: Iterable[str] | None = None,
+        methods: Iterable[str] | None = None,
+        process_collectors: bool = True,
+    ) -> None:
+        self.registry = registry
+        self.agent = agent
+        # None: any value is a label (a library user's own metrics); a node passes both.
+        self._skills = None if skills is None else frozenset(skills)
+        self._methods = None if methods is None else frozenset(methods) | _REFUSED
+        if process_collectors:
+            ProcessCollector(registry=registry)
+            PlatformCollector(registry=registry)
+        r = registry
+        self.node_info = Gauge("mesh_node_info", "Node identity.", ["agent", "version"], registry=r)
+        self.node_info.labels(agent, version).set(1)
+        self.requests = Counter(
+            "mesh_requests_total",
+            "A2A JSON-RPC requests by method.",
+            ["agent", "method", "outcome"],
+            registry=r,
+        )
+        self.tasks = Counter(
+            "mesh_tasks_total", "Tasks finished.", ["agent", "skill", "outcome"], registry=r
+        )
+        self.task_duration = Histogram(
+            "mesh_task_duration_seconds",
+            "Task wall time.",
+            ["agent", "skill"],
+            buckets=_TASK_BUCKETS,
+            registry=r,
+        )
+        self.tasks_in_flight = Gauge(
+            "mesh_tasks_in_flight", "Tasks running now.", ["agent"], registry=r
+        )
+        self.model_calls = Counter(
+            "mesh_model_calls_total", "Model calls.", ["agent", "model", "outcome"], registry=r
+        )
+        self.model_latency = Histogram(
+            "mesh_model_latency_seconds",
+            "Model call latency.",
+            ["agent", "model"],
+            buckets=_MODEL_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "mesh_tokens_total", "Model tokens.", ["agent", "model", "kind"], registry=r
+        )
+        self.tool_calls = Counter(
+            "mesh_tool_calls_total", "Tool calls.", ["agent", "tool", "outcome"], registry=r
+        )
+        self.sessions_created = Counter(
+            "mesh_sessions_created_total", "Sessions created.", ["agent"], registry=r
+        )
+        self.delegations = Counter(
+            "mesh_delegations_total",
+            "Delegations to peer agents.",
+            ["agent", "peer", "skill", "outcome"],
+            registry=r,
+        )
+        self.delegation_duration = Histogram(
+            "mesh_delegation_duration_seconds",
+            "Delegation wall time, retries included.",
+            ["agent", "peer", "skill"],
+            buckets=_TASK_BUCKETS,
+            registry=r,
+        )
+        self.delegation_retries = Counter(
+            "mesh_delegation_retries_total",
+            "Delegation retries.",
+            ["agent", "peer", "skill"],
+            registry=r,
+        )
+        self.circuit_breaker = Gauge(
+            "mesh_circuit_breaker_state",
+            "Circuit breaker per peer target: 0 closed, 1 half-open, 2 open.",
+            ["agent", "peer", "target"],
+            registry=r,
+        )
+        self.tasks_in_flight.labels(agent).set(0)
+        self.sessions_created.labels(agent)
+        # The targets each peer has breaker series for now.
+        self._breaker_targets: dict[str, frozenset[str]] = {}
+
+    # -- node ---------------------------------------------------------------------------------
+    def request(self, method: str, ok: bool) -> None:
+        """One JSON-RPC request; ``method`` outside the known methods counts as ``other``."""
+        if self._methods is not None and method not in self._methods:
+            method = OTHER
+        self.requests.labels(self.agent, method, "ok" if ok else "error").inc()
+
+    def task_started(self) -> None:
+        self.tasks_in_flight.labels(self.agent).inc()
+
+    def task_done(self, skill: str, outcome: TaskOutcome, seconds: float) -> None:
+        """One finished task; ``skill`` outside the declared skills counts as ``other``."""
+        if self._skills is not None and skill not in self._skills:
+            skill = OTHER
+        self.tasks_in_flight.labels(self.agent).dec()
+        self.tasks.labels(self.agent, skill, outcome).inc()
+        self.task_duration.labels(self.agent, skill).observe(seconds)
+
+    # -- runner observer ----------------------------------------------------------------------
+    def on_model_call(self, model_name: str, seconds: float, usage: Usage | None, ok: bool) -> None:
+        self.model_calls.labels(self.agent, model_name, "ok" if ok else "error").inc()
+        self.model_latency.labels(self.agent, model_name).observe(seconds)
+        if usage is not None:
+            for kind, value in (
+                ("input", usage.input_tokens),
+                ("output", usage.output_tokens),
+                ("cached", usage.cached_tokens),
+                ("thinking", usage.thinking_tokens),
+            ):
+                if value:
+                    self.tokens.labels(self.agent, model_name, kind).inc(value)
+
+    def on_tool_call(self, tool_name: str, ok: bool) -> None:
+        self.tool_calls.labels(self.agent, tool_name, "ok" if ok else "error").inc()
+
+    def on_session_created(self) -> None:
+        self.sessions_created.labels(self.agent).inc()
+
+    # -- delegation ---------------------------------------------------------------------------
+    def delegation(self, peer: str, skill: str, outcome: str, seconds: float) -> None:
+        """One finished delegation; outcome: ok/rejected/unavailable/deadline/failed/canceled."""
+        self.delegations.labels(self.agent, peer, skill, outcome).inc()
+        self.delegation_duration.labels(self.agent, peer, skill).observe(seconds)
+
+    def delegation_retry(self, peer: str, skill: str) -> None:
+        self.delegation_retries.labels(self.agent, peer, skill).inc()
+
+    def breaker_states(self, peer: str, states: Mapping[str, BreakerState]) -> None:
+        """The breakers of ``peer`` are ``states`` (target -> state, in resolution order) and
+        only those: a target no longer listed loses its series. The first
+        ``MAX_BREAKER_TARGETS`` get a series each, the rest one ``other`` (the worst state)."""
+        values = {target: _BREAKER_VALUE[state] for target, state in states.items()}
+        if len(values) > MAX_BREAKER_TARGETS:
+            targets = list(values)
+            rest = targets[MAX_BREAKER_TARGETS:]
+            worst = max(values[t] for t in rest)
+            values = {t: values[t] for t in targets[:MAX_BREAKER_TARGETS]}
+            values[OTHER] = worst
+        for gone in self._breaker_targets.get(peer, frozenset()) - values.keys():
+            self.circuit_breaker.remove(self.agent, peer, gone)
+        for target, value in values.items():
+            self.circuit_breaker.labels(self.agent, peer, target).set(value)
+        self._breaker_targets[peer] = frozenset(values)

@@ -1,0 +1,369 @@
+"""``Node``: one agent, one process: the FastAPI app, its lifespan, and its drain.
+
+    node = Node(agent, settings)
+    app = node.app          # serve with uvicorn; `mesh serve` does this
+
+Routes: ``/.well-known/agent-card.json`` and ``POST /`` (A2A JSON-RPC, from ``mesh._a2a``),
+``/health``, ``/metrics``, ``/introspect``. Everything holding a connection (the database, the
+runner's model, the registrar) is opened in the lifespan and closed when it ends.
+
+Stopping (``drain``, run on SIGTERM by ``mesh serve``): the node deregisters, answers new
+``SendMessage`` calls with 503, waits up to ``settings.grace_seconds`` for in-flight tasks;
+past that, the tasks still running end FAILED (reason ``shutdown``) and their callers get that
+answer; then the server stops and the lifespan closes the stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+
+from mesh import __version__
+from mesh._a2a.server import A2AService
+from mesh._agent import Agent
+from mesh._gate import METHODS, RequestGate
+from mesh._health import Health
+from mesh._inflight import InFlight
+from mesh._introspect import introspect
+from mesh._metrics import NodeMetrics, render
+from mesh._models.base import Model
+from mesh._settings import DEFAULT_REGISTRY, NodeSettings
+from mesh._sqlite import Database
+from mesh._trust import PLAIN_HTTP_NETWORKS, PeerTrust
+
+__all__ = ["Node", "create_app"]
+
+log = logging.getLogger("mesh._node")
+
+#: Seconds a drain waits, once every task has ended, for their answers to be sent.
+ANSWER_WAIT_S = 5.0
+
+#: Connections of the node's shared peer HTTP client (all peers together), see _bind_toolsets.
+PEER_CONNECTIONS = 16
+
+
+class Node:
+    """One agent served over A2A. Build it, then serve ``node.app``."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        settings: NodeSettings,
+        *,
+        registry: CollectorRegistry | None = None,
+        env: Mapping[str, str] | None = None,
+        model: Model | None = None,
+    ) -> None:
+        self.agent = agent
+        self.settings = settings
+        self.env = dict(os.environ if env is None else env)
+        self.registry = registry or CollectorRegistry()
+        # Label values are closed sets: callers choose methods and skill ids (see mesh._metrics).
+        self.metrics = NodeMetrics(
+            self.registry,
+            agent.name,
+            version=agent.version,
+            skills=[s.id for s in agent.all_skills],
+            methods=METHODS,
+        )
+        self.instance_id = f"{agent.name}-{uuid.uuid4().hex[:8]}"
+        self.health = Health(agent.name, agent.version, self.instance_id)
+        self.draining = False
+        #: A2A exchanges (POST /) whose answer is not sent yet (counted by the request gate).
+        self.exchanges = InFlight()
+        self._drain: asyncio.Future[bool] | None = None
+        self.model: Model | None = model
+        self.service: A2AService | None = None
+        self._registrar: Any = None
+        # (httpx client, DiscoveryClient) shared by the agent's remote toolsets.
+        self._shared: tuple[Any, Any] | None = None
+        self.app = self._build_app()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    @asynccontextmanager
+    async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        # A drain and its waits belong to one run (one event loop).
+        self._drain = None
+        self.exchanges = InFlight()
+        db = await Database.open(self.settings.db_path)
+        runner: Any = None
+        skill_runners: dict[str, Any] = {}
+        try:
+            self.health.add_check("database", lambda: _db_check(db))
+            await self._bind_toolsets()  # before the runners: they run the node's own copies
+            if self.agent.is_llm:
+                runner, skill_runners = self._build_runners(db)
+                self.model = runner.model
+            self.health.add_check("model", self._model_check)
+            self.service = await A2AService.create(
+                self.agent,
+                url=self.settings.url,
+                db=db,
+                runner=runner,
+                skill_runners=skill_runners,
+                metrics=self.metrics,
+                store=self.settings.store,
+                bearer=self.settings.token is not None,
+                fastpath=self.settings.fastpath,
+                max_text_bytes=self.settings.max_text_bytes,
+            )
+            self.service.mount(app)
+            await self._start_registrar()
+            self.health.phase = "ready"
+            log.info(
+                "%s %s serving at %s (data %s, store %s)",
+                self.agent.name,
+                self.agent.version,
+                self.settings.url,
+                self.settings.data_dir,
+                self.settings.store,
+            )
+            yield
+        finally:
+            await self.drain()
+            if self.service is not None:
+                await self.service.aclose()
+            if runner is not None:
+                await runner.aclose()
+            await self._close_toolsets()
+            await db.aclose()
+            log.info("%s stopped", self.agent.name)
+
+    def _build_runners(self, db: Database) -> tuple[Any, dict[str, Any]]:
+        """The chat runner, and one runner per LLM typed skill (same model, same sessions)."""
+        from mesh._a2a.dispatcher import skill_agent
+        from mesh._runner import Runner, SessionLocks
+        from mesh._sessions.sqlite import SqliteSessionStore
+
+        sessions = SqliteSessionStore(db)
+        # One lock set: a chat turn and a typed-skill turn on the same context (session) wait
+        # for each other instead of interleaving their events.
+        locks = SessionLocks()
+        runner = Runner(
+            self.agent,
+            sessions=sessions,
+            model=self.model,
+            observer=self.metrics,
+            env=self.env,
+            locks=locks,
+        )
+        per_skill = {
+            s.id: Runner(
+                skill_agent(self.agent, s),
+                sessions=sessions,
+                model=runner.model,
+                observer=self.metrics,
+                env=self.env,
+                locks=locks,
+            )
+            for s in self.agent.skills
+            if s.typed and s.llm
+        }
+        return runner, per_skill
+
+    async def _start_registrar(self) -> None:
+        if not (self.settings.consul or self.settings.registry):
+            return
+        location, token = self._discovery_location()
+        from mesh._discovery import create_backend
+        from mesh._discovery.base import Registration
+        from mesh._discovery.registrar import Registrar
+
+        backend = create_backend(location, token=token)
+        registration = Registration(
+            instance_id=self.instance_id,
+            agent=self.agent.name,
+            url=self.settings.url,
+            version=self.agent.version,
+            skills=tuple(s.id for s in self.agent.all_skills),
+            tags=tuple(self.agent.tags),
+        )
+
+        def use_instance_id(instance_id: str) -> None:
+            # Our id was taken while we were away: /health, /introspect and the registry's
+            # check that the process at our URL is the one registering all go by the new one.
+            self.instance_id = instance_id
+            self.health.instance_id = instance_id
+
+        registrar = Registrar(backend, registration, on_new_instance_id=use_instance_id)
+        self._registrar = (registrar, backend)
+        await registrar.start()
+
+    def _discovery_location(self) -> tuple[str, str | None]:
+        """Where this node registers, and where its remote tools look peers up."""
+        if self.settings.consul:
+            return self.settings.consul, self.settings.consul_token
+        return self.settings.registry or DEFAULT_REGISTRY, self.settings.registry_token
+
+    async def _bind_toolsets(self) -> None:
+        """Run the node's own copies of the agent's remote toolsets (the ``Agent`` it was given
+        stays configuration: ``self.agent`` becomes a copy holding them), bound to the node's
+        shared HTTP client, discovery client, metrics and peer checks, so every peer call shares
+        one connection pool, is counted, and carries the mesh token only to verified members of
+        the mesh (``mesh._trust``)."""
+        if not any(hasattr(t, "bind") for t in self.agent.tools):
+            return
+        import dataclasses
+
+        import httpx
+
+        from mesh._discovery import create_backend
+        from mesh._discovery.client import DiscoveryClient
+        from mesh._netguard import create_http_client
+
+        tools = [t.copy() if hasattr(t, "bind") else t for t in self.agent.tools]
+        self.agent = dataclasses.replace(self.agent, tools=tools)
+        bindable = [t for t in tools if hasattr(t, "bind")]
+        location, token = self._discovery_location()
+        longest = max(float(getattr(t, "deadline_s", 30.0)) for t in bindable)
+        # One token per mesh: the node presents the token it requires of its own callers.
+        networks = self.settings.peer_policy
+        trust = PeerTrust(token=self.settings.token, networks=networks)
+        # Connections only to addresses PeerTrust would admit, checked as each one is made:
+        # its verdict lasts ttl_s, a DNS answer may not. Bounded pool, every connection kept
+        # alive: httpcore scans each pooled connection on every request (O(pool) per call),
+        # so past what a peer can serve in parallel more connections only cost CPU; a call
+        # beyond the cap waits for a free connection. No token here: a peer gets it per
+        # call, once verified.
+        http = create_http_client(
+            networks,
+            timeout=httpx.Timeout(longest + 5.0, connect=2.0),
+            limits=httpx.Limits(
+                max_connections=PEER_CONNECTIONS, max_keepalive_connections=PEER_CONNECTIONS
+            ),
+            plain_http=PLAIN_HTTP_NETWORKS if self.settings.token else None,
+        )
+        discovery = DiscoveryClient(create_backend(location, token=token))
+        self._shared = (http, discovery)
+        for toolset in bindable:
+            toolset.bind(
+                discovery=discovery,
+                http=http,
+                metrics=self.metrics,
+                caller=self.agent.name,
+                trust=trust,
+                max_answer_bytes=self.settings.max_answer_bytes,
+            )
+
+    async def _close_toolsets(self) -> None:
+        """Close the node's copies (``_bind_toolsets``), then the clients they shared."""
+        for toolset in self.agent.tools:
+            if hasattr(toolset, "bind") and hasattr(toolset, "aclose"):
+                await toolset.aclose()
+        if self._shared is not None:
+            http, discovery = self._shared
+            self._shared = None
+            await discovery.aclose()
+            await http.aclose()
+
+    async def _stop_registrar(self) -> None:
+        if self._registrar is None:
+            return
+        registrar, backend = self._registrar
+        self._registrar = None
+        await registrar.aclose()
+        await backend.aclose()
+
+    async def drain(self) -> bool:
+        """Stop taking tasks, deregister, wait for in-flight ones (bounded); past the grace
+        they end FAILED (shutdown). Runs once: a second call waits for the first one."""
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self._drain_once())
+        return await asyncio.shield(self._drain)
+
+    async def _drain_once(self) -> bool:
+        self.draining = True
+        self.health.phase = "stopping"
+        await self._stop_registrar()
+        if self.service is None:
+            return True
+        if self.service.in_flight:
+            log.info(
+                "draining: waiting up to %.0fs for %d task(s)",
+                self.settings.grace_seconds,
+                self.service.in_flight,
+            )
+        idle = await self.service.drain(self.settings.grace_seconds)
+        # Every task has ended; let their answers (a blocking reply, a stream's final event)
+        # reach the callers before the server is told to exit, which cuts open streams.
+        if not await self.exchanges.wait_idle(ANSWER_WAIT_S):
+            log.warning("%d answer(s) still unsent when stopping", self.exchanges.count)
+        return idle
+
+    # -- routes ---------------------------------------------------------------------------
+    async def _model_check(self) -> tuple[bool, str]:
+        if not self.agent.is_llm:
+            return True, "no model (function skills only)"
+        if self.model is None:
+            return False, "model not configured"
+        described = self.model.describe()
+        return True, f"{described.get('kind', 'model')} {described.get('name', '')}".strip()
+
+    def _runtime(self) -> dict[str, Any]:
+        return {
+            "mesh_version": __version__,
+            "uptime_s": self.health.uptime_s,
+            "url": self.settings.url,
+            "data_dir": str(self.settings.data_dir),
+            "store": self.settings.store,
+            "instance_id": self.instance_id,
+            "in_flight": self.service.in_flight if self.service else 0,
+            "draining": self.draining,
+        }
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(
+            title=f"mesh node: {self.agent.name}",
+            version=self.agent.version,
+            lifespan=self._lifespan,
+            docs_url=None,
+            redoc_url=None,
+        )
+
+        @app.get("/health")
+        async def health() -> JSONResponse:
+            status, body = await self.health.report()
+            return JSONResponse(body, status_code=status)
+
+        @app.get("/metrics")
+        async def metrics(request: Request) -> Response:
+            # Off the event loop: rendering is CPU work that grows with the series.
+            body, content_type = await run_in_threadpool(
+                render, self.registry, request.headers.get("accept")
+            )
+            return Response(body, headers={"Content-Type": content_type})
+
+        @app.get("/introspect")
+        async def introspect_route() -> JSONResponse:
+            return JSONResponse(
+                introspect(
+                    self.agent,
+                    self.model,
+                    self._runtime(),
+                    show_instruction=self.settings.introspect_instruction,
+                )
+            )
+
+        app.add_middleware(RequestGate, node=self)
+        return app
+
+
+async def _db_check(db: Database) -> tuple[bool, str]:
+    await db.ping()
+    return True, db.path
+
+
+def create_app(agent: Agent, settings: NodeSettings, **kwargs: Any) -> FastAPI:
+    """The ASGI app of ``agent`` (see ``Node`` for the options)."""
+    return Node(agent, settings, **kwargs).app

@@ -1,0 +1,361 @@
+"""Remote agents as tools: ``remote("credit-bureau", skill="score")``.
+
+    loan_officer = Agent(
+        name="loan-officer",
+        tools=[lookup_applicant,
+               remote("credit-bureau", skill="score"),     # found through the registry
+               remote("income-verifier")],                 # every skill of that agent
+    )
+
+``remote(...)`` is a ``Toolset``: configuration (which peer, which skill, the deadline, the retry
+policy and the breakers). At the start of each turn it resolves the agent's instances and reads
+the agent card (``mesh._card_cache``, through ``mesh._peer_link``), and declares one tool per skill:
+a typed skill's tool takes the skill's input JSON Schema (card extension
+``urn:mesh:skill-schemas:v1``) as parameters; a text skill's tool takes ``{"text": ...}``. Calling
+a tool runs a ``mesh._delegation.Delegation`` (retries with the same message id, failover,
+breakers, deadline, cancelling the child task); every failure reaches the model as a
+``RemoteError``. The last calls are kept for ``/introspect`` (``describe``), counted on the bound
+``NodeMetrics`` and logged (one ``delegation ...`` line each).
+
+Inside a node, the node binds its own copy of each toolset (``copy``, then ``bind(...)`` with its
+shared clients, metrics and peer checks) and closes it (``aclose``): the ``Agent`` the user built
+stays configuration. Used on its own (a script with a ``Runner``), the toolset opens its own HTTP
+client, which connects only inside ``$MESH_PEER_NETWORKS`` (default: any network but
+link-local), and finds the registry at ``$MESH_REGISTRY`` (default http://127.0.0.1:8400); call
+``aclose()`` when done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from mesh._card_cache import CardCache
+from mesh._delegation import (
+    CallRecord,
+    Delegation,
+    check_answer,
+    check_arguments,
+    context_key,
+    turn_trace,
+)
+from mesh._errors import ConfigError, RemoteError, ToolError
+from mesh._peer_link import PeerLink
+from mesh._resilience import BreakerBoard, RetryPolicy
+from mesh._tools import ToolContext
+
+if TYPE_CHECKING:
+    import httpx
+
+    from mesh._discovery.client import DiscoveryClient
+    from mesh._metrics import NodeMetrics
+    from mesh._trust import PeerTrust
+
+__all__ = ["CallRecord", "RemoteAgent", "RemoteSkillTool", "context_key", "remote"]
+
+log = logging.getLogger("mesh._remote")
+
+TEXT_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "description": "What to ask, in plain language."}},
+    "required": ["text"],
+}
+_OPEN_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+def _is_url(value: str) -> bool:
+    return value.startswith(("http://", "https://"))
+
+
+def _skill_schemas(card: dict[str, Any]) -> Mapping[str, Mapping[str, Any]]:
+    from mesh._a2a.card import skill_schemas
+
+    return skill_schemas(card)
+
+
+def _tool_name(peer: str, skill_id: str, typed: bool) -> str:
+    raw = f"{peer}_{skill_id}" if typed or skill_id != "chat" else f"ask_{peer}"
+    return re.sub(r"[^A-Za-z0-9_]", "_", raw)[:64]
+
+
+class RemoteSkillTool:
+    """One skill of a remote agent, as a ``Tool``."""
+
+    def __init__(
+        self,
+        owner: RemoteAgent,
+        skill_id: str,
+        *,
+        description: str,
+        input_schema: dict[str, Any] | None,
+        output_schema: dict[str, Any] | None,
+        typed: bool,
+    ) -> None:
+        self.owner = owner
+        self.skill_id = skill_id
+        self.typed = typed
+        self.input_schema = input_schema
+        self.output_schema = output_schema
+        self.name = _tool_name(owner.peer, skill_id, typed)
+        self.description = description or f"Skill {skill_id!r} of agent {owner.peer!r}."
+        if typed:
+            self.parameters: dict[str, Any] = dict(input_schema or _OPEN_PARAMETERS)
+        else:
+            self.parameters = TEXT_PARAMETERS
+
+    async def call(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return await self.owner.invoke(self, args, ctx)
+
+    def __repr__(self) -> str:
+        return f"RemoteSkillTool({self.owner.peer!r}, {self.skill_id!r})"
+
+
+class RemoteAgent:
+    """A peer agent's skills as tools (see the module docstring). Build with ``remote()``."""
+
+    def __init__(
+        self,
+        agent: str | None,
+        skill: str | None = None,
+        *,
+        url: str | None = None,
+        deadline_s: float = 30.0,
+        policy: RetryPolicy | None = None,
+        breakers: BreakerBoard | None = None,
+        card_ttl_s: float = 30.0,
+    ) -> None:
+        if agent is None and url is None:
+            raise ConfigError("remote(): give an agent name or url=")
+        if deadline_s <= 0:
+            raise ConfigError(f"remote({agent or url!r}): deadline_s must be > 0")
+        self.agent = agent
+        self.url = url.rstrip("/") if url else None
+        self.skill = skill
+        self.deadline_s = deadline_s
+        self.policy = policy or RetryPolicy(attempts=4, initial_delay=0.1, max_delay=1.0)
+        # A board the caller passed is shared by every copy (and keeps its on_change).
+        self._given_breakers = breakers
+        self.breakers = breakers or BreakerBoard(failure_threshold=3, cool_down=10.0)
+        self.card_ttl_s = card_ttl_s
+        self.caller = ""
+        self.recent: deque[CallRecord] = deque(maxlen=20)
+        self._link = PeerLink(
+            agent or self.url or "",
+            url=self.url,
+            named=agent is not None,
+            deadline_s=deadline_s,
+            breakers=self.breakers,
+        )
+        self._cards = CardCache(card_ttl_s)
+
+    @property
+    def peer(self) -> str:
+        """The peer's name: the agent's, or for ``remote(url)`` the one its card gives."""
+        return self._link.peer
+
+    @property
+    def instances(self) -> list[str]:
+        """The instance URLs of the latest resolution."""
+        return list(self._link.instances)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def copy(self) -> RemoteAgent:
+        """The same configuration, none of the state: what a node binds and runs, so the
+        ``Agent`` it was given stays configuration (and two nodes of one ``Agent`` share
+        nothing but a breaker board passed to ``remote()``)."""
+        return RemoteAgent(
+            self.agent,
+            self.skill,
+            url=self.url,
+            deadline_s=self.deadline_s,
+            policy=self.policy,
+            breakers=self._given_breakers,
+            card_ttl_s=self.card_ttl_s,
+        )
+
+    def bind(
+        self,
+        *,
+        discovery: DiscoveryClient | None = None,
+        http: httpx.AsyncClient | None = None,
+        metrics: NodeMetrics | None = None,
+        caller: str | None = None,
+        trust: PeerTrust | None = None,
+        max_answer_bytes: int | None = None,
+    ) -> None:
+        """Use the node's shared clients, metrics and peer checks (the node's lifespan calls it
+        on its copy): ``trust`` decides which instance URLs get calls and the mesh token;
+        ``max_answer_bytes`` bounds each answer read from a peer (``MESH_MAX_ANSWER_BYTES``)."""
+        self._link.bind(
+            discovery=discovery,
+            http=http,
+            metrics=metrics,
+            trust=trust,
+            max_answer_bytes=max_answer_bytes,
+        )
+        if caller:
+            self.caller = caller
+
+    async def aclose(self) -> None:
+        """Close what this toolset opened itself (never what ``bind`` gave it)."""
+        await self._link.aclose()
+
+    # -- declaring the tools ----------------------------------------------------------------
+    async def tools(self, ctx: ToolContext) -> list[RemoteSkillTool]:
+        """One tool per skill (or the one ``skill``) of the peer, from its card."""
+        try:
+            card = await self._cards.get(self._link, self.skill or "")
+        except RemoteError as exc:
+            if self.skill is None:
+                log.warning("no tools from %s this turn: %s", self.peer, exc)
+                return []
+            # Declared anyway: calling it retries resolution and reports why it fails.
+            log.warning("%s: card unavailable, declaring %s without schema", self.peer, self.skill)
+            return [self._placeholder(self.skill)]
+        skills = [s for s in card.get("skills", []) if isinstance(s, Mapping) and s.get("id")]
+        if self.skill is not None:
+            skills = [s for s in skills if s["id"] == self.skill]
+            if not skills:
+                offered = sorted(str(s.get("id")) for s in card.get("skills", []))
+                raise ConfigError(
+                    f"agent {self.peer!r} has no skill {self.skill!r}; it offers {offered}"
+                )
+        schemas = _skill_schemas(card)
+        return [self._tool(schemas, str(s["id"]), str(s.get("description", ""))) for s in skills]
+
+    def _tool(
+        self, schemas: Mapping[str, Mapping[str, Any]], skill_id: str, description: str
+    ) -> RemoteSkillTool:
+        schema = schemas.get(skill_id)
+        return RemoteSkillTool(
+            self,
+            skill_id,
+            description=description,
+            input_schema=dict(schema["input"]) if schema and schema.get("input") else None,
+            output_schema=dict(schema["output"]) if schema and schema.get("output") else None,
+            typed=schema is not None,
+        )
+
+    def _placeholder(self, skill_id: str) -> RemoteSkillTool:
+        return RemoteSkillTool(
+            self,
+            skill_id,
+            description=f"Skill {skill_id!r} of agent {self.peer!r} (currently unreachable).",
+            input_schema=None,
+            output_schema=None,
+            typed=True,
+        )
+
+    # -- the call ---------------------------------------------------------------------------
+    async def invoke(self, tool: RemoteSkillTool, args: Mapping[str, Any], ctx: ToolContext) -> Any:
+        """Run one delegation; returns the peer's answer or raises ``ToolError``/``RemoteError``."""
+        skill = tool.skill_id
+        started, clock0 = time.time(), time.perf_counter()
+        trace = turn_trace(ctx)
+        record = CallRecord(skill, "", "", trace.trace_id, started, started, "failed", 0)
+        try:
+            payload = check_arguments(tool, args)
+            if tool.typed and tool.input_schema is None:
+                # Declared while the peer was unreachable: the schema is needed to call it safely.
+                card = await self._cards.get(self._link, skill)
+                tool = self._tool(_skill_schemas(card), skill, tool.description)
+                payload = check_arguments(tool, payload if isinstance(payload, dict) else {})
+            delegation = Delegation(
+                self._link,
+                tool,
+                ctx,
+                trace=trace,
+                record=record,
+                policy=self.policy,
+                breakers=self.breakers,
+                deadline_s=self.deadline_s,
+                caller=self.caller,
+            )
+            answer = check_answer(self.peer, tool, await delegation.run(payload))
+            record.outcome = "ok"
+            return answer
+        except RemoteError as exc:
+            record.outcome = exc.reason if exc.reason != "invalid_output" else "failed"
+            raise
+        except ToolError:
+            record.outcome = "rejected"
+            raise
+        except asyncio.CancelledError:
+            record.outcome = "canceled"
+            raise
+        finally:
+            record.ended_at = time.time()
+            self.recent.append(record)
+            metrics = self._link.metrics
+            if metrics is not None:
+                metrics.delegation(self.peer, skill, record.outcome, time.perf_counter() - clock0)
+            log.info(
+                "delegation caller=%s peer=%s skill=%s outcome=%s attempts=%d target=%s "
+                "task=%s duration_ms=%.1f trace_id=%s",
+                ctx.agent_name or self.caller or "-",
+                self.peer,
+                skill,
+                record.outcome,
+                record.attempts,
+                record.target or "-",
+                record.task_id or "-",
+                (record.ended_at - started) * 1000,
+                trace.trace_id,
+            )
+
+    # -- visibility -------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """For /introspect: the peer as a node of this agent's tree."""
+        card = self._cards.card
+        return {
+            "kind": "remote",
+            "name": self.peer,
+            "url": self.url,
+            "skills": [self.skill] if self.skill else None,
+            "tools": sorted(
+                _tool_name(self.peer, str(s.get("id")), True) for s in card.get("skills", [])
+            )
+            if card and not self.skill
+            else None,
+            "instances": self.instances,
+            "breakers": self.breakers.states(),
+            "deadline_s": self.deadline_s,
+            "recent": [asdict(r) for r in self.recent],
+        }
+
+    def __repr__(self) -> str:
+        return f"remote({self.peer!r}, skill={self.skill!r})"
+
+
+def remote(
+    agent_or_url: str,
+    skill: str | None = None,
+    *,
+    deadline_s: float = 30.0,
+    url: str | None = None,
+    policy: RetryPolicy | None = None,
+    breakers: BreakerBoard | None = None,
+) -> RemoteAgent:
+    """A peer agent's skills as tools: by name through discovery, or at a fixed URL.
+
+    ``remote("credit-bureau", skill="score")`` declares one tool (``credit_bureau_score``);
+    ``remote("income-verifier")`` one per skill. ``remote("http://127.0.0.1:8411")`` or
+    ``remote("credit-bureau", url=...)`` skip discovery. ``deadline_s`` bounds each call,
+    retries included (the caller's own deadline, when sooner, wins). ``breakers``: a board of
+    your own (its ``on_change`` stays yours), shared with the node's copy of this toolset.
+    """
+    if _is_url(agent_or_url):
+        if url is not None:
+            raise ConfigError("remote(): give the URL once (positionally or url=)")
+        return RemoteAgent(
+            None, skill, url=agent_or_url, deadline_s=deadline_s, policy=policy, breakers=breakers
+        )
+    return RemoteAgent(
+        agent_or_url, skill, url=url, deadline_s=deadline_s, policy=policy, breakers=breakers
+    )

@@ -1,0 +1,214 @@
+"""``SqliteSessionStore``: sessions in the node's SQLite file; they survive restarts.
+
+Two tables: ``mesh_sessions`` (one row per session, state as JSON) and ``mesh_session_events``
+(one row per event, the whole ``Event`` as JSON, ordered by ``seq``). Appending an event and
+merging its state delta happen in one ``Database.write`` transaction, so a crash never leaves
+an event without its state change or the reverse.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from mesh._errors import StoreError
+from mesh._events import Event
+from mesh._sessions.base import Session, SessionInfo, merge_state
+from mesh._sqlite import Database
+
+__all__ = ["SqliteSessionStore"]
+
+_SCHEMA = """
+create table if not exists mesh_sessions (
+    user_id    text not null,
+    id         text not null,
+    state      text not null default '{}',
+    created_at real not null,
+    updated_at real not null,
+    primary key (user_id, id)
+);
+create table if not exists mesh_session_events (
+    seq        integer primary key autoincrement,
+    user_id    text not null,
+    session_id text not null,
+    event_id   text not null,
+    author     text not null,
+    timestamp  real not null,
+    data       text not null,
+    foreign key (user_id, session_id) references mesh_sessions (user_id, id) on delete cascade
+);
+create index if not exists mesh_session_events_by_session
+    on mesh_session_events (user_id, session_id, seq);
+create index if not exists mesh_sessions_by_user on mesh_sessions (user_id, updated_at);
+"""
+
+
+class SqliteSessionStore:
+    """A ``SessionStore`` on a shared ``Database`` (the node's file). Does not close ``db``."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def _ready(self) -> None:
+        await self.db.ensure_schema("mesh_sessions", _SCHEMA)
+
+    async def get(self, user_id: str, session_id: str) -> Session | None:
+        await self._ready()
+
+        def load(conn: sqlite3.Connection) -> tuple[sqlite3.Row | None, list[str]]:
+            row = conn.execute(
+                "select state, created_at, updated_at from mesh_sessions where user_id=? and id=?",
+                (user_id, session_id),
+            ).fetchone()
+            if row is None:
+                return None, []
+            events = conn.execute(
+                "select data from mesh_session_events where user_id=? and session_id=? "
+                "order by seq",
+                (user_id, session_id),
+            ).fetchall()
+            return row, [e["data"] for e in events]
+
+        # One read on the database thread: the session row and its events agree.
+        row, events = await self.db.read(load)
+        if row is None:
+            return None
+        try:
+            return Session(
+                id=session_id,
+                user_id=user_id,
+                state=json.loads(row["state"]),
+                events=[Event.model_validate_json(data) for data in events],
+                created_at=row["created_at"],
+                updated_at=row["updated_at"],
+            )
+        except ValueError as exc:
+            raise StoreError(f"session {session_id!r} in {self.db.path} is corrupt: {exc}") from exc
+
+    async def create(
+        self,
+        user_id: str,
+        session_id: str | None = None,
+        state: Mapping[str, Any] | None = None,
+    ) -> Session:
+        await self._ready()
+        session = Session.new(user_id, session_id, state)
+        state_json = _dumps(session.state, what=f"initial state of session {session.id!r}")
+
+        def insert(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "insert or ignore into mesh_sessions (user_id, id, state, created_at, updated_at) "
+                "values (?, ?, ?, ?, ?)",
+                (user_id, session.id, state_json, session.created_at, session.updated_at),
+            )
+            return cur.rowcount == 1
+
+        if not await self.db.write(insert):
+            raise StoreError(f"session {session.id!r} of user {user_id!r} already exists")
+        return session
+
+    async def get_or_create(
+        self,
+        user_id: str,
+        session_id: str | None = None,
+        state: Mapping[str, Any] | None = None,
+    ) -> Session:
+        if session_id is not None:
+            existing = await self.get(user_id, session_id)
+            if existing is not None:
+                return existing
+        try:
+            return await self.create(user_id, session_id, state)
+        except StoreError:
+            # Lost a race with a concurrent create of the same id: that one is ours too.
+            if session_id is not None and (found := await self.get(user_id, session_id)):
+                return found
+            raise
+
+    async def append_event(self, session: Session, event: Event) -> Session:
+        if event.partial:
+            return session
+        await self._ready()
+        data = event.model_dump_json()
+        delta = json.loads(_dumps(event.state_delta, what=f"state_delta of event {event.id}"))
+        now = time.time()
+
+        def append(conn: sqlite3.Connection) -> dict[str, Any]:
+            row = conn.execute(
+                "select state from mesh_sessions where user_id=? and id=?",
+                (session.user_id, session.id),
+            ).fetchone()
+            if row is None:
+                raise StoreError(
+                    f"no session {session.id!r} of user {session.user_id!r} to append to"
+                )
+            # Merge into the stored state, not the caller's copy: the row is the truth.
+            state = merge_state(json.loads(row["state"]), delta)
+            conn.execute(
+                "insert into mesh_session_events "
+                "(user_id, session_id, event_id, author, timestamp, data) values (?,?,?,?,?,?)",
+                (session.user_id, session.id, event.id, event.author, event.timestamp, data),
+            )
+            conn.execute(
+                "update mesh_sessions set state=?, updated_at=? where user_id=? and id=?",
+                (json.dumps(state), now, session.user_id, session.id),
+            )
+            return state
+
+        state = await self.db.write(append)
+        session.events.append(event)
+        session.state.clear()
+        session.state.update(state)
+        session.updated_at = now
+        return session
+
+    async def list_sessions(self, user_id: str) -> list[SessionInfo]:
+        await self._ready()
+        rows = await self.db.read(
+            lambda conn: conn.execute(
+                "select s.id, s.created_at, s.updated_at, "
+                "(select count(*) from mesh_session_events e "
+                " where e.user_id=s.user_id and e.session_id=s.id) as n "
+                "from mesh_sessions s where s.user_id=? order by s.updated_at desc",
+                (user_id,),
+            ).fetchall()
+        )
+        return [
+            SessionInfo(r["id"], user_id, r["created_at"], r["updated_at"], r["n"]) for r in rows
+        ]
+
+    async def delete(self, user_id: str, session_id: str) -> bool:
+        await self._ready()
+
+        def remove(conn: sqlite3.Connection) -> bool:
+            # Explicit, so it holds even if a connection runs with foreign_keys off.
+            conn.execute(
+                "delete from mesh_session_events where user_id=? and session_id=?",
+                (user_id, session_id),
+            )
+            cur = conn.execute(
+                "delete from mesh_sessions where user_id=? and id=?", (user_id, session_id)
+            )
+            return cur.rowcount == 1
+
+        return await self.db.write(remove)
+
+    async def count(self) -> int:
+        await self._ready()
+        row = await self.db.read(
+            lambda conn: conn.execute("select count(*) from mesh_sessions").fetchone()
+        )
+        return int(row[0])
+
+    async def aclose(self) -> None:
+        """Nothing to release: the ``Database`` belongs to whoever opened it."""
+
+
+def _dumps(value: Mapping[str, Any], *, what: str) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from exc

@@ -1,0 +1,185 @@
+"""Skills: what an agent offers other agents over A2A.
+
+A *typed* skill has a pydantic input model and output model. It is handled either by a Python
+function (deterministic specialists) or, with no handler, by the agent's LLM runner (the input
+is rendered into the turn and the answer is constrained to the output schema). A *text* skill
+has neither model: free text in, free text out. Every LLM agent gets the text skill ``chat``.
+
+    class ScoreRequest(BaseModel):
+        applicant_id: str
+        amount: float
+
+    @skill(tags=["credit"])
+    async def score(req: ScoreRequest, ctx: SkillContext) -> ScoreReport:
+        "Score an applicant for a loan amount."
+        ...
+
+    summarize = llm_skill("summarize", input=Doc, output=Summary, description="...")
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import time
+import typing
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from mesh._errors import ConfigError
+
+__all__ = ["TEXT_SKILL_ID", "Skill", "SkillContext", "llm_skill", "skill"]
+
+TEXT_SKILL_ID = "chat"
+_ID = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+
+
+@dataclass
+class SkillContext:
+    """What a skill handler may know about the request it serves."""
+
+    skill_id: str
+    task_id: str = ""
+    context_id: str = ""
+    # Absolute deadline (time.time() seconds) the caller gave, or None.
+    deadline: float | None = None
+    traceparent: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (may be negative), None without a deadline."""
+        return None if self.deadline is None else self.deadline - time.time()
+
+
+Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Skill:
+    id: str
+    name: str
+    description: str
+    input_model: type[BaseModel] | None = None
+    output_model: type[BaseModel] | None = None
+    # None: the LLM runner handles it.
+    handler: Handler | None = None
+    tags: tuple[str, ...] = ()
+    examples: tuple[str, ...] = ()
+    # Extra instruction appended to the agent's for an LLM-handled typed skill.
+    instruction: str | None = None
+    # Whether the handler wants a SkillContext as its second argument.
+    takes_context: bool = False
+
+    def __post_init__(self) -> None:
+        if not _ID.match(self.id):
+            raise ConfigError(
+                f"skill id {self.id!r} is invalid: use lowercase letters, digits, '-' or '_', "
+                "starting with a letter"
+            )
+        if (self.input_model is None) != (self.output_model is None):
+            raise ConfigError(
+                f"skill {self.id!r}: give both an input and an output model, or neither"
+            )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the handler as the decorated function (a test calls ``score(ScoreRequest(...))``
+        like before ``@skill``). No validation: the node validates what comes over the wire."""
+        if self.handler is None:
+            raise ConfigError(
+                f"skill {self.id!r} is answered by the agent's model: run it through a Runner "
+                "or a node"
+            )
+        return self.handler(*args, **kwargs)
+
+    @property
+    def typed(self) -> bool:
+        return self.input_model is not None
+
+    @property
+    def llm(self) -> bool:
+        return self.handler is None
+
+    def input_schema(self) -> dict[str, Any] | None:
+        return self.input_model.model_json_schema() if self.input_model else None
+
+    def output_schema(self) -> dict[str, Any] | None:
+        return self.output_model.model_json_schema() if self.output_model else None
+
+
+def _model_of(annotation: Any, what: str, fn_name: str) -> type[BaseModel]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    raise ConfigError(
+        f"skill {fn_name!r}: the {what} must be annotated with a pydantic BaseModel subclass, "
+        f"got {annotation!r}"
+    )
+
+
+def skill(
+    fn: Handler | None = None,
+    *,
+    id: str | None = None,
+    name: str | None = None,
+    description: str | None = None,
+    tags: typing.Sequence[str] = (),
+    examples: typing.Sequence[str] = (),
+) -> Any:
+    """Make a typed skill of a function ``(input: In[, ctx: SkillContext]) -> Out``.
+
+    The input and output models come from the annotations, the description from the docstring.
+    The id is the function's name as written (``fx_rate`` -> ``fx_rate``) unless ``id=`` says
+    otherwise; ``name`` (shown in cards) defaults to ``"Fx rate"``. Usable bare (``@skill``) or
+    with options (``@skill(id="score", tags=[...])``). docs/guide.md has the reference.
+    """
+
+    def build(f: Handler) -> Skill:
+        hints = typing.get_type_hints(f)
+        params = list(inspect.signature(f).parameters.values())
+        if not params:
+            raise ConfigError(f"skill {f.__name__!r} must take its input model as first argument")
+        input_model = _model_of(hints.get(params[0].name), "first parameter", f.__name__)
+        output_model = _model_of(hints.get("return"), "return value", f.__name__)
+        # The name as written: what a caller types after reading the code (`--skill fx_rate`).
+        skill_id = id or f.__name__
+        doc = inspect.getdoc(f) or ""
+        return Skill(
+            id=skill_id,
+            name=name or skill_id.replace("-", " ").replace("_", " ").capitalize(),
+            description=description or doc or skill_id,
+            input_model=input_model,
+            output_model=output_model,
+            handler=f,
+            tags=tuple(tags),
+            examples=tuple(examples),
+            takes_context=len(params) > 1,
+        )
+
+    return build(fn) if fn is not None else build
+
+
+def llm_skill(
+    id: str,
+    *,
+    input: type[BaseModel],
+    output: type[BaseModel],
+    description: str,
+    name: str | None = None,
+    instruction: str | None = None,
+    tags: typing.Sequence[str] = (),
+    examples: typing.Sequence[str] = (),
+) -> Skill:
+    """A typed skill answered by the agent's model, its output validated against ``output``."""
+    return Skill(
+        id=id,
+        name=name or id.replace("-", " ").capitalize(),
+        description=description,
+        input_model=input,
+        output_model=output,
+        handler=None,
+        tags=tuple(tags),
+        examples=tuple(examples),
+        instruction=instruction,
+    )
