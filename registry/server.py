@@ -10,7 +10,7 @@ from mesh._errors import ConfigError
 from mesh._listener import bind_listener
 from mesh._netpolicy import is_loopback_host
 from registry.app import create_app
-from registry.settings import RegistrySettings
+from registry.settings import RegistrySettings, token_problem
 
 __all__ = ["KEEP_ALIVE_S", "RegistrySettings", "check_exposure", "check_token", "run"]
 
@@ -22,16 +22,9 @@ KEEP_ALIVE_S = 65
 def check_token(settings: RegistrySettings) -> None:
     """A write token no node could present is a ``ConfigError``: blank, or with spaces at
     either end (a bearer value is trimmed), every write would be refused, by nobody's fault."""
-    token = settings.token
-    if token is None or (token.strip() and token == token.strip()):
-        return
-    what = "is blank" if not token.strip() else "has spaces at either end"
-    raise ConfigError(
-        f"the registry's write token (MESH_REGISTRY_TOKEN or --token) {what}: no node could "
-        "present it, so every write would be refused; set a secret without spaces, e.g. "
-        "`export MESH_REGISTRY_TOKEN=$(openssl rand -hex 16)`, or unset it (open writes, "
-        "loopback only)"
-    )
+    problem = token_problem(settings.token)
+    if problem:
+        raise ConfigError(f"MESH_REGISTRY_TOKEN (or --token): {problem}")
 
 
 def check_exposure(settings: RegistrySettings) -> None:

@@ -1,13 +1,77 @@
-"""``RegistrySettings``: how one registry process runs (built by the CLI, read once)."""
+"""How one registry process runs: ``RegistrySettings`` (built once by ``registry.cli``, passed
+down) and ``RegistryEnvironment`` (the variables the registry reads, each checked where it is
+read; the flags given on the command line override them).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
+from pydantic import BeforeValidator, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from mesh._errors import ConfigError
 from mesh._netpolicy import NetworkPolicy
 
-__all__ = ["RegistrySettings"]
+__all__ = ["RegistryEnvironment", "RegistrySettings", "token_problem"]
+
+
+def token_problem(token: str | None) -> str | None:
+    """Why no node could present this write token (blank, or spaces at either end: a bearer
+    value is trimmed, so every write would be refused), else None."""
+    if token is None or (token.strip() and token == token.strip()):
+        return None
+    what = "is blank" if not token.strip() else "has spaces at either end"
+    return (
+        f"the write token {what}: no node could present it, so every write would be refused; "
+        "set a secret without spaces, e.g. `export MESH_REGISTRY_TOKEN=$(openssl rand -hex 16)`, "
+        "or unset it (open writes, loopback only)"
+    )
+
+
+def _network_policy(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    try:
+        return NetworkPolicy.parse(value)
+    except ConfigError as exc:
+        # pydantic collects ValueErrors (every bad value in one error); a ConfigError would stop
+        # at the first.
+        raise ValueError(str(exc)) from None
+
+
+class RegistryEnvironment(BaseSettings):
+    """``MESH_REGISTRY_TOKEN``, ``MESH_REGISTRY_ALLOW_NETWORKS`` and ``CONSUL_HTTP_TOKEN``, read
+    from the environment by pydantic-settings; keyword arguments (the flags) win over them. An
+    empty variable counts as unset. A bad value is a ``pydantic.ValidationError`` listing every
+    one, located by the variable's name (by the field's name for a keyword)."""
+
+    model_config = SettingsConfigDict(
+        case_sensitive=True,
+        env_ignore_empty=True,
+        extra="ignore",
+        frozen=True,
+        validate_by_name=True,
+        validate_by_alias=True,
+        arbitrary_types_allowed=True,
+    )
+
+    token: SecretStr | None = Field(default=None, validation_alias="MESH_REGISTRY_TOKEN")
+    # NoDecode: a list of networks, not JSON (pydantic-settings decodes "complex" fields).
+    allow_networks: Annotated[NetworkPolicy | None, NoDecode, BeforeValidator(_network_policy)] = (
+        Field(default=None, validation_alias="MESH_REGISTRY_ALLOW_NETWORKS")
+    )
+    consul_token: SecretStr | None = Field(default=None, validation_alias="CONSUL_HTTP_TOKEN")
+
+    @field_validator("token")
+    @classmethod
+    def _presentable(cls, token: SecretStr | None) -> SecretStr | None:
+        problem = token_problem(token.get_secret_value() if token else None)
+        if problem:
+            raise ValueError(problem)
+        return token
 
 
 @dataclass(frozen=True)

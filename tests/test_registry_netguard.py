@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
-
 import httpx
 import pytest
 
-import registry.server
-from mesh._cli import registry as cli
 from mesh._errors import ConfigError
 from mesh._netguard import AddressRefused, create_http_client
 from mesh._netpolicy import NetworkPolicy
 from mesh._outbound import FetchFailed, bounded_get
+from registry import cli
 from registry.settings import RegistrySettings
 from tests.raw_http import answer, raw_server
 
@@ -98,29 +95,17 @@ def test_the_default_policy_follows_the_bind_address() -> None:
 def test_the_cli_parses_allow_networks_and_names_the_flag_on_a_typo(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    seen: list[RegistrySettings] = []
+    parser = cli.build_parser()
 
-    def run(settings: RegistrySettings, **_: object) -> int:
-        seen.append(settings)
-        return 0
-
-    monkeypatch.setattr(registry.server, "run", run)
-    parser = argparse.ArgumentParser()
-    cli.add_parsers(parser.add_subparsers())
-
-    args = parser.parse_args(["registry", "--allow-networks", "127.0.0.1/32,private"])
-    assert args.handler(args) == 0
-    policy = seen[-1].network_policy
-    assert policy.allows("127.0.0.1")
-    assert policy.allows("10.9.9.9")
-    assert not policy.allows("127.0.0.2")
+    flagged = cli.settings_from(parser.parse_args(["--allow-networks", "127.0.0.1/32,private"]))
+    assert flagged.network_policy.allows("127.0.0.1")
+    assert flagged.network_policy.allows("10.9.9.9")
+    assert not flagged.network_policy.allows("127.0.0.2")
 
     monkeypatch.setenv("MESH_REGISTRY_ALLOW_NETWORKS", "192.168.7.0/24")
-    args = parser.parse_args(["registry"])
-    assert args.handler(args) == 0
-    assert seen[-1].network_policy.allows("192.168.7.7")
-    assert not seen[-1].network_policy.allows("127.0.0.1")
+    settings = cli.settings_from(parser.parse_args([]))
+    assert settings.network_policy.allows("192.168.7.7")
+    assert not settings.network_policy.allows("127.0.0.1")
 
-    args = parser.parse_args(["registry", "--allow-networks", "loopbak"])
-    with pytest.raises(ConfigError, match=r"--allow-networks .*'loopbak' is not a network"):
-        args.handler(args)
+    with pytest.raises(ConfigError, match=r"^--allow-networks: 'loopbak' is not a network"):
+        cli.settings_from(parser.parse_args(["--allow-networks", "loopbak"]))

@@ -23,12 +23,13 @@ from mesh._errors import ConfigError, MeshError
 EX_CONFIG = os.EX_CONFIG  # 78, sysexits.h
 
 # Services whose start-up ConfigError exits with EX_CONFIG (their supervisor reads it).
-_SERVICES = frozenset({"serve", "registry"})
+_SERVICES = frozenset({"serve"})
 
 # Modules contributing sub-commands, in help order.
 _COMMAND_MODULES = (
     "mesh._cli.serve",  # serve, card, call
-    "mesh._cli.registry",  # registry, ls, show
+    "mesh._cli.registry",  # registry (runs `python -m registry`, which has its own exit codes)
+    "mesh._cli.catalog",  # ls, show
     "mesh._cli.up",  # up, chat
     "mesh._cli.control",  # ps, restart, stop, logs (the running `mesh up`)
 )

@@ -1,257 +1,36 @@
-"""``mesh registry`` (run the registry), ``mesh ls`` (agents) and ``mesh show NAME`` (one agent).
+"""``mesh registry ARGS...``: an alias of ``python -m registry ARGS...`` (``mesh-registry``).
 
-``ls`` and ``show`` find the registry through ``--registry``, else ``MESH_REGISTRY``, else
-http://127.0.0.1:8400.
+The registry is a service built from mesh's parts, with its own command (``registry.cli``); mesh
+does not import it (the import contracts in pyproject.toml). The alias replaces this process
+with the registry's (``os.execv``): the pid stays the one ``mesh up``'s supervisor started and
+signals, and the registry's help, errors and exit codes are the command's own.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import importlib
-import json
 import os
 import sys
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn
 
-from mesh._cli.table import format_table
-from mesh._discovery.registry_client import DEFAULT_REGISTRY_URL, RegistryBackend
-from mesh._errors import ConfigError
-from mesh._netpolicy import NetworkPolicy
-
-__all__ = ["add_parsers", "format_agent", "format_agents"]
+__all__ = ["add_parsers"]
 
 
 def add_parsers(sub: Any) -> None:
-    """Register ``registry``, ``ls`` and ``show`` on the ``mesh`` sub-parsers."""
+    """Register ``registry`` on the ``mesh`` sub-parsers: every argument after it, ``--help``
+    included, goes to the registry's command unread."""
     p = sub.add_parser(
         "registry",
-        help="run the registry (API, operator page, Prometheus SD)",
-        description="Run the mesh registry: nodes register here; the operator page is at /.",
+        help="run the registry (API, operator page, Prometheus SD): same as mesh-registry",
+        add_help=False,
+        # No prefix character: no argument is an option of this parser, all pass through.
+        prefix_chars="\0",
     )
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8400, help="port (default 8400)")
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(".mesh/registry"),
-        help="where registry.db lives (default .mesh/registry)",
-    )
-    p.add_argument(
-        "--token",
-        default=None,
-        help="bearer token required for writes (default: $MESH_REGISTRY_TOKEN; unset: open, "
-        "allowed only on loopback)",
-    )
-    p.add_argument(
-        "--probe-interval", type=float, default=5.0, help="seconds between /health probes"
-    )
-    p.add_argument("--probe-timeout", type=float, default=2.0, help="seconds one probe may take")
-    p.add_argument("--ttl", type=float, default=30.0, help="seconds without heartbeat -> critical")
-    p.add_argument(
-        "--remove-after", type=float, default=300.0, help="seconds critical before removal"
-    )
-    p.add_argument(
-        "--backend",
-        default=None,
-        metavar="consul://HOST:PORT",
-        help="keep instances in Consul (token: $CONSUL_HTTP_TOKEN) instead of SQLite",
-    )
-    p.add_argument(
-        "--allow-networks",
-        default=None,
-        metavar="NETS",
-        help="networks registered URLs may be on, e.g. 'loopback,private,10.1.0.0/16' or 'any' "
-        "(default: $MESH_REGISTRY_ALLOW_NETWORKS, else loopback for a registry on loopback, "
-        "loopback and private ranges otherwise; link-local is always refused)",
-    )
-    p.add_argument(
-        "--max-instances",
-        type=int,
-        default=10_000,
-        metavar="N",
-        help="instances held at most; a new one beyond is refused with 503 registry_full "
-        "(default 10000): bounds the store, the page and every metric label set",
-    )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.set_defaults(handler=_run_registry)
-
-    ls = sub.add_parser("ls", help="list the agents in the registry")
-    _registry_arg(ls)
-    ls.add_argument("--skill", help="only agents offering this skill id")
-    ls.add_argument("--tag", help="only agents with this tag")
-    ls.add_argument("-q", "--query", help="free text (name, description, skills)")
-    ls.add_argument("--json", action="store_true", help="print JSON")
-    ls.set_defaults(handler=_ls)
-
-    show = sub.add_parser("show", help="show one agent: card, skills with schemas, instances")
-    _registry_arg(show)
-    show.add_argument("name", help="agent name")
-    show.add_argument("--json", action="store_true", help="print JSON")
-    show.set_defaults(handler=_show)
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(handler=_exec_registry)
 
 
-def _registry_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--registry",
-        default=None,
-        help=f"registry URL (default: $MESH_REGISTRY or {DEFAULT_REGISTRY_URL})",
-    )
-
-
-def _registry_url(args: argparse.Namespace) -> str:
-    return str(args.registry or os.environ.get("MESH_REGISTRY") or DEFAULT_REGISTRY_URL)
-
-
-def _run_registry(args: argparse.Namespace) -> int:
-    # The registry is a service built on mesh, not part of the library: load it only here.
-    if args.backend is not None and not args.backend.startswith(("consul://", "consul+https://")):
-        raise ConfigError(
-            f"--backend {args.backend!r}: use consul://host:8500 (or leave it out for SQLite)"
-        )
-    networks = args.allow_networks or os.environ.get("MESH_REGISTRY_ALLOW_NETWORKS") or None
-    try:
-        # Parsed before anything starts: a typo stops the registry, naming the entry.
-        policy = NetworkPolicy.parse(networks) if networks else None
-    except ConfigError as exc:
-        raise ConfigError(f"--allow-networks (or MESH_REGISTRY_ALLOW_NETWORKS): {exc}") from exc
-    if args.max_instances < 1:
-        raise ConfigError(f"--max-instances {args.max_instances}: give at least 1 (default 10000)")
-    server = importlib.import_module("registry.server")
-    settings = server.RegistrySettings(
-        host=args.host,
-        port=args.port,
-        data_dir=args.data_dir,
-        token=args.token or os.environ.get("MESH_REGISTRY_TOKEN") or None,
-        probe_interval_s=args.probe_interval,
-        probe_timeout_s=args.probe_timeout,
-        ttl_s=args.ttl,
-        remove_after_s=args.remove_after,
-        backend=args.backend,
-        consul_token=os.environ.get("CONSUL_HTTP_TOKEN") or None,
-        allow_networks=policy,
-        max_instances=args.max_instances,
-    )
-    return int(server.run(settings, log_level=args.log_level))
-
-
-async def _fetch_agents(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    backend = RegistryBackend(url)
-    try:
-        return await backend.list_agents(skill=args.skill, tag=args.tag, q=args.query)
-    finally:
-        await backend.aclose()
-
-
-async def _fetch_agent(url: str, name: str) -> dict[str, Any]:
-    backend = RegistryBackend(url)
-    try:
-        return await backend.get_agent(name)
-    finally:
-        await backend.aclose()
-
-
-def _ls(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
-    url = _registry_url(args)
-    agents = asyncio.run(_fetch_agents(url, args))
-    if args.json:
-        print(json.dumps(agents, indent=2), file=out)
-    else:
-        print(format_agents(agents, url), file=out)
-    return 0
-
-
-def _show(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
-    agent = asyncio.run(_fetch_agent(_registry_url(args), args.name))
-    if args.json:
-        print(json.dumps(agent, indent=2), file=out)
-    else:
-        print(format_agent(agent), file=out)
-    return 0
-
-
-def format_agents(agents: list[dict[str, Any]], url: str = "") -> str:
-    """``mesh ls`` as text: one row per agent with skills and instances up/total."""
-    if not agents:
-        return f"no agents registered{f' at {url}' if url else ''}"
-    rows = []
-    for a in agents:
-        counts = a.get("instances", {})
-        rows.append(
-            (
-                a["name"],
-                a.get("version", ""),
-                f"{counts.get('passing', 0)}/{counts.get('total', 0)}",
-                ", ".join(s["id"] for s in a.get("skills", [])),
-                _clip(a.get("description", ""), 60),
-            )
-        )
-    return format_table(("AGENT", "VERSION", "UP", "SKILLS", "DESCRIPTION"), rows)
-
-
-def _clip(text: str, n: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
-def _schema_lines(title: str, schema: dict[str, Any] | None) -> list[str]:
-    # schema_view is the registry's; a lean copy of its idea keeps the CLI free of it.
-    if not schema:
-        return []
-    defs = schema.get("$defs", {})
-    props = schema.get("properties", {})
-    required = set(schema.get("required", []))
-    lines = [f"    {title}:"]
-    for name, prop in props.items():
-        kind = prop.get("type") or (prop.get("$ref", "").rsplit("/", 1)[-1]) or "any"
-        if "anyOf" in prop:
-            kind = " | ".join(
-                p.get("type") or p.get("$ref", "").rsplit("/", 1)[-1] or "any"
-                for p in prop["anyOf"]
-            )
-        if kind == "array" and isinstance(prop.get("items"), dict):
-            items = prop["items"]
-            kind = f"array of {items.get('type') or items.get('$ref', '').rsplit('/', 1)[-1]}"
-        mark = "*" if name in required else " "
-        desc = prop.get("description", "")
-        lines.append(f"      {mark} {name}: {kind}" + (f"  ({desc})" if desc else ""))
-    del defs
-    return lines
-
-
-def format_agent(agent: dict[str, Any]) -> str:
-    """``mesh show`` as text: summary, skills with fields (* = required), instances."""
-    lines = [f"{agent['name']} {agent.get('version', '')}".rstrip()]
-    if agent.get("description"):
-        lines.append(f"  {agent['description']}")
-    interfaces = agent.get("card", {}).get("supportedInterfaces", [])
-    for i in interfaces:
-        lines.append(f"  interface: {i.get('url')} ({i.get('protocolBinding', '')})")
-    lines.append("")
-    lines.append("skills:")
-    for s in agent.get("skills", []):
-        tags = f" [{', '.join(s['tags'])}]" if s.get("tags") else ""
-        lines.append(f"  {s['id']}: {s.get('description', '')}{tags}")
-        if s.get("input_schema") is None:
-            lines.append("    free text in, free text out")
-        lines += _schema_lines("input", s.get("input_schema"))
-        lines += _schema_lines("output", s.get("output_schema"))
-    lines.append("")
-    instances = agent.get("instances", [])
-    up = sum(1 for i in instances if i.get("status") == "passing")
-    lines.append(f"instances ({up}/{len(instances)} up):")
-    rows = [
-        (i["url"], i.get("status", ""), i.get("status_reason", ""), i["instance_id"])
-        for i in instances
-    ]
-    if rows:
-        lines += [
-            "  " + line
-            for line in format_table(("URL", "STATUS", "REASON", "ID"), rows).split("\n")
-        ]
-    else:
-        lines.append("  none")
-    return "\n".join(lines)
+def _exec_registry(args: argparse.Namespace) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "registry", *args.args])
