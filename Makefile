@@ -23,6 +23,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .
@@ -32,4 +33,4 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench
 
 clean:
-	rm -rf $(VENV) .mesh .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .mesh .pytest_cache .mypy_cache .ruff_cache .grimp_cache .import_linter_cache
