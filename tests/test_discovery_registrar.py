@@ -190,6 +190,45 @@ async def test_each_outage_backs_off_afresh_and_a_forgotten_id_registers_at_once
     ]  # fmt: skip
 
 
+class BuggyBackend(ScriptedBackend):
+    """Raises what no backend should (a ValueError from a bug) while ``failures`` lasts."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def register(self, registration: Registration) -> None:
+        self.calls.append("register")
+        if self.failures:
+            self.failures -= 1
+            raise ValueError("bad port in 'http://127.0.0.1:9'")
+
+
+async def test_an_unexpected_error_is_logged_once_and_registration_keeps_trying(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """It ended the registrar's task silently: the node never registered, and nobody knew."""
+    backend, sleeps = BuggyBackend(failures=1_000_000), Sleeps()
+    registrar = Registrar(backend, REG, interval_s=5.0, sleep=sleeps)
+    with caplog.at_level(logging.INFO, logger="mesh._discovery"):
+        await registrar.start()
+        await eventually(lambda: backend.calls.count("register") >= 4)
+        assert registrar.state == "retrying"
+        assert registrar.last_error == "ValueError: bad port in 'http://127.0.0.1:9'"
+        backend.failures = 0
+        await eventually(lambda: registrar.state == "registered")
+        await registrar.aclose()
+    assert backend.calls[:4] == ["register"] * 4
+    assert sleeps.delays[:3] == [0.5, 1.0, 2.0]  # the same backoff as an outage
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert errors[0].getMessage().startswith("registering bureau failed: the discovery backend ")
+    assert "raised ValueError: bad port in 'http://127.0.0.1:9' (a bug, not an outage)" in (
+        errors[0].getMessage()
+    )
+    assert errors[0].exc_info is not None
+
+
 async def test_never_registered_means_no_deregister() -> None:
     backend, sleeps = ScriptedBackend(), Sleeps()
     backend.down = True

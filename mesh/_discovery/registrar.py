@@ -9,7 +9,9 @@ The background task registers, then heartbeats every ``interval_s``. When the re
 keeps trying with exponential backoff (tenacity's, capped at ``max_backoff_s``), logging once per
 state change rather than per attempt. A node that has not reached any registry yet says so once at
 INFO (serving without one is a normal way to start); losing a registry it had, or one that
-answers with a refusal, is a WARNING. A heartbeat answered "unknown instance" (the registry lost
+answers with a refusal, is a WARNING. Any other exception (a bug in a backend) is logged once at
+ERROR with its traceback and retried with the same backoff: the node keeps trying to register
+instead of losing its registrar task unseen. A heartbeat answered "unknown instance" (the registry lost
 or expired us) registers again at once. One answered "instance id taken" (the registry forgot us
 and someone else registered our id meanwhile: ``InstanceIdTaken``) registers under a new id,
 told first to ``on_new_instance_id`` (a node shows it in ``/health`` before the registry asks).
@@ -72,8 +74,9 @@ class Registrar:
         self._task: asyncio.Task[None] | None = None
         self._registered_once = False
         self._registered = asyncio.Event()
-        # "waiting": no registry has answered yet (said once, at INFO); "failing": a WARNING.
-        self._outage: Literal["waiting", "failing"] | None = None
+        # "waiting": no registry has answered yet (said once, at INFO); "failing": a WARNING;
+        # "broken": the backend raised something else (an ERROR).
+        self._outage: Literal["waiting", "failing", "broken"] | None = None
 
     @property
     def state(self) -> RegistrarState:
@@ -156,6 +159,22 @@ class Registrar:
                 "discovery unavailable for %s: %s; retrying in the background", reg.agent, exc
             )
 
+    def _broken(self, exc: Exception) -> None:
+        """Enter ``retrying`` after an exception no backend should raise; log it once (with
+        its traceback) until a success."""
+        self._set_state("retrying", f"{type(exc).__name__}: {exc}")
+        if self._outage != "broken":
+            self._outage = "broken"
+            self._log.error(
+                "registering %s failed: the discovery backend %s raised %s: %s (a bug, not an "
+                "outage); retrying in the background",
+                self.registration.agent,
+                self.backend,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+
     def _take_new_instance_id(self, exc: InstanceIdTaken) -> None:
         old = self.registration
         new_id = f"{old.agent}-{uuid.uuid4().hex[:8]}"
@@ -178,7 +197,9 @@ class Registrar:
         # One retry loop per registered period: a success ends it, and the next failure starts
         # the backoff over from ``first_backoff_s``.
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type(DiscoveryError),
+            # Any exception: one the backend should not raise must not end the task (the node
+            # would never register again, and nobody would know); _attempt logs it.
+            retry=retry_if_exception_type(Exception),
             wait=self._backoff,
             sleep=self._sleep,
         )
@@ -207,6 +228,9 @@ class Registrar:
             # After an outage, register again rather than heartbeat: it is idempotent and
             # covers a registry that came back without our record.
             self._retrying(exc)
+            raise
+        except Exception as exc:
+            self._broken(exc)
             raise
         self._registered_once = True
         self._registered.set()
