@@ -24,7 +24,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agents.credit_bureau import _score
 from mesh._agent import Agent
 from mesh._errors import RemoteError, ToolError
 from mesh._models.scripted import Call, Rule, Script, ScriptedModel
@@ -33,7 +32,7 @@ from mesh._resilience import RetryPolicy
 from mesh._runner import Runner
 from mesh._tools import ToolContext
 from mesh._tracing import TraceParent
-from tests.support import StaticDiscovery, clean_env, eventually, free_port, running
+from tests.support import BUREAU_SCORES, StaticDiscovery, clean_env, eventually, free_port, running
 
 pytestmark = pytest.mark.integration
 
@@ -159,7 +158,7 @@ async def test_typed_skill_becomes_a_tool_with_the_card_schema(bureau: str) -> N
         assert score.parameters["required"] == ["applicant_id", "amount"]
         assert "Credit score" in score.description
         result = await score.call({"applicant_id": "APP-501", "amount": 250000}, tool_context())
-    assert result["score"] == _score("APP-501")
+    assert result["score"] == BUREAU_SCORES["APP-501"]
     assert isinstance(result["score"], int)  # the card's schema says integer; the wire said 445.0
 
 
@@ -242,7 +241,7 @@ async def test_a_retried_call_runs_the_skill_once(bureau: str) -> None:
                 {"applicant_id": "APP-738", "amount": 100000}, tool_context()
             )
         assert proxy["sends"] == 2  # the original and one retry, same message id
-    assert result["score"] == _score("APP-738")
+    assert result["score"] == BUREAU_SCORES["APP-738"]
     assert rem.recent[-1].attempts == 2
     assert rem.recent[-1].outcome == "ok"
     # The node saw two sends of one message and ran the skill once.
@@ -258,7 +257,7 @@ async def test_failover_to_a_healthy_instance(bureau: str) -> None:
             out = await tools["credit_bureau_score"].call(
                 {"applicant_id": "APP-501", "amount": 1000}, tool_context()
             )
-            assert out["score"] == _score("APP-501")
+            assert out["score"] == BUREAU_SCORES["APP-501"]
     assert any(r.attempts == 2 for r in rem.recent)
     assert all(r.target == bureau and r.outcome == "ok" for r in rem.recent)
     assert rem.breakers.states()[bureau] == "closed"
@@ -388,7 +387,7 @@ async def test_delegation_metrics_on_the_bound_registry(bureau: str) -> None:
             )
             with pytest.raises(ToolError):
                 await tools["credit_bureau_score"].call({"applicant_id": 5}, tool_context())
-    assert out["score"] == _score("APP-501")
+    assert out["score"] == BUREAU_SCORES["APP-501"]
     labels = {"peer": "credit-bureau", "skill": "score"}
     assert value("mesh_delegation_retries_total", **labels) == 1
     assert value("mesh_delegations_total", outcome="ok", **labels) == 1
@@ -453,7 +452,7 @@ async def test_breaker_series_follow_the_resolved_instances_and_stay_bounded(bur
         out = await tools["credit_bureau_score"].call(
             {"applicant_id": "APP-501", "amount": 1000}, tool_context()
         )
-    assert out["score"] == _score("APP-501")
+    assert out["score"] == BUREAU_SCORES["APP-501"]
     assert series() == {bureau: 0}
     assert set(rem.describe()["breakers"]) <= {bureau}
 
@@ -539,7 +538,7 @@ async def test_a_node_runs_its_own_copy_of_the_agents_remote_toolsets(
     finally:
         server.should_exit = True
         await serving
-    assert answer.text == f"score {_score('APP-501')}", answer
+    assert answer.text == f"score {BUREAU_SCORES['APP-501']}", answer
     assert agent.tools == [rem]
     assert isinstance(ran, RemoteAgent)
     assert ran is not rem
@@ -551,4 +550,4 @@ async def test_a_node_runs_its_own_copy_of_the_agents_remote_toolsets(
         out = await tools["credit_bureau_score"].call(
             {"applicant_id": "APP-612", "amount": 10}, tool_context()
         )
-    assert out["score"] == _score("APP-612")
+    assert out["score"] == BUREAU_SCORES["APP-612"]

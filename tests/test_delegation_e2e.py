@@ -14,10 +14,17 @@ from typing import Any
 import httpx
 import pytest
 
-from agents.credit_bureau import _score
 from mesh._a2a.client import A2APeer, TaskResult
 from mesh._tracing import TraceParent
-from tests.support import Proc, clean_env, free_port, running, wait_for, wait_until_ok
+from tests.support import (
+    BUREAU_SCORES,
+    Proc,
+    clean_env,
+    free_port,
+    running,
+    wait_for,
+    wait_until_ok,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -142,7 +149,7 @@ async def test_loan_question_uses_both_specialists_under_one_trace(desk: Desk) -
     root = TraceParent.new()
     result = await ask(desk.officer, QUESTION, traceparent=str(root))
     assert result.state == "completed", result
-    expected_score = _score("APP-612")
+    expected_score = BUREAU_SCORES["APP-612"]
     assert f"score {expected_score}" in result.text
     assert "Income verifier: discrepancy" in result.text  # APP-612 declared 25% too much
     assert "DECLINE" in result.text or "REFER" in result.text or "APPROVE" in result.text
@@ -254,7 +261,7 @@ async def test_killing_one_bureau_replica_does_not_fail_the_next_requests(tmp_pa
         for _ in range(4):
             result = await ask(desk.officer, QUESTION)
             assert result.state == "completed"
-            assert f"score {_score('APP-612')}" in result.text, result.text
+            assert f"score {BUREAU_SCORES['APP-612']}" in result.text, result.text
         recent = peers_of(desk.officer)["credit-bureau"]["recent"]
         failed_over = [r for r in recent if r["attempts"] > 1]
         assert failed_over, f"the dead replica was never tried: {recent}"

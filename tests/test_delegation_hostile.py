@@ -24,14 +24,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agents.credit_bureau import _score
 from mesh._a2a.client import A2APeer
 from mesh._errors import RemoteError
 from mesh._remote import RemoteAgent, remote
 from mesh._resilience import BreakerBoard, RetryPolicy
 from mesh._tools import ToolContext
 from mesh._tracing import TraceParent
-from tests.support import StaticDiscovery, clean_env, eventually, free_port, running
+from tests.support import BUREAU_SCORES, StaticDiscovery, clean_env, eventually, free_port, running
 
 pytestmark = pytest.mark.integration
 
@@ -153,7 +152,7 @@ async def test_an_answer_that_is_not_an_a2a_answer_fails_over_to_the_genuine_pee
             # Two calls: the first tries the hostile instance first, the second the bureau.
             for _ in range(2):
                 out = await tool.call({"applicant_id": "APP-501", "amount": 1000}, _context())
-                assert out["score"] == _score("APP-501")
+                assert out["score"] == BUREAU_SCORES["APP-501"]
         finally:
             await rem.aclose()
         assert evil["posts"] == 1

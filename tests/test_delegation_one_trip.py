@@ -22,13 +22,12 @@ from a2a.types import (
 )
 from google.protobuf.struct_pb2 import Struct
 
-from agents.credit_bureau import _score
 from mesh._a2a.client import A2APeer
 from mesh._errors import RemoteError
 from mesh._remote import remote
 from mesh._tools import ToolContext
 from mesh._tracing import TraceParent
-from tests.support import clean_env, free_port, running
+from tests.support import BUREAU_SCORES, clean_env, free_port, running
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +63,7 @@ async def test_streamed_events_say_what_get_task_says(bureau: str) -> None:
     assert [u.data for u in updates if u.kind == "artifact"] == [stored.data]
     assert [u.state for u in updates if u.kind == "status"][-1] == stored.state == "completed"
     assert stored.data is not None
-    assert stored.data["score"] == _score("APP-501")
+    assert stored.data["score"] == BUREAU_SCORES["APP-501"]
     assert stored.metadata["skill"] == "score"
 
 
@@ -93,7 +92,7 @@ async def test_remote_call_sends_one_request(bureau: str) -> None:
             )
         finally:
             await rem.aclose()
-    assert result["score"] == _score("APP-612")
+    assert result["score"] == BUREAU_SCORES["APP-612"]
     assert methods == ["SendMessage"]
 
 
@@ -145,7 +144,7 @@ async def test_send_equals_get_task_and_is_what_the_sdk_client_sends(bureau: str
     assert called == stored
     assert called.state == "completed"
     assert called.data is not None
-    assert called.data["score"] == _score("APP-501")
+    assert called.data["score"] == BUREAU_SCORES["APP-501"]
     assert isinstance(called.data["score"], int)
     assert called.metadata["skill"] == "score"
     assert answers[-1].task.status.state == TaskState.TASK_STATE_COMPLETED

@@ -26,11 +26,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from agents.credit_bureau import _score
 from agents.credit_bureau import agent as bureau_agent
 from mesh._a2a.card import build_card, card_to_dict
 from mesh._a2a.client import A2APeer, auth_headers
-from tests.support import Proc, clean_env, eventually, free_port, running, wait_until_ok
+from tests.support import (
+    BUREAU_SCORES,
+    Proc,
+    clean_env,
+    eventually,
+    free_port,
+    running,
+    wait_until_ok,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -195,7 +202,7 @@ async def test_impostors_get_no_token_and_the_genuine_peer_does(mesh: Mesh) -> N
                 return answer if answer.startswith("score") else None
 
             answer = await eventually(genuine_answers, within=20, interval=0.3)
-            assert answer == f"score {_score('APP-501')}"
+            assert answer == f"score {BUREAU_SCORES['APP-501']}"
         for fake in (renamed, outside):
             assert not fake.got_token, fake.seen
             assert fake.calls == 0
