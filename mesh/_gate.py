@@ -34,10 +34,9 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mesh._a2a.server import SEND_METHODS
+from mesh._a2a.server import METHODS, SEND_METHODS
 from mesh._asgi import BodyTimeout, BodyTooLarge, bearer, read_body, replay
 from mesh._rpc_body import RpcRefused, parse_rpc_body
 
@@ -45,9 +44,6 @@ if TYPE_CHECKING:
     from mesh._node import Node
 
 __all__ = ["METHODS", "RequestGate"]
-
-#: Every JSON-RPC method the SDK's route answers: the closed set of the method label.
-METHODS = frozenset(JsonRpcDispatcher.METHOD_TO_MODEL)
 
 # The SDK dispatcher's records for a request it refuses (logged with a traceback at ERROR).
 _REFUSAL_RECORDS = frozenset(

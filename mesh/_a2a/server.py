@@ -22,6 +22,7 @@ from a2a.server.routes import (
     create_agent_card_routes,
     create_jsonrpc_routes,
 )
+from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 from a2a.server.tasks import InMemoryTaskStore, TaskStore
 from a2a.types import AgentCard
 
@@ -40,10 +41,13 @@ from mesh._sqlite import Database
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["SEND_METHODS", "STOP_WAIT_S", "A2AService"]
+__all__ = ["METHODS", "SEND_METHODS", "STOP_WAIT_S", "A2AService"]
 
 log = logging.getLogger("mesh._a2a")
 
+#: Every JSON-RPC method the SDK's route answers: the closed set of the request metrics' method
+#: label (mesh._gate).
+METHODS = frozenset(JsonRpcDispatcher.METHOD_TO_MODEL)
 #: JSON-RPC methods that start work (refused while a node drains).
 SEND_METHODS = frozenset({"SendMessage", "SendStreamingMessage"})
 #: How long a drain waits, once the grace ran out, for the cut tasks to write their end.
