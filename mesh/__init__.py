@@ -35,11 +35,13 @@ _EXPORTS: dict[str, str] = {
     "Instance": "mesh._discovery.base",
     "MaxModelCallsExceeded": "mesh._errors",
     "MeshError": "mesh._errors",
+    "MeshSettings": "mesh._settings",
     "Model": "mesh._models.base",
     "ModelError": "mesh._errors",
     "ModelRateLimited": "mesh._errors",
     "ModelRequest": "mesh._models.base",
     "ModelResponse": "mesh._models.base",
+    "ModelSettings": "mesh._settings",
     "Node": "mesh._node",
     "NodeMetrics": "mesh._metrics",
     "NodeSettings": "mesh._settings",
@@ -137,7 +139,7 @@ if TYPE_CHECKING:
     from mesh._sessions.base import Session, SessionStore
     from mesh._sessions.memory import InMemorySessionStore
     from mesh._sessions.sqlite import SqliteSessionStore
-    from mesh._settings import NodeSettings
+    from mesh._settings import MeshSettings, ModelSettings, NodeSettings
     from mesh._skills import Skill, SkillContext, llm_skill, skill
     from mesh._sqlite import Database
     from mesh._tools import Tool, ToolContext, current_context, tool

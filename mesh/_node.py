@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -37,8 +36,10 @@ from mesh._health import Health
 from mesh._inflight import InFlight
 from mesh._introspect import introspect
 from mesh._metrics import NodeMetrics, render
+from mesh._models import check_model_choice
 from mesh._models.base import Model
-from mesh._settings import DEFAULT_REGISTRY, NodeSettings
+from mesh._models.scripted import ScriptedModel
+from mesh._settings import DEFAULT_REGISTRY_URL, NodeSettings
 from mesh._sqlite import Database
 from mesh._trust import PLAIN_HTTP_NETWORKS, PeerTrust
 
@@ -62,12 +63,15 @@ class Node:
         settings: NodeSettings,
         *,
         registry: CollectorRegistry | None = None,
-        env: Mapping[str, str] | None = None,
         model: Model | None = None,
     ) -> None:
         self.agent = agent
         self.settings = settings
-        self.env = dict(os.environ if env is None else env)
+        # A node beyond loopback (or one told MESH_REQUIRE_MODEL=1) runs a named model for
+        # real or not at all: refused here, before it listens, not found out from its answers.
+        self.models = settings.models.model_copy(update={"require": settings.model_required})
+        if agent.is_llm and model is None:
+            check_model_choice(agent, self.models)
         self.registry = registry or CollectorRegistry()
         # Label values are closed sets: callers choose methods and skill ids (see mesh._metrics).
         self.metrics = NodeMetrics(
@@ -155,7 +159,7 @@ class Node:
             sessions=sessions,
             model=self.model,
             observer=self.metrics,
-            env=self.env,
+            env=self.models,
             locks=locks,
         )
         per_skill = {
@@ -164,7 +168,7 @@ class Node:
                 sessions=sessions,
                 model=runner.model,
                 observer=self.metrics,
-                env=self.env,
+                env=self.models,
                 locks=locks,
             )
             for s in self.agent.skills
@@ -204,7 +208,7 @@ class Node:
         """Where this node registers, and where its remote tools look peers up."""
         if self.settings.consul:
             return self.settings.consul, self.settings.consul_token
-        return self.settings.registry or DEFAULT_REGISTRY, self.settings.registry_token
+        return self.settings.registry or DEFAULT_REGISTRY_URL, self.settings.registry_token
 
     async def _bind_toolsets(self) -> None:
         """Run the node's own copies of the agent's remote toolsets (the ``Agent`` it was given
@@ -307,6 +311,10 @@ class Node:
             return True, "no model (function skills only)"
         if self.model is None:
             return False, "model not configured"
+        if isinstance(self.model, ScriptedModel):
+            # Canned answers: fine when chosen or on loopback, never when a real model was
+            # required (the start refuses that; this keeps /health honest regardless).
+            return not self.models.require or self.models.offline, "scripted (offline)"
         described = self.model.describe()
         return True, f"{described.get('kind', 'model')} {described.get('name', '')}".strip()
 

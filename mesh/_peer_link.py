@@ -7,15 +7,14 @@ series per resolved instance, one log line per change.
 
 Its clients are the node's (``bind``, from the node's lifespan). Used on its own (a script with a
 ``Runner``), it opens its own on first use, from the environment (``standalone_setup``: the
-variables ``mesh serve`` reads), opens them again on a new event loop (those of the old loop
-cannot be used there), and ``aclose`` closes them.
+variables ``mesh serve`` reads, read as it opens them), opens them again on a new event loop
+(those of the old loop cannot be used there), and ``aclose`` closes them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
     from mesh._discovery.client import DiscoveryClient
     from mesh._metrics import BreakerState as MetricBreakerState
     from mesh._metrics import NodeMetrics
+    from mesh._settings import MeshSettings
 
 __all__ = ["PeerLink", "StandaloneSetup", "standalone_setup"]
 
@@ -55,18 +55,13 @@ class StandaloneSetup:
     token: str | None
 
 
-def standalone_setup(environ: Mapping[str, str]) -> StandaloneSetup:
-    """The one place a ``remote()`` toolset reads the environment, the way ``mesh serve`` reads
-    it. Outside a node there is no token to protect: any network, unless
+def standalone_setup(settings: MeshSettings) -> StandaloneSetup:
+    """What a ``remote()`` toolset outside a node connects with, from ``settings`` (a script's
+    are read from its environment once, by ``mesh._settings.environment``, the first time a
+    toolset needs them). Outside a node there is no token to protect: any network, unless
     ``MESH_PEER_NETWORKS`` narrows it."""
-    from mesh._discovery import DEFAULT_REGISTRY_URL
-
-    networks = NetworkPolicy.from_env(environ, "MESH_PEER_NETWORKS") or NetworkPolicy.parse("any")
-    location = environ.get("MESH_DISCOVERY", "registry")
-    if location.startswith("consul://"):
-        return StandaloneSetup(networks, location, environ.get("CONSUL_HTTP_TOKEN"))
-    registry = environ.get("MESH_REGISTRY", DEFAULT_REGISTRY_URL)
-    return StandaloneSetup(networks, registry, environ.get("MESH_REGISTRY_TOKEN"))
+    networks = settings.peer_networks or NetworkPolicy.parse("any")
+    return StandaloneSetup(networks, settings.discovery_location, settings.discovery_token)
 
 
 class PeerLink:
@@ -177,13 +172,12 @@ class PeerLink:
         return self._http
 
     def _open_own(self) -> None:
-        import os
-
         from mesh._discovery import create_backend
         from mesh._discovery.client import DiscoveryClient
         from mesh._netguard import create_http_client
+        from mesh._settings import environment
 
-        setup = standalone_setup(os.environ)
+        setup = standalone_setup(environment())
         if self._http is None:
             # Checked before each URL is used (PeerTrust, for a clear refusal) and as each
             # connection is made (the client), like a node's.

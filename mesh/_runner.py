@@ -20,12 +20,11 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mesh._agent import Agent
 from mesh._errors import ConfigError, MaxModelCallsExceeded, MeshError, ModelError, StoreError
@@ -43,6 +42,9 @@ from mesh._tools import (
     set_current_context,
 )
 from mesh._types import Content, FunctionCall, FunctionResponse, Part, Usage
+
+if TYPE_CHECKING:
+    from mesh._settings import ModelSettings
 
 __all__ = ["NullObserver", "RunObserver", "RunResult", "Runner", "SessionLocks"]
 
@@ -139,7 +141,9 @@ class Runner:
     """Runs an LLM ``Agent``. One runner serves many users and sessions concurrently.
 
     ``model`` overrides ``agent.model``; otherwise the agent's model is resolved with
-    ``mesh._models.resolve_model(agent, env)`` (``env`` defaults to ``os.environ``). ``sessions``
+    ``mesh._models.resolve_model(agent, env)``: ``env`` is the model settings (a node passes its
+    own), or a mapping of variables, or None for the process environment (read once per
+    process: a script is its own edge). ``sessions``
     defaults to an ``InMemorySessionStore``. Turns of the same session are serialised.
     """
 
@@ -150,7 +154,7 @@ class Runner:
         sessions: SessionStore | None = None,
         model: Model | None = None,
         observer: RunObserver | None = None,
-        env: Mapping[str, str] | None = None,
+        env: ModelSettings | Mapping[str, str] | None = None,
         locks: SessionLocks | None = None,
     ) -> None:
         if not agent.is_llm:
@@ -167,7 +171,7 @@ class Runner:
         if model is None:
             from mesh._models import resolve_model
 
-            model = resolve_model(agent, os.environ if env is None else env)
+            model = resolve_model(agent, env)
         self.model = model
         self.observer: RunObserver = observer or NullObserver()
         # Plain functions become FunctionTools now, so a bad signature fails at start-up.

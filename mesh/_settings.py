@@ -1,25 +1,294 @@
-"""``NodeSettings``: everything a node reads from flags and the environment, read ONCE.
+"""Settings: everything mesh reads from the environment, read ONCE, at the edge.
 
-Only entry points (``mesh serve``) build settings; the rest of mesh receives them. Flags win
-over ``MESH_*`` variables, which win over defaults.
+``MeshSettings`` is every variable mesh reads (``MESH_*``, the model keys, ``CONSUL_HTTP_TOKEN``)
+as a typed field, validated by pydantic-settings: a bad environment is ONE ``ConfigError`` naming
+every bad variable and what to do. Secrets are ``SecretStr`` (never in a repr or a log).
+
+Entry points build it (``mesh serve``, ``mesh up``, ``mesh call``, ``mesh chat``:
+``MeshSettings.from_environment()``) and the rest of mesh receives what it needs. A script (a
+``Runner``, or a ``remote()`` toolset used outside a node) is its own edge: ``environment()`` reads
+the variables when one of them first needs them (a Runner when it is built, a toolset when it
+opens its clients).
+
+``NodeSettings`` is how one node runs: flags over ``MESH_*`` variables over defaults.
+
+A ``.env`` file is read only when ``MESH_ENV_FILE`` names one (variables set in the environment
+win over the file); a ``.env`` in the working directory is never picked up by surprise.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from mesh._errors import ConfigError
 from mesh._netpolicy import NetworkPolicy
 
-__all__ = ["DEFAULT_REGISTRY", "NodeSettings", "StoreKind"]
+__all__ = [
+    "DEFAULT_REGISTRY_URL",
+    "MeshSettings",
+    "ModelSettings",
+    "NodeSettings",
+    "StoreKind",
+    "environment",
+]
 
-DEFAULT_REGISTRY = "http://127.0.0.1:8400"
+#: Where nodes and the CLI find the registry unless told otherwise (the one spelling of it).
+DEFAULT_REGISTRY_URL = "http://127.0.0.1:8400"
 StoreKind = Literal["sqlite", "memory"]
-_LEVELS = {"DEBUG", "INFO", "WARNING", "ERROR"}
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_MIB = 1024 * 1024
+
+
+def _var(name: str, default: Any = None) -> Any:
+    """A field read from the variable ``name`` (exactly: variables are case-sensitive)."""
+    return Field(default, validation_alias=name)
+
+
+class ModelSettings(BaseModel):
+    """What decides the model an LLM agent runs on (``mesh._models.resolve_model``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    #: ``GOOGLE_API_KEY`` (or ``GEMINI_API_KEY``).
+    api_key: SecretStr | None = None
+    #: ``GOOGLE_GENAI_USE_VERTEXAI``: Vertex AI (``project``/``location`` with ADC credentials,
+    #: or an express-mode ``api_key``).
+    vertex: bool = False
+    project: str | None = None
+    location: str | None = None
+    #: ``GOOGLE_GEMINI_BASE_URL``: another Gemini endpoint (a proxy, a recorded server).
+    base_url: str | None = None
+    #: ``MESH_MODEL=scripted`` (``mesh serve --offline``): run on the offline scripted model,
+    #: on purpose, wherever the node listens.
+    offline: bool = False
+    #: ``MESH_REQUIRE_MODEL=1``: a model name without a key is an error, not the scripted model
+    #: (always so for a node listening beyond loopback, unless ``offline``).
+    require: bool = False
+
+    @property
+    def gemini(self) -> bool:
+        """Whether Gemini is configured (a key, or Vertex AI)."""
+        return self.api_key is not None or self.vertex
+
+
+class MeshSettings(BaseSettings):
+    """Every environment variable mesh reads, typed. ``from_environment()`` reads the process
+    environment (and ``MESH_ENV_FILE``); ``from_env(mapping)`` reads a mapping (tests)."""
+
+    model_config = SettingsConfigDict(
+        case_sensitive=True,
+        extra="ignore",
+        frozen=True,
+        env_ignore_empty=True,
+        arbitrary_types_allowed=True,
+    )
+
+    log_level: str = _var("MESH_LOG_LEVEL", "INFO")
+    data_dir: Path | None = _var("MESH_DATA_DIR")
+    #: ``consul://host:port``; None: the registry.
+    discovery: str | None = _var("MESH_DISCOVERY")
+    registry: str | None = _var("MESH_REGISTRY")
+    registry_token: SecretStr | None = _var("MESH_REGISTRY_TOKEN")
+    public_url: str | None = _var("MESH_PUBLIC_URL")
+    token: SecretStr | None = _var("MESH_TOKEN")
+    fastpath: bool = _var("MESH_FASTPATH", True)
+    introspect_instruction: bool = _var("MESH_INTROSPECT_INSTRUCTION", False)
+    max_body_bytes: int = _var("MESH_MAX_BODY_BYTES", 10 * _MIB)
+    max_inflight_bytes: int = _var("MESH_MAX_INFLIGHT_BYTES", 16 * _MIB)
+    max_text_bytes: int = _var("MESH_MAX_TEXT_BYTES", 64 * 1024)
+    max_answer_bytes: int = _var("MESH_MAX_ANSWER_BYTES", 32 * _MIB)
+    body_timeout_s: float = _var("MESH_BODY_TIMEOUT", 30.0)
+    # NoDecode: a list of networks, not JSON.
+    peer_networks: Annotated[NetworkPolicy | None, NoDecode] = _var("MESH_PEER_NETWORKS")
+    consul_token: SecretStr | None = _var("CONSUL_HTTP_TOKEN")
+    google_api_key: SecretStr | None = _var("GOOGLE_API_KEY")
+    gemini_api_key: SecretStr | None = _var("GEMINI_API_KEY")
+    use_vertex: bool = _var("GOOGLE_GENAI_USE_VERTEXAI", False)
+    cloud_project: str | None = _var("GOOGLE_CLOUD_PROJECT")
+    cloud_location: str | None = _var("GOOGLE_CLOUD_LOCATION")
+    gemini_base_url: str | None = _var("GOOGLE_GEMINI_BASE_URL")
+    model: Literal["scripted"] | None = _var("MESH_MODEL")
+    require_model: bool = _var("MESH_REQUIRE_MODEL", False)
+
+    # -- building ---------------------------------------------------------------------------
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> MeshSettings:
+        """Settings from ``env`` alone (the process environment is not read). An empty value
+        is an unset variable. ``ConfigError`` names every bad variable."""
+        given = {k: v for k, v in env.items() if v != ""}
+        try:
+            return cls.model_validate(given)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from None
+
+    @classmethod
+    def from_environment(cls, env_file: str | Path | None = None) -> MeshSettings:
+        """Settings from the process environment, over ``env_file`` (or the file
+        ``MESH_ENV_FILE`` names) when one is given. ``ConfigError`` names every bad variable."""
+        path = env_file or os.environ.get("MESH_ENV_FILE") or None
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(
+                f"MESH_ENV_FILE={str(path)!r}: no such file; name an existing .env file or unset it"
+            )
+        try:
+            return cls(_env_file=path)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from None
+
+    # -- validation -------------------------------------------------------------------------
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level(cls, value: Any) -> Any:
+        level = str(value).strip().upper()
+        if level not in _LEVELS:
+            raise ValueError(f"use one of {', '.join(_LEVELS)}")
+        return level
+
+    @field_validator("discovery", mode="before")
+    @classmethod
+    def _discovery(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        where = str(value).strip()
+        if where in ("", "registry"):
+            return None
+        if not where.startswith("consul://"):
+            raise ValueError("use 'registry' (the default) or consul://host:8500")
+        return where
+
+    @field_validator("token", "registry_token", mode="before")
+    @classmethod
+    def _bearer(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        # A token with spaces at either end can never match what a caller sends (the bearer
+        # value is trimmed), and one with other characters cannot go in an HTTP header (the
+        # node presents it to its peers): either way every call would be refused.
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        if not (raw.isascii() and raw.isprintable()) or " " in raw:
+            what = (
+                "only spaces" if not raw.strip() else "spaces or characters outside visible ASCII"
+            )
+            raise ValueError(
+                f"has {what}: no caller could present it; use visible ASCII characters "
+                "(e.g. the output of `openssl rand -hex 16`), or unset it"
+            )
+        return value
+
+    @field_validator(
+        "max_body_bytes", "max_inflight_bytes", "max_text_bytes", "max_answer_bytes", mode="before"
+    )
+    @classmethod
+    def _bytes(cls, value: Any) -> Any:
+        raw = str(value).strip()
+        if not raw.isdigit() or int(raw) <= 0:
+            raise ValueError("give a positive number of bytes, e.g. 1048576")
+        return int(raw)
+
+    @field_validator("body_timeout_s", mode="before")
+    @classmethod
+    def _seconds(cls, value: Any) -> Any:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError("give a positive number of seconds, e.g. 30")
+        return seconds
+
+    @field_validator("peer_networks", mode="before")
+    @classmethod
+    def _networks(cls, value: Any) -> Any:
+        if value is None or isinstance(value, NetworkPolicy):
+            return value
+        try:
+            return NetworkPolicy.parse(str(value))
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+
+    # -- views ------------------------------------------------------------------------------
+    @property
+    def models(self) -> ModelSettings:
+        """The model part (``GOOGLE_*``, ``GEMINI_API_KEY``, ``MESH_MODEL``,
+        ``MESH_REQUIRE_MODEL``)."""
+        return ModelSettings(
+            api_key=self.google_api_key or self.gemini_api_key,
+            vertex=self.use_vertex,
+            project=self.cloud_project,
+            location=self.cloud_location,
+            base_url=self.gemini_base_url,
+            offline=self.model == "scripted",
+            require=self.require_model,
+        )
+
+    @property
+    def registry_url(self) -> str:
+        """The registry the CLI and nodes use: ``MESH_REGISTRY``, else the default."""
+        return (self.registry or DEFAULT_REGISTRY_URL).rstrip("/")
+
+    @property
+    def discovery_location(self) -> str:
+        """``consul://...`` (``MESH_DISCOVERY``), else the registry's URL."""
+        return self.discovery or self.registry_url
+
+    @property
+    def discovery_token(self) -> str | None:
+        """The token for the discovery in use: ``CONSUL_HTTP_TOKEN`` or ``MESH_REGISTRY_TOKEN``."""
+        return _reveal(self.consul_token if self.discovery else self.registry_token)
+
+    @property
+    def mesh_token(self) -> str | None:
+        """``MESH_TOKEN``, to send as a bearer token."""
+        return _reveal(self.token)
+
+
+_SECRET_FIELDS = frozenset(
+    name for name, f in MeshSettings.model_fields.items() if "SecretStr" in str(f.annotation)
+)
+_ADVICE = {
+    "bool_parsing": "use 1 (on) or 0 (off)",
+    "literal_error": "the only value is 'scripted' (the offline model, on purpose); unset it "
+    "for the agent's own model",
+}
+
+
+def _describe(exc: ValidationError) -> str:
+    """One message naming every bad variable and what to do, without a secret's value."""
+    aliases = {f.validation_alias: name for name, f in MeshSettings.model_fields.items()}
+    problems = []
+    for error in exc.errors():
+        variable = str(error["loc"][0]) if error["loc"] else "?"
+        if error["type"] == "value_error":
+            advice = str(error["ctx"]["error"]) if "ctx" in error else error["msg"]
+        else:
+            advice = _ADVICE.get(error["type"], error["msg"])
+        if aliases.get(variable) in _SECRET_FIELDS:
+            # Never the value: a near-miss of a secret is still most of the secret.
+            problems.append(f"{variable} {advice}")
+        else:
+            problems.append(f"{variable}={error['input']!r}: {advice}")
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} bad settings:\n  " + "\n  ".join(problems)
+
+
+def _reveal(secret: SecretStr | None) -> str | None:
+    return secret.get_secret_value() if secret is not None else None
+
+
+def environment() -> MeshSettings:
+    """The process environment's settings, for the parts of a script that need them when they
+    first do (a ``Runner`` built without settings resolves its model; a ``remote()`` toolset
+    outside a node opens its clients): the script is its own edge. A node never calls this."""
+    return MeshSettings.from_environment()
 
 
 @dataclass(frozen=True)
@@ -33,13 +302,14 @@ class NodeSettings:
     public_url: str | None = None
     # Registry to announce the node to; None: do not register (``--no-register``).
     registry: str | None = None
-    registry_token: str | None = None
+    # Secrets stay out of the repr (a logged or printed settings object).
+    registry_token: str | None = field(default=None, repr=False)
     # ``consul://host:port`` to register with Consul instead of the registry.
     consul: str | None = None
-    consul_token: str | None = None
+    consul_token: str | None = field(default=None, repr=False)
     # When set, A2A calls (POST /) need ``Authorization: Bearer <token>``, and the node sends it
     # to its peers. The card, /health, /metrics and /introspect stay public.
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     store: StoreKind = "sqlite"
     # Serve typed function skills' blocking sends without the SDK's task machinery
     # (mesh._a2a.fastpath); MESH_FASTPATH=0 sends everything through the SDK.
@@ -49,22 +319,24 @@ class NodeSettings:
     # Seconds in-flight tasks get to finish after SIGTERM.
     grace_seconds: float = 20.0
     # Largest accepted request body (JSON-RPC), bytes.
-    max_body_bytes: int = 10 * 1024 * 1024
+    max_body_bytes: int = 10 * _MIB
     # Request bodies held at once (being read or being worked on), bytes: past it a new request
     # gets 503 "busy, retry" (one request alone is always let in, up to max_body_bytes).
-    max_inflight_bytes: int = 16 * 1024 * 1024
+    max_inflight_bytes: int = 16 * _MIB
     # Seconds a request body may take to arrive, from the end of its headers: past it 408 and
     # the connection closed (uvicorn has no such timeout; an idle client held its request).
     body_timeout_s: float = 30.0
     # Largest answer (or stream event) read from a peer this node delegates to, bytes: a bigger
     # one is not an A2A answer, and the call fails over to the next instance.
-    max_answer_bytes: int = 32 * 1024 * 1024
+    max_answer_bytes: int = 32 * _MIB
     # Largest text turn (a chat message, an LLM skill's input), UTF-8 bytes: a longer one is
     # REJECTED before any model work.
     max_text_bytes: int = 64 * 1024
     # Networks the peers this node delegates to may be on (checked after DNS resolution);
     # None: ``NetworkPolicy.default_for(host)``. See ``peer_policy``.
     peer_networks: NetworkPolicy | None = None
+    # The model keys and choices (no key by default: a named model runs offline on loopback).
+    models: ModelSettings = field(default_factory=ModelSettings)
 
     @property
     def url(self) -> str:
@@ -88,6 +360,13 @@ class NodeSettings:
         loopback, loopback and private ranges for one bound beyond it."""
         return self.peer_networks or NetworkPolicy.default_for(self.host)
 
+    @property
+    def model_required(self) -> bool:
+        """Whether a named model must run for real (a key must be there): the operator said
+        so (``MESH_REQUIRE_MODEL=1``), or the node listens beyond loopback; unless the offline
+        model was chosen (``MESH_MODEL=scripted``)."""
+        return not self.models.offline and (self.models.require or self.exposed)
+
     @classmethod
     def from_env(
         cls,
@@ -102,89 +381,78 @@ class NodeSettings:
         store: str | None = None,
         grace_seconds: float | None = None,
     ) -> NodeSettings:
-        """Settings from flags (given values) over ``MESH_*`` variables over defaults."""
-        level = env.get("MESH_LOG_LEVEL", "INFO").upper()
-        if level not in _LEVELS:
-            raise ConfigError(f"MESH_LOG_LEVEL={level!r}: use one of {sorted(_LEVELS)}")
+        """Settings from flags (given values) over the variables in ``env`` over defaults."""
+        return cls.build(
+            MeshSettings.from_env(env),
+            agent_name=agent_name,
+            host=host,
+            port=port,
+            data_dir=data_dir,
+            registry=registry,
+            no_register=no_register,
+            store=store,
+            grace_seconds=grace_seconds,
+        )
+
+    @classmethod
+    def build(
+        cls,
+        mesh: MeshSettings,
+        *,
+        agent_name: str,
+        host: str | None = None,
+        port: int | None = None,
+        data_dir: str | Path | None = None,
+        registry: str | None = None,
+        no_register: bool = False,
+        store: str | None = None,
+        grace_seconds: float | None = None,
+        offline: bool = False,
+    ) -> NodeSettings:
+        """Settings from flags (given values) over ``mesh`` (the variables) over defaults."""
+        problems = []
         store_kind = store or "sqlite"
         if store_kind not in ("sqlite", "memory"):
-            raise ConfigError(f"--store {store_kind!r}: use 'sqlite' or 'memory'")
+            problems.append(f"--store {store_kind!r}: use 'sqlite' or 'memory'")
         chosen_port = 8000 if port is None else port
         if not 0 < chosen_port < 65536:
-            raise ConfigError(f"--port {chosen_port}: use a port between 1 and 65535")
-        base = data_dir or env.get("MESH_DATA_DIR") or Path(".mesh") / agent_name
-        discovery = env.get("MESH_DISCOVERY", "").strip()
-        if discovery and discovery != "registry" and not discovery.startswith("consul://"):
-            raise ConfigError(
-                f"MESH_DISCOVERY={discovery!r}: use 'registry' (the default) or consul://host:8500"
+            problems.append(f"--port {chosen_port}: use a port between 1 and 65535")
+        models = mesh.models
+        if offline:
+            models = models.model_copy(update={"offline": True})
+        if models.offline and models.require:
+            problems.append(
+                "MESH_REQUIRE_MODEL=1 and the offline model (MESH_MODEL=scripted or --offline) "
+                "contradict each other: unset one"
             )
-        consul = discovery if discovery.startswith("consul://") else None
-        peer_networks = NetworkPolicy.from_env(env, "MESH_PEER_NETWORKS")
+        if problems:
+            raise ConfigError("\n  ".join(problems))
+        consul = None if no_register else mesh.discovery
         reg: str | None = None
         if not no_register and consul is None:
             # Like the CLI, a node finds the registry at the default address unless told
             # otherwise; while none answers it keeps serving and retries in the background.
-            reg = registry or env.get("MESH_REGISTRY") or DEFAULT_REGISTRY
+            reg = registry or mesh.registry or DEFAULT_REGISTRY_URL
         return cls(
             host=host or "127.0.0.1",
             port=chosen_port,
-            data_dir=Path(base),
-            public_url=env.get("MESH_PUBLIC_URL") or None,
+            data_dir=Path(data_dir or mesh.data_dir or Path(".mesh") / agent_name),
+            public_url=mesh.public_url,
             registry=reg,
-            registry_token=env.get("MESH_REGISTRY_TOKEN") or None,
-            token=_token(env, "MESH_TOKEN"),
-            fastpath=env.get("MESH_FASTPATH", "1") != "0",
-            consul=None if no_register else consul,
-            consul_token=env.get("CONSUL_HTTP_TOKEN") or None,
+            registry_token=_reveal(mesh.registry_token),
+            token=mesh.mesh_token,
+            fastpath=mesh.fastpath,
+            consul=consul,
+            consul_token=_reveal(mesh.consul_token),
             store=store_kind,  # type: ignore[arg-type]
-            log_level=level,
-            introspect_instruction=env.get("MESH_INTROSPECT_INSTRUCTION") == "1",
+            log_level=mesh.log_level,
+            introspect_instruction=mesh.introspect_instruction,
             grace_seconds=20.0 if grace_seconds is None else grace_seconds,
-            max_body_bytes=_bytes(env, "MESH_MAX_BODY_BYTES", cls.max_body_bytes),
-            max_inflight_bytes=_bytes(env, "MESH_MAX_INFLIGHT_BYTES", cls.max_inflight_bytes),
-            max_text_bytes=_bytes(env, "MESH_MAX_TEXT_BYTES", cls.max_text_bytes),
-            body_timeout_s=_seconds(env, "MESH_BODY_TIMEOUT", cls.body_timeout_s),
-            max_answer_bytes=_bytes(env, "MESH_MAX_ANSWER_BYTES", cls.max_answer_bytes),
-            peer_networks=peer_networks,
+            max_body_bytes=mesh.max_body_bytes,
+            max_inflight_bytes=mesh.max_inflight_bytes,
+            max_text_bytes=mesh.max_text_bytes,
+            body_timeout_s=mesh.body_timeout_s,
+            max_answer_bytes=mesh.max_answer_bytes,
+            peer_networks=mesh.peer_networks,
+            models=models,
         )
-
-
-def _bytes(env: Mapping[str, str], name: str, default: int) -> int:
-    """A positive byte count from ``env[name]`` (ConfigError naming the variable)."""
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) <= 0:
-        raise ConfigError(f"{name}={raw!r}: give a positive number of bytes, e.g. {default}")
-    return int(raw)
-
-
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    """A positive, finite number of seconds from ``env[name]`` (ConfigError naming it)."""
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{name}={raw!r}: give a positive number of seconds, e.g. {default:g}")
-    return value
-
-
-def _token(env: Mapping[str, str], name: str) -> str | None:
-    """A bearer token from ``env[name]`` (unset or empty: none). Visible ASCII only: a token
-    with spaces at either end can never match what a caller sends (the bearer value is trimmed),
-    and one with other characters cannot go in an HTTP header (the node presents it to its
-    peers); either way every call would be refused."""
-    raw = env.get(name, "")
-    if not raw:
-        return None
-    if not (raw.isascii() and raw.isprintable()) or " " in raw:
-        what = "only spaces" if not raw.strip() else "spaces or characters outside visible ASCII"
-        raise ConfigError(
-            f"{name} has {what}: no caller could present it; use visible ASCII characters, "
-            "e.g. `export MESH_TOKEN=$(openssl rand -hex 16)`, or unset it"
-        )
-    return raw

@@ -181,3 +181,25 @@ def test_startup_is_fast_without_genai(tmp_path: Path) -> None:
         intro = httpx.get(url + "/introspect").json()
         assert intro["agent"]["model"]["kind"] == "ScriptedModel"
     assert elapsed < 10
+
+
+def test_every_bad_variable_is_listed_in_one_error(tmp_path: Path) -> None:
+    """The first bad variable stopped `mesh serve`; fixing it only showed the next one."""
+    bad = {
+        "MESH_LOG_LEVEL": "chatty",
+        "MESH_MAX_BODY_BYTES": "10MB",
+        "MESH_BODY_TIMEOUT": "-1",
+        "MESH_DISCOVERY": "etcd://x",
+        "MESH_TOKEN": "s3cr3t value",
+    }
+    r = _mesh(
+        "serve", "agents.credit_bureau:agent", "--port", str(free_port()),
+        "--data-dir", str(tmp_path), "--no-register",
+        env=clean_env(**bad),
+    )  # fmt: skip
+    assert r.returncode == 78, r.stderr  # EX_CONFIG: `mesh up` does not restart it
+    assert "Traceback" not in r.stderr
+    assert r.stderr.startswith("mesh: error: 5 bad settings:"), r.stderr
+    lines = r.stderr.strip().splitlines()[1:]
+    assert sorted(line.split("=")[0].split()[0] for line in lines) == sorted(bad)
+    assert "s3cr3t" not in r.stderr  # never a secret's value

@@ -41,7 +41,7 @@ from mesh._resilience import RetryPolicy
 from mesh._settings import NodeSettings
 from mesh._tools import ToolContext
 from tests.raw_http import Handler, answer, raw_server, trickle
-from tests.support import clean_env, eventually, free_port
+from tests.support import eventually, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -112,7 +112,7 @@ async def serving(agent: Agent, tmp: Path) -> AsyncIterator[str]:
         peer_networks=NetworkPolicy.parse("127.0.0.1/32"),
         grace_seconds=1,
     )
-    node = Node(agent, settings, env=clean_env())
+    node = Node(agent, settings)
     config = uvicorn.Config(
         node.app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2
     )

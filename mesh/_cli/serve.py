@@ -21,44 +21,49 @@ from types import FrameType
 from typing import Any
 
 from mesh._errors import ConfigError, MeshError
+from mesh._settings import DEFAULT_REGISTRY_URL, MeshSettings
 
-__all__ = ["add_parsers", "load_agent", "resolve_target"]
+__all__ = ["add_parsers", "find_agent_url", "load_agent", "lookup_location", "resolve_target"]
+
+#: Read by a2a-sdk once, when ``a2a`` is first imported (a2a.utils.telemetry).
+SDK_TRACING = "OTEL_INSTRUMENTATION_A2A_SDK_ENABLED"
 
 
 # -- target resolution ----------------------------------------------------------------------
-def resolve_target(name_or_url: str, registry: str | None = None) -> str:
-    """The base URL of a node named by URL, ``host:port``, or agent name (looked up in the
-    registry: ``registry``, else ``$MESH_REGISTRY``, else the default address)."""
+def resolve_target(name_or_url: str, location: str) -> str:
+    """The base URL of a node named by URL, ``host:port``, or agent name (looked up at
+    ``location``: the registry's URL or ``consul://host:port``)."""
     target = name_or_url.strip()
     if target.startswith(("http://", "https://")):
         return target.rstrip("/")
     if ":" in target and target.split(":", 1)[1].isdigit():
         return f"http://{target}"
     if _AGENT_NAME.match(target):
-        return asyncio.run(find_agent_url(target, registry))
+        return asyncio.run(find_agent_url(target, location))
     raise ConfigError(
         f"{name_or_url!r} is neither a URL nor an agent name: give the node's address "
         "(e.g. http://127.0.0.1:8017) or an agent name registered in the registry"
     )
 
 
-async def find_agent_url(name: str, registry: str | None = None) -> str:
-    """The URL of one passing instance of ``name``, asked of the registry (or Consul, with
-    ``MESH_DISCOVERY=consul://...``)."""
+async def find_agent_url(name: str, location: str) -> str:
+    """The URL of one passing instance of ``name``, asked of the registry at ``location`` (or
+    Consul, for ``consul://host:port``)."""
     from mesh._discovery import create_backend
     from mesh._discovery.client import DiscoveryClient
-    from mesh._discovery.registry_client import DEFAULT_REGISTRY_URL
 
-    location = registry or os.environ.get("MESH_REGISTRY") or DEFAULT_REGISTRY_URL
-    discovery = os.environ.get("MESH_DISCOVERY", "")
-    if registry is None and discovery.startswith("consul://"):
-        location = discovery
     client = DiscoveryClient(create_backend(location))
     try:
         instances = await client.require(agent=name)
     finally:
         await client.aclose()
     return instances[0].url.rstrip("/")
+
+
+def lookup_location(registry: str | None, settings: MeshSettings) -> str:
+    """Where agent names are looked up: ``--registry``, else ``MESH_DISCOVERY``'s Consul, else
+    ``MESH_REGISTRY``, else the default registry."""
+    return registry or settings.discovery_location
 
 
 _AGENT_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
@@ -98,16 +103,26 @@ def load_agent(target: str) -> Any:
     return agent
 
 
+def _quiet_sdk_tracing() -> None:
+    """Turn off a2a-sdk's OpenTelemetry spans in this process unless the operator set
+    ``OTEL_INSTRUMENTATION_A2A_SDK_ENABLED``. With no tracer configured the SDK still wraps
+    every handler call in a no-op span, ~12 % of a node's CPU per task (docs/performance.md);
+    mesh's own trace context (``traceparent``, mesh._tracing) does not depend on it. The SDK
+    reads the variable once, when ``a2a`` is first imported, so this runs before the agent's
+    module (which imports mesh, then a2a). Only this entry point decides it: ``mesh serve``
+    owns its process, while importing mesh as a library leaves the environment alone."""
+    os.environ.setdefault(SDK_TRACING, "false")
+
+
 def _serve(args: argparse.Namespace) -> int:
-    # Before the agent's module runs: importing mesh._a2a turns off the a2a-sdk's no-op tracing
-    # (read once when ``a2a`` is first imported; see mesh/_a2a/__init__.py).
-    import mesh._a2a  # noqa: F401
+    _quiet_sdk_tracing()
     from mesh._listener import bind_listener
     from mesh._settings import NodeSettings
 
+    environment = MeshSettings.from_environment()
     agent = load_agent(args.target)
-    settings = NodeSettings.from_env(
-        os.environ,
+    settings = NodeSettings.build(
+        environment,
         agent_name=agent.name,
         host=args.host,
         port=args.port,
@@ -116,6 +131,7 @@ def _serve(args: argparse.Namespace) -> int:
         no_register=args.no_register,
         store=args.store,
         grace_seconds=args.grace,
+        offline=args.offline,
     )
     logging.basicConfig(
         level=settings.log_level,
@@ -130,13 +146,12 @@ def _serve(args: argparse.Namespace) -> int:
             "tasks; set MESH_TOKEN on every node of the mesh",
             settings.host,
         )
-    sock = bind_listener(settings.host, settings.port)
-
     import uvicorn
 
     from mesh._node import Node
 
-    node = Node(agent, settings)
+    node = Node(agent, settings)  # a model it cannot run as required refuses here, unbound
+    sock = bind_listener(settings.host, settings.port)
 
     class _Server(uvicorn.Server):
         """SIGTERM/SIGINT: drain the node first (503 on new sends, in-flight tasks finish),
@@ -181,15 +196,17 @@ def _serve(args: argparse.Namespace) -> int:
 
 # -- card / call ----------------------------------------------------------------------------
 def _card(args: argparse.Namespace) -> int:
-    return asyncio.run(_card_async(resolve_target(args.target, args.registry)))
+    settings = MeshSettings.from_environment()
+    url = resolve_target(args.target, lookup_location(args.registry, settings))
+    return asyncio.run(_card_async(url, settings.mesh_token))
 
 
-async def _card_async(url: str) -> int:
+async def _card_async(url: str, token: str | None) -> int:
     import httpx
 
     from mesh._a2a.client import A2APeer, auth_headers
 
-    headers = auth_headers(os.environ.get("MESH_TOKEN"))
+    headers = auth_headers(token)
     async with httpx.AsyncClient(timeout=10.0, headers=headers, trust_env=False) as http:
         peer = A2APeer(http, url)
         print(json.dumps(await peer.card_dict(), indent=2))
@@ -207,7 +224,9 @@ def _call(args: argparse.Namespace) -> int:
             raise ConfigError('--json must be a JSON object, e.g. \'{"applicant_id": "APP-501"}\'')
     else:
         payload = args.text
-    return asyncio.run(_call_async(resolve_target(args.target, args.registry), payload, args))
+    settings = MeshSettings.from_environment()
+    url = resolve_target(args.target, lookup_location(args.registry, settings))
+    return asyncio.run(_call_async(url, payload, args, settings.mesh_token))
 
 
 def _print_result(result: Any, shown: str = "") -> int:
@@ -241,13 +260,15 @@ async def _in_declared_order(peer: Any, result: Any) -> Any:
     return dataclasses.replace(result, data=order_like(result.data, schema.get("output")))
 
 
-async def _call_async(url: str, payload: dict[str, Any] | str, args: argparse.Namespace) -> int:
+async def _call_async(
+    url: str, payload: dict[str, Any] | str, args: argparse.Namespace, token: str | None
+) -> int:
     import httpx
 
     from mesh._a2a.client import A2APeer, auth_headers
 
     timeout = httpx.Timeout(10.0, read=args.timeout)
-    headers = auth_headers(os.environ.get("MESH_TOKEN"))
+    headers = auth_headers(token)
     async with httpx.AsyncClient(timeout=timeout, headers=headers, trust_env=False) as http:
         peer = A2APeer(http, url)
         try:
@@ -291,7 +312,8 @@ def _registry_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--registry",
         default=None,
-        help="registry that resolves agent names (default $MESH_REGISTRY or http://127.0.0.1:8400)",
+        help="registry that resolves agent names (default $MESH_REGISTRY or "
+        f"{DEFAULT_REGISTRY_URL})",
     )
 
 
@@ -317,6 +339,12 @@ def add_parsers(sub: Any) -> None:
         "--registry", default=None, help="registry URL to register with (default $MESH_REGISTRY)"
     )
     p.add_argument("--no-register", action="store_true", help="do not register with a registry")
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="run a named model on the offline scripted model, on purpose (MESH_MODEL=scripted); "
+        "beyond loopback a named model without GOOGLE_API_KEY otherwise refuses to start",
+    )
     p.add_argument(
         "--grace", type=float, default=None, help="seconds running tasks get on SIGTERM (20)"
     )

@@ -21,8 +21,9 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from mesh._cli.serve import find_agent_url
+from mesh._cli.serve import find_agent_url, lookup_location
 from mesh._cli.table import format_table
+from mesh._settings import DEFAULT_REGISTRY_URL, MeshSettings
 
 if TYPE_CHECKING:
     from mesh._a2a.client import A2APeer
@@ -81,7 +82,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     chat.add_argument(
         "--registry",
         default=None,
-        help="registry URL to find the agent (default $MESH_REGISTRY or http://127.0.0.1:8400)",
+        help=f"registry URL to find the agent (default $MESH_REGISTRY or {DEFAULT_REGISTRY_URL})",
     )
     chat.add_argument("--context-id", default=None, help="continue an existing context")
     chat.add_argument(
@@ -99,11 +100,19 @@ def _run_up(args: argparse.Namespace) -> int:
     # Imported here: every `mesh` command builds this parser, only `up` needs these.
     from mesh._meshfile import load_meshfile, meshfiles_in
 
+    # Read (and checked) once here: a bad variable stops `mesh up` before any child inherits it.
+    settings = MeshSettings.from_environment()
     root = Path(args.root).resolve()
     path = args.meshfile or shown_path(meshfiles_in(root)[0])
     meshfile = load_meshfile(path)
     return asyncio.run(
-        up(meshfile, root=root, start_timeout=args.start_timeout, meshfile_path=path)
+        up(
+            meshfile,
+            root=root,
+            start_timeout=args.start_timeout,
+            meshfile_path=path,
+            cli_registry=settings.registry_url,
+        )
     )
 
 
@@ -139,8 +148,10 @@ async def up(
     start_timeout: float = 60.0,
     out: TextIO = sys.stdout,
     meshfile_path: str = "agents/mesh.toml",
+    cli_registry: str = DEFAULT_REGISTRY_URL,
 ) -> int:
-    """Run the mesh until SIGINT/SIGTERM. Returns the exit code.
+    """Run the mesh until SIGINT/SIGTERM. Returns the exit code. ``cli_registry`` is the
+    registry the CLI finds by default (the commands it suggests name this mesh's when it differs).
 
     Nothing starts, and no log is written, unless this is the only ``mesh up`` of the state
     dir (``UpLock``) and every port of the plan is free; a ``ConfigError`` says which is not.
@@ -197,7 +208,7 @@ async def up(
                 start.result()  # raises ConfigError (after stopping everything) on a failure
                 started = True
                 _print_table(meshfile, supervisor, out)
-                try_it = await _first_command(supervisor, _registry_flag(meshfile))
+                try_it = await _first_command(supervisor, _registry_flag(meshfile, cli_registry))
                 _print_next_steps(meshfile, out, meshfile_path, root, try_it)
                 watcher = asyncio.create_task(supervisor.watch())
                 await stop.wait()
@@ -223,13 +234,10 @@ def _print_table(meshfile: MeshFile, supervisor: Supervisor, out: TextIO) -> Non
     print(file=out)
 
 
-def _registry_flag(meshfile: MeshFile) -> str:
+def _registry_flag(meshfile: MeshFile, cli_registry: str) -> str:
     """``--registry URL`` when the CLI would not find this mesh's registry by default."""
-    from mesh._discovery.registry_client import DEFAULT_REGISTRY_URL
-
     registry = meshfile.registry.public_url
-    default = (os.environ.get("MESH_REGISTRY") or DEFAULT_REGISTRY_URL).rstrip("/")
-    return "" if registry.rstrip("/") == default else f" --registry {registry}"
+    return "" if registry.rstrip("/") == cli_registry.rstrip("/") else f" --registry {registry}"
 
 
 def _print_next_steps(
@@ -302,14 +310,13 @@ def _is_json(text: str) -> bool:
 
 # -- chat -------------------------------------------------------------------------------------
 def _run_chat(args: argparse.Namespace) -> int:
-    import os
-
-    registry = args.registry or os.environ.get("MESH_REGISTRY") or "http://127.0.0.1:8400"
+    settings = MeshSettings.from_environment()
     messages: list[str] | None = args.message
     return asyncio.run(
         chat(
             args.agent,
-            registry=registry,
+            registry=lookup_location(args.registry, settings),
+            token=settings.mesh_token,
             messages=messages,
             context_id=args.context_id,
             answer_timeout_s=args.timeout,
@@ -327,19 +334,22 @@ async def chat(
     agent: str,
     *,
     registry: str,
+    token: str | None = None,
     messages: list[str] | None = None,
     context_id: str | None = None,
     answer_timeout_s: float = 120.0,
     out: TextIO = sys.stdout,
 ) -> int:
-    """Talk to ``agent`` (name or URL): ``messages`` in order, or lines read from stdin."""
+    """Talk to ``agent`` (name or URL, looked up at ``registry``: a registry's URL or
+    ``consul://host:port``): ``messages`` in order, or lines read from stdin. ``token``: the
+    mesh token, sent as a bearer token."""
     import httpx
 
     from mesh._a2a.client import A2APeer, auth_headers
 
     url = await _resolve(agent, registry)
     timeout = httpx.Timeout(10.0, read=answer_timeout_s)
-    headers = auth_headers(os.environ.get("MESH_TOKEN"))
+    headers = auth_headers(token)
     async with httpx.AsyncClient(timeout=timeout, headers=headers, trust_env=False) as http:
         peer = A2APeer(http, url)
         try:

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from mesh._discovery.base import DiscoveryBackend, Instance, Registration, UnknownInstance
     from mesh._discovery.client import DiscoveryClient
     from mesh._discovery.registrar import Registrar
-    from mesh._discovery.registry_client import DEFAULT_REGISTRY_URL, RegistryBackend
+    from mesh._discovery.registry_client import RegistryBackend
+    from mesh._settings import DEFAULT_REGISTRY_URL
 
 __all__ = [
     "DEFAULT_REGISTRY_URL",
@@ -33,7 +34,7 @@ __all__ = [
 ]
 
 _EXPORTS = {
-    "DEFAULT_REGISTRY_URL": "mesh._discovery.registry_client",
+    "DEFAULT_REGISTRY_URL": "mesh._settings",
     "DiscoveryBackend": "mesh._discovery.base",
     "DiscoveryClient": "mesh._discovery.client",
     "Instance": "mesh._discovery.base",

@@ -33,10 +33,10 @@ from mesh._discovery.base import (
 )
 from mesh._errors import AgentNotFound, DiscoveryError
 from mesh._pool import create_transport
+from mesh._settings import DEFAULT_REGISTRY_URL
 
 __all__ = ["DEFAULT_REGISTRY_URL", "SECRET_HEADER", "RegistryBackend"]
 
-DEFAULT_REGISTRY_URL = "http://127.0.0.1:8400"
 SECRET_HEADER = "Mesh-Instance-Secret"
 # What a request on a stale kept-alive connection fails with (before any answer came back).
 _STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError)
