@@ -57,8 +57,8 @@ class StandaloneSetup:
 
 def standalone_setup(settings: MeshSettings) -> StandaloneSetup:
     """What a ``remote()`` toolset outside a node connects with, from ``settings`` (a script's
-    are read from its environment once, by ``mesh._settings.environment``, the first time a
-    toolset needs them). Outside a node there is no token to protect: any network, unless
+    are read from its environment by ``mesh._settings.environment`` as the toolset opens its
+    clients). Outside a node there is no token to protect: any network, unless
     ``MESH_PEER_NETWORKS`` narrows it."""
     networks = settings.peer_networks or NetworkPolicy.parse("any")
     return StandaloneSetup(networks, settings.discovery_location, settings.discovery_token)

@@ -18,7 +18,7 @@ from tests.support import ROOT, clean_env, free_port, running
 # Where mesh may touch os.environ, and why. Everything else receives settings.
 ALLOWED = {
     # The settings module: MESH_ENV_FILE, and pydantic-settings reading the rest.
-    "mesh/_settings.py",
+    "mesh/_settings/settings.py",
     # `mesh serve`, the node's entry point: it owns its process and turns off a2a-sdk's no-op
     # tracing there before `a2a` is imported (the SDK reads its switch only from the
     # environment).

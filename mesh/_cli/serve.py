@@ -18,10 +18,13 @@ import re
 import signal
 import sys
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mesh._errors import ConfigError, MeshError
-from mesh._settings import DEFAULT_REGISTRY_URL, MeshSettings
+from mesh._settings import DEFAULT_REGISTRY_URL
+
+if TYPE_CHECKING:
+    from mesh._settings import MeshSettings
 
 __all__ = ["add_parsers", "find_agent_url", "load_agent", "lookup_location", "resolve_target"]
 
@@ -117,7 +120,7 @@ def _quiet_sdk_tracing() -> None:
 def _serve(args: argparse.Namespace) -> int:
     _quiet_sdk_tracing()
     from mesh._listener import bind_listener
-    from mesh._settings import NodeSettings
+    from mesh._settings import MeshSettings, NodeSettings
 
     environment = MeshSettings.from_environment()
     agent = load_agent(args.target)
@@ -196,6 +199,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 # -- card / call ----------------------------------------------------------------------------
 def _card(args: argparse.Namespace) -> int:
+    from mesh._settings import MeshSettings
+
     settings = MeshSettings.from_environment()
     url = resolve_target(args.target, lookup_location(args.registry, settings))
     return asyncio.run(_card_async(url, settings.mesh_token))
@@ -224,6 +229,8 @@ def _call(args: argparse.Namespace) -> int:
             raise ConfigError('--json must be a JSON object, e.g. \'{"applicant_id": "APP-501"}\'')
     else:
         payload = args.text
+    from mesh._settings import MeshSettings
+
     settings = MeshSettings.from_environment()
     url = resolve_target(args.target, lookup_location(args.registry, settings))
     return asyncio.run(_call_async(url, payload, args, settings.mesh_token))

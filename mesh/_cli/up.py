@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from mesh._cli.serve import find_agent_url, lookup_location
 from mesh._cli.table import format_table
-from mesh._settings import DEFAULT_REGISTRY_URL, MeshSettings
+from mesh._settings import DEFAULT_REGISTRY_URL
 
 if TYPE_CHECKING:
     from mesh._a2a.client import A2APeer
@@ -99,6 +99,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _run_up(args: argparse.Namespace) -> int:
     # Imported here: every `mesh` command builds this parser, only `up` needs these.
     from mesh._meshfile import load_meshfile, meshfiles_in
+    from mesh._settings import MeshSettings
 
     # Read (and checked) once here: a bad variable stops `mesh up` before any child inherits it.
     settings = MeshSettings.from_environment()
@@ -310,6 +311,8 @@ def _is_json(text: str) -> bool:
 
 # -- chat -------------------------------------------------------------------------------------
 def _run_chat(args: argparse.Namespace) -> int:
+    from mesh._settings import MeshSettings
+
     settings = MeshSettings.from_environment()
     messages: list[str] | None = args.message
     return asyncio.run(

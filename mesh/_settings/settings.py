@@ -30,9 +30,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from mesh._errors import ConfigError
 from mesh._netpolicy import NetworkPolicy
+from mesh._settings import DEFAULT_REGISTRY_URL
 
 __all__ = [
-    "DEFAULT_REGISTRY_URL",
     "MeshSettings",
     "ModelSettings",
     "NodeSettings",
@@ -40,8 +40,6 @@ __all__ = [
     "environment",
 ]
 
-#: Where nodes and the CLI find the registry unless told otherwise (the one spelling of it).
-DEFAULT_REGISTRY_URL = "http://127.0.0.1:8400"
 StoreKind = Literal["sqlite", "memory"]
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _MIB = 1024 * 1024
