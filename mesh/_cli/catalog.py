@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from typing import Any, TextIO
 
 from mesh._cli.table import format_table
-from mesh._discovery.registry_client import DEFAULT_REGISTRY_URL, RegistryBackend
+from mesh._discovery.registry_client import RegistryBackend
+from mesh._settings import DEFAULT_REGISTRY_URL
 
 __all__ = ["add_parsers", "format_agent", "format_agents"]
 
@@ -46,7 +46,9 @@ def _registry_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _registry_url(args: argparse.Namespace) -> str:
-    return str(args.registry or os.environ.get("MESH_REGISTRY") or DEFAULT_REGISTRY_URL)
+    from mesh._settings import MeshSettings  # read at the entry point, like every command
+
+    return str(args.registry or MeshSettings.from_environment().registry_url)
 
 
 async def _fetch_agents(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
