@@ -33,6 +33,7 @@ from prometheus_client.exposition import choose_encoder
 from mesh._types import Usage
 
 __all__ = [
+    "DURATION_BUCKETS",
     "MAX_BREAKER_TARGETS",
     "OTHER",
     "BreakerState",
@@ -54,6 +55,8 @@ _REFUSED = frozenset({"unauthorized", "too_large", "busy", "body_timeout", "inva
 
 # Tasks range from sub-millisecond function skills to multi-minute LLM turns.
 _TASK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+#: The upper bounds of the task and delegation duration histograms (``mesh._stats`` reads them).
+DURATION_BUCKETS = _TASK_BUCKETS
 _MODEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 
 

@@ -41,6 +41,7 @@ from mesh._models.base import Model
 from mesh._models.scripted import ScriptedModel
 from mesh._settings import DEFAULT_REGISTRY_URL, NodeSettings
 from mesh._sqlite import Database
+from mesh._stats import NodeStats
 from mesh._trust import PLAIN_HTTP_NETWORKS, PeerTrust
 
 __all__ = ["Node", "create_app"]
@@ -81,6 +82,8 @@ class Node:
             skills=[s.id for s in agent.all_skills],
             methods=METHODS,
         )
+        # The window figures the registry gathers with its probe (/health?stats=1).
+        self.stats = NodeStats(self.metrics, prices=self.models.prices)
         self.instance_id = f"{agent.name}-{uuid.uuid4().hex[:8]}"
         self.health = Health(agent.name, agent.version, self.instance_id)
         self.draining = False
@@ -340,8 +343,14 @@ class Node:
         )
 
         @app.get("/health")
-        async def health() -> JSONResponse:
+        async def health(request: Request) -> JSONResponse:
             status, body = await self.health.report()
+            # Read by hand, never validated: a health check must not fail on its query.
+            if request.query_params.get("stats") == "1":
+                body["stats"] = self.stats.report(
+                    peers=[str(t.peer) for t in self.agent.tools if hasattr(t, "bind")],
+                    in_flight=self.service.in_flight if self.service else 0,
+                )
             return JSONResponse(body, status_code=status)
 
         @app.get("/metrics")

@@ -70,6 +70,9 @@ class ModelSettings(BaseModel):
     #: ``MESH_REQUIRE_MODEL=1``: a model name without a key is an error, not the scripted model
     #: (always so for a node listening beyond loopback, unless ``offline``).
     require: bool = False
+    #: ``MESH_MODEL_PRICES``: model name -> (input, output) price per 1M tokens, for the cost
+    #: the registry's console shows (a model without a price shows no cost).
+    prices: dict[str, tuple[float, float]] = {}
 
     @property
     def gemini(self) -> bool:
@@ -115,6 +118,10 @@ class MeshSettings(BaseSettings):
     gemini_base_url: str | None = _var("GOOGLE_GEMINI_BASE_URL")
     model: Literal["scripted"] | None = _var("MESH_MODEL")
     require_model: bool = _var("MESH_REQUIRE_MODEL", False)
+    # NoDecode: "model=in/out,...", not JSON.
+    model_prices: Annotated[dict[str, tuple[float, float]], NoDecode] = _var(
+        "MESH_MODEL_PRICES", {}
+    )
 
     # -- building ---------------------------------------------------------------------------
     @classmethod
@@ -212,6 +219,11 @@ class MeshSettings(BaseSettings):
         except ConfigError as exc:
             raise ValueError(str(exc)) from exc
 
+    @field_validator("model_prices", mode="before")
+    @classmethod
+    def _prices(cls, value: Any) -> Any:
+        return parse_prices(value) if isinstance(value, str) else value
+
     # -- views ------------------------------------------------------------------------------
     @property
     def models(self) -> ModelSettings:
@@ -225,6 +237,7 @@ class MeshSettings(BaseSettings):
             base_url=self.gemini_base_url,
             offline=self.model == "scripted",
             require=self.require_model,
+            prices=self.model_prices,
         )
 
     @property
@@ -256,6 +269,26 @@ _ADVICE = {
     "literal_error": "the only value is 'scripted' (the offline model, on purpose); unset it "
     "for the agent's own model",
 }
+
+
+def parse_prices(text: str) -> dict[str, tuple[float, float]]:
+    """``"gemini-2.5-flash=0.30/2.50,other=1/4"``: per model, the price of 1M input tokens and
+    of 1M output tokens. ``ValueError`` naming the entry that is not one."""
+    prices: dict[str, tuple[float, float]] = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        model, _, pair = entry.rpartition("=")
+        first, _, second = pair.partition("/")
+        try:
+            price = (float(first), float(second))
+        except ValueError:
+            price = (-1.0, -1.0)
+        if not model.strip() or not all(0 <= p < float("inf") for p in price):
+            raise ValueError(
+                f"{entry!r} is not MODEL=INPUT/OUTPUT (prices per 1M tokens), "
+                "e.g. gemini-2.5-flash=0.30/2.50"
+            )
+        prices[model.strip()] = price
+    return prices
 
 
 def _describe(exc: ValidationError) -> str:
