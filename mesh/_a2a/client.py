@@ -54,6 +54,7 @@ from a2a.types import (
     Role,
     SendMessageConfiguration,
     SendMessageRequest,
+    TaskState,
 )
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from a2a.utils.errors import A2AError, InvalidParamsError, MethodNotFoundError, TaskNotFoundError
@@ -134,9 +135,12 @@ class A2APeer:
         metadata: Mapping[str, Any] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the HTTP timeout of this call
         wait: bool = True,
+        task_id: str | None = None,
     ) -> TaskResult:
         """Send one message (a dict: one JSON data part; a str: text) and return its task:
-        finished, or as it is once it exists with ``wait=False``. Re-sending the same
+        finished, or as it is once it exists with ``wait=False``. With ``task_id`` (and its
+        ``context_id``) the message goes to that task: the answer to a task that waits for
+        input (``input-required``/``auth-required``). Re-sending the same
         ``message_id`` returns the same task (the node deduplicates). ``timeout`` bounds the
         whole call except connecting, which the client's own connect timeout bounds when
         sooner (a host that never answers is ``unavailable``: another instance may be up)."""
@@ -148,6 +152,7 @@ class A2APeer:
                 context_id=context_id,
                 metadata=metadata,
                 wait=wait,
+                task_id=task_id,
             )
             request = self.http.build_request(
                 "POST",
@@ -178,10 +183,12 @@ class A2APeer:
         context_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - forwarded to the SDK per call
+        task_id: str | None = None,
     ) -> AsyncIterator[TaskUpdate]:
-        """Send one message and yield its events as they arrive; ``get_task`` for the end."""
+        """Send one message (to the task ``task_id`` when given, as ``send``) and yield its
+        events as they arrive; ``get_task`` for the end."""
         request = SendMessageRequest(
-            message=_message(payload, skill, message_id, context_id, metadata),
+            message=_message(payload, skill, message_id, context_id, metadata, task_id),
             configuration=SendMessageConfiguration(history_length=0),
         )
         with self._errors(skill or ""):
@@ -200,6 +207,20 @@ class A2APeer:
             )
         return TaskResult.from_json(as_json(task))
 
+    async def find_task(self, task_id: str) -> TaskResult | None:
+        """``get_task``, or None when the peer answers that it has no such task."""
+        try:
+            with self._errors():
+                client = await self._client(streaming=False)
+                task = await client.get_task(
+                    GetTaskRequest(id=task_id, history_length=0), context=self._context()
+                )
+        except RemoteError as exc:
+            if isinstance(exc.__cause__, TaskNotFoundError):
+                return None
+            raise
+        return TaskResult.from_json(as_json(task))
+
     async def cancel(self, task_id: str) -> TaskResult:
         with self._errors():
             client = await self._client(streaming=False)
@@ -212,15 +233,27 @@ class A2APeer:
         context_id: str | None = None,
         page_size: int = 50,
         page_token: str = "",
+        state: str | None = None,
+        include_artifacts: bool = True,
     ) -> TaskPage:
+        """One page of the peer's tasks, newest first; ``state`` ("input-required", as
+        ``TaskResult.state`` spells it) keeps those in that state."""
+        status = TaskState.TASK_STATE_UNSPECIFIED
+        if state:
+            try:
+                status = TaskState.Value("TASK_STATE_" + state.upper().replace("-", "_"))
+            except ValueError:
+                raise ValueError(f"{state!r} is not a task state") from None
         with self._errors():
             client = await self._client(streaming=False)
             page = await client.list_tasks(
                 ListTasksRequest(
                     context_id=context_id or "",
+                    status=status,
                     page_size=page_size,
                     page_token=page_token,
-                    include_artifacts=True,
+                    history_length=0,
+                    include_artifacts=include_artifacts,
                 ),
                 context=self._context(),
             )
@@ -396,6 +429,7 @@ def _message(
     message_id: str | None,
     context_id: str | None,
     metadata: Mapping[str, Any] | None,
+    task_id: str | None = None,
 ) -> Message:
     """The protobuf message the SDK's client sends (``stream``), as ``jsonrpc`` builds it."""
     meta: dict[str, Any] = dict(metadata or {})
@@ -412,6 +446,7 @@ def _message(
         role=Role.ROLE_USER,
         message_id=message_id or uuid.uuid4().hex,
         context_id=context_id or "",
+        task_id=task_id or "",
         parts=[part],
         metadata=struct,
     )

@@ -37,10 +37,12 @@ def send_message_body(
     context_id: str | None,
     metadata: Mapping[str, Any] | None,
     wait: bool,
+    task_id: str | None = None,
 ) -> bytes:
     """The ``SendMessage`` request for a typed (dict: one data part) or text (str) payload;
-    ``wait=False`` asks for the task as soon as it exists (``returnImmediately``). A payload
-    that is not JSON is ``InvalidParamsError`` (nothing is sent)."""
+    ``wait=False`` asks for the task as soon as it exists (``returnImmediately``); ``task_id``
+    sends it to that existing task (an answer to a task waiting for input). A payload that is
+    not JSON is ``InvalidParamsError`` (nothing is sent)."""
     meta: dict[str, Any] = dict(metadata or {})
     if skill:
         meta["skill"] = skill
@@ -54,6 +56,8 @@ def send_message_body(
     }
     if context_id:
         message["contextId"] = context_id
+    if task_id:
+        message["taskId"] = task_id
     if meta:
         message["metadata"] = meta
     configuration: dict[str, Any] = {"historyLength": 0}

@@ -71,7 +71,10 @@ def _whole(value: Any) -> Any:
 class TaskResult:
     """A task as the caller sees it. ``data``: the first JSON artifact part; ``text``: the text
     artifact parts (or the status message when there is no artifact); ``error``: for a task
-    that ended without completing, ``{"reason", "message"}`` (the node's ``metadata.error``)."""
+    that ended without completing, ``{"reason", "message"}`` (the node's ``metadata.error``);
+    ``status_message``: the status message in its JSON form (a waiting task's question: its
+    text and schema parts); ``updated_at``: the status timestamp as the wire spells it (RFC 3339,
+    "" without one)."""
 
     task_id: str
     context_id: str
@@ -80,6 +83,8 @@ class TaskResult:
     text: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     error: dict[str, Any] | None = None
+    status_message: Mapping[str, Any] | None = None
+    updated_at: str = ""
 
     @property
     def ok(self) -> bool:
@@ -99,7 +104,8 @@ class TaskResult:
                 data = _first_data(artifact)
             texts.extend(_texts(artifact))
         status = _mapping(task.get("status"))
-        status_text = "\n".join(_texts(status.get("message")))
+        message = status.get("message")
+        status_text = "\n".join(_texts(message))
         state = _state(status.get("state"))
         metadata = _mapping(task.get("metadata"))
         error: dict[str, Any] | None = None
@@ -118,6 +124,8 @@ class TaskResult:
             text="".join(texts) if texts else ("" if data is not None else status_text),
             metadata=metadata,
             error=error,
+            status_message=message if isinstance(message, Mapping) else None,
+            updated_at=str(status.get("timestamp") or ""),
         )
 
     @classmethod
