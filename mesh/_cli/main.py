@@ -3,6 +3,10 @@ through ``add_parsers(subparsers)``; this module only wires them and maps errors
 
     0    done
     1    a MeshError (the message says what went wrong and what to do)
+    2    usage
+    3    ``mesh reply``: no agent has the task
+    4    ``mesh call`` / ``mesh reply``: the task waits for an answer (the question and the
+         ``mesh reply`` command that answers it are printed)
     78   EX_CONFIG: ``mesh serve`` / ``mesh registry`` could not start as configured (a busy
          port, a bad module, a missing token); ``mesh up`` does not restart a process that
          exits with it, since the same start would fail the same way
@@ -31,6 +35,7 @@ _COMMAND_MODULES = (
     "mesh._cli.registry",  # registry (runs `python -m registry`, which has its own exit codes)
     "mesh._cli.catalog",  # ls, show
     "mesh._cli.up",  # up, chat
+    "mesh._cli.tasks",  # tasks, reply (tasks that wait for an answer)
     "mesh._cli.control",  # ps, restart, stop, logs (the running `mesh up`)
 )
 

@@ -236,7 +236,26 @@ def _call(args: argparse.Namespace) -> int:
     return asyncio.run(_call_async(url, payload, args, settings.mesh_token))
 
 
-def _print_result(result: Any, shown: str = "") -> int:
+def _reply_flags(target: str, url: str, registry: str | None) -> list[str]:
+    """How ``mesh reply`` finds the node ``mesh call`` talked to: by the agent name it was
+    given (and its registry), else by URL."""
+    if _AGENT_NAME.match(target.strip()):
+        return ["--agent", target.strip(), *(["--registry", registry] if registry else [])]
+    return ["--url", url]
+
+
+def _print_result(result: Any, shown: str = "", where: list[str] | None = None) -> int:
+    from mesh._cli.question import EXIT_WAITING, WAITING_STATES, waiting_lines
+
+    if result.state in WAITING_STATES:
+        # The task waits for its caller: what it asks, and the command that answers it.
+        from mesh._cli.up import mesh_command
+
+        where = where or []
+        agent = where[1] if len(where) > 1 else "the agent"
+        for line in waiting_lines(result, agent, where, mesh_command()):
+            print(line)
+        return EXIT_WAITING
     if result.ok:
         if result.data is not None:
             print(json.dumps(result.data, indent=2))
@@ -276,6 +295,7 @@ async def _call_async(
 
     timeout = httpx.Timeout(10.0, read=args.timeout)
     headers = auth_headers(token)
+    where = _reply_flags(args.target, url, args.registry)
     async with httpx.AsyncClient(timeout=timeout, headers=headers, trust_env=False) as http:
         peer = A2APeer(http, url)
         try:
@@ -283,7 +303,7 @@ async def _call_async(
                 result = await peer.send(
                     payload, skill=args.skill, context_id=args.context_id, timeout=args.timeout
                 )
-                return _print_result(await _in_declared_order(peer, result))
+                return _print_result(await _in_declared_order(peer, result), where=where)
             task_id = ""
             partial = False
             shown = ""
@@ -306,7 +326,7 @@ async def _call_async(
             if not task_id:
                 raise ConfigError("the stream ended without a task")
             result = await _in_declared_order(peer, await peer.get_task(task_id))
-            return _print_result(result, shown)
+            return _print_result(result, shown, where)
         finally:
             await peer.aclose()
 
@@ -369,7 +389,9 @@ def add_parsers(sub: Any) -> None:
     k = sub.add_parser(
         "call",
         help="send one task to a node and print the result",
-        description="Send a typed request (--skill S --json J) or free text (--text T).",
+        description="Send a typed request (--skill S --json J) or free text (--text T). A task "
+        "that stops to ask something prints its question and the `mesh reply` command that "
+        "answers it, and exits with 4.",
     )
     k.add_argument("target", metavar="URL|NAME", help=_TARGET_HELP)
     _registry_flag(k)

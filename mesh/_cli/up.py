@@ -18,15 +18,25 @@ import shutil
 import signal
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from mesh._cli.question import (
+    EXT,
+    WAITING_STATES,
+    parse_answer,
+    question_lines,
+    questions_of,
+    reply_command,
+)
 from mesh._cli.serve import find_agent_url, lookup_location
 from mesh._cli.table import format_table
 from mesh._settings import DEFAULT_REGISTRY_URL
 
 if TYPE_CHECKING:
     from mesh._a2a.client import A2APeer
+    from mesh._a2a.results import TaskResult
     from mesh._meshfile import MeshFile
     from mesh._supervisor import Child, Supervisor
 
@@ -76,7 +86,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "chat",
         help="talk to an agent (by name through the registry, or by URL)",
         description="An interactive conversation with one agent over A2A, in one context: "
-        "tool and peer calls are shown as they happen. Type 'exit' or Ctrl-D to leave.",
+        "tool and peer calls are shown as they happen. When a task asks something (it waits "
+        "for input), its question is shown and the next line answers it (JSON when the "
+        "question has a schema). Type 'exit' or Ctrl-D to leave.",
     )
     chat.add_argument("agent", help="agent name (e.g. loan-officer) or URL")
     chat.add_argument(
@@ -323,6 +335,7 @@ def _run_chat(args: argparse.Namespace) -> int:
             messages=messages,
             context_id=args.context_id,
             answer_timeout_s=args.timeout,
+            registry_args=["--registry", args.registry] if args.registry else [],
         )
     )
 
@@ -341,16 +354,23 @@ async def chat(
     messages: list[str] | None = None,
     context_id: str | None = None,
     answer_timeout_s: float = 120.0,
+    registry_args: Sequence[str] = (),
     out: TextIO = sys.stdout,
 ) -> int:
     """Talk to ``agent`` (name or URL, looked up at ``registry``: a registry's URL or
     ``consul://host:port``): ``messages`` in order, or lines read from stdin. ``token``: the
-    mesh token, sent as a bearer token."""
+    mesh token, sent as a bearer token.
+
+    When a task stops to ask something (input-required, auth-required), its question is shown
+    and the next message is the answer to it (JSON checked against the question's schema when
+    it has one: a wrong answer is explained and not sent); ``registry_args`` go in the
+    ``mesh reply`` command shown for a task still waiting when the chat ends."""
     import httpx
 
     from mesh._a2a.client import A2APeer, auth_headers
 
     url = await _resolve(agent, registry)
+    where = ["--url", url] if agent.startswith(("http://", "https://")) else ["--agent", agent]
     timeout = httpx.Timeout(10.0, read=answer_timeout_s)
     headers = auth_headers(token)
     async with httpx.AsyncClient(timeout=timeout, headers=headers, trust_env=False) as http:
@@ -359,27 +379,44 @@ async def chat(
             card = await peer.card_dict()
             print(f"talking to {card.get('name', agent)} at {url} (exit or Ctrl-D to leave)",
                   file=out, flush=True)  # fmt: skip
+            name = str(card.get("name") or agent)
             pending = list(messages) if messages is not None else None
             failures = 0
+            waiting: TaskResult | None = None  # the task whose question the next line answers
             while True:
+                prompt = "answer> " if waiting is not None else "you> "
                 if pending is not None:
                     if not pending:
                         break
                     text = pending.pop(0)
-                    print(f"you> {text}", file=out, flush=True)
+                    print(f"{prompt}{text}", file=out, flush=True)
                 else:
                     try:
-                        text = await asyncio.to_thread(input, "you> ")
+                        text = await asyncio.to_thread(input, prompt)
                     except EOFError:
                         print(file=out)
                         break
+                    if not sys.stdin.isatty():  # piped: show what was read, as a terminal does
+                        print(text, file=out, flush=True)
                 text = text.strip()
                 if not text:
                     continue
                 if text in ("exit", "quit"):
                     break
-                context_id, ok = await _turn(peer, text, context_id, answer_timeout_s, out)
-                failures += 0 if ok else 1
+                if waiting is None:
+                    context_id, result = await _turn(peer, text, context_id, answer_timeout_s, out)
+                else:
+                    answered = await _answer(peer, waiting, text, answer_timeout_s, out)
+                    if answered is None:  # not sent: the same question waits for a better one
+                        continue
+                    context_id, result = answered
+                waiting = result if result is not None and result.state in WAITING_STATES else None
+                if waiting is not None:
+                    _show_question(waiting, name, out)
+                failures += 0 if waiting is not None or (result and result.ok) else 1
+            if waiting is not None:
+                hint = reply_command(waiting, [*where, *registry_args], mesh=mesh_command())
+                print(f"(task {waiting.task_id} still waits: {hint})", file=out, flush=True)
         finally:
             await peer.aclose()
     if context_id:
@@ -387,13 +424,60 @@ async def chat(
     return 1 if failures else 0
 
 
+def _show_question(task: TaskResult, agent: str, out: TextIO) -> None:
+    """The questions of a waiting task, inline: who asks, what, and how to answer."""
+    for line in question_lines(task, agent):
+        print(line, file=out)
+    out.flush()
+
+
+async def _answer(
+    peer: A2APeer, task: TaskResult, text: str, read_timeout_s: float, out: TextIO
+) -> tuple[str | None, TaskResult | None] | None:
+    """Send ``text`` as the answer to the first question of ``task`` and show what follows;
+    None when it was not sent (not the JSON the question asks for: said why)."""
+    from mesh._errors import ConfigError, RemoteError
+
+    questions = questions_of(task)
+    question = questions[0] if questions else None
+    try:
+        answer = parse_answer(text, question) if question is not None else text
+    except ConfigError as exc:
+        print(f"  ! {exc}", file=out, flush=True)
+        return None
+    meta = {EXT: {"answers": question.id}} if question is not None and question.id else None
+    try:
+        return await _turn(
+            peer,
+            answer,
+            task.context_id,
+            read_timeout_s,
+            out,
+            task_id=task.task_id,
+            metadata=meta,
+        )
+    except RemoteError as exc:  # refused (the task no longer waits): say so, read it again
+        print(f"  ! {exc}", file=out, flush=True)
+        return task.context_id, await peer.get_task(task.task_id)
+
+
 async def _turn(
-    peer: A2APeer, text: str, context_id: str | None, read_timeout_s: float, out: TextIO
-) -> tuple[str | None, bool]:
-    """One message: show progress (tool and peer calls) as it streams, then the answer."""
-    task_id = ""
+    peer: A2APeer,
+    payload: dict[str, Any] | str,
+    context_id: str | None,
+    read_timeout_s: float,
+    out: TextIO,
+    *,
+    task_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> tuple[str | None, TaskResult | None]:
+    """One message (or an answer to the waiting ``task_id``): show progress (tool and peer
+    calls) as it streams, then the answer; the task as it ended (None without one)."""
     streamed = ""
-    async for update in peer.stream(text, context_id=context_id, timeout=read_timeout_s):
+    stream = peer.stream(
+        payload, context_id=context_id, timeout=read_timeout_s, task_id=task_id, metadata=metadata
+    )
+    async for update in stream:
         task_id = update.task_id or task_id
         context_id = update.context_id or context_id
         if update.partial and update.text:
@@ -407,12 +491,16 @@ async def _turn(
         print(file=out)
     if not task_id:
         print("agent> (no answer)", file=out, flush=True)
-        return context_id, False
+        return context_id, None
     result = await peer.get_task(task_id)
+    if result.state in WAITING_STATES:
+        return result.context_id or context_id, result
     if result.ok:
-        if result.text.strip() != streamed.strip():
+        if result.data is not None:
+            print(f"agent> {json.dumps(result.data)}", file=out, flush=True)
+        elif result.text.strip() != streamed.strip():
             print(f"agent> {result.text}", file=out, flush=True)
-        return result.context_id or context_id, True
+        return result.context_id or context_id, result
     error = result.error or {}
     print(f"agent> ({result.state}: {error.get('message', result.text)})", file=out, flush=True)
-    return result.context_id or context_id, False
+    return result.context_id or context_id, result
