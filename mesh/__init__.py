@@ -46,10 +46,12 @@ _EXPORTS: dict[str, str] = {
     "NodeMetrics": "mesh._metrics",
     "NodeSettings": "mesh._settings",
     "Part": "mesh._types",
+    "Question": "mesh._asks",
     "Registrar": "mesh._discovery.registrar",
     "Registration": "mesh._discovery.base",
     "RemoteAgent": "mesh._remote",
     "RemoteError": "mesh._errors",
+    "ReplayDiverged": "mesh._errors",
     "RetryPolicy": "mesh._resilience",
     "Rule": "mesh._models.scripted",
     "RunObserver": "mesh._runner",
@@ -104,6 +106,7 @@ if TYPE_CHECKING:
     from mesh._a2a.card import agent_tags, skill_schemas
     from mesh._a2a.client import A2APeer, TaskResult
     from mesh._agent import Agent
+    from mesh._asks import Question
     from mesh._discovery import create_backend
     from mesh._discovery.base import DiscoveryBackend, Instance, Registration
     from mesh._discovery.client import DiscoveryClient
@@ -120,6 +123,7 @@ if TYPE_CHECKING:
         ModelError,
         ModelRateLimited,
         RemoteError,
+        ReplayDiverged,
         SchemaViolation,
         SkillInputError,
         SkillOutputError,

@@ -5,7 +5,8 @@
     ├── ModelError               the model provider failed (after its own retries)
     │   └── ModelRateLimited     429 / quota
     ├── RunError                 a turn could not finish
-    │   └── MaxModelCallsExceeded
+    │   ├── MaxModelCallsExceeded
+    │   └── ReplayDiverged       a re-run skill asked something else than before at a step
     ├── ToolError                raised by or about a tool; the model sees it as a structured error
     │   └── RemoteError          a delegation failed: peer, skill and reason (below)
     ├── SkillInputError          typed input failed validation (-> task REJECTED, names the field)
@@ -38,6 +39,9 @@ for the code that catches them (a test checks this list and the tree against the
     mesh._asgi.BodyTooLarge            the gate answers 413
     mesh._asgi.BodyTimeout             the gate answers 408
     mesh._rpc_body.RpcRefused          the gate answers the JSON-RPC error it carries
+    mesh._asks.Suspend                 a BaseException, like CancelledError: a skill's ask ends
+                                       the run waiting, and skill code's `except Exception`
+                                       must not swallow it
 
 The registry service (``registry/``) keeps its own errors, answered as HTTP errors by its API.
 """
@@ -64,6 +68,7 @@ __all__ = [
     "PeerRefused",
     "RemoteError",
     "RemoteReason",
+    "ReplayDiverged",
     "RunError",
     "SchemaViolation",
     "SkillInputError",
@@ -101,6 +106,12 @@ class RunError(MeshError):
 
 class MaxModelCallsExceeded(RunError):
     """The model kept asking for tools past the agent's ``max_model_calls``."""
+
+
+class ReplayDiverged(RunError):
+    """A skill re-run on resume asked something else at a step than the run before it did
+    (its asks depend on time or outside data): the task fails, since the recorded answers no
+    longer fit."""
 
 
 class ToolError(MeshError):

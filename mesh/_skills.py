@@ -15,6 +15,9 @@ has neither model: free text in, free text out. Every LLM agent gets the text sk
         ...
 
     summarize = llm_skill("summarize", input=Doc, output=Summary, description="...")
+
+A function skill declared ``@skill(asks=True)`` may ``await ctx.ask(...)`` its caller for input
+(see ``SkillContext.ask`` and ``mesh._asks``); the card says which skills may wait.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import re
 import time
 import typing
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from mesh._errors import ConfigError
+from mesh._asks import ASK_KINDS, AskKind, Question, Recorded, Suspend, validation_errors
+from mesh._errors import ConfigError, ReplayDiverged
+from mesh._schema_order import with_property_order
 
 __all__ = ["TEXT_SKILL_ID", "Skill", "SkillContext", "llm_skill", "skill"]
 
@@ -48,10 +53,69 @@ class SkillContext:
     deadline: float | None = None
     traceparent: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: Whether the skill was declared ``asks=True`` (only those may ``ask``).
+    may_ask: bool = False
+    #: The answers earlier runs of this task got, in the order the skill asked (the node fills
+    #: it when it resumes a waiting task).
+    replay: list[Recorded] = field(default_factory=list)
+    _asked: int = field(default=0, init=False, repr=False)
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (may be negative), None without a deadline."""
         return None if self.deadline is None else self.deadline - time.time()
+
+    async def ask(
+        self,
+        question: str,
+        *,
+        schema: type[BaseModel] | None = None,
+        kind: AskKind = "input",
+    ) -> Any:
+        """Ask the caller: the task waits (``TASK_STATE_INPUT_REQUIRED``, or
+        ``TASK_STATE_AUTH_REQUIRED`` with ``kind="auth"``) until a message naming it answers.
+
+        Returns the answer: an instance of ``schema`` (validated; an invalid answer keeps the
+        task waiting and tells the caller which field), or the answer's text without one.
+
+        It works by replay: the first time, the run stops here; when the answer comes, the
+        skill runs again from the top with the same input, and each ``ask`` returns the answer
+        it got before. So a skill must ask the same questions in the same order on every run
+        (never depending on time or outside data: ``ReplayDiverged`` otherwise), and work
+        done before an ``ask`` runs again (put side effects after the asks, or make them
+        idempotent)::
+
+            ok = await ctx.ask("Approve APP-738 for 600,000?", schema=Approval)
+        """
+        if not self.may_ask:
+            raise ConfigError(
+                f"skill '{self.skill_id}' called ctx.ask but is not declared to ask: "
+                "use @skill(asks=True)"
+            )
+        if kind not in ASK_KINDS:
+            raise ConfigError(f"ctx.ask: kind must be one of {', '.join(ASK_KINDS)}, not {kind!r}")
+        seq = self._asked
+        self._asked += 1
+        asked = Question(
+            id=f"q-{seq}",
+            text=question,
+            kind=kind,
+            schema=with_property_order(schema.model_json_schema()) if schema else None,
+        )
+        if seq >= len(self.replay):
+            raise Suspend(asked, seq)
+        before = self.replay[seq]
+        if before.text != question or before.schema_hash != asked.schema_hash:
+            raise ReplayDiverged(
+                f"skill '{self.skill_id}' asked {question!r} at step {seq} where it asked "
+                f"{before.text!r} before: asks must not depend on time or outside data"
+            )
+        if schema is None:
+            return str(before.answer)
+        try:
+            return schema.model_validate(before.answer)
+        except ValidationError as exc:
+            # The schema's check passed where the model is stricter: ask again, saying why.
+            raise Suspend(replace(asked, invalid=validation_errors(exc)), seq) from None
 
 
 Handler = Callable[..., Awaitable[Any]] | Callable[..., Any]
@@ -72,12 +136,19 @@ class Skill:
     instruction: str | None = None
     # Whether the handler wants a SkillContext as its second argument.
     takes_context: bool = False
+    # Whether the handler may ``ctx.ask`` (the task may wait for input): declared on the card.
+    asks: bool = False
 
     def __post_init__(self) -> None:
         if not _ID.match(self.id):
             raise ConfigError(
                 f"skill id {self.id!r} is invalid: use lowercase letters, digits, '-' or '_', "
                 "starting with a letter"
+            )
+        if self.asks and (self.handler is None or not self.takes_context):
+            raise ConfigError(
+                f"skill {self.id!r} is declared asks=True: it must be a function taking "
+                "(input, ctx: SkillContext), which asks through ctx.ask"
             )
         if (self.input_model is None) != (self.output_model is None):
             raise ConfigError(
@@ -126,13 +197,15 @@ def skill(
     description: str | None = None,
     tags: typing.Sequence[str] = (),
     examples: typing.Sequence[str] = (),
+    asks: bool = False,
 ) -> Any:
     """Make a typed skill of a function ``(input: In[, ctx: SkillContext]) -> Out``.
 
     The input and output models come from the annotations, the description from the docstring.
     The id is the function's name as written (``fx_rate`` -> ``fx_rate``) unless ``id=`` says
     otherwise; ``name`` (shown in cards) defaults to ``"Fx rate"``. Usable bare (``@skill``) or
-    with options (``@skill(id="score", tags=[...])``). docs/guide.md has the reference.
+    with options (``@skill(id="score", tags=[...])``). ``asks=True``: the skill may
+    ``await ctx.ask(...)`` (see ``SkillContext.ask``). docs/guide.md has the reference.
     """
 
     def build(f: Handler) -> Skill:
@@ -155,6 +228,7 @@ def skill(
             tags=tuple(tags),
             examples=tuple(examples),
             takes_context=len(params) > 1,
+            asks=asks,
         )
 
     return build(fn) if fn is not None else build

@@ -11,6 +11,10 @@ nor for the agent's own tags, so they travel in the extension ``urn:mesh:skill-s
 The params are a protobuf ``Struct``: key order and integers do not survive it, so schemas go
 out with ``propertyOrdering`` and come back through ``mesh._schema_order.restore``
 (``card_to_dict`` and ``skill_schemas`` do it). The agent's instruction never appears in the card.
+
+A skill that may wait for its caller's input (``@skill(asks=True)``) has ``"asks": true`` in its
+entry. Every card also declares the extension ``urn:mesh:tasks:v1`` (``mesh._asks``): the node
+speaks its shapes of tasks that wait (the question status message, the resume message).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Struct
 
 from mesh._agent import Agent
+from mesh._asks import TASKS_EXTENSION
 from mesh._schema_order import restore, with_property_order
 from mesh._skills import Skill
 
@@ -52,6 +57,15 @@ CARD_CACHE_CONTROL = "public, max-age=30"
 JSON_MODE = "application/json"
 TEXT_MODE = "text/plain"
 BEARER_SCHEME = "bearer"
+
+
+_TASKS = AgentExtension(
+    uri=TASKS_EXTENSION,
+    description="Tasks that wait for input: the question in the status message (a text part, "
+    "and a data part application/schema+json for a structured answer), answered by a message "
+    "naming the task.",
+    required=False,
+)
 
 
 def _agent_skill(skill: Skill) -> AgentSkill:
@@ -78,6 +92,7 @@ def build_card(agent: Agent, url: str, *, bearer: bool = False) -> AgentCard:
         s.id: {
             "input": with_property_order(s.input_schema() or {}),
             "output": with_property_order(s.output_schema() or {}),
+            **({"asks": True} if s.asks else {}),
         }
         for s in skills
         if s.typed
@@ -99,7 +114,7 @@ def build_card(agent: Agent, url: str, *, bearer: bool = False) -> AgentCard:
         supported_interfaces=[
             AgentInterface(url=url.rstrip("/"), protocol_binding="JSONRPC", protocol_version="1.0")
         ],
-        capabilities=AgentCapabilities(streaming=True, extensions=[extension]),
+        capabilities=AgentCapabilities(streaming=True, extensions=[extension, _TASKS]),
         default_input_modes=modes,
         default_output_modes=modes,
         skills=[_agent_skill(s) for s in skills],
