@@ -16,13 +16,17 @@ share a commit and a thread hop instead of paying one each.
     rows = await db.read(lambda conn: conn.execute("select ...").fetchall())
     await db.write(lambda conn: conn.execute("insert ..."))   # atomic, committed on return
     await db.aclose()
+
+Schemas: ``await db.migrate("tasks", [ddl_v1, ddl_v2])`` brings a component's tables to the
+last version, recording it in ``mesh_schema``; ``ensure_schema`` runs one idempotent script.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +37,8 @@ from mesh._errors import StoreError
 __all__ = ["Database"]
 
 T = TypeVar("T")
+
+_COMPONENT = re.compile(r"[a-z_][a-z0-9_]*")
 
 #: How long a ``write_soon`` may wait for company before it is flushed on its own.
 DEFER_S = 0.005
@@ -207,6 +213,55 @@ class Database:
                     (False, exc) if op.write else o for op, o in zip(batch, outcomes, strict=True)
                 ]
         return outcomes
+
+    async def migrate(self, component: str, steps: Sequence[str]) -> int:
+        """Bring ``component``'s tables to version ``len(steps)``: run each SQL script of
+        ``steps`` past the version recorded in table ``mesh_schema`` (0 when none), each in its
+        own transaction with the new version, so a crash leaves the file at one version or the
+        next. Version 1 is a component's first DDL (written ``if not exists``: files made before
+        migrations existed have its tables but no version). Once per process and component.
+        Returns the version. A file from a newer mesh (a version past ``steps``) is refused:
+        its tables may not mean what this code thinks."""
+        if component in self._schemas:
+            return len(steps)
+
+        def run(conn: sqlite3.Connection) -> int:
+            conn.execute(
+                "create table if not exists mesh_schema "
+                "(component text primary key, version integer not null) without rowid"
+            )
+            row = conn.execute(
+                "select version from mesh_schema where component = ?", (component,)
+            ).fetchone()
+            version = 0 if row is None else int(row[0])
+            if version > len(steps):
+                raise StoreError(
+                    f"database {self.path}: its '{component}' tables are at version {version}, "
+                    f"newer than this mesh knows ({len(steps)}): upgrade mesh, or use another "
+                    "data dir"
+                )
+            for number, script in enumerate(steps[version:], start=version + 1):
+                # executescript commits what is open first; the script's own transaction makes
+                # the step and its version one commit.
+                try:
+                    conn.executescript(
+                        f"begin immediate;\n{script}\n;"
+                        "insert into mesh_schema (component, version) "
+                        f"values ('{component}', {number}) "
+                        "on conflict (component) do update set version = excluded.version;\n"
+                        "commit;"
+                    )
+                except sqlite3.Error:
+                    if conn.in_transaction:
+                        conn.execute("rollback")
+                    raise
+            return len(steps)
+
+        if not _COMPONENT.fullmatch(component):  # it is written into the script
+            raise ValueError(f"component name {component!r}: use [a-z_][a-z0-9_]*")
+        version = await self._submit(run)
+        self._schemas.add(component)
+        return version
 
     async def ensure_schema(self, name: str, script: str) -> None:
         """Create tables once per process (``script`` must be idempotent: IF NOT EXISTS)."""

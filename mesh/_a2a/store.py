@@ -28,8 +28,10 @@ to a blocking send from the call context every save gets (``mark_blocking_send``
 ``ServerCallContext.state``, the SDK's place for a server's own per-request data).
 
 Tasks cut by a stop: a crash leaves a task in its first saved state, so when the node starts,
-``end_unfinished`` ends every stored task that is neither finished nor waiting for input
-(FAILED, ``metadata.error.reason = "interrupted"``), in one statement; at a shutdown whose
+``recover`` applies the one recovery rule (docs/node.md): every stored task that is neither
+finished nor waiting for input, and has no resume point (``mesh._a2a.waits``), ends FAILED
+(``metadata.error.reason = "interrupted"``), in one statement; a waiting task's deadline that
+passed ends it FAILED ``deadline``; one that was resuming runs again. At a shutdown whose
 grace ran out, the executor ends its running tasks itself (reason ``shutdown``) and
 ``end_in_flight`` writes whatever could still not settle. Either way the caller learns that
 sending the message again runs the work (see ``mesh._a2a.idempotency``).
@@ -40,8 +42,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from a2a.helpers import new_text_part
@@ -55,14 +59,17 @@ from a2a.utils.errors import InvalidParamsError
 from a2a.utils.task import ListTasksCursor, decode_list_tasks_cursor, encode_list_tasks_cursor
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from mesh._a2a.states import SETTLED_STATES
+from mesh._a2a.states import INTERRUPTED_STATES, SETTLED_STATES, TERMINAL_STATES
+from mesh._a2a.waits import TASKS_SCHEMA_V2, WAITING, delete_waits
 from mesh._sqlite import Database
 
 __all__ = [
     "BLOCKING_SEND",
+    "DEADLINE",
     "INTERRUPTED",
     "SHUTDOWN",
     "STOPPED_REASONS",
+    "Recovery",
     "SqliteTaskStore",
     "mark_blocking_send",
     "stopped_text",
@@ -177,6 +184,23 @@ def _parse(data: bytes) -> Task:
     return task
 
 
+def _redact_history(task: Task, message_ids: set[str]) -> bool:
+    """Replace the parts of the history messages in ``message_ids`` (in place). True when one
+    was found."""
+    found = False
+    for message in task.history:
+        if message.message_id in message_ids:
+            found = True
+            if len(message.parts) != 1 or message.parts[0].text != REDACTED:
+                del message.parts[:]
+                message.parts.append(new_text_part(REDACTED))
+    return found
+
+
+#: What an answer to an auth question is stored as.
+REDACTED = "[redacted]"
+
+
 def stopped_text(reason: str) -> str:
     """The status message of a task ended with ``reason`` (one of ``STOPPED_REASONS``)."""
     return _STOPPED_TEXT[reason]
@@ -185,11 +209,18 @@ def stopped_text(reason: str) -> str:
 def _end_stopped(task: Task, reason: str, at: Timestamp) -> None:
     """End ``task`` FAILED with ``reason``, as the SDK's ``TaskManager`` applies a status update
     (the previous status message moves to the history, the error merges into the metadata)."""
-    text = stopped_text(reason)
+    _set_status(task, TaskState.TASK_STATE_FAILED, stopped_text(reason), at, reason)
+
+
+def _set_status(
+    task: Task, state: TaskState, text: str, at: Timestamp, reason: str | None = None
+) -> None:
+    """Give ``task`` a new status with a text message (and ``metadata.error`` when ``reason``),
+    as ``TaskManager`` applies a status update."""
     if task.status.HasField("message"):
         task.history.append(task.status.message)
     task.status.Clear()
-    task.status.state = TaskState.TASK_STATE_FAILED
+    task.status.state = state
     task.status.timestamp.CopyFrom(at)
     task.status.message.CopyFrom(
         Message(
@@ -200,7 +231,8 @@ def _end_stopped(task: Task, reason: str, at: Timestamp) -> None:
             parts=[new_text_part(text)],
         )
     )
-    task.metadata.update({"error": {"reason": reason, "message": text}})
+    if reason is not None:
+        task.metadata.update({"error": {"reason": reason, "message": text}})
 
 
 # Neither finished nor waiting for input: the states a task of a stopped node may be left in.
@@ -209,6 +241,26 @@ _UNSETTLED_SQL = f"state not in ({', '.join(str(int(s)) for s in sorted(SETTLED_
 #: their idempotency keys there).
 Ended = list[tuple[str, Task]]  # (owner, task)
 EndedHook = Callable[[sqlite3.Connection, Ended], object]
+
+
+#: ``metadata.error.reason`` of a task whose deadline passed (here: while it waited).
+DEADLINE = "deadline"
+WAIT_DEADLINE_TEXT = "deadline exceeded while the task waited for input"
+RESUMED_TEXT = "the node restarted while this task resumed: it runs again with its answers"
+
+
+@dataclass
+class Recovery:
+    """What ``SqliteTaskStore.recover`` decided at start-up."""
+
+    #: Ended FAILED ``interrupted`` (rule 1).
+    ended: Ended
+    #: Ended FAILED ``deadline`` while they waited (rule 2).
+    expired: Ended = field(default_factory=list)
+    #: Still waiting: (owner, task id, context id, deadline) (rule 3).
+    waiting: list[tuple[str, str, str, float | None]] = field(default_factory=list)
+    #: To run again: (owner, task id, context id) (rule 4).
+    resume: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 class SqliteTaskStore(TaskStore):
@@ -227,9 +279,18 @@ class SqliteTaskStore(TaskStore):
         self._fresh: set[str] = set()
         # Statements to commit with the next persisted save of a task (idempotency keys).
         self._staged: dict[TaskKey, list[tuple[Statement, asyncio.Future[None]]]] = {}
+        # Messages (by id, per task id) whose parts never reach the stored history.
+        self._redact: dict[str, set[str]] = {}
+
+    def redact(self, task_id: str, message_id: str) -> None:
+        """Store message ``message_id`` of the task's history with its parts replaced by
+        ``[redacted]`` (the answer to an auth question: the skill gets it from the request,
+        the replay log keeps it; the history, which every GetTask returns, does not)."""
+        self._redact.setdefault(task_id, set()).add(message_id)
 
     async def initialize(self) -> None:
-        await self._db.ensure_schema("a2a_tasks", _SCHEMA)
+        # Version 1: the tasks; 2: the resume points of tasks that wait (mesh._a2a.waits).
+        await self._db.migrate("tasks", [_SCHEMA, TASKS_SCHEMA_V2])
 
     def id_generator(self) -> IDGenerator:
         """The task id generator for the request handler (see ``get``)."""
@@ -253,9 +314,13 @@ class SqliteTaskStore(TaskStore):
     async def save(self, task: Task, context: ServerCallContext) -> None:
         owner = self._owner(context)
         key = (owner, task.id)
-        data = task.SerializeToString()
         state = task.status.state
         settled = state in SETTLED_STATES
+        if self._redact and task.id in self._redact:
+            hidden = self._redact[task.id]
+            if _redact_history(task, hidden) and settled:
+                del self._redact[task.id]
+        data = task.SerializeToString()
         if key in self._live and not settled:
             self._live[key] = data  # write-behind: persisted with the next settled state
             self._dirty.add(key)
@@ -376,13 +441,62 @@ class SqliteTaskStore(TaskStore):
         )
 
     async def end_unfinished(self, then: EndedHook | None = None) -> Ended:
-        """At start-up, before any request: end every stored task left unfinished by the last
-        process (not terminal, not waiting for input) FAILED with reason ``interrupted``.
-        One statement over the table; ``then(conn, ended)`` runs in the same transaction.
-        Returns the ``(owner, task)`` pairs it ended."""
+        """``recover`` and the ``(owner, task)`` pairs it ended ``interrupted``."""
+        return (await self.recover(then)).ended
+
+    async def recover(self, then: EndedHook | None = None) -> Recovery:
+        """At start-up, before any request: the one recovery rule (docs/node.md, "Crashes and
+        shutdowns"). Every stored task that is not terminal is decided, in one transaction:
+
+        1. no resume point (``mesh_waits``) and not waiting: FAILED ``interrupted``
+           (``then(conn, ended)`` runs in the transaction: the node releases their keys);
+        2. a resume point whose deadline passed: FAILED ``deadline``;
+        3. waiting on an open question: stays waiting (``Recovery.waiting``: the node arms
+           their deadlines);
+        4. a resume point and nothing to wait for (the answer was recorded, or the waiting
+           state was never saved): WORKING, and the node runs it again
+           (``Recovery.resume``).
+
+        The resume points of tasks that ended (or are gone) are deleted."""
         at = Timestamp()
         at.GetCurrentTime()
+        now = time.time()
         ended: Ended = []
+        recovery = Recovery(ended=ended)
+        interrupted = {int(s) for s in INTERRUPTED_STATES}
+        terminal = {int(s) for s in TERMINAL_STATES}
+
+        def settle_waits(conn: sqlite3.Connection) -> None:
+            rows = conn.execute(
+                "select w.owner, w.task_id, w.context_id, w.state, w.deadline, t.state, t.data "
+                "from mesh_waits w left join a2a_tasks t on t.owner = w.owner and t.id = w.task_id"
+            ).fetchall()
+            for owner, task_id, context_id, wait_state, deadline, state, data in rows:
+                if state is None or state in terminal:
+                    delete_waits(conn, owner, task_id)
+                    continue
+                task = _parse(data)
+                if deadline is not None and deadline <= now:
+                    _set_status(task, TaskState.TASK_STATE_FAILED, WAIT_DEADLINE_TEXT, at, DEADLINE)
+                    recovery.expired.append((owner, task))
+                    delete_waits(conn, owner, task_id)
+                elif wait_state == WAITING and state in interrupted:
+                    recovery.waiting.append((owner, task_id, context_id, deadline))
+                    continue
+                else:
+                    _set_status(task, TaskState.TASK_STATE_WORKING, RESUMED_TEXT, at)
+                    recovery.resume.append((owner, task_id, context_id))
+                conn.execute(
+                    _UPSERT,
+                    (
+                        owner,
+                        task.id,
+                        task.context_id,
+                        int(task.status.state),
+                        _timestamp_ns(task),
+                        task.SerializeToString(),
+                    ),
+                )
 
         def end(owner: str, data: bytes) -> bytes:
             task = _parse(data)
@@ -391,17 +505,20 @@ class SqliteTaskStore(TaskStore):
             return bytes(task.SerializeToString())
 
         def write(conn: sqlite3.Connection) -> None:
+            settle_waits(conn)
             conn.create_function("mesh_end_interrupted", 2, end)
             conn.execute(
                 "update a2a_tasks set state = ?, updated_at = ?, "
-                f"data = mesh_end_interrupted(owner, data) where {_UNSETTLED_SQL}",
+                f"data = mesh_end_interrupted(owner, data) where {_UNSETTLED_SQL} and not exists "
+                "(select 1 from mesh_waits w where w.owner = a2a_tasks.owner "
+                "and w.task_id = a2a_tasks.id)",
                 (int(TaskState.TASK_STATE_FAILED), int(at.ToNanoseconds())),
             )
             if ended and then is not None:
                 then(conn, ended)
 
         await self._db.write(write)
-        return ended
+        return recovery
 
     async def end_in_flight(self, then: EndedHook | None = None) -> Ended:
         """At shutdown, once nothing runs any more: write every task still in flight in this
