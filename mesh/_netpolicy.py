@@ -3,9 +3,14 @@
 The registry fetches cards and probes ``/health`` at URLs that anyone allowed to register can
 choose, and a node presents the mesh token to peers that discovery names: both must stay inside
 the networks the operator meant. A policy is a list of networks (CIDRs, or ``loopback`` /
-``private``); a URL is allowed when EVERY address its host resolves to lies in one of them, and
-no address is ever link-local (``169.254.0.0/16``, ``fe80::/10``: cloud metadata services live
-there), whatever the list says.
+``private`` / ``public``); a URL is allowed when EVERY address its host resolves to lies in one of
+them, and no address is ever link-local (``169.254.0.0/16``, ``fe80::/10``: cloud metadata
+services live there), whatever the list says.
+
+``public`` is every globally routable unicast address: what a2a-sdk's push URL validator
+(``validate_push_notification_url``) accepts, and the default of ``MESH_PUSH_NETWORKS``, where a
+webhook is whatever URL a caller names (loopback, private, shared 100.64/10, reserved and
+multicast addresses are not public).
 
     policy = NetworkPolicy.parse("loopback,private")      # the default on a private network
     policy = NetworkPolicy.parse("10.0.0.0/8,192.168.1.7")
@@ -71,24 +76,37 @@ def _unmapped(address: IPAddress) -> IPAddress:
     return address
 
 
+def _is_public(ip: IPAddress) -> bool:
+    # a2a-sdk's rule for push URLs (a2a.utils.push_url_validator): globally routable, and not
+    # loopback, link-local, multicast, reserved or unspecified (is_global already excludes the
+    # private, shared 100.64/10 and documentation ranges).
+    return ip.is_global and not (ip.is_multicast or ip.is_reserved)
+
+
 @dataclass(frozen=True)
 class NetworkPolicy:
     """Allowed networks (see the module docstring). ``spec`` is how it was written."""
 
     networks: tuple[IPNetwork, ...]
     spec: str = ""
+    #: Also every public address (the ``public`` entry), beyond ``networks``.
+    public: bool = False
 
     @classmethod
     def parse(cls, spec: str | Iterable[str]) -> NetworkPolicy:
         """From ``"loopback,private,10.1.0.0/16,192.168.1.7"`` (``ConfigError`` naming the
-        bad entry). ``"any"`` allows every address except the always-refused ones."""
+        bad entry). ``"any"`` allows every address except the always-refused ones, ``"public"``
+        every globally routable unicast address."""
         items = [spec] if isinstance(spec, str) else list(spec)
         entries = [e.strip() for item in items for e in item.split(",") if e.strip()]
         if not entries:
             raise ConfigError("a network list needs at least one entry, e.g. 'loopback,private'")
         networks: list[IPNetwork] = []
+        public = False
         for entry in entries:
-            if entry.lower() == "any":
+            if entry.lower() == "public":
+                public = True
+            elif entry.lower() == "any":
                 networks += [ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")]
             elif entry.lower() in _NAMED:
                 networks += _NAMED[entry.lower()]
@@ -98,9 +116,9 @@ class NetworkPolicy:
                 except ValueError as exc:
                     raise ConfigError(
                         f"{entry!r} is not a network: use a CIDR (10.0.0.0/8), an address, "
-                        "'loopback', 'private' or 'any'"
+                        "'loopback', 'private', 'public' or 'any'"
                     ) from exc
-        return cls(tuple(networks), ",".join(entries))
+        return cls(tuple(networks), ",".join(entries), public)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], name: str) -> NetworkPolicy | None:
@@ -120,13 +138,17 @@ class NetworkPolicy:
 
     def within(self, other: NetworkPolicy) -> bool:
         """Whether every address this policy allows, ``other`` allows too."""
+        if self.public and not other.public:
+            return False
         return all(
             any(net.version == wider.version and net.subnet_of(wider) for wider in other.networks)  # type: ignore[arg-type]
             for net in self.networks
         )
 
     def __and__(self, other: NetworkPolicy) -> NetworkPolicy:
-        """The addresses both policies allow (``spec`` says both)."""
+        """The addresses both policies allow (``spec`` says both). A public address allowed by
+        one side's ``public`` alone and by a listed network of the other is left out: the
+        intersection may be narrower than exact, never wider."""
         # Two CIDR blocks are nested or disjoint: an overlap is the smaller of the two.
         both = [
             mine if mine.subnet_of(theirs) else theirs  # type: ignore[arg-type]
@@ -134,7 +156,11 @@ class NetworkPolicy:
             for theirs in other.networks
             if mine.version == theirs.version and mine.overlaps(theirs)
         ]
-        return NetworkPolicy(tuple(dict.fromkeys(both)), f"{self.spec} and {other.spec}")
+        return NetworkPolicy(
+            tuple(dict.fromkeys(both)),
+            f"{self.spec} and {other.spec}",
+            self.public and other.public,
+        )
 
     def allows(self, address: str | IPAddress) -> bool:
         """Whether one address is inside the policy (and not always refused)."""
@@ -144,6 +170,8 @@ class NetworkPolicy:
             return False
         if any(ip in net for net in _ALWAYS_REFUSED if net.version == ip.version):
             return False
+        if self.public and _is_public(ip):
+            return True
         return any(ip in net for net in self.networks if net.version == ip.version)
 
     async def resolve(self, host: str, port: int | None = None) -> list[str]:

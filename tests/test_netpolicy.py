@@ -88,3 +88,25 @@ def test_from_env_names_the_variable() -> None:
     assert policy.allows("10.9.9.9")
     with pytest.raises(ConfigError, match=r"MESH_PEER_NETWORKS='intranet': 'intranet' is not"):
         NetworkPolicy.from_env({"MESH_PEER_NETWORKS": "intranet"}, "MESH_PEER_NETWORKS")
+
+
+def test_public_is_a2a_sdks_push_url_rule() -> None:
+    """``public``: globally routable unicast addresses, what a2a-sdk's
+    ``validate_push_notification_url`` accepts (the default of MESH_PUSH_NETWORKS)."""
+    public = NetworkPolicy.parse("public")
+    for address in ("8.8.8.8", "1.1.1.1", "2001:4860:4860::8888", "::ffff:8.8.8.8"):
+        assert public.allows(address), address
+    refused = (
+        "127.0.0.1", "::1", "10.0.0.1", "172.16.0.1", "192.168.1.1", "100.64.1.1",
+        "169.254.169.254", "fe80::1", "fc00::1", "224.0.0.1", "ff02::1", "240.0.0.1",
+        "255.255.255.255", "0.0.0.0", "192.0.2.1", "2001:db8::1", "::ffff:127.0.0.1",
+    )  # fmt: skip
+    for address in refused:
+        assert not public.allows(address), address
+    with_loopback = NetworkPolicy.parse("public,loopback")
+    assert with_loopback.allows("8.8.8.8")
+    assert with_loopback.allows("127.0.0.1")
+    assert not with_loopback.allows("10.0.0.1")
+    assert not NetworkPolicy.parse("public").within(NetworkPolicy.parse("loopback,private"))
+    assert NetworkPolicy.parse("loopback").within(with_loopback)
+    assert not (public & NetworkPolicy.parse("loopback")).allows("8.8.8.8")
