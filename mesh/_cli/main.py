@@ -35,7 +35,8 @@ _COMMAND_MODULES = (
     "mesh._cli.registry",  # registry (runs `python -m registry`, which has its own exit codes)
     "mesh._cli.catalog",  # ls, show
     "mesh._cli.up",  # up, chat
-    "mesh._cli.tasks",  # tasks, reply (tasks that wait for an answer)
+    "mesh._cli.tasks",  # tasks
+    "mesh._cli.reply",  # reply (a task that waits for an answer)
     "mesh._cli.control",  # ps, restart, stop, logs (the running `mesh up`)
 )
 
