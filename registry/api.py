@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 
@@ -30,6 +30,7 @@ from registry.store import (
     UrlTaken,
     secret_hash,
 )
+from registry.topology import Topology
 from registry.wire import (
     AgentDetail,
     AgentList,
@@ -309,6 +310,15 @@ async def get_agent(name: str, state: State) -> AgentDetail:
         tags=list(view.agent.tags),
         instances=[InstanceOut.of(i, view.agent) for i in view.instances],
     )
+
+
+@router.get("/topology", tags=["agents"])
+async def topology(state: State) -> dict[str, Any]:
+    """Every agent (registered, or called by one) with its live traffic, and the delegation
+    edges between them per skill: calls since each instance started, and over the nodes'
+    recent window calls/min, errors and p50/p95 seconds (docs/console.md)."""
+    views = await state.catalog.agents()
+    return Topology.build(views, state.prober.traffic).as_dict()
 
 
 @router.get("/prometheus/targets", tags=["prometheus"])

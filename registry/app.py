@@ -2,7 +2,8 @@
 
 The lifespan owns everything holding a connection: the SQLite store, the HTTP client used for
 cards and probes, and the prober task. Routes: the JSON API under ``/v1`` (``registry.api``),
-the operator page (``registry.page``), ``/health`` and ``/metrics``.
+the operator page and console (``registry.page``), ``/health``, ``/metrics`` and
+``/introspect`` (``registry.introspect``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from registry import api, page
 from registry.card import MAX_CONCURRENT_CARD_FETCHES
 from registry.catalog import Catalog
 from registry.gate import Gate
+from registry.introspect import introspect
 from registry.metrics import RegistryMetrics
 from registry.prober import MAX_CONCURRENT_PROBES, Prober
 from registry.settings import RegistrySettings
@@ -223,6 +225,12 @@ def create_app(
     async def prometheus_metrics() -> Response:
         """The registry's own metrics, in the Prometheus text format."""
         return Response(generate_latest(metrics.collector), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/introspect", tags=["registry"])
+    async def introspect_route(request: Request) -> JSONResponse:
+        """What this registry is and how it is doing: store, instance counts, the prober and
+        the gathering of the nodes' stats, its settings (never a secret)."""
+        return JSONResponse(await introspect(request.app.state.registry))
 
     app.include_router(api.router)
     app.include_router(page.router)

@@ -1,7 +1,10 @@
 """The operator page: server-rendered HTML, no build step, no external assets.
 
 ``/`` lists every agent (search by name, skill or text through the query string);
-``/agents/{name}`` shows one agent's card, skills with their input/output fields, and instances.
+``/topology`` draws the agents and the delegation edges used between them with their traffic
+(``registry.topology``, inline SVG laid out here); ``/agents/{name}`` shows one agent live (its
+traffic, tokens and cost, peers, breakers, instances with uptime and restarts), its card, and
+its skills with their input/output fields. See docs/console.md.
 A tiny script re-fetches the page every few seconds and swaps the content, so it stays current
 while open without disturbing the search box.
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Request
@@ -21,9 +24,11 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
+from mesh._stats import WINDOW_S
 from registry.catalog import AgentView
 from registry.schema_view import schema_rows
 from registry.state import RegistryState, get_state
+from registry.topology import BOX_H, BOX_W, AgentLive, Topology, layout
 
 __all__ = ["REFRESH_S", "router"]
 
@@ -53,6 +58,28 @@ def _query(**params: str) -> str:
     return urlencode(params)
 
 
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.1f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return _age(0, seconds).removesuffix(" ago")
+
+
+def _percent(rate: float | None) -> str:
+    return "—" if rate is None else f"{rate * 100:.0f}%" if rate >= 0.01 or rate == 0 else "<1%"
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 or value == int(value) else f"{value:.1f}"
+
+
+def _cost(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4f}" if value < 1 else f"{value:,.2f}"
+
+
 def _environment() -> Environment:
     env = Environment(
         loader=PackageLoader("registry", "templates"),
@@ -62,7 +89,9 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(age=_age, stamp=_stamp)
+    env.filters.update(
+        age=_age, stamp=_stamp, duration=_duration, percent=_percent, number=_number, cost=_cost
+    )
     env.globals.update(query=_query, schema_rows=schema_rows, refresh_ms=REFRESH_S * 1000)
     return env
 
@@ -82,15 +111,37 @@ async def index(
     return _templates.TemplateResponse(request, "index.html", context, headers=_NO_STORE)
 
 
+@router.get("/topology", response_class=HTMLResponse)
+async def topology_page(request: Request, state: State) -> HTMLResponse:
+    topology = Topology.build(await state.catalog.agents(), state.prober.traffic)
+    context = {
+        "title": "topology · mesh registry",
+        "q": "",
+        "topology": topology,
+        "graph": layout(topology),
+        "box_w": BOX_W,
+        "box_h": BOX_H,
+        "window_s": WINDOW_S,
+    }
+    return _templates.TemplateResponse(request, "topology.html", context, headers=_NO_STORE)
+
+
 @router.get("/agents/{name}", response_class=HTMLResponse)
 async def agent_page(request: Request, name: str, state: State) -> HTMLResponse:
     view: AgentView | None = await state.catalog.agent(name)
-    context = {"q": "", "name": name, "view": view, "now": time.time()}
+    context: dict[str, Any] = {"q": "", "name": name, "view": view, "now": time.time()}
     if view is None:
         context["title"] = f"{name}: not found"
         return _templates.TemplateResponse(
             request, "agent.html", context, status_code=404, headers=_NO_STORE
         )
+    # The whole catalog: the edges into this agent come from its callers' stats.
+    topology = Topology.build(await state.catalog.agents(), state.prober.traffic)
+    # Removed between the two reads: shown with no traffic rather than a 500.
+    context["live"] = topology.agents.get(name) or AgentLive(name, registered=True)
+    context["heard"] = {i.instance_id: i for i in context["live"].instances}
+    context["calls_out"], context["calls_in"] = topology.edges_of(name)
+    context["window_s"] = WINDOW_S
     context["title"] = f"{view.agent.name} · mesh registry"
     context["card_json"] = json.dumps(view.agent.card, indent=2, sort_keys=True)
     return _templates.TemplateResponse(request, "agent.html", context, headers=_NO_STORE)

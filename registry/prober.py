@@ -8,6 +8,11 @@ Every ``interval_s`` it GETs each instance's ``/health`` and combines that with 
 - ``/health`` answers 200                           -> passing  ("health ok")
 - ``/health`` names another ``instance_id``         -> removed at once: a ghost (below)
 
+The probe asks ``/health?stats=1``: a mesh node adds its window stats to the answer (calls,
+errors and latency per edge, tokens, breakers; ``mesh._stats``), which go to ``Traffic`` for the
+console's topology and agent views. One request per instance per interval serves both; any
+other server ignores the query.
+
 Registered URLs are chosen by whoever registers, so a probe is one ``bounded_get``: the whole
 answer within the probe timeout and ``MAX_HEALTH_BYTES``, or a failure. Each probe's result is
 applied as soon as that probe ends, so one instance answering at a byte a second delays nobody
@@ -41,6 +46,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -48,13 +54,24 @@ from mesh._discovery.base import Status
 from mesh._outbound import FetchFailed, bounded_get
 from registry.metrics import RegistryMetrics
 from registry.store import InstanceRecord, RegistryStore
+from registry.traffic import Traffic
 
-__all__ = ["MAX_CONCURRENT_PROBES", "MAX_HEALTH_BYTES", "Prober", "answered_as"]
+__all__ = [
+    "HEALTH_PATH",
+    "MAX_CONCURRENT_PROBES",
+    "MAX_HEALTH_BYTES",
+    "Prober",
+    "RoundInfo",
+    "answered_as",
+]
 
 log = logging.getLogger("registry.prober")
 
-# A node's /health is a few hundred bytes; anything far bigger is not one.
+# A node's /health is a few hundred bytes, with its stats a few KiB (edges are bounded);
+# anything far bigger is not one.
 MAX_HEALTH_BYTES = 64 * 1024
+# What the probe asks: /health, and a mesh node's window stats with it.
+HEALTH_PATH = "/health?stats=1"
 # Probes in flight at once; the registry's client has room for card fetches beside them.
 MAX_CONCURRENT_PROBES = 64
 
@@ -75,18 +92,40 @@ class _Observation:
     answered_as: str | None = None
     # Why a fetch failed, for the registry's own log (never published).
     detail: str = ""
+    # The answer, parsed, when it was a JSON object that carries stats (for ``Traffic``).
+    body: dict[str, Any] | None = None
+    answered: bool = False
 
 
-def answered_as(body: bytes) -> str | None:
-    """The ``instance_id`` a ``/health`` answer names, if it names one (mesh nodes do)."""
-    if b'"instance_id"' not in body:  # most answers: no parse needed
+@dataclass
+class RoundInfo:
+    """The last probe round, for the registry's /introspect."""
+
+    rounds: int = 0
+    started_at: float = 0.0
+    duration_s: float = 0.0
+    instances: int = 0
+    failed: int = 0
+
+
+def _parsed(body: bytes) -> dict[str, Any] | None:
+    if b'"instance_id"' not in body:  # most answers of other servers: no parse needed
         return None
     try:
         data = json.loads(body)
     except ValueError:
         return None
-    value = data.get("instance_id") if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else None
+
+
+def _named(data: dict[str, Any] | None) -> str | None:
+    value = data.get("instance_id") if data is not None else None
     return value if isinstance(value, str) and value else None
+
+
+def answered_as(body: bytes) -> str | None:
+    """The ``instance_id`` a ``/health`` answer names, if it names one (mesh nodes do)."""
+    return _named(_parsed(body))
 
 
 class Prober:
@@ -101,6 +140,7 @@ class Prober:
         remove_after_s: float = 300.0,
         concurrency: int = MAX_CONCURRENT_PROBES,
         metrics: RegistryMetrics | None = None,
+        traffic: Traffic | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
@@ -111,6 +151,9 @@ class Prober:
         self._remove_after_s = remove_after_s
         self._slots = asyncio.Semaphore(concurrency)
         self._metrics = metrics
+        self.concurrency = concurrency
+        self.traffic = traffic or Traffic(clock=clock)
+        self.last_round = RoundInfo()
         self._clock = clock
         # Heartbeats could not arrive while the registry was down: the TTL counts from start-up.
         self._started_at = clock()
@@ -148,12 +191,22 @@ class Prober:
 
     async def tick(self) -> None:
         """One probe round over every instance; each result is applied as its probe ends."""
+        started, clock0 = self._clock(), time.perf_counter()
         instances = await self._store.instances()
-        await asyncio.gather(*(self._probe(i) for i in instances))
+        seen = await asyncio.gather(*(self._probe(i) for i in instances))
+        self.traffic.keep(instances)
+        self.last_round = RoundInfo(
+            rounds=self.last_round.rounds + 1,
+            started_at=started,
+            duration_s=round(time.perf_counter() - clock0, 4),
+            instances=len(instances),
+            failed=sum(1 for answered in seen if not answered),
+        )
         if self._metrics is not None:
             await self._export()
 
-    async def _probe(self, inst: InstanceRecord) -> None:
+    async def _probe(self, inst: InstanceRecord) -> bool:
+        """Probe ``inst`` and apply what was seen; whether it answered."""
         seen = await self._check(inst)
         if seen.answered_as is not None and seen.answered_as != inst.instance_id:
             log.warning(
@@ -164,8 +217,11 @@ class Prober:
                 seen.answered_as[:100],
             )
             await self._store.remove(inst.instance_id)
-            return
+            return True
+        if seen.answered:
+            self.traffic.observe(inst, seen.body)
         await self._apply(inst, seen)
+        return seen.answered
 
     async def _apply(self, inst: InstanceRecord, seen: _Observation) -> None:
         now = self._clock()
@@ -207,17 +263,19 @@ class Prober:
             async with self._slots:
                 answer = await bounded_get(
                     self._http,
-                    inst.url + "/health",
+                    inst.url + HEALTH_PATH,
                     max_bytes=MAX_HEALTH_BYTES,
                     timeout_s=self._timeout_s,
                 )
         except FetchFailed as exc:
             reason = f"health check failed: {_FAILED.get(exc.reason, 'unreachable')}"
             return _Observation("critical", reason, detail=exc.detail)
-        who = answered_as(answer.content)
+        body = _parsed(answer.content)
+        who = _named(body)
         if answer.status_code == 200:
-            return _Observation("passing", "health ok", who)
-        return _Observation("warning", f"/health answered {answer.status_code}", who)
+            return _Observation("passing", "health ok", who, body=body, answered=True)
+        reason = f"/health answered {answer.status_code}"
+        return _Observation("warning", reason, who, body=body, answered=True)
 
     async def _export(self) -> None:
         assert self._metrics is not None

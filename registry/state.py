@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import httpx
 from starlette.requests import Request
@@ -27,6 +28,7 @@ class RegistryState:
     metrics: RegistryMetrics
     # Registrations whose fetches (card, /health) may run at once (``registry.api``).
     fetch_slots: asyncio.Semaphore
+    started_at: float = field(default_factory=time.time)
 
 
 def get_state(request: Request) -> RegistryState:

@@ -43,7 +43,11 @@ class Desk:
 
 @contextlib.contextmanager
 def loan_desk(
-    tmp: Path, *, verifier_latency_ms: int = 0, token: str | None = None
+    tmp: Path,
+    *,
+    verifier_latency_ms: int = 0,
+    token: str | None = None,
+    officer_env: dict[str, str] | None = None,
 ) -> Iterator[Desk]:
     reg_port = free_port()
     registry = f"http://127.0.0.1:{reg_port}"
@@ -69,7 +73,7 @@ def loan_desk(
                 "agents.income_verifier:agent",
                 {"INCOME_VERIFIER_LATENCY_MS": str(verifier_latency_ms)},
             ),
-            ("loan-officer", "agents.loan_officer:agent", {}),
+            ("loan-officer", "agents.loan_officer:agent", officer_env or {}),
         ]
         started: list[tuple[str, Proc, str]] = []
         for name, module, extra in nodes:
