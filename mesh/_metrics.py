@@ -42,7 +42,8 @@ __all__ = [
     "render",
 ]
 
-TaskOutcome = Literal["completed", "failed", "rejected", "canceled"]
+#: How a task's run ended; ``waiting``: it asked its caller and waits for the answer.
+TaskOutcome = Literal["completed", "failed", "rejected", "canceled", "waiting"]
 BreakerState = Literal["closed", "half-open", "open"]
 _BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}
 #: The label value of anything outside a label's closed set.

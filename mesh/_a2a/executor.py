@@ -7,6 +7,14 @@ field, before any work), refuse a deadline already past, then run the skill unde
 skills, a text part for chat). Every failure ends the task cleanly (FAILED with a message and
 ``metadata.error = {reason, message}``): no exception text reaches the caller as -32603.
 
+A skill declared ``asks=True`` may ``ctx.ask`` (``mesh._asks``): the run then stops with
+``Suspend``, the task's resume point is written (``mesh._a2a.waits``) and only then the task
+goes INPUT_REQUIRED (AUTH_REQUIRED) with the question as its status message
+(``mesh._a2a.questions``). A message to that task (the request handler checked the answer)
+records the answer and runs the skill again from its first message, each ``ask`` returning
+its recorded answer; the node itself resumes a task the same way after a restart (rule 4 of
+the recovery) or at its deadline (``RESUME`` in the call context's state).
+
 ``stop()`` (a shutdown whose drain grace ran out) cuts every skill still running, and each of
 those tasks ends FAILED with reason ``shutdown`` through the same event path, so its callers
 get that task as the answer (blocking) or final event (streaming); its message id is released
@@ -24,6 +32,7 @@ from typing import Any
 
 from a2a.helpers import get_data_parts, get_text_parts, new_data_part, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.tasks import TaskUpdater
@@ -34,8 +43,12 @@ from pydantic import BaseModel
 from mesh._a2a.card import JSON_MODE, TEXT_MODE
 from mesh._a2a.dispatcher import Outcome, SkillDispatcher
 from mesh._a2a.idempotency import IdempotencyKeys, MessageKey, message_key
-from mesh._a2a.store import SHUTDOWN, stopped_text
-from mesh._errors import MeshError, SkillInputError
+from mesh._a2a.questions import question_message, question_metadata, waiting_state
+from mesh._a2a.states import INTERRUPTED_STATES
+from mesh._a2a.store import DEADLINE, SHUTDOWN, WAIT_DEADLINE_TEXT, stopped_text
+from mesh._a2a.waits import WaitClock, WaitStore
+from mesh._asks import TASKS_EXTENSION, Recorded, Suspend, answer_of
+from mesh._errors import MeshError, SchemaViolation, SkillInputError
 from mesh._events import Event
 from mesh._inflight import InFlight
 from mesh._metrics import NodeMetrics, TaskOutcome
@@ -43,11 +56,36 @@ from mesh._settings import NodeSettings
 from mesh._skills import Skill, SkillContext
 from mesh._tracing import ensure_traceparent
 
-__all__ = ["MeshExecutor"]
+__all__ = ["ANSWER", "RESUME", "MeshExecutor", "answers_named"]
 
 log = logging.getLogger("mesh.task")
 
 _MAX_SKILL_ID = 128
+
+#: Key of ``ServerCallContext.state``: a run the node started itself on a task that waited,
+#: and why (``"restart"``: run it again with its recorded answers; ``"deadline"``: end it).
+RESUME = "mesh.resume"
+#: The resume of a waiting task by a message from its caller (the answer).
+ANSWER = "answer"
+
+
+@dataclass
+class _Resumed:
+    """A waiting task's run again: its first message's facts, and the replay log."""
+
+    req: _Request
+    skill: Skill
+    payload: BaseModel | str
+    replay: list[Recorded]
+    request: bytes
+
+
+def answers_named(message: Message | None) -> str | None:
+    """The question id a resume message names (``metadata["urn:mesh:tasks:v1"]["answers"]``),
+    None when it names none."""
+    ext = _message_metadata(message).get(TASKS_EXTENSION)
+    named = ext.get("answers") if isinstance(ext, dict) else None
+    return named if isinstance(named, str) else None
 
 
 @dataclass
@@ -102,10 +140,16 @@ class MeshExecutor(AgentExecutor):
         keys: IdempotencyKeys | None = None,
         metrics: NodeMetrics | None = None,
         max_text_bytes: int = NodeSettings.max_text_bytes,
+        waits: WaitStore | None = None,
+        clock: WaitClock | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.keys = keys
         self.metrics = metrics
+        #: Resume points of waiting tasks (None: this node's tasks cannot wait, store=memory).
+        self.waits = waits
+        #: The deadlines of waiting tasks.
+        self.clock = clock or WaitClock()
         #: Largest text turn (a chat message, an LLM skill's input as JSON), UTF-8 bytes.
         self.max_text_bytes = max_text_bytes
         #: The tasks running now.
@@ -140,6 +184,7 @@ class MeshExecutor(AgentExecutor):
         current = context.current_task
         # A follow-up naming a task but no context gets a fresh context id from the SDK.
         context_id = current.context_id if current is not None else str(context.context_id)
+        resume = self._resume_kind(context, current)
         if current is None:
             await event_queue.enqueue_event(
                 Task(
@@ -163,11 +208,18 @@ class MeshExecutor(AgentExecutor):
         outcome: TaskOutcome = "failed"
         skill_id = "unknown"
         req: _Request | None = None
+        resumed: _Resumed | None = None
         try:
             try:
-                req = self.read_request(message)
-                skill_id = req.skill_id or "unknown"
-                skill, payload = self._validate(req, message)
+                if resume is not None:
+                    resumed = await self._prepare_resume(resume, context, updater, task_id)
+                    if resumed is None:
+                        return
+                    req, skill, payload = resumed.req, resumed.skill, resumed.payload
+                else:
+                    req = self.read_request(message)
+                    skill_id = req.skill_id or "unknown"
+                    skill, payload = self._validate(req, message)
                 skill_id = skill.id
             except SkillInputError as exc:
                 outcome = "rejected"
@@ -176,11 +228,15 @@ class MeshExecutor(AgentExecutor):
                 await self._end(updater, TaskState.TASK_STATE_REJECTED, "rejected", str(exc), req)
                 return
             req.key = key
-            outcome = await self._run(skill, payload, req, context, updater, task_id, context_id)
+            outcome = await self._run(
+                skill, payload, req, context, updater, task_id, context_id, resumed
+            )
         except asyncio.CancelledError:
             outcome = "canceled"
             raise
         finally:
+            if resumed is not None and outcome != "waiting":
+                self.forget(_owner(context.call_context), task_id)
             self.running.end()
             seconds = time.monotonic() - started
             if self.metrics:
@@ -194,6 +250,67 @@ class MeshExecutor(AgentExecutor):
                 seconds * 1000,
                 (req.traceparent if req else None) or "-",
             )
+
+    def _resume_kind(self, context: RequestContext, current: Task | None) -> str | None:
+        """How this run resumes a task that waited (``RESUME``'s values, or ``ANSWER``); None
+        for a new task."""
+        if current is None or self.waits is None:
+            return None
+        call = context.call_context
+        internal = call.state.get(RESUME) if call is not None else None
+        if isinstance(internal, str):
+            return internal
+        return ANSWER if current.status.state in INTERRUPTED_STATES else None
+
+    async def _prepare_resume(
+        self, kind: str, context: RequestContext, updater: TaskUpdater, task_id: str
+    ) -> _Resumed | None:
+        """Read the task's resume point; record the answer a caller's message carries. None
+        when the task ended here instead (its deadline, or no resume point)."""
+        assert self.waits is not None
+        owner = _owner(context.call_context)
+        wait = await self.waits.load(owner, task_id)
+        if wait is None:
+            await self._end(
+                updater,
+                TaskState.TASK_STATE_FAILED,
+                "interrupted",
+                "this task has no resume point on this node, so it cannot go on: send its "
+                "first message again with a new messageId to start over",
+                None,
+            )
+            return None
+        first = Message()
+        first.ParseFromString(wait.request)
+        req = self.read_request(first)
+        if kind == "deadline":
+            self.forget(owner, task_id)
+            await self._end(updater, TaskState.TASK_STATE_FAILED, DEADLINE, WAIT_DEADLINE_TEXT, req)
+            return None
+        if kind == ANSWER:
+            open_questions = wait.open_questions()
+            named = answers_named(context.message)
+            chosen = [q for q in open_questions if q.id == named] or open_questions[:1]
+            if chosen:
+                parts = list(context.message.parts) if context.message is not None else []
+                try:
+                    value = answer_of(chosen[0], get_data_parts(parts), get_text_parts(parts))
+                except SchemaViolation:
+                    value = None  # the handler checked it; the replay asks again
+                if value is not None:
+                    await self.waits.answer(owner, task_id, chosen[0].id, value)
+                    wait.questions = [
+                        (q, seq, "answered", value) if q.id == chosen[0].id else (q, seq, st, a)
+                        for q, seq, st, a in wait.questions
+                    ]
+        skill, payload = self._validate(req, first)
+        return _Resumed(req, skill, payload, wait.replay(), wait.request)
+
+    def forget(self, owner: str, task_id: str) -> None:
+        """The task no longer waits: drop its resume point and deadline timer."""
+        self.clock.disarm(task_id)
+        if self.waits is not None:
+            self.waits.finish(owner, task_id)
 
     def read_request(self, message: Message | None) -> _Request:
         """The skill, caller, trace and deadline a message's metadata names
@@ -267,15 +384,28 @@ class MeshExecutor(AgentExecutor):
         updater: TaskUpdater,
         task_id: str,
         context_id: str,
+        resumed: _Resumed | None,
     ) -> TaskOutcome:
         if req.deadline is not None and req.deadline <= time.time():
+            if resumed is not None:  # the deadline counts the wait: it passed while waiting
+                await self._end(
+                    updater, TaskState.TASK_STATE_FAILED, DEADLINE, WAIT_DEADLINE_TEXT, req
+                )
+                return "failed"
             await self._end(
                 updater, TaskState.TASK_STATE_REJECTED, "deadline", "deadline exceeded", req
             )
             return "rejected"
-        await updater.start_work(
-            updater.new_agent_message([new_text_part(f"running skill '{skill.id}'")])
-        )
+        if resumed is None:
+            await updater.start_work(
+                updater.new_agent_message([new_text_part(f"running skill '{skill.id}'")])
+            )
+        else:
+            await updater.update_status(
+                TaskState.TASK_STATE_WORKING,
+                message=updater.new_agent_message([new_text_part(f"resuming skill '{skill.id}'")]),
+                metadata={TASKS_EXTENSION: {"questions": []}},
+            )
         ctx = SkillContext(
             skill_id=skill.id,
             task_id=task_id,
@@ -283,6 +413,8 @@ class MeshExecutor(AgentExecutor):
             deadline=req.deadline,
             traceparent=req.traceparent,
             metadata={"caller": req.caller} if req.caller else {},
+            may_ask=skill.asks,
+            replay=resumed.replay if resumed is not None else [],
         )
         # Remote tools report each child task's usage here (see mesh._remote).
         children: list[dict[str, int]] = []
@@ -308,6 +440,9 @@ class MeshExecutor(AgentExecutor):
                     )
                 finally:
                     self._running.discard(scope)
+        except Suspend as asked:
+            request = resumed.request if resumed is not None else None
+            return await self._suspend(asked, skill, req, context, updater, request)
         except TimeoutError:
             if self.stopping:
                 await self._end_shutdown(updater, task_id, req)
@@ -334,6 +469,52 @@ class MeshExecutor(AgentExecutor):
             return "failed"
         await self._publish(updater, skill, result, req, _sum_usage(children))
         return "completed"
+
+    async def _suspend(
+        self,
+        asked: Suspend,
+        skill: Skill,
+        req: _Request,
+        context: RequestContext,
+        updater: TaskUpdater,
+        request: bytes | None,
+    ) -> TaskOutcome:
+        """End the run waiting on ``asked.question``: the resume point first (one
+        transaction), then the waiting state (the store commits it before answering)."""
+        if self.waits is None:
+            await self._end(
+                updater,
+                TaskState.TASK_STATE_FAILED,
+                "failed",
+                f"skill '{skill.id}' asked for input, but this node keeps no tasks "
+                "(store=memory): serve it with the SQLite store",
+                req,
+            )
+            return "failed"
+        owner = _owner(context.call_context)
+        if request is None:
+            assert context.message is not None
+            request = context.message.SerializeToString()
+        await self.waits.suspend(
+            owner=owner,
+            task_id=updater.task_id,
+            context_id=updater.context_id,
+            skill=skill.id,
+            request=request,
+            deadline=req.deadline,
+            question=asked.question,
+            seq=asked.seq,
+            caller=req.caller,
+            traceparent=req.traceparent or "",
+        )
+        self.clock.arm(owner, updater.task_id, updater.context_id, req.deadline)
+        questions = [asked.question]
+        await updater.update_status(
+            waiting_state(questions),
+            message=question_message(updater.task_id, updater.context_id, questions),
+            metadata={**self._task_metadata(req), **question_metadata(questions)},
+        )
+        return "waiting"
 
     async def _progress(self, updater: TaskUpdater, event: Event) -> None:
         """Forward a runner event as a WORKING status update (partial text, tool calls)."""
@@ -403,11 +584,17 @@ class MeshExecutor(AgentExecutor):
         task = context.current_task
         context_id = task.context_id if task is not None else str(context.context_id)
         updater = TaskUpdater(event_queue, str(context.task_id), context_id)
+        self.forget(_owner(context.call_context), str(context.task_id))
         await updater.update_status(
             TaskState.TASK_STATE_CANCELED,
             message=updater.new_agent_message([new_text_part("canceled by request")]),
             metadata={"error": {"reason": "canceled", "message": "canceled by request"}},
         )
+
+
+def _owner(call: ServerCallContext | None) -> str:
+    """The owner scope of a call's tasks (the store's, see ``resolve_user_scope``)."""
+    return resolve_user_scope(call) if call is not None else ""
 
 
 def _sum_usage(reports: list[dict[str, int]]) -> dict[str, int]:

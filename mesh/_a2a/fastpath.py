@@ -6,7 +6,8 @@ CPU per request for a skill whose work takes microseconds. ``MeshRequestHandler`
 path the narrow, hot case (``FastPath.takes``):
 
 * a new task (no ``message.taskId``), a blocking send (no ``returnImmediately``), no push config,
-* whose skill resolves to a typed skill with a Python handler (no model).
+* whose skill resolves to a typed skill with a Python handler (no model) that never asks
+  (not ``asks=True``: a task that may wait for input goes through the SDK).
 
 Anything else goes to the SDK's handler, which answers it (or refuses it) as always. Params
 the SDK's handler refuses (a required field missing, a negative ``historyLength``) are refused
@@ -196,7 +197,8 @@ class FastPath:
             )
         except SkillInputError:
             return False
-        return skill.typed and skill.handler is not None and not skill.llm
+        # A skill that may ask can end its run waiting: that task needs the SDK's machinery.
+        return skill.typed and skill.handler is not None and not skill.llm and not skill.asks
 
     async def send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
         """Run the new task of ``params`` to its end; the task (or the executor's message).

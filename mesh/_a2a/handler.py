@@ -11,17 +11,35 @@ context builder), so nothing here reads the SDK handler's private state. It adds
   by ``FastPath`` instead of the SDK's task machinery, and ``CancelTask`` of such a task stops
   it there.
 
+* **tasks that wait** (``mesh._asks``): a message naming a task (``taskId``) is taken only
+  while the task waits for input: the answer is checked against the open question's schema
+  first (an invalid one leaves the task waiting, its status naming the field, and runs
+  nothing), and a task that is working gets -32004 (the SDK would queue the message and run
+  the task again after it ends). A cancel of a waiting task drops its resume point and, when
+  the SDK only rewrote the state (a task no longer parked in this process), replaces the
+  question with ``canceled by request``. ``resume`` is how the node itself resumes a task
+  (after a restart, at a waiting task's deadline): a message through the SDK's handler, so
+  subscribers see the run like any other.
+
 Everything else is the SDK handler's, unchanged: the route (``create_jsonrpc_routes``) parses,
 checks the ``A2A-Version`` and builds the call context for both paths alike.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
+import uuid
 from collections.abc import AsyncGenerator
+from dataclasses import replace
+from typing import Any
 
+from a2a.auth.user import User
+from a2a.helpers import get_data_parts, get_text_parts, new_text_part
 from a2a.server.agent_execution import SimpleRequestContextBuilder
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event
+from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.request_handlers import DefaultRequestHandler, RequestHandler
 from a2a.server.tasks import TaskStore
 from a2a.types import (
@@ -36,13 +54,16 @@ from a2a.types import (
     ListTasksRequest,
     ListTasksResponse,
     Message,
+    Role,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
     TaskPushNotificationConfig,
+    TaskState,
 )
+from a2a.utils.errors import A2AError, InvalidParamsError, UnsupportedOperationError
 
-from mesh._a2a.executor import MeshExecutor
+from mesh._a2a.executor import RESUME, MeshExecutor, answers_named
 from mesh._a2a.fastpath import FastPath
 from mesh._a2a.idempotency import (
     IdempotencyKeys,
@@ -51,9 +72,42 @@ from mesh._a2a.idempotency import (
     replay,
     send_answer,
 )
+from mesh._a2a.questions import question_message, question_metadata, questions_of
+from mesh._a2a.states import INTERRUPTED_STATES, TERMINAL_STATES
 from mesh._a2a.store import SqliteTaskStore, mark_blocking_send
+from mesh._asks import TASKS_EXTENSION, Question, answer_of
+from mesh._errors import SchemaViolation
+from mesh._schema_check import check
 
-__all__ = ["MeshRequestHandler"]
+__all__ = ["INTERRUPTED_TASK_TIMEOUT_S", "MeshRequestHandler"]
+
+log = logging.getLogger("mesh._a2a")
+
+#: Seconds the SDK keeps a waiting task's machinery (two asyncio tasks) in memory; the next
+#: message rebuilds it from the store. Bounds what 10,000 waiting tasks cost.
+INTERRUPTED_TASK_TIMEOUT_S = 30.0
+CANCELED_TEXT = "canceled by request"
+# a2a-sdk 1.3 has the parameter; on 1.2.x a waiting task's machinery stays until a restart.
+_RELEASE_WAITING: dict[str, Any] = (
+    {"interrupted_task_timeout": INTERRUPTED_TASK_TIMEOUT_S}
+    if "interrupted_task_timeout" in inspect.signature(DefaultRequestHandler).parameters
+    else {}
+)
+
+
+class _Owner(User):
+    """The owner of a task the node resumes itself (the store scopes tasks by user name)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def is_authenticated(self) -> bool:
+        return bool(self._name)
+
+    @property
+    def user_name(self) -> str:
+        return self._name
 
 
 class MeshRequestHandler(RequestHandler):
@@ -72,6 +126,7 @@ class MeshRequestHandler(RequestHandler):
     ) -> None:
         self.executor = executor
         self.keys = keys
+        self._sqlite = task_store if isinstance(task_store, SqliteTaskStore) else None
         #: The store both paths save to: it knows which tasks run here.
         self.task_store = WatchedTaskStore(task_store)
         # The SQLite store generates new task ids itself, so it knows they are not stored yet.
@@ -85,6 +140,7 @@ class MeshRequestHandler(RequestHandler):
             task_store=self.task_store,
             agent_card=agent_card,
             request_context_builder=self.request_contexts,
+            **_RELEASE_WAITING,
         )
         self._close_sdk = sdk.aclose
         #: The SDK's handler (used through its interface): all the fast path does not serve.
@@ -94,10 +150,105 @@ class MeshRequestHandler(RequestHandler):
         skills = executor.dispatcher.agent.all_skills
         if fastpath and any(s.typed and s.handler is not None for s in skills):
             self.fastpath = FastPath(executor, self.task_store, self.request_contexts)
+        executor.clock.expire = self._expire
 
     async def aclose(self) -> None:
-        """Stop the SDK's handler (cancels the tasks it still runs)."""
+        """Stop the deadline timers and the node's own resumes, then the SDK's handler
+        (cancels the tasks it still runs)."""
+        await self.executor.clock.aclose()
         await self._close_sdk()
+
+    # -- tasks that wait ----------------------------------------------------------------------
+    async def resume(self, owner: str, task_id: str, context_id: str, why: str) -> None:
+        """Run a waiting (or resuming) task again on the node's own account: ``why`` is
+        ``"restart"`` (run it with its recorded answers) or ``"deadline"`` (end it FAILED).
+        Through the SDK's handler, so the task's subscribers see it; the message is marked in
+        the task's history (``metadata["urn:mesh:tasks:v1"]["resume"]``)."""
+        message = Message(
+            role=Role.ROLE_USER,
+            message_id=str(uuid.uuid4()),
+            task_id=task_id,
+            context_id=context_id,
+            parts=[new_text_part(f"(resumed by the node: {why})")],
+        )
+        message.metadata.update({TASKS_EXTENSION: {"resume": why}})
+        call = ServerCallContext(user=_Owner(owner))
+        call.state[RESUME] = why
+        try:
+            await self.sdk.on_message_send(SendMessageRequest(message=message), call)
+        except A2AError as exc:  # it ended meanwhile (answered, canceled): nothing to resume
+            log.info("task %s: not resumed (%s): %s", task_id, why, exc)
+
+    async def _expire(self, owner: str, task_id: str, context_id: str) -> None:
+        task = await self.task_store.get(task_id, ServerCallContext(user=_Owner(owner)))
+        if task is not None and task.status.state in INTERRUPTED_STATES:
+            await self.resume(owner, task_id, context_id, "deadline")
+
+    async def _follow_up(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> Task | None:
+        """Check a message naming a task before the SDK runs it. A task waiting on mesh's
+        questions takes a valid answer (None: go on); an invalid answer is answered here with
+        the task still waiting. A task that is working gets -32004. Unknown, terminal or
+        foreign tasks: None, the SDK answers as usual."""
+        message = params.message
+        task = await self.task_store.get(message.task_id, context)
+        if task is None or task.status.state in TERMINAL_STATES:
+            return None
+        if message.context_id and message.context_id != task.context_id:
+            return None  # the SDK's -32602 names both contexts
+        if task.status.state not in INTERRUPTED_STATES:
+            state = TaskState.Name(task.status.state).removeprefix("TASK_STATE_").lower()
+            raise UnsupportedOperationError(
+                message=f"task {task.id} is {state}: it takes a message only while it waits "
+                "for input"
+            )
+        questions = questions_of(task)
+        if not questions:
+            return None
+        named = answers_named(message)
+        chosen = [q for q in questions if q.id == named] if named is not None else questions[:1]
+        if not chosen:
+            raise InvalidParamsError(
+                message=f"question {named!r} is not open on task {task.id}: open are "
+                + ", ".join(q.id for q in questions)
+            )
+        question = chosen[0]
+        parts = list(message.parts)
+        try:
+            value = answer_of(question, get_data_parts(parts), get_text_parts(parts))
+            if question.schema is not None:
+                check(value, question.schema)
+        except SchemaViolation as exc:
+            return await self._invalid(task, questions, question.id, exc.errors, message, context)
+        if question.kind == "auth" and self._sqlite is not None:
+            self._sqlite.redact(task.id, message.message_id)
+        return None
+
+    async def _invalid(
+        self,
+        task: Task,
+        questions: list[Question],
+        question_id: str,
+        errors: list[dict[str, str]],
+        message: Message,
+        context: ServerCallContext,
+    ) -> Task:
+        """The task, still waiting, with the answer in its history and its status naming what
+        is wrong with it (nothing runs)."""
+        marked = [
+            replace(q, invalid=tuple(errors)) if q.id == question_id else q for q in questions
+        ]
+        updated = Task()
+        updated.CopyFrom(task)
+        answer = updated.history.add()
+        answer.CopyFrom(message)
+        answer.task_id, answer.context_id = task.id, task.context_id
+        updated.status.message.CopyFrom(question_message(task.id, task.context_id, marked))
+        updated.status.timestamp.GetCurrentTime()
+        updated.metadata.update(question_metadata(marked))
+        await self.task_store.save(updated, context)
+        return updated
 
     # -- sends: idempotent, and the fast path ------------------------------------------------
     async def on_message_send(
@@ -116,6 +267,10 @@ class MeshRequestHandler(RequestHandler):
             self.keys.end(key)
 
     async def _send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
+        if params.message.task_id:
+            early = await self._follow_up(params, context)
+            if early is not None:
+                return early
         if not params.configuration.return_immediately:
             mark_blocking_send(context)
         if self.fastpath is not None and self.fastpath.takes(params, context):
@@ -131,6 +286,10 @@ class MeshRequestHandler(RequestHandler):
             yield await replay(self.task_store, existing, params, context)
             return
         try:
+            early = await self._follow_up(params, context) if params.message.task_id else None
+            if early is not None:
+                yield early
+                return
             async for event in self.sdk.on_message_send_stream(params, context):
                 yield event
         finally:
@@ -144,7 +303,37 @@ class MeshRequestHandler(RequestHandler):
             canceled = await self.fastpath.cancel(params.id, context)
             if canceled is not None:
                 return canceled
-        return await self.sdk.on_cancel_task(params, context)
+        task = await self.sdk.on_cancel_task(params, context)
+        if task is not None:
+            self.executor.forget(resolve_user_scope(context), task.id)
+            if task.status.state == TaskState.TASK_STATE_CANCELED and questions_of(task):
+                # The SDK only rewrote the state (no executor ran: the task waited, and its
+                # machinery was released or belongs to a process before a restart).
+                task = await self._canceled(task, context)
+        return task
+
+    async def _canceled(self, task: Task, context: ServerCallContext) -> Task:
+        updated = Task()
+        updated.CopyFrom(task)
+        updated.history.append(updated.status.message)
+        updated.status.message.CopyFrom(
+            Message(
+                role=Role.ROLE_AGENT,
+                message_id=str(uuid.uuid4()),
+                task_id=task.id,
+                context_id=task.context_id,
+                parts=[new_text_part(CANCELED_TEXT)],
+            )
+        )
+        updated.status.timestamp.GetCurrentTime()
+        updated.metadata.update(
+            {
+                "error": {"reason": "canceled", "message": CANCELED_TEXT},
+                TASKS_EXTENSION: {"questions": []},
+            }
+        )
+        await self.task_store.save(updated, context)
+        return updated
 
     # -- the rest: the SDK's ----------------------------------------------------------------
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:

@@ -32,7 +32,8 @@ from mesh._a2a.executor import MeshExecutor
 from mesh._a2a.fastroute import FastRoute
 from mesh._a2a.handler import MeshRequestHandler
 from mesh._a2a.idempotency import IdempotencyKeys
-from mesh._a2a.store import SqliteTaskStore
+from mesh._a2a.store import Recovery, SqliteTaskStore
+from mesh._a2a.waits import WaitStore
 from mesh._agent import Agent
 from mesh._metrics import NodeMetrics
 from mesh._settings import NodeSettings
@@ -107,24 +108,29 @@ class A2AService:
             task_store = sqlite_store
             keys = IdempotencyKeys(db, store=sqlite_store)
         await keys.initialize()
+        recovery = None
         if sqlite_store is not None:
-            ended = await sqlite_store.end_unfinished(then=IdempotencyKeys.release_ended)
-            if ended:
+            # The one recovery rule (docs/node.md): interrupted, deadline, waiting, run again.
+            recovery = await sqlite_store.recover(then=IdempotencyKeys.release_ended)
+            if recovery.ended:
                 log.warning(
                     "%d task(s) were still running when this node last stopped: ended FAILED "
                     "(interrupted); sending their message again runs them",
-                    len(ended),
+                    len(recovery.ended),
                 )
         executor = MeshExecutor(
             SkillDispatcher(agent, runner, skill_runners),
             keys=keys,
             metrics=metrics,
             max_text_bytes=max_text_bytes,
+            waits=WaitStore(db) if sqlite_store is not None else None,
         )
         card = build_card(agent, url, bearer=bearer)
         handler = MeshRequestHandler(
             executor=executor, task_store=task_store, agent_card=card, keys=keys, fastpath=fastpath
         )
+        if recovery is not None:
+            _pick_up(recovery, handler)
         return cls(agent, url, executor, handler, card, store=sqlite_store)
 
     def mount(self, app: FastAPI) -> None:
@@ -158,3 +164,26 @@ class A2AService:
             ended = await self.store.end_in_flight(then=IdempotencyKeys.release_ended)
             if ended:
                 log.warning("%d unfinished task(s) saved as FAILED (shutdown)", len(ended))
+
+
+def _pick_up(recovery: Recovery, handler: MeshRequestHandler) -> None:
+    """Arm the deadlines of the tasks still waiting, and run again the ones that were resuming
+    (in the background, owned by the handler's clock)."""
+    clock = handler.executor.clock
+    for owner, task_id, context_id, deadline in recovery.waiting:
+        clock.arm(owner, task_id, context_id, deadline)
+    for owner, task_id, context_id in recovery.resume:
+        clock.spawn(
+            handler.resume(owner, task_id, context_id, "restart"), name=f"mesh-resume-{task_id}"
+        )
+    if recovery.expired:
+        log.warning(
+            "%d waiting task(s) passed their deadline while this node was stopped: ended FAILED "
+            "(deadline)",
+            len(recovery.expired),
+        )
+    if recovery.resume:
+        log.info(
+            "%d task(s) were resuming when this node stopped: running them again",
+            len(recovery.resume),
+        )
