@@ -47,6 +47,18 @@ def test_limits_and_peer_networks_come_from_the_environment() -> None:
     assert not s.peer_policy.allows("192.168.1.1")
 
 
+def test_push_networks_are_public_only_unless_set() -> None:
+    default = NodeSettings.from_env({}, agent_name="a", host="0.0.0.0")
+    assert default.push_policy.allows("8.8.8.8")
+    assert not default.push_policy.allows("127.0.0.1")
+    assert not default.push_policy.allows("10.0.0.5")
+    local = NodeSettings.from_env({"MESH_PUSH_NETWORKS": "loopback"}, agent_name="a")
+    assert local.push_policy.allows("127.0.0.1")
+    assert not local.push_policy.allows("8.8.8.8")
+    with pytest.raises(ConfigError, match=r"MESH_PUSH_NETWORKS='intranet'"):
+        NodeSettings.from_env({"MESH_PUSH_NETWORKS": "intranet"}, agent_name="a")
+
+
 def test_peer_networks_default_to_where_the_node_listens() -> None:
     local = NodeSettings.from_env({}, agent_name="a")
     assert local.peer_policy.allows("127.0.0.1")

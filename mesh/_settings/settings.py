@@ -109,6 +109,7 @@ class MeshSettings(BaseSettings):
     body_timeout_s: float = _var("MESH_BODY_TIMEOUT", 30.0)
     # NoDecode: a list of networks, not JSON.
     peer_networks: Annotated[NetworkPolicy | None, NoDecode] = _var("MESH_PEER_NETWORKS")
+    push_networks: Annotated[NetworkPolicy | None, NoDecode] = _var("MESH_PUSH_NETWORKS")
     consul_token: SecretStr | None = _var("CONSUL_HTTP_TOKEN")
     google_api_key: SecretStr | None = _var("GOOGLE_API_KEY")
     gemini_api_key: SecretStr | None = _var("GEMINI_API_KEY")
@@ -209,7 +210,7 @@ class MeshSettings(BaseSettings):
             raise ValueError("give a positive number of seconds, e.g. 30")
         return seconds
 
-    @field_validator("peer_networks", mode="before")
+    @field_validator("peer_networks", "push_networks", mode="before")
     @classmethod
     def _networks(cls, value: Any) -> Any:
         if value is None or isinstance(value, NetworkPolicy):
@@ -366,6 +367,9 @@ class NodeSettings:
     # Networks the peers this node delegates to may be on (checked after DNS resolution);
     # None: ``NetworkPolicy.default_for(host)``. See ``peer_policy``.
     peer_networks: NetworkPolicy | None = None
+    # Networks push notification webhooks may be on (checked when a config is set and again
+    # at every connection); None: public addresses only, a2a-sdk's rule. See ``push_policy``.
+    push_networks: NetworkPolicy | None = None
     # The model keys and choices (no key by default: a named model runs offline on loopback).
     models: ModelSettings = field(default_factory=ModelSettings)
 
@@ -390,6 +394,12 @@ class NodeSettings:
         """Where peers may be: ``MESH_PEER_NETWORKS``, else loopback for a node bound to
         loopback, loopback and private ranges for one bound beyond it."""
         return self.peer_networks or NetworkPolicy.default_for(self.host)
+
+    @property
+    def push_policy(self) -> NetworkPolicy:
+        """Where push notification webhooks may be: ``MESH_PUSH_NETWORKS``, else public
+        addresses only (what a2a-sdk's ``validate_push_notification_url`` accepts)."""
+        return self.push_networks or NetworkPolicy.parse("public")
 
     @property
     def model_required(self) -> bool:
@@ -485,5 +495,6 @@ class NodeSettings:
             body_timeout_s=mesh.body_timeout_s,
             max_answer_bytes=mesh.max_answer_bytes,
             peer_networks=mesh.peer_networks,
+            push_networks=mesh.push_networks,
             models=models,
         )
