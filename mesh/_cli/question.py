@@ -6,12 +6,14 @@ text says, and a data part with media type ``application/schema+json`` is the sc
 answer. A mesh node says more in the message's (or task's) ``urn:mesh:tasks:v1`` metadata: one
 entry per open question, with its id, who asks (``asker``, for a question relayed from further
 down a chain), the hops it came through (``path``) and, after an invalid answer, what was wrong
-(``invalid``).
+(``invalid``). Either way the questions are ``mesh._asks.Question``s, the words the node
+that asks uses too.
 
     [q] = questions_of(task)
     q.text, q.schema               # "Approve APP-738 for 600,000?", {"type": "object", ...}
     answer = parse_answer('{"decision": "approve"}', q)   # checked against the schema
-    reply_command(task, "underwriter")   # mesh reply T --json '{"decision": "approve"}' --agent ...
+    reply_command(task, ["--agent", "underwriter"])
+    # mesh reply T --json '{"decision": "approve"}' --agent underwriter
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mesh._asks import SCHEMA_MEDIA_TYPE, TASKS_EXTENSION, AskKind, Question
 from mesh._errors import ConfigError, SchemaViolation
+from mesh._schema_order import restore
 
 if TYPE_CHECKING:
     from mesh._a2a.results import TaskResult
@@ -30,13 +33,14 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_NOT_FOUND",
     "EXIT_WAITING",
-    "EXT",
     "WAITING_STATES",
-    "Question",
     "answer_hint",
+    "asker_of",
     "check_answer",
     "example_answer",
+    "first_line",
     "parse_answer",
+    "problems_of",
     "question_lines",
     "questions_of",
     "reply_command",
@@ -47,93 +51,71 @@ __all__ = [
 EXIT_WAITING = 4
 #: The exit code of ``mesh reply`` when no agent holds the task.
 EXIT_NOT_FOUND = 3
-#: The extension that carries mesh's task metadata (questions, answers, relays).
-EXT = "urn:mesh:tasks:v1"
 #: The states of a task that waits for its caller (as ``TaskResult.state`` spells them).
 WAITING_STATES = frozenset({"input-required", "auth-required"})
-_SCHEMA_MEDIA = "application/schema+json"
-
-
-@dataclass(frozen=True)
-class Question:
-    """One open question of a waiting task. ``asker``: the agent that asks, when a node relays
-    a question from further down (empty when the task's own agent asks); ``path``: (agent, task)
-    of each hop from this task's child down to the asker; ``invalid``: what was wrong with the
-    last answer, one line per field."""
-
-    text: str
-    schema: Mapping[str, Any] | None = None
-    kind: str = "input"
-    id: str = ""
-    asker: str = ""
-    asker_task: str = ""
-    path: tuple[tuple[str, str], ...] = ()
-    invalid: tuple[str, ...] = ()
-
-    @property
-    def first_line(self) -> str:
-        return next((line.strip() for line in self.text.splitlines() if line.strip()), "")
 
 
 def questions_of(task: TaskResult) -> list[Question]:
-    """The open questions of ``task`` (none unless it waits), the oldest first."""
+    """The open questions of ``task`` (none unless it waits), the oldest first: a mesh node's
+    question entries when its status message (or the task) has them, else one question, the
+    message's text, with the schema its ``application/schema+json`` part holds."""
     if task.state not in WAITING_STATES:
         return []
-    kind = "auth" if task.state == "auth-required" else "input"
+    kind: AskKind = "auth" if task.state == "auth-required" else "input"
     message = task.status_message or {}
     parts = [p for p in message.get("parts") or () if isinstance(p, Mapping)]
     entries = _ext(message).get("questions") or _ext(task.metadata).get("questions")
     if isinstance(entries, list) and entries:
-        found = [_from_entry(e, parts, kind) for e in entries if isinstance(e, Mapping)]
-        if found:
-            return found
-    # Any A2A agent: the text parts are the question, a schema part its answer's shape.
+        try:
+            return [_from_entry(e, parts) for e in entries]
+        except ValueError:  # malformed: read it as any agent's question
+            pass
     texts = [str(p["text"]) for p in parts if "text" in p]
-    schema = next((p["data"] for p in parts if _is_schema(p)), None)
-    return [Question(text="\n".join(texts) or task.text, schema=schema, kind=kind)]
+    schema = next((_schema(p) for p in parts if _is_schema(p)), None)
+    return [Question(id="", text="\n".join(texts) or task.text, kind=kind, schema=schema)]
 
 
-def _from_entry(entry: Mapping[str, Any], parts: list[Mapping[str, Any]], kind: str) -> Question:
-    qid = str(entry.get("id") or "")
+def _from_entry(entry: Any, parts: list[Mapping[str, Any]]) -> Question:
+    if not isinstance(entry, Mapping):
+        raise ValueError("a question entry is not an object")
     schema = None
     if entry.get("schema"):
-        # The schema part of this question; the first schema part when parts do not say whose.
-        mine = [p for p in parts if _is_schema(p) and _ext(p).get("question") == qid]
-        schema = next((p["data"] for p in mine or [p for p in parts if _is_schema(p)]), None)
-    asker = entry.get("asker")
-    asker = asker if isinstance(asker, Mapping) else {}
-    invalid = entry.get("invalid")
-    problems = tuple(
-        f"{i.get('field')}: {i.get('message')}" if i.get("field") else str(i.get("message"))
-        for i in (invalid if isinstance(invalid, list) else ())
-        if isinstance(i, Mapping)
-    )
-    path = entry.get("path")
-    hops = tuple(
-        (str(hop.get("agent") or ""), str(hop.get("task") or ""))
-        for hop in (path if isinstance(path, list) else ())
-        if isinstance(hop, Mapping)
-    )
-    return Question(
-        text=str(entry.get("text") or ""),
-        schema=schema,
-        kind=str(entry.get("kind") or kind),
-        id=qid,
-        asker=str(asker.get("agent") or ""),
-        asker_task=str(asker.get("task") or ""),
-        path=hops,
-        invalid=problems,
-    )
+        # This question's schema part; the first one when the parts do not say whose.
+        mine = [p for p in parts if _is_schema(p) and _ext(p).get("question") == entry.get("id")]
+        schema = next((_schema(p) for p in mine or [p for p in parts if _is_schema(p)]), None)
+    return Question.from_entry(entry, schema)
 
 
 def _ext(holder: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = holder.get("metadata")
-    found = meta.get(EXT) if isinstance(meta, Mapping) else None
+    found = meta.get(TASKS_EXTENSION) if isinstance(meta, Mapping) else None
     return found if isinstance(found, Mapping) else {}
 
 
 def _is_schema(part: Mapping[str, Any]) -> bool:
-    return part.get("mediaType") == _SCHEMA_MEDIA and isinstance(part.get("data"), Mapping)
+    return part.get("mediaType") == SCHEMA_MEDIA_TYPE and isinstance(part.get("data"), Mapping)
+
+
+def _schema(part: Mapping[str, Any]) -> dict[str, Any]:
+    # Through a protobuf Struct: whole numbers back to integers, the declared order kept.
+    return restore(part["data"], keep_hint=True)
+
+
+def asker_of(question: Question) -> str:
+    """The agent that asks a relayed question ("" when the task's own agent asks)."""
+    return (question.asker or {}).get("agent", "")
+
+
+def problems_of(question: Question) -> list[str]:
+    """What was wrong with the last answer to ``question``, one line per field."""
+    return [
+        f"{e['field']}: {e.get('message', '')}" if e.get("field") else e.get("message", "")
+        for e in question.invalid
+    ]
+
+
+def first_line(question: Question) -> str:
+    return next((line.strip() for line in question.text.splitlines() if line.strip()), "")
 
 
 # -- answers --------------------------------------------------------------------------------
@@ -260,10 +242,11 @@ def question_lines(task: TaskResult, agent: str) -> list[str]:
     answer."""
     lines = []
     for q in questions_of(task):
-        who = f"{q.asker} (via {agent})" if q.asker and q.asker != agent else agent
+        asker = asker_of(q)
+        who = f"{asker} (via {agent})" if asker and asker != agent else agent
         asks = "needs authorization" if q.kind == "auth" else "asks"
         text = q.text.strip().replace("\n", "\n    ")
         lines.append(f"  ? {who} {asks}: {text}")
-        lines.extend(f"    ! {problem}" for problem in q.invalid)
+        lines.extend(f"    ! {problem}" for problem in problems_of(q))
         lines.append(f"    {answer_hint(q)}")
     return lines

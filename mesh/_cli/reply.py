@@ -18,14 +18,14 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from mesh._asks import TASKS_EXTENSION, Question
 from mesh._cli.question import (
     EXIT_NOT_FOUND,
     EXIT_WAITING,
-    EXT,
     WAITING_STATES,
-    Question,
     answer_hint,
     check_answer,
+    problems_of,
     questions_of,
     waiting_lines,
 )
@@ -78,7 +78,11 @@ async def reply(
             question = _question(task, question_id)
             if question is not None:
                 answer = _checked(answer, question, task)
-            ext = {EXT: {"answers": question.id}} if question is not None and question.id else None
+            ext = (
+                {TASKS_EXTENSION: {"answers": question.id}}
+                if question is not None and question.id
+                else None
+            )
             result = await peer.send(
                 answer,
                 task_id=task.task_id,
@@ -106,7 +110,7 @@ def print_outcome(
     """Print a task after an answer: its result, or its next question (exit 4), or why it
     ended (exit 1); an answer it refused (``invalid`` in its question) is exit 1."""
     if result.state in WAITING_STATES:
-        problems = [p for q in questions_of(result) for p in q.invalid]
+        problems = [p for q in questions_of(result) for p in problems_of(q)]
         for line in waiting_lines(result, agent, where, mesh):
             print(line, file=out)
         return 1 if problems else EXIT_WAITING

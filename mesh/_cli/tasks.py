@@ -22,11 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-from mesh._cli.question import (
-    WAITING_STATES,
-    Question,
-    questions_of,
-)
+from mesh._asks import Question
+from mesh._cli.question import WAITING_STATES, asker_of, first_line, questions_of
 from mesh._cli.serve import lookup_location
 from mesh._cli.table import format_table
 from mesh._errors import MeshError
@@ -110,8 +107,8 @@ class Listed:
                     "kind": q.kind,
                     "text": q.text,
                     "schema": q.schema,
-                    "asker": q.asker,
-                    "asker_task": q.asker_task,
+                    "asker": asker_of(q),
+                    "asker_task": (q.asker or {}).get("task", ""),
                     "invalid": list(q.invalid),
                 }
                 for q in self.questions
@@ -246,7 +243,7 @@ def _chains(tasks: list[Listed]) -> list[tuple[int, Listed, bool]]:
             parent[t.task.task_id] = t.caller_task
         for q in t.questions:
             above = t.task.task_id
-            for _, below in q.path:
+            for below in (hop.get("task", "") for hop in q.path):
                 if below in by_id and below != above:
                     parent.setdefault(below, above)
                 above = below
@@ -296,7 +293,8 @@ def _asks(t: Listed) -> str:
     if not questions:
         return ""
     q = questions[0]
-    text = f"{q.asker}: {q.first_line}" if q.asker and q.asker != t.agent else q.first_line
+    asker, line = asker_of(q), first_line(q)
+    text = f"{asker}: {line}" if asker and asker != t.agent else line
     if len(questions) > 1:
         text += f" (+{len(questions) - 1} more)"
     return text if len(text) <= _QUESTION_WIDTH else text[: _QUESTION_WIDTH - 1] + "…"

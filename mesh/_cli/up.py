@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from mesh._asks import TASKS_EXTENSION
 from mesh._cli.question import (
-    EXT,
     WAITING_STATES,
     parse_answer,
     question_lines,
@@ -445,7 +445,11 @@ async def _answer(
     except ConfigError as exc:
         print(f"  ! {exc}", file=out, flush=True)
         return None
-    meta = {EXT: {"answers": question.id}} if question is not None and question.id else None
+    meta = (
+        {TASKS_EXTENSION: {"answers": question.id}}
+        if question is not None and question.id
+        else None
+    )
     try:
         return await _turn(
             peer,
