@@ -167,6 +167,14 @@ def test_reply_json_completes_the_task(mesh: Mesh) -> None:
     assert _get(mesh.beta, task["id"])["status"]["state"] == "TASK_STATE_COMPLETED"
 
 
+def test_reply_to_a_hop_of_a_chain_names_the_task_above(mesh: Mesh) -> None:
+    top = _send(mesh.beta, "free question")
+    hop = _send(mesh.alpha, "please decide", {"caller": "beta", "caller_task": top["id"]})
+    r = _mesh("reply", hop["id"], "--json", '{"decision": "approve"}', "--url", mesh.alpha)
+    assert r.returncode == 0, r.stderr
+    assert f"mesh: note: task {hop['id']} works for beta's task {top['id']}; " in r.stderr
+
+
 def test_reply_with_an_invalid_answer_is_refused_before_sending(mesh: Mesh) -> None:
     task = _send(mesh.alpha, "please decide")
     before = len(_get(mesh.alpha, task["id"])["history"])

@@ -83,6 +83,15 @@ async def reply(
                 if question is not None and question.id
                 else None
             )
+            if parent := str(task.metadata.get("caller_task") or ""):
+                # A hop of a chain: its caller's task learns of this answer only when it runs
+                # again (design: answer at the top, the answer goes down).
+                caller = str(task.metadata.get("caller") or "its caller")
+                print(
+                    f"mesh: note: task {task.task_id} works for {caller}'s task {parent}; "
+                    f"answering that one instead lets {caller} go on with the answer",
+                    file=err,
+                )
             result = await peer.send(
                 answer,
                 task_id=task.task_id,
