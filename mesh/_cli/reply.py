@@ -29,7 +29,7 @@ from mesh._cli.question import (
     questions_of,
     waiting_lines,
 )
-from mesh._cli.serve import lookup_location
+from mesh._cli.serve import in_declared_order, lookup_location
 from mesh._cli.tasks import PARALLEL, Unreachable, failure, instances, registry_flag, task_client
 from mesh._errors import ConfigError, MeshError, RemoteError
 
@@ -99,6 +99,7 @@ async def reply(
                 metadata=ext,
                 timeout=timeout_s,
             )
+            result = await in_declared_order(peer, result)
         except (ConfigError, RemoteError) as exc:
             print(f"mesh: error: {exc}", file=err)
             return 1

@@ -26,7 +26,14 @@ from mesh._settings import DEFAULT_REGISTRY_URL
 if TYPE_CHECKING:
     from mesh._settings import MeshSettings
 
-__all__ = ["add_parsers", "find_agent_url", "load_agent", "lookup_location", "resolve_target"]
+__all__ = [
+    "add_parsers",
+    "find_agent_url",
+    "in_declared_order",
+    "load_agent",
+    "lookup_location",
+    "resolve_target",
+]
 
 #: Read by a2a-sdk once, when ``a2a`` is first imported (a2a.utils.telemetry).
 SDK_TRACING = "OTEL_INSTRUMENTATION_A2A_SDK_ENABLED"
@@ -272,7 +279,7 @@ def _print_result(result: Any, shown: str = "", where: list[str] | None = None) 
     return 1
 
 
-async def _in_declared_order(peer: Any, result: Any) -> Any:
+async def in_declared_order(peer: Any, result: Any) -> Any:
     """The result with its data in the order the skill's output model declares (the wire's
     protobuf Struct scrambles it), read from the node's card."""
     import dataclasses
@@ -303,7 +310,7 @@ async def _call_async(
                 result = await peer.send(
                     payload, skill=args.skill, context_id=args.context_id, timeout=args.timeout
                 )
-                return _print_result(await _in_declared_order(peer, result), where=where)
+                return _print_result(await in_declared_order(peer, result), where=where)
             task_id = ""
             partial = False
             shown = ""
@@ -325,7 +332,7 @@ async def _call_async(
                     print(f"[{update.state}]", file=sys.stderr, flush=True)
             if not task_id:
                 raise ConfigError("the stream ended without a task")
-            result = await _in_declared_order(peer, await peer.get_task(task_id))
+            result = await in_declared_order(peer, await peer.get_task(task_id))
             return _print_result(result, shown, where)
         finally:
             await peer.aclose()
