@@ -36,14 +36,21 @@ __all__ = [
     "DURATION_BUCKETS",
     "MAX_BREAKER_TARGETS",
     "OTHER",
+    "PUSH_OUTCOMES",
     "BreakerState",
     "NodeMetrics",
+    "PushOutcome",
     "TaskOutcome",
     "render",
 ]
 
 #: How a task's run ended; ``waiting``: it asked its caller and waits for the answer.
 TaskOutcome = Literal["completed", "failed", "rejected", "canceled", "waiting"]
+#: What became of a push notification (``mesh._a2a.push``): delivered (a 2xx), failed (one
+#: attempt; retried later), expired (given up after the retry time), dropped (its config was
+#: deleted), refused (its URL now resolves outside MESH_PUSH_NETWORKS).
+PushOutcome = Literal["delivered", "failed", "expired", "dropped", "refused"]
+PUSH_OUTCOMES: tuple[PushOutcome, ...] = ("delivered", "failed", "expired", "dropped", "refused")
 BreakerState = Literal["closed", "half-open", "open"]
 _BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}
 #: The label value of anything outside a label's closed set.
@@ -156,8 +163,23 @@ class NodeMetrics:
             ["agent", "peer", "target"],
             registry=r,
         )
+        self.push_deliveries = Counter(
+            "mesh_push_deliveries_total",
+            "Push notification attempts and ends, by outcome.",
+            ["agent", "outcome"],
+            registry=r,
+        )
+        self.push_pending = Gauge(
+            "mesh_push_pending",
+            "Push notifications waiting in the outbox (queued or being retried).",
+            ["agent"],
+            registry=r,
+        )
         self.tasks_in_flight.labels(agent).set(0)
         self.sessions_created.labels(agent)
+        for outcome in PUSH_OUTCOMES:
+            self.push_deliveries.labels(agent, outcome)
+        self.push_pending.labels(agent).set(0)
         # The targets each peer has breaker series for now.
         self._breaker_targets: dict[str, frozenset[str]] = {}
 
@@ -178,6 +200,10 @@ class NodeMetrics:
         self.tasks_in_flight.labels(self.agent).dec()
         self.tasks.labels(self.agent, skill, outcome).inc()
         self.task_duration.labels(self.agent, skill).observe(seconds)
+
+    def push_delivery(self, outcome: PushOutcome, n: int = 1) -> None:
+        """``n`` push notifications (or attempts, for ``failed``) ended with ``outcome``."""
+        self.push_deliveries.labels(self.agent, outcome).inc(n)
 
     # -- runner observer ----------------------------------------------------------------------
     def on_model_call(self, model_name: str, seconds: float, usage: Usage | None, ok: bool) -> None:

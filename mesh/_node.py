@@ -124,6 +124,7 @@ class Node:
                 bearer=self.settings.token is not None,
                 fastpath=self.settings.fastpath,
                 max_text_bytes=self.settings.max_text_bytes,
+                push_networks=self.settings.push_policy,
             )
             self.service.mount(app)
             await self._start_registrar()

@@ -72,6 +72,7 @@ from mesh._a2a.idempotency import (
     replay,
     send_answer,
 )
+from mesh._a2a.push import PushParts
 from mesh._a2a.questions import question_message, question_metadata, questions_of
 from mesh._a2a.states import INTERRUPTED_STATES, TERMINAL_STATES
 from mesh._a2a.store import SqliteTaskStore, mark_blocking_send
@@ -123,6 +124,7 @@ class MeshRequestHandler(RequestHandler):
         agent_card: AgentCard,
         keys: IdempotencyKeys,
         fastpath: bool = True,
+        push: PushParts | None = None,
     ) -> None:
         self.executor = executor
         self.keys = keys
@@ -140,6 +142,11 @@ class MeshRequestHandler(RequestHandler):
             task_store=self.task_store,
             agent_card=agent_card,
             request_context_builder=self.request_contexts,
+            # Push notifications (mesh._a2a.push): the SDK serves the config methods and hands
+            # each event to the outbox; sends with a push config never take the fast path.
+            push_config_store=push.configs if push is not None else None,
+            push_sender=push.outbox if push is not None else None,
+            push_url_validator=push.check if push is not None else None,
             **_RELEASE_WAITING,
         )
         self._close_sdk = sdk.aclose

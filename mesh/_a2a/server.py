@@ -9,7 +9,9 @@ Built inside the node's lifespan, because the store needs the open database:
     await service.aclose()
 
 ``create`` first ends the tasks the previous process left unfinished (FAILED, reason
-``interrupted``: it crashed or was killed while they ran), before any request is served.
+``interrupted``: it crashed or was killed while they ran), before any request is served. With the
+SQLite store it also serves A2A push notifications (``mesh._a2a.push``): the card says
+``capabilities.pushNotifications``, and the outbox's worker runs from ``create`` to ``aclose``.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ from mesh._a2a.executor import MeshExecutor
 from mesh._a2a.fastroute import FastRoute
 from mesh._a2a.handler import MeshRequestHandler
 from mesh._a2a.idempotency import IdempotencyKeys
+from mesh._a2a.push import PushParts
 from mesh._a2a.store import Recovery, SqliteTaskStore
 from mesh._a2a.waits import WaitStore
 from mesh._agent import Agent
 from mesh._metrics import NodeMetrics
+from mesh._netpolicy import NetworkPolicy
 from mesh._settings import NodeSettings
 from mesh._sqlite import Database
 
@@ -68,6 +72,7 @@ class A2AService:
         card: AgentCard,
         *,
         store: SqliteTaskStore | None = None,
+        push: PushParts | None = None,
     ) -> None:
         self.agent = agent
         self.url = url
@@ -75,6 +80,8 @@ class A2AService:
         self.handler = handler
         self.card = card
         self.store = store
+        #: Push notification configs and their outbox (None with the in-memory store).
+        self.push = push
         #: The gate's way to the fast path for a body it parsed (see mesh._a2a.fastroute); None
         #: when the handler has no fast path.
         self.fastroute: FastRoute | None = None
@@ -95,7 +102,10 @@ class A2AService:
         bearer: bool = False,
         fastpath: bool = True,
         max_text_bytes: int = NodeSettings.max_text_bytes,
+        push_networks: NetworkPolicy | None = None,
     ) -> A2AService:
+        """``push_networks``: where push notification webhooks may be (None: public addresses
+        only, a2a-sdk's rule; ``NodeSettings.push_policy``)."""
         task_store: TaskStore
         sqlite_store: SqliteTaskStore | None = None
         if store == "memory":
@@ -126,12 +136,26 @@ class A2AService:
             waits=WaitStore(db) if sqlite_store is not None else None,
         )
         card = build_card(agent, url, bearer=bearer)
+        push: PushParts | None = None
+        if sqlite_store is not None:
+            # Configs and deliveries are durable only with a durable store.
+            push = await PushParts.open(
+                db, push_networks or NetworkPolicy.parse("public"), metrics=metrics
+            )
+            card.capabilities.push_notifications = True
         handler = MeshRequestHandler(
-            executor=executor, task_store=task_store, agent_card=card, keys=keys, fastpath=fastpath
+            executor=executor,
+            task_store=task_store,
+            agent_card=card,
+            keys=keys,
+            fastpath=fastpath,
+            push=push,
         )
+        if push is not None:
+            await push.outbox.start()
         if recovery is not None:
             _pick_up(recovery, handler)
-        return cls(agent, url, executor, handler, card, store=sqlite_store)
+        return cls(agent, url, executor, handler, card, store=sqlite_store, push=push)
 
     def mount(self, app: FastAPI) -> None:
         add_a2a_routes_to_fastapi(
@@ -158,7 +182,10 @@ class A2AService:
 
     async def aclose(self) -> None:
         """Stop the handler (cancels whatever still runs), then write any task still in
-        flight FAILED (reason ``shutdown``)."""
+        flight FAILED (reason ``shutdown``); stop the push outbox (what it has not delivered
+        stays queued on disk for the next start)."""
+        if self.push is not None:
+            await self.push.outbox.aclose()
         await self.handler.aclose()
         if self.store is not None:
             ended = await self.store.end_in_flight(then=IdempotencyKeys.release_ended)

@@ -1,0 +1,656 @@
+"""A2A push notifications: webhook configs stored in ``node.db``, delivered by a durable outbox.
+
+A caller that will not stay connected (a non-blocking send, a dropped stream) names a webhook,
+inline (``SendMessage``'s ``configuration.taskPushNotificationConfig``) or with
+``CreateTaskPushNotificationConfig``; Get / List / Delete read and remove them. The SDK's request
+handler serves those methods over ``PushConfigStore`` (table ``a2a_push_configs``, owner-scoped
+like the tasks), and hands every event of the tasks it runs to ``PushOutbox.send_notification``.
+
+What is delivered: each settled state a task reaches (every terminal state, INPUT_REQUIRED and
+AUTH_REQUIRED: what a caller that is not connected must act on or learn the end of), as the
+task itself (``{"task": {...}}``, a ``StreamResponse``, so a receiver written for the SDK's
+sender reads it), without its history (the status message carries the question or the final
+word, the artifacts the result; ``GetTask`` has the rest). WORKING updates and artifact chunks
+are not pushed: progress is what streaming and ``SubscribeToTask`` are for, and pushing it would
+cost a write and a POST per event. When a task moves on before its notification is queued, the
+webhook is told the newer state: a notification says "the task is now X", latest state wins.
+
+How it is delivered, off the task's path: ``send_notification`` (awaited inside the SDK's event
+consumer) only notes the task id for a background worker, and only for a task that has a config
+and an event that settles it (a set lookup; tasks without a config, and the fast path, which
+takes no push config, pay nothing else). The worker, started and stopped with the node's
+lifespan (``A2AService``):
+
+* queues one ``a2a_push_outbox`` row per config (one transaction), the body built from the
+  task's stored row; a newer state replaces a pending one. Each config remembers the last state
+  queued for it, so the rule "every settled state gets queued once" holds across restarts: at
+  start, and every ``SWEEP_S`` while configs are open, the worker queues what was missed (a
+  crash between the task's save and its queueing, a task ended at start-up or at shutdown, a
+  cancel or fast-path end that raised no event here);
+* POSTs due rows (``CONCURRENCY`` at a time, each within ``timeout_s``) with the SDK's headers
+  (``X-A2A-Notification-Token``, ``Authorization: <scheme> <credentials>`` from the config's
+  authentication); a 2xx deletes the row, anything else retries it with exponential backoff
+  (tenacity's ``wait_exponential``, ``first_retry_s`` up to ``max_retry_s``) until
+  ``retry_for_s`` after it was queued. A row being sent is claimed (its ``next_at`` pushed past
+  the attempt), so a kill -9 mid-POST retries it after the restart: at-least-once delivery.
+
+Where webhooks may be: a URL is checked when a config is set (``PushUrlCheck``: the SDK's
+validator's rules, with ``MESH_PUSH_NETWORKS`` as the allowed networks; default ``public``,
+the SDK's own rule) and again at every connection, by ``mesh._netguard``'s guarded client, so a
+name that later resolves elsewhere (DNS rebinding) reaches nothing. A refused URL is JSON-RPC
+-32602 naming the field; the reply never says what the host resolved to (the log does).
+
+Configs (with their token and credentials) are stored in clear in ``node.db``, like the tasks:
+protect the data dir. The worker reads ``a2a_tasks`` (``mesh._a2a.store``) in the same database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from a2a.server.context import ServerCallContext
+from a2a.server.owner_resolver import OwnerResolver, resolve_user_scope
+from a2a.server.tasks import PushNotificationConfigStore, PushNotificationSender
+from a2a.types import (
+    StreamResponse,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskPushNotificationConfig,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import InvalidParamsError
+from google.protobuf.json_format import MessageToDict
+from tenacity import AsyncRetrying, RetryCallState, wait_exponential
+
+from mesh._a2a.states import SETTLED_STATES, TERMINAL_STATES
+from mesh._errors import NetworkRefused
+from mesh._metrics import NodeMetrics, PushOutcome
+from mesh._netguard import AddressRefused, create_http_client
+from mesh._netpolicy import NetworkPolicy
+from mesh._sqlite import Database
+
+__all__ = [
+    "CONCURRENCY",
+    "SWEEP_S",
+    "PushConfigStore",
+    "PushOutbox",
+    "PushParts",
+    "PushUrlCheck",
+]
+
+log = logging.getLogger("mesh._a2a.push")
+
+#: Deliveries in flight at once (all webhooks together).
+CONCURRENCY = 8
+#: Seconds between passes that queue settled states no event announced (while configs are open).
+SWEEP_S = 5.0
+#: Rows claimed per pass at most.
+_CLAIM_BATCH = 64
+
+_SETTLED_SQL = ", ".join(str(int(s)) for s in sorted(SETTLED_STATES))
+
+# Version 1 of the "push" component (Database.migrate: a later change is a new step, never an edit).
+_SCHEMA = """
+create table if not exists a2a_push_configs (
+    owner text not null,
+    task_id text not null,
+    config_id text not null,
+    -- the TaskPushNotificationConfig, protobuf bytes
+    data blob not null,
+    -- ns; the listing order
+    created_at integer not null,
+    -- the task state (and its status timestamp, ns) last queued for this config
+    notified_state integer not null default 0,
+    notified_at integer not null default -1,
+    -- 1 once a terminal state of its task was queued: nothing more to send
+    done integer not null default 0,
+    primary key (owner, task_id, config_id)
+) without rowid;
+create index if not exists a2a_push_configs_open on a2a_push_configs (task_id) where done = 0;
+create table if not exists a2a_push_outbox (
+    owner text not null,
+    task_id text not null,
+    config_id text not null,
+    -- bumped when a newer state replaces the body (a finished POST of the older one keeps it)
+    version integer not null,
+    state integer not null,
+    -- the JSON POSTed: a StreamResponse holding the task
+    body blob not null,
+    attempts integer not null default 0,
+    -- unix time of the next attempt (of the end of the claim while one is being sent)
+    next_at real not null,
+    expires_at real not null,
+    last_error text not null default '',
+    primary key (owner, task_id, config_id)
+) without rowid;
+create index if not exists a2a_push_outbox_due on a2a_push_outbox (next_at);
+"""
+
+
+def _field_error(field: str, problem: str) -> InvalidParamsError:
+    return InvalidParamsError(message=f"{field}: {problem}")
+
+
+class PushUrlCheck:
+    """The handler's ``push_url_validator``: a2a-sdk's ``validate_push_notification_url`` rules
+    (http or https, a host that resolves, EVERY address allowed) with ``policy`` deciding which
+    addresses are allowed (``MESH_PUSH_NETWORKS``; ``public`` is the SDK's own rule). A refused
+    URL raises ``InvalidParamsError`` (-32602) naming the field and what to do, never the
+    addresses the host resolved to (whoever set the URL may be probing the node's network)."""
+
+    #: The field as both methods spell it (inline: ``configuration.taskPushNotificationConfig``).
+    FIELD = "taskPushNotificationConfig.url"
+
+    def __init__(self, policy: NetworkPolicy) -> None:
+        self.policy = policy
+
+    async def __call__(self, url: str) -> bool:
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError:
+            raise _field_error(self.FIELD, "not a URL; give an http(s) URL") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise _field_error(self.FIELD, "give an http:// or https:// URL with a host")
+        try:
+            await self.policy.resolve(parts.hostname, port)
+        except NetworkRefused as exc:
+            log.warning("push URL refused (%s): %s", self.policy.spec, exc)
+            if "does not resolve" in str(exc):
+                raise _field_error(self.FIELD, "its host does not resolve") from None
+            raise _field_error(
+                self.FIELD,
+                "its host is outside the networks this node sends push notifications to "
+                f"(MESH_PUSH_NETWORKS={self.policy.spec}): use a webhook on a public address, "
+                "or have the node's operator add its network to MESH_PUSH_NETWORKS",
+            ) from None
+        return True
+
+
+class PushConfigStore(PushNotificationConfigStore):
+    """The SDK's ``PushNotificationConfigStore`` over table ``a2a_push_configs``: scoped by
+    owner like the tasks, durable, and telling ``outbox`` of each new config (a config set on a
+    task that already settled gets that state: the caller learns the end it may have missed
+    between a non-blocking send and this call)."""
+
+    def __init__(
+        self,
+        db: Database,
+        outbox: PushOutbox | None = None,
+        owner_resolver: OwnerResolver = resolve_user_scope,
+    ) -> None:
+        self._db = db
+        self._outbox = outbox
+        self._owner = owner_resolver
+
+    async def initialize(self) -> None:
+        await self._db.migrate("push", [_SCHEMA])
+
+    async def set_info(
+        self,
+        task_id: str,
+        notification_config: TaskPushNotificationConfig,
+        context: ServerCallContext,
+    ) -> TaskPushNotificationConfig:
+        stored = TaskPushNotificationConfig()
+        stored.CopyFrom(notification_config)
+        stored.task_id = task_id
+        if not stored.id:
+            stored.id = task_id
+        row = (self._owner(context), task_id, stored.id, stored.SerializeToString(), time.time_ns())
+        # Replacing a config keeps what was queued for it (no second notification of a state).
+        await self._db.write(
+            lambda conn: conn.execute(
+                "insert into a2a_push_configs (owner, task_id, config_id, data, created_at) "
+                "values (?, ?, ?, ?, ?) on conflict (owner, task_id, config_id) "
+                "do update set data = excluded.data",
+                row,
+            )
+        )
+        if self._outbox is not None:
+            self._outbox.watch(task_id)
+        result = TaskPushNotificationConfig()
+        result.CopyFrom(stored)
+        return result
+
+    async def get_info(
+        self, task_id: str, context: ServerCallContext
+    ) -> list[TaskPushNotificationConfig]:
+        owner = self._owner(context)
+        rows = await self._db.read(
+            lambda conn: conn.execute(
+                "select data from a2a_push_configs where owner = ? and task_id = ? "
+                "order by created_at, config_id",
+                (owner, task_id),
+            ).fetchall()
+        )
+        return [_config(row[0]) for row in rows]
+
+    async def get_info_for_dispatch(self, task_id: str) -> list[TaskPushNotificationConfig]:
+        """Every config of ``task_id``, whoever set it (the SDK's dispatch read path; mesh's
+        own outbox reads the table itself)."""
+        rows = await self._db.read(
+            lambda conn: conn.execute(
+                "select data from a2a_push_configs where task_id = ? order by created_at",
+                (task_id,),
+            ).fetchall()
+        )
+        return [_config(row[0]) for row in rows]
+
+    async def delete_info(
+        self, task_id: str, context: ServerCallContext, config_id: str | None = None
+    ) -> None:
+        """Delete one config (or all of the caller's for the task), and whatever is still
+        queued for it: a deleted webhook gets nothing more."""
+        owner = self._owner(context)
+        match = "owner = ? and task_id = ?" + ("" if config_id is None else " and config_id = ?")
+        args: tuple[str, ...] = (
+            (owner, task_id) if config_id is None else (owner, task_id, config_id)
+        )
+
+        def delete(conn: sqlite3.Connection) -> int:
+            conn.execute(f"delete from a2a_push_configs where {match}", args)
+            return conn.execute(f"delete from a2a_push_outbox where {match}", args).rowcount
+
+        dropped = await self._db.write(delete)
+        if dropped and self._outbox is not None:
+            self._outbox.count("dropped", dropped)
+
+
+def _config(data: bytes) -> TaskPushNotificationConfig:
+    config = TaskPushNotificationConfig()
+    config.ParseFromString(data)
+    return config
+
+
+def _body(task_data: bytes) -> bytes:
+    """The JSON POSTed for a stored task: ``{"task": {...}}`` without its history."""
+    task = Task()
+    task.ParseFromString(task_data)
+    del task.history[:]
+    return json.dumps(MessageToDict(StreamResponse(task=task)), separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    owner: str
+    task_id: str
+    config_id: str
+    version: int
+    attempts: int
+    expires_at: float
+    body: bytes
+    config: TaskPushNotificationConfig
+
+
+@dataclass(slots=True)
+class _Claimed:
+    deliveries: list[_Delivery]
+    dropped: int
+    expired: int
+    pending: int
+    next_at: float | None
+
+
+class PushOutbox(PushNotificationSender):
+    """The SDK's ``PushNotificationSender``, delivering through a durable outbox (see the
+    module docstring). ``start()`` in the node's lifespan, ``aclose()`` when it ends."""
+
+    def __init__(
+        self,
+        db: Database,
+        policy: NetworkPolicy,
+        *,
+        metrics: NodeMetrics | None = None,
+        first_retry_s: float = 1.0,
+        max_retry_s: float = 300.0,
+        retry_for_s: float = 24 * 3600.0,
+        timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._db = db
+        self.policy = policy
+        self._metrics = metrics
+        # The waits between attempts; the attempt count lives in the outbox row.
+        self._retrying = AsyncRetrying(
+            wait=wait_exponential(multiplier=first_retry_s, max=max_retry_s)
+        )
+        self._retry_for_s = retry_for_s
+        self._timeout_s = timeout_s
+        self._clock = clock
+        #: Tasks with a config not told of their end yet: the only ones an event is noted for.
+        self._watched: set[str] = set()
+        # Watched since the current sweep read the table (the sweep's read may predate them).
+        self._recent: set[str] = set()
+        # Tasks with a settled event since the last pass.
+        self._due: set[str] = set()
+        self._wake = asyncio.Event()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._worker: asyncio.Task[None] | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._next_sweep = 0.0
+        self._next_due: float | None = None
+
+    # -- the SDK's side: called in its event consumer -----------------------------------------
+    async def send_notification(
+        self, task_id: str, event: Task | TaskStatusUpdateEvent | TaskArtifactUpdateEvent
+    ) -> None:
+        """Note a settled state of a task that has a config; the worker does the rest."""
+        if task_id not in self._watched or isinstance(event, TaskArtifactUpdateEvent):
+            return
+        if event.status.state in SETTLED_STATES:
+            self._due.add(task_id)
+            self._wake.set()
+
+    def watch(self, task_id: str) -> None:
+        """``task_id`` has a new config: note its events, and queue a state it already has."""
+        self._watched.add(task_id)
+        self._recent.add(task_id)
+        self._due.add(task_id)
+        self._wake.set()
+
+    def count(self, outcome: PushOutcome, n: int = 1) -> None:
+        if self._metrics is not None and n:
+            self._metrics.push_delivery(outcome, n)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open the guarded client and start the worker; its first pass queues and sends
+        whatever the previous process left (or never queued)."""
+        if self._worker is not None:
+            return
+        self._http = create_http_client(
+            self.policy,
+            timeout=httpx.Timeout(self._timeout_s, connect=min(5.0, self._timeout_s)),
+            limits=httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY),
+        )
+        self._worker = asyncio.create_task(self._run(), name="mesh-push-outbox")
+
+    async def aclose(self) -> None:
+        """Stop the worker and the deliveries in flight (their rows stay claimed until the
+        claim ends, then are sent again: by the next process if this one is stopping)."""
+        worker, self._worker = self._worker, None
+        tasks = [t for t in (worker, *self._inflight) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._inflight.clear()
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    # -- the worker ----------------------------------------------------------------------------
+    async def _run(self) -> None:
+        everything = True  # the first pass looks at every open config
+        while True:
+            try:
+                await self._pass(everything)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A database error must not end deliveries for good: the rows wait on disk.
+                log.exception("push outbox pass failed; retrying in %.0fs", SWEEP_S)
+                self._next_due = self._clock() + SWEEP_S
+            everything = False
+            timeout = self._sleep_s()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+            self._wake.clear()
+
+    def _sleep_s(self) -> float | None:
+        now = self._clock()
+        wakes = [self._next_sweep] if self._watched else []
+        if self._next_due is not None:
+            wakes.append(self._next_due)
+        return max(0.0, min(wakes) - now) if wakes else None
+
+    async def _pass(self, everything: bool) -> None:
+        now = self._clock()
+        sweep = everything or (bool(self._watched) and now >= self._next_sweep)
+        due, self._due = self._due, set()
+        if sweep:
+            self._recent = set()
+            self._next_sweep = now + SWEEP_S
+            finished, still_open = await self._db.write(lambda conn: self._queue(conn, None, now))
+            self._watched = still_open | self._recent
+        elif due:
+            finished, _ = await self._db.write(lambda conn: self._queue(conn, due, now))
+            self._watched -= finished - self._recent
+        free = CONCURRENCY - len(self._inflight)
+        if free <= 0:
+            self._next_due = None  # a delivery that ends wakes the worker
+            return
+        claimed = await self._db.write(lambda conn: self._claim(conn, now, min(free, _CLAIM_BATCH)))
+        self.count("dropped", claimed.dropped)
+        self.count("expired", claimed.expired)
+        if claimed.expired:
+            log.warning(
+                "%d push notification(s) given up after %.0fs of failed attempts",
+                claimed.expired,
+                self._retry_for_s,
+            )
+        if self._metrics is not None:
+            self._metrics.push_pending.labels(self._metrics.agent).set(claimed.pending)
+        self._next_due = claimed.next_at
+        for delivery in claimed.deliveries:
+            task = asyncio.create_task(self._deliver(delivery), name="mesh-push-delivery")
+            self._inflight.add(task)
+            task.add_done_callback(self._delivered)
+
+    def _delivered(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("push delivery crashed", exc_info=task.exception())
+        self._wake.set()
+
+    def _queue(
+        self, conn: sqlite3.Connection, task_ids: Iterable[str] | None, now: float
+    ) -> tuple[set[str], set[str]]:
+        """Queue the settled states not queued yet for each open config (of ``task_ids``, or
+        all). Returns the tasks now finished, and (for a sweep) those still open."""
+        where = (
+            f"c.done = 0 and t.state in ({_SETTLED_SQL}) "
+            "and (t.state != c.notified_state or t.updated_at != c.notified_at)"
+        )
+        args: list[Any] = []
+        if task_ids is not None:
+            ids = list(task_ids)
+            where += f" and c.task_id in ({', '.join('?' * len(ids))})"
+            args += ids
+        rows = conn.execute(
+            "select c.owner, c.task_id, c.config_id, t.state, t.updated_at, t.data "
+            "from a2a_push_configs c join a2a_tasks t on t.owner = c.owner and t.id = c.task_id "
+            f"where {where}",
+            args,
+        ).fetchall()
+        bodies: dict[tuple[str, str], bytes] = {}
+        finished: set[str] = set()
+        expires = now + self._retry_for_s
+        for owner, task_id, config_id, state, updated_at, data in rows:
+            body = bodies.get((owner, task_id))
+            if body is None:
+                body = bodies[(owner, task_id)] = _body(data)
+            conn.execute(
+                "insert into a2a_push_outbox (owner, task_id, config_id, version, state, body, "
+                "next_at, expires_at) values (?, ?, ?, 1, ?, ?, ?, ?) "
+                "on conflict (owner, task_id, config_id) do update set "
+                "version = version + 1, state = excluded.state, body = excluded.body, "
+                "attempts = 0, next_at = excluded.next_at, expires_at = excluded.expires_at, "
+                "last_error = ''",
+                (owner, task_id, config_id, state, body, now, expires),
+            )
+            terminal = state in TERMINAL_STATES
+            conn.execute(
+                "update a2a_push_configs set notified_state = ?, notified_at = ?, done = ? "
+                "where owner = ? and task_id = ? and config_id = ?",
+                (state, updated_at, int(terminal), owner, task_id, config_id),
+            )
+            if terminal:
+                finished.add(task_id)
+        still_open: set[str] = set()
+        if task_ids is None:
+            still_open = {
+                row[0]
+                for row in conn.execute(
+                    "select distinct task_id from a2a_push_configs where done = 0"
+                ).fetchall()
+            }
+        return finished, still_open
+
+    def _claim(self, conn: sqlite3.Connection, now: float, limit: int) -> _Claimed:
+        """Take up to ``limit`` due rows for sending (their ``next_at`` moves past the attempt);
+        drop rows whose config is gone and rows past their retry time."""
+        rows = conn.execute(
+            "select o.owner, o.task_id, o.config_id, o.version, o.attempts, o.expires_at, "
+            "o.body, c.data from a2a_push_outbox o left join a2a_push_configs c "
+            "on c.owner = o.owner and c.task_id = o.task_id and c.config_id = o.config_id "
+            "where o.next_at <= ? order by o.next_at limit ?",
+            (now, limit),
+        ).fetchall()
+        claimed = _Claimed([], 0, 0, 0, None)
+        # Past the attempt's own deadline: a process killed mid-POST leaves it due soon after.
+        claim_until = now + self._timeout_s + 1.0
+        for owner, task_id, config_id, version, attempts, expires_at, body, data in rows:
+            key = (owner, task_id, config_id)
+            if data is None or now >= expires_at:
+                conn.execute(
+                    "delete from a2a_push_outbox where owner = ? and task_id = ? and config_id = ?",
+                    key,
+                )
+                if data is None:
+                    claimed.dropped += 1
+                else:
+                    claimed.expired += 1
+                continue
+            conn.execute(
+                "update a2a_push_outbox set next_at = ?, attempts = attempts + 1 "
+                "where owner = ? and task_id = ? and config_id = ?",
+                (claim_until, *key),
+            )
+            claimed.deliveries.append(
+                _Delivery(
+                    owner,
+                    task_id,
+                    config_id,
+                    version,
+                    attempts + 1,
+                    expires_at,
+                    body,
+                    _config(data),
+                )
+            )
+        pending, next_at = conn.execute(
+            "select count(*), min(next_at) from a2a_push_outbox"
+        ).fetchone()
+        claimed.pending = int(pending)
+        claimed.next_at = None if next_at is None else float(next_at)
+        return claimed
+
+    async def _deliver(self, d: _Delivery) -> None:
+        assert self._http is not None
+        config = d.config
+        headers = {"Content-Type": "application/json"}
+        if config.token:
+            headers["X-A2A-Notification-Token"] = config.token
+        auth = config.authentication
+        if config.HasField("authentication") and auth.scheme and auth.credentials:
+            headers["Authorization"] = f"{auth.scheme} {auth.credentials}"
+        error = ""
+        try:
+            # One deadline for the whole exchange; the answer's body is never read.
+            async with asyncio.timeout(self._timeout_s):
+                async with self._http.stream(
+                    "POST", config.url, content=d.body, headers=headers
+                ) as response:
+                    status = response.status_code
+            if 200 <= status < 300:
+                await self._settle(d, delivered=True)
+                self.count("delivered")
+                return
+            error = f"HTTP {status}"
+        except TimeoutError:
+            error = f"no answer within {self._timeout_s:g}s"
+        except httpx.HTTPError as exc:
+            if isinstance(exc.__cause__, AddressRefused):
+                # Allowed when the config was set, refused now: the name resolves elsewhere.
+                log.warning("push notification for task %s not sent: %s", d.task_id, exc.__cause__)
+                await self._settle(d, delivered=True)
+                self.count("refused")
+                return
+            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        except (httpx.InvalidURL, ValueError) as exc:  # not an HTTPError: a URL httpx refuses
+            error = f"{type(exc).__name__}: {exc}"
+        await self._settle(d, delivered=False, error=error)
+
+    async def _settle(self, d: _Delivery, *, delivered: bool, error: str = "") -> None:
+        """Delete a row that was sent (or refused), or schedule its next attempt; either only
+        if no newer state replaced its body meanwhile."""
+        key = (d.owner, d.task_id, d.config_id, d.version)
+        where = "owner = ? and task_id = ? and config_id = ? and version = ?"
+        if delivered:
+            await self._db.write(
+                lambda conn: conn.execute(f"delete from a2a_push_outbox where {where}", key)
+            )
+            return
+        now = self._clock()
+        retry = RetryCallState(self._retrying, fn=None, args=(), kwargs={})
+        retry.attempt_number = d.attempts
+        next_at = min(now + self._retrying.wait(retry), d.expires_at)
+        log.info(
+            "push notification for task %s failed (attempt %d: %s); next try in %.1fs",
+            d.task_id,
+            d.attempts,
+            error,
+            next_at - now,
+        )
+        await self._db.write(
+            lambda conn: conn.execute(
+                f"update a2a_push_outbox set next_at = ?, last_error = ? where {where}",
+                (next_at, error[:500], *key),
+            )
+        )
+        self.count("failed")
+
+
+@dataclass(frozen=True)
+class PushParts:
+    """A node's push notifications: the config store, the outbox and the URL check the request
+    handler is built with.
+
+        push = await PushParts.open(db, NetworkPolicy.parse("public"), metrics=metrics)
+        await push.outbox.start()      # in the lifespan ...
+        await push.outbox.aclose()     # ... and at its end
+    """
+
+    configs: PushConfigStore
+    outbox: PushOutbox
+    check: PushUrlCheck
+
+    @classmethod
+    async def open(
+        cls,
+        db: Database,
+        policy: NetworkPolicy,
+        *,
+        metrics: NodeMetrics | None = None,
+        **outbox_options: Any,
+    ) -> PushParts:
+        """Create the tables (``Database.migrate``, component ``push``) and the parts; the
+        outbox is not started."""
+        outbox = PushOutbox(db, policy, metrics=metrics, **outbox_options)
+        configs = PushConfigStore(db, outbox)
+        await configs.initialize()
+        return cls(configs, outbox, PushUrlCheck(policy))
