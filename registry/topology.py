@@ -4,8 +4,9 @@ Built on each read from the catalog (every registered agent and its instances, s
 never called is there too) and ``Traffic`` (each live instance's last stats): per agent, its
 tasks (calls, rate, errors, p50/p95 over the nodes' recent window), tokens and cost, breakers,
 peers and instances; per edge (caller -> callee, per skill) the same figures summed over the
-caller's instances. A peer an agent may call but has not yet is an edge without calls
-(``used: false``). Instances that are critical count for nothing: what they said last is stale.
+caller's instances. A registered peer an agent may call but has not yet is an edge without
+calls (``used: false``); a callee that is not registered is drawn too, up to
+``MAX_UNREGISTERED`` of them. Instances that are critical count for nothing: what they said last is stale.
 
 ``layout`` places it for the page: a deterministic layered layout (each agent one column right
 of the furthest agent calling it, cycles cut), rendered as inline SVG by the template.
@@ -20,7 +21,17 @@ from typing import Any
 from registry.catalog import AgentView
 from registry.traffic import Traffic, Window
 
-__all__ = ["BOX_H", "BOX_W", "AgentLive", "Edge", "Graph", "InstanceLive", "Topology", "layout"]
+__all__ = [
+    "BOX_H",
+    "BOX_W",
+    "MAX_UNREGISTERED",
+    "AgentLive",
+    "Edge",
+    "Graph",
+    "InstanceLive",
+    "Topology",
+    "layout",
+]
 
 
 @dataclass
@@ -109,10 +120,16 @@ def _add(total: float | None, value: float | None) -> float | None:
     return total if value is None else (total or 0.0) + value
 
 
+#: Callees drawn that are not registered (names the callers' stats give); edges to more are
+#: left out and counted (``hidden_edges``), so no node can flood the page with made-up peers.
+MAX_UNREGISTERED = 32
+
+
 @dataclass
 class Topology:
     agents: dict[str, AgentLive]
     edges: list[Edge]
+    hidden_edges: int = 0
 
     @classmethod
     def build(cls, views: Sequence[AgentView], traffic: Traffic) -> Topology:
@@ -164,18 +181,26 @@ class Topology:
         used = {(e.caller, e.callee) for e in edges.values()}
         for live in list(agents.values()):
             for peer in live.peers:
-                if (live.name, peer) not in used:
+                # Declared peers are names a node chose: only registered ones are drawn.
+                if (live.name, peer) not in used and peer in agents:
                     edges[(live.name, peer, "")] = Edge(live.name, peer, None)
-        for edge in edges.values():
-            if edge.callee not in agents:  # called, but not registered (now)
-                agents[edge.callee] = AgentLive(edge.callee, registered=False)
         ordered = sorted(edges.values(), key=lambda e: (e.caller, e.callee, e.skill or ""))
-        return cls(dict(sorted(agents.items())), ordered)
+        kept, hidden, unregistered = [], 0, 0
+        for edge in ordered:
+            if edge.callee not in agents:  # called, but not registered (now)
+                if unregistered >= MAX_UNREGISTERED:
+                    hidden += 1
+                    continue
+                agents[edge.callee] = AgentLive(edge.callee, registered=False)
+                unregistered += 1
+            kept.append(edge)
+        return cls(dict(sorted(agents.items())), kept, hidden)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "agents": [a.as_dict() for a in self.agents.values()],
             "edges": [e.as_dict() for e in self.edges],
+            "hidden_edges": self.hidden_edges,
         }
 
     def edges_of(self, name: str) -> tuple[list[Edge], list[Edge]]:

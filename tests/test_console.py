@@ -15,6 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
+from registry.catalog import AgentView
+from registry.store import AgentRecord, InstanceRecord
+from registry.topology import MAX_UNREGISTERED, Topology
+from registry.traffic import Traffic
 from tests.registry_support import registry, start_node
 from tests.support import ROOT, Proc, clean_env, free_port, wait_for, wait_until_ok
 from tests.test_browser import ARTIFACTS, page  # noqa: F401 - page is the Chromium fixture
@@ -220,3 +224,31 @@ def test_the_registry_logs_in_the_nodes_line_format(tmp_path: Path) -> None:
     lines = [ln for ln in reg.proc.output().splitlines() if ln.strip()]
     assert lines
     assert all(re.match(line, ln) for ln in lines), json.dumps(lines, indent=1)
+
+
+def _view(name: str, instance_id: str) -> AgentView:
+    agent_record = AgentRecord(name, "", "1", {})
+    return AgentView(agent_record, (InstanceRecord(instance_id, name, f"http://{name}", "1"),))
+
+
+def test_what_a_node_says_cannot_flood_or_break_the_topology() -> None:
+    # A node's stats are its own words: made-up peers and callees are bounded, junk is dropped.
+    traffic = Traffic()
+    row = {"calls_total": 1, "calls": 1, "buckets": [1]}
+    made_up = {
+        "v": 1,
+        "window_s": 60,
+        "le": [],
+        "edges": [{"peer": f"ghost-{i}", "skill": "s", **row} for i in range(60)],
+        "peers": [f"declared-{i}" for i in range(200)],
+    }
+    liar, junk = _view("liar", "liar-1"), _view("junk", "junk-1")
+    traffic.observe(liar.instances[0], {"pid": 1, "stats": made_up})
+    traffic.observe(junk.instances[0], {"pid": 2, "stats": {"v": 1, "edges": "lots"}})
+    topo = Topology.build([liar, junk], traffic)
+    unregistered = [a for a in topo.agents.values() if not a.registered]
+    assert len(unregistered) == MAX_UNREGISTERED
+    assert topo.hidden_edges == 60 - MAX_UNREGISTERED
+    assert not [e for e in topo.edges if e.callee.startswith("declared-")]
+    assert topo.agents["junk"].instances[0].stats is False
+    assert traffic.state()["unreadable_stats"] == 1
