@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "A2APeer": "mesh._a2a.client",
     "Agent": "mesh._agent",
+    "Ask": "mesh._tools",
     "AgentNotFound": "mesh._errors",
     "BreakerBoard": "mesh._resilience",
     "Call": "mesh._models.scripted",
@@ -46,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "NodeMetrics": "mesh._metrics",
     "NodeSettings": "mesh._settings",
     "Part": "mesh._types",
+    "PendingTurn": "mesh._pending",
     "Question": "mesh._asks",
     "Registrar": "mesh._discovery.registrar",
     "Registration": "mesh._discovery.base",
@@ -58,6 +60,7 @@ _EXPORTS: dict[str, str] = {
     "RunResult": "mesh._runner",
     "Runner": "mesh._runner",
     "SchemaViolation": "mesh._errors",
+    "SessionWaiting": "mesh._errors",
     "Script": "mesh._models.scripted",
     "ScriptedModel": "mesh._models.scripted",
     "Session": "mesh._sessions.base",
@@ -71,6 +74,7 @@ _EXPORTS: dict[str, str] = {
     "Tool": "mesh._tools",
     "ToolContext": "mesh._tools",
     "ToolError": "mesh._errors",
+    "TurnSuspended": "mesh._pending",
     "UnknownInstance": "mesh._errors",
     "Usage": "mesh._types",
     "agent_tags": "mesh._a2a.card",
@@ -125,6 +129,7 @@ if TYPE_CHECKING:
         RemoteError,
         ReplayDiverged,
         SchemaViolation,
+        SessionWaiting,
         SkillInputError,
         SkillOutputError,
         ToolError,
@@ -137,6 +142,7 @@ if TYPE_CHECKING:
     from mesh._models.gemini import GeminiModel
     from mesh._models.scripted import Call, Rule, Script, ScriptedModel
     from mesh._node import Node, create_app
+    from mesh._pending import PendingTurn, TurnSuspended
     from mesh._remote import RemoteAgent, remote
     from mesh._resilience import BreakerBoard, RetryPolicy, call_with_failover
     from mesh._runner import Runner, RunObserver, RunResult
@@ -146,5 +152,5 @@ if TYPE_CHECKING:
     from mesh._settings import MeshSettings, ModelSettings, NodeSettings
     from mesh._skills import Skill, SkillContext, llm_skill, skill
     from mesh._sqlite import Database
-    from mesh._tools import Tool, ToolContext, current_context, tool
+    from mesh._tools import Ask, Tool, ToolContext, current_context, tool
     from mesh._types import Content, Part, Usage

@@ -6,7 +6,8 @@
     │   └── ModelRateLimited     429 / quota
     ├── RunError                 a turn could not finish
     │   ├── MaxModelCallsExceeded
-    │   └── ReplayDiverged       a re-run skill asked something else than before at a step
+    │   ├── ReplayDiverged       a re-run skill asked something else than before at a step
+    │   └── SessionWaiting       a new turn in a session whose turn waits for an answer
     ├── ToolError                raised by or about a tool; the model sees it as a structured error
     │   └── RemoteError          a delegation failed: peer, skill and reason (below)
     ├── SkillInputError          typed input failed validation (-> task REJECTED, names the field)
@@ -42,6 +43,8 @@ for the code that catches them (a test checks this list and the tree against the
     mesh._asks.Suspend                 a BaseException, like CancelledError: a skill's ask ends
                                        the run waiting, and skill code's `except Exception`
                                        must not swallow it
+    mesh._pending.TurnSuspended        a BaseException, like Suspend: a tool's Ask stops the turn
+                                       waiting (the runner's caller keeps its PendingTurn)
 
 The registry service (``registry/``) keeps its own errors, answered as HTTP errors by its API.
 """
@@ -71,6 +74,7 @@ __all__ = [
     "ReplayDiverged",
     "RunError",
     "SchemaViolation",
+    "SessionWaiting",
     "SkillInputError",
     "SkillOutputError",
     "StoreError",
@@ -112,6 +116,15 @@ class ReplayDiverged(RunError):
     """A skill re-run on resume asked something else at a step than the run before it did
     (its asks depend on time or outside data): the task fails, since the recorded answers no
     longer fit."""
+
+
+class SessionWaiting(RunError):
+    """A new turn in a session whose last turn waits for an answer (a tool asked): answer that
+    task, or cancel it. ``task_id`` is the waiting task."""
+
+    def __init__(self, message: str, *, task_id: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
 
 
 class ToolError(MeshError):

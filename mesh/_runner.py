@@ -12,6 +12,16 @@ the session history and the tool declarations. If it asks for tools, they run co
 their results go back as one event; the loop goes on until the model answers without tool calls
 (the ``final`` event), or ``agent.max_model_calls`` is reached (``MaxModelCallsExceeded``).
 Every non-partial event is appended to the session as it happens.
+
+A tool may return ``mesh.Ask``: the turn then stops with ``TurnSuspended`` (``mesh._pending``)
+once the response's other calls finished, and ``resume`` goes on with the answers:
+
+    try:
+        result = await runner.run(user_id="u1", session_id="s1", message="Pay out 80,000")
+    except TurnSuspended as waiting:
+        print(waiting.questions[0].text)            # Pay out 80,000?
+        result = await runner.resume(user_id="u1", session_id="s1", turn=waiting.turn,
+                                     answers={waiting.questions[0].id: {"decision": "approve"}})
 """
 
 from __future__ import annotations
@@ -21,17 +31,27 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mesh._agent import Agent
-from mesh._errors import ConfigError, MaxModelCallsExceeded, MeshError, ModelError, StoreError
+from mesh._errors import (
+    ConfigError,
+    MaxModelCallsExceeded,
+    MeshError,
+    ModelError,
+    RunError,
+    SessionWaiting,
+    StoreError,
+)
 from mesh._events import Event, new_id
 from mesh._models.base import Model, ModelRequest, ModelResponse, ToolDeclaration
+from mesh._pending import WAITING_KEY, PendingCall, PendingTurn, TurnSuspended, question_id
 from mesh._sessions.base import Session, SessionStore
 from mesh._tools import (
+    Ask,
     Tool,
     ToolContext,
     Toolset,
@@ -46,11 +66,17 @@ from mesh._types import Content, FunctionCall, FunctionResponse, Part, Usage
 if TYPE_CHECKING:
     from mesh._settings import ModelSettings
 
-__all__ = ["NullObserver", "RunObserver", "RunResult", "Runner", "SessionLocks"]
+__all__ = ["NullObserver", "RunObserver", "RunResult", "Runner", "SessionLocks", "WaitCheck"]
 
 log = logging.getLogger("mesh._runner")
 
 TOOL_AUTHOR = "tool"
+#: The author of the content-less event that marks a session waiting (``WAITING_KEY``).
+MESH_AUTHOR = "mesh"
+
+#: Whether the task a session's ``WAITING_KEY`` names still waits (a node asks its store: a
+#: task canceled or ended at its deadline leaves the mark behind).
+WaitCheck = Callable[[str], Awaitable[bool]]
 
 
 class RunObserver(Protocol):
@@ -188,15 +214,18 @@ class Runner:
         message: str | Content,
         response_schema: dict[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        waiting: WaitCheck | None = None,
     ) -> RunResult:
         """Run one turn to its final answer (no streaming). ``session_id=None`` starts a new one.
 
         Raises ``ModelError`` when the model fails, ``MaxModelCallsExceeded`` when the model
-        never stops calling tools, ``StoreError`` when the session cannot be stored.
+        never stops calling tools, ``StoreError`` when the session cannot be stored,
+        ``TurnSuspended`` when a tool asked (``resume`` goes on), ``SessionWaiting`` when the
+        session's last turn still waits for an answer (``waiting``: see ``run_stream``).
         """
         turn = _Turn()
         steps = self._turn(
-            turn, user_id, session_id, message, response_schema, metadata, stream=False
+            turn, user_id, session_id, message, response_schema, metadata, waiting, stream=False
         )
         async with contextlib.aclosing(steps):
             async for _ in steps:
@@ -211,6 +240,7 @@ class Runner:
         message: str | Content,
         response_schema: dict[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        waiting: WaitCheck | None = None,
     ) -> AsyncIterator[Event]:
         """Run one turn with a streaming model, yielding events as they happen.
 
@@ -218,12 +248,65 @@ class Runner:
         the complete model event they belong to. The last event has ``final=True``. A consumer
         that may stop early should close the iterator (``contextlib.aclosing``): the turn is
         abandoned and the session is released.
+
+        A session whose last turn waits for an answer takes no new turn (``SessionWaiting``,
+        nothing stored). ``waiting(task_id)`` says whether the task that turn belongs to still
+        waits (a node asks its task store: a task canceled meanwhile does not block its
+        context); without it the session's mark alone decides.
         """
         turn = _Turn()
         steps = self._turn(
-            turn, user_id, session_id, message, response_schema, metadata, stream=True
+            turn, user_id, session_id, message, response_schema, metadata, waiting, stream=True
         )
         # Closing promptly releases the session lock when a consumer stops early.
+        async with contextlib.aclosing(steps):
+            async for event in steps:
+                yield event
+
+    async def resume(
+        self,
+        *,
+        user_id: str,
+        session_id: str,
+        turn: PendingTurn,
+        answers: Mapping[str, Any],
+        response_schema: dict[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> RunResult:
+        """Go on with a turn that stopped with ``TurnSuspended``: each answer (by question id)
+        becomes its call's response ``{"result": answer}``; once every call has one, they go
+        to the session as one tool event (with the state the tools wrote) and the model loop
+        continues where it stopped (``max_model_calls`` counts the turn's calls before it).
+
+        An answer is checked against its question's JSON Schema first (``SchemaViolation``
+        naming the field, nothing stored). Questions still without an answer raise
+        ``TurnSuspended`` again, with the calls answered so far. A turn whose answers were
+        stored already (a node that stopped after that) goes on from the session as it is.
+        """
+        result = _Turn()
+        steps = self._resume(
+            result, user_id, session_id, turn, answers, response_schema, metadata, stream=False
+        )
+        async with contextlib.aclosing(steps):
+            async for _ in steps:
+                pass
+        return self._result(result, response_schema)
+
+    async def resume_stream(
+        self,
+        *,
+        user_id: str,
+        session_id: str,
+        turn: PendingTurn,
+        answers: Mapping[str, Any],
+        response_schema: dict[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[Event]:
+        """``resume`` with a streaming model, yielding events as ``run_stream`` does."""
+        result = _Turn()
+        steps = self._resume(
+            result, user_id, session_id, turn, answers, response_schema, metadata, stream=True
+        )
         async with contextlib.aclosing(steps):
             async for event in steps:
                 yield event
@@ -242,6 +325,7 @@ class Runner:
         message: str | Content,
         response_schema: dict[str, Any] | None,
         metadata: Mapping[str, Any] | None,
+        waiting: WaitCheck | None,
         *,
         stream: bool,
     ) -> AsyncGenerator[Event, None]:
@@ -252,78 +336,187 @@ class Runner:
         meta = dict(metadata or {})
         async with self.locks.hold(user_id, session_id):
             session = await self._load(user_id, session_id)
+            cleared = await self._not_waiting(session, waiting)
             session = await self.sessions.append_event(
-                session, Event(invocation_id=invocation_id, author="user", content=content)
-            )
-            base_ctx = ToolContext(
-                agent_name=self.agent.name,
-                user_id=user_id,
-                session_id=session_id,
-                invocation_id=invocation_id,
-                session_state=MappingProxyType(session.state),
-                metadata=meta,
-            )
-            tools = await self._tools(base_ctx)
-            declarations = tuple(
-                ToolDeclaration(name=t.name, description=t.description, parameters=t.parameters)
-                for t in tools.values()
-            )
-            limit = self.agent.max_model_calls
-            for _ in range(limit):
-                # A store may hand back a new Session object: keep the context's view current.
-                base_ctx.session_state = MappingProxyType(session.state)
-                request = ModelRequest(
-                    system_instruction=self.agent.instruction,
-                    contents=_history(session),
-                    tools=declarations,
-                    response_schema=response_schema,
-                    temperature=self.agent.temperature,
-                )
-                response: ModelResponse | None = None
-                async for item in self._call_model(request, base_ctx, stream=stream):
-                    if isinstance(item, Event):
-                        yield item
-                    else:
-                        response = item
-                assert response is not None  # _call_model always ends with a response
-                if response.usage is not None:
-                    turn.usage = turn.usage + response.usage
-                calls = response.content.function_calls
-                event_meta: dict[str, Any] = {}
-                if response.finish_reason:
-                    event_meta["finish_reason"] = response.finish_reason
-                if not calls and response_schema is not None:
-                    # Streaming consumers read the structured answer from the final event.
-                    data = _parse_json(response.content.text)
-                    if data is not None:
-                        event_meta["data"] = data
-                model_event = Event(
+                session,
+                Event(
                     invocation_id=invocation_id,
-                    author=self.agent.name,
-                    content=response.content,
-                    usage=response.usage,
-                    model=response.model_version or self.model.name,
-                    final=not calls,
-                    metadata=event_meta,
-                    state_delta=jsonable(response.state_delta),
+                    author="user",
+                    content=content,
+                    state_delta=cleared,
+                ),
+            )
+            task_id = str(meta.get("task_id") or invocation_id)
+            steps = self._loop(turn, session, invocation_id, task_id, meta, response_schema, stream)
+            async with contextlib.aclosing(steps):
+                async for event in steps:
+                    yield event
+
+    async def _resume(
+        self,
+        turn: _Turn,
+        user_id: str,
+        session_id: str,
+        pending: PendingTurn,
+        answers: Mapping[str, Any],
+        response_schema: dict[str, Any] | None,
+        metadata: Mapping[str, Any] | None,
+        *,
+        stream: bool,
+    ) -> AsyncGenerator[Event, None]:
+        turn.session_id = session_id
+        meta = dict(metadata or {})
+        async with self.locks.hold(user_id, session_id):
+            session = await self.sessions.get(user_id, session_id)
+            if session is None:
+                raise RunError(
+                    f"no session {session_id!r} of user {user_id!r}: the turn of task "
+                    f"{pending.task_id} cannot go on"
                 )
-                session = await self.sessions.append_event(session, model_event)
-                turn.events.append(model_event)
-                yield model_event
-                if not calls:
-                    turn.final = model_event
-                    return
-                tool_event = await self._run_tools(calls, tools, session, base_ctx)
+            inv = pending.invocation_id
+            if session.state.get(WAITING_KEY) == pending.task_id:
+                filled = pending.answered(pending.checked(answers))
+                if filled.waiting:
+                    raise TurnSuspended(filled)  # nothing changed in the session
+                tool_event = self._tool_event(filled.calls, inv, {WAITING_KEY: None})
                 session = await self.sessions.append_event(session, tool_event)
                 turn.events.append(tool_event)
                 yield tool_event
-            # The last response still asked for tools. They ran, but the model will not see
-            # their results in this turn; the history stays well-formed for the next one.
-            raise MaxModelCallsExceeded(
-                f"agent {self.agent.name!r} reached max_model_calls={limit} without a final "
-                f"answer (it kept calling tools, last: {sorted({c.name for c in calls})}); "
-                "raise Agent(max_model_calls=...) or make the tools return what the model needs"
+            elif not _answered_in(session, pending):
+                raise RunError(
+                    f"session {session_id!r} has no turn of task {pending.task_id} waiting: it "
+                    "was answered already, or canceled"
+                )
+            else:
+                # The answers were stored before a stop: the session says how far it got.
+                done = [e for e in session.events if e.invocation_id == inv and e.final]
+                if done:
+                    turn.final = done[-1]
+                    turn.events.append(done[-1])
+                    yield done[-1]
+                    return
+            steps = self._loop(turn, session, inv, pending.task_id, meta, response_schema, stream)
+            async with contextlib.aclosing(steps):
+                async for event in steps:
+                    yield event
+
+    async def _not_waiting(self, session: Session, waiting: WaitCheck | None) -> dict[str, Any]:
+        """Raise ``SessionWaiting`` when the session's last turn still waits; the state delta
+        that clears a mark left behind (its task was canceled, or ended) otherwise."""
+        task = session.state.get(WAITING_KEY)
+        if not task:
+            return {}
+        task_id = str(task)
+        if waiting is None or await waiting(task_id):
+            raise SessionWaiting(
+                f"context {session.id} has task {task_id} waiting for input; answer it (a "
+                f"message with taskId {task_id}) or cancel it",
+                task_id=task_id,
             )
+        return {WAITING_KEY: None}
+
+    async def _loop(
+        self,
+        turn: _Turn,
+        session: Session,
+        invocation_id: str,
+        task_id: str,
+        meta: dict[str, Any],
+        response_schema: dict[str, Any] | None,
+        stream: bool,
+    ) -> AsyncGenerator[Event, None]:
+        """The model/tool loop of a turn whose session ends with a user message or a tool
+        event; the turn's model calls stored so far count against ``max_model_calls``."""
+        base_ctx = ToolContext(
+            agent_name=self.agent.name,
+            user_id=session.user_id,
+            session_id=session.id,
+            invocation_id=invocation_id,
+            session_state=MappingProxyType(session.state),
+            metadata=meta,
+        )
+        tools = await self._tools(base_ctx)
+        declarations = tuple(
+            ToolDeclaration(name=t.name, description=t.description, parameters=t.parameters)
+            for t in tools.values()
+        )
+        limit = self.agent.max_model_calls
+        made = sum(
+            1
+            for e in session.events
+            if e.invocation_id == invocation_id and e.author == self.agent.name
+        )
+        calls: list[FunctionCall] = []
+        while made < limit:
+            made += 1
+            # A store may hand back a new Session object: keep the context's view current.
+            base_ctx.session_state = MappingProxyType(session.state)
+            request = ModelRequest(
+                system_instruction=self.agent.instruction,
+                contents=_history(session),
+                tools=declarations,
+                response_schema=response_schema,
+                temperature=self.agent.temperature,
+            )
+            response: ModelResponse | None = None
+            async for item in self._call_model(request, base_ctx, stream=stream):
+                if isinstance(item, Event):
+                    yield item
+                else:
+                    response = item
+            assert response is not None  # _call_model always ends with a response
+            if response.usage is not None:
+                turn.usage = turn.usage + response.usage
+            calls = response.content.function_calls
+            event_meta: dict[str, Any] = {}
+            if response.finish_reason:
+                event_meta["finish_reason"] = response.finish_reason
+            if not calls and response_schema is not None:
+                # Streaming consumers read the structured answer from the final event.
+                data = _parse_json(response.content.text)
+                if data is not None:
+                    event_meta["data"] = data
+            model_event = Event(
+                invocation_id=invocation_id,
+                author=self.agent.name,
+                content=response.content,
+                usage=response.usage,
+                model=response.model_version or self.model.name,
+                final=not calls,
+                metadata=event_meta,
+                state_delta=jsonable(response.state_delta),
+            )
+            session = await self.sessions.append_event(session, model_event)
+            turn.events.append(model_event)
+            yield model_event
+            if not calls:
+                turn.final = model_event
+                return
+            done = await self._run_tools(calls, tools, session, base_ctx)
+            if any(c.response is None for c in done):
+                if made < limit:
+                    # No tool event while a call waits: the mark, then the caller keeps the
+                    # rest (a node: in the task's resume point) until the answers come.
+                    mark = Event(
+                        invocation_id=invocation_id,
+                        author=MESH_AUTHOR,
+                        state_delta={WAITING_KEY: task_id},
+                    )
+                    session = await self.sessions.append_event(session, mark)
+                    raise TurnSuspended(PendingTurn(task_id, invocation_id, tuple(done)))
+                # The model could not read an answer anyway: nobody is asked in vain.
+                done = [c.not_asked(limit) if c.response is None else c for c in done]
+            tool_event = self._tool_event(done, invocation_id, {})
+            session = await self.sessions.append_event(session, tool_event)
+            turn.events.append(tool_event)
+            yield tool_event
+        # The last response still asked for tools. They ran, but the model will not see
+        # their results in this turn; the history stays well-formed for the next one.
+        raise MaxModelCallsExceeded(
+            f"agent {self.agent.name!r} reached max_model_calls={limit} without a final "
+            f"answer (it kept calling tools, last: {sorted({c.name for c in calls})}); "
+            "raise Agent(max_model_calls=...) or make the tools return what the model needs"
+        )
 
     async def _call_model(
         self, request: ModelRequest, ctx: ToolContext, *, stream: bool
@@ -384,10 +577,11 @@ class Runner:
         tools: Mapping[str, Tool],
         session: Session,
         base: ToolContext,
-    ) -> Event:
-        """Run one response's calls concurrently; their results become one event."""
+    ) -> list[PendingCall]:
+        """Run one response's calls concurrently. Each comes back answered, or waiting on the
+        question its tool asked (``Ask``)."""
 
-        async def run_one(call: FunctionCall) -> tuple[FunctionResponse, dict[str, Any]]:
+        async def run_one(call: FunctionCall) -> PendingCall:
             ctx = ToolContext(
                 agent_name=base.agent_name,
                 user_id=base.user_id,
@@ -399,7 +593,7 @@ class Runner:
             )
             target = tools.get(call.name)
             if target is None:
-                result: dict[str, Any] = {
+                result: dict[str, Any] | Ask = {
                     "error": {
                         "type": "unknown_tool",
                         "message": f"there is no tool named {call.name!r}; "
@@ -408,25 +602,47 @@ class Runner:
                 }
             else:
                 result = await invoke_tool(target, dict(call.args), ctx)
+            if isinstance(result, Ask):
+                try:
+                    question = result.to_question(question_id(base.invocation_id, call.id))
+                except Exception as exc:  # a schema pydantic cannot write as JSON Schema
+                    result = {"error": {"type": "invalid_ask", "message": f"cannot ask: {exc}"}}
+                else:
+                    self._notify("on_tool_call", call.name, True)
+                    return PendingCall(call.id, call.name, None, ctx.state_delta, question)
             ok = "error" not in result
             # A name the model invented is not a label: the model's input is the caller's.
             self._notify("on_tool_call", call.name if target is not None else "other", ok)
             # A failed tool's writes are dropped: its state change did not happen.
-            return FunctionResponse(id=call.id, name=call.name, response=result), (
-                ctx.state_delta if ok else {}
-            )
+            return PendingCall(call.id, call.name, result, ctx.state_delta if ok else {})
 
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(run_one(call)) for call in calls]
-        outcomes = [task.result() for task in tasks]
+        return [task.result() for task in tasks]
+
+    @staticmethod
+    def _tool_event(
+        calls: Sequence[PendingCall], invocation_id: str, extra: Mapping[str, Any]
+    ) -> Event:
+        """The responses of one model response's calls as one event, in call order, with the
+        state they wrote (a later call's key wins) and ``extra``."""
         delta: dict[str, Any] = {}
-        for _, tool_delta in outcomes:  # in call order: a later call's key wins
-            delta.update(tool_delta)
+        for call in calls:
+            delta.update(call.state_delta)
+        delta.update(extra)
         return Event(
-            invocation_id=base.invocation_id,
+            invocation_id=invocation_id,
             author=TOOL_AUTHOR,
             content=Content(
-                role="user", parts=tuple(Part(function_response=r) for r, _ in outcomes)
+                role="user",
+                parts=tuple(
+                    Part(
+                        function_response=FunctionResponse(
+                            id=c.id, name=c.name, response=c.response or {}
+                        )
+                    )
+                    for c in calls
+                ),
             ),
             state_delta=jsonable(delta),
         )
@@ -489,10 +705,26 @@ def _user_content(message: str | Content) -> Content:
 
 
 def _history(session: Session) -> tuple[Content, ...]:
-    return tuple(
+    contents = [
         e.content
         for e in session.events
         if e.content is not None and e.content.parts and not e.partial
+    ]
+    # Calls whose responses never came (their task was canceled while a tool asked, or the
+    # node stopped mid-call) are left out: a model refuses a call without its response.
+    return tuple(
+        c
+        for i, c in enumerate(contents)
+        if not c.function_calls or (i + 1 < len(contents) and contents[i + 1].function_responses)
+    )
+
+
+def _answered_in(session: Session, pending: PendingTurn) -> bool:
+    """Whether the session holds the responses of the turn's calls (stored by a resume)."""
+    ids = {c.id for c in pending.calls}
+    return any(
+        e.invocation_id == pending.invocation_id and ids <= {r.id for r in e.function_responses}
+        for e in session.events
     )
 
 

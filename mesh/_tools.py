@@ -12,7 +12,9 @@ the model. A ``Toolset`` expands to several tools at the start of each turn (a r
 one tool per skill).
 
 The model sees a tool's outcome as ``{"result": value}`` or, when it raised,
-``{"error": {"type", "message", ...}}``; see ``invoke_tool``.
+``{"error": {"type", "message", ...}}``; see ``invoke_tool``. A tool that needs its caller
+to decide returns ``Ask(question, schema=Model)``: the turn waits for the answer, which becomes
+that call's ``{"result": answer}`` (see ``Ask``).
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ import pydantic
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mesh._asks import ASK_KINDS, AskKind, Question
 from mesh._errors import ConfigError, ToolError
+from mesh._schema_order import with_property_order
 
 __all__ = [
+    "Ask",
     "FunctionTool",
     "StateView",
     "Tool",
@@ -44,6 +49,47 @@ __all__ = [
     "jsonable",
     "tool",
 ]
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a tool returns to ask the turn's caller (a person, or the agent that called this
+    one) before the model goes on::
+
+        @tool
+        def request_payout_approval(amount: float) -> Ask | dict:
+            "Ask a human to approve payouts above 50,000."
+            if amount > 50_000:
+                return Ask(f"Pay out {amount:,.0f}?", schema=Approval)
+            return {"approved": True}
+
+    The other calls of the same model response finish; then the turn waits (in a node: the
+    A2A task ends its run ``TASK_STATE_INPUT_REQUIRED``, or ``TASK_STATE_AUTH_REQUIRED`` with
+    ``kind="auth"``) and the answer, checked against ``schema``'s JSON Schema, becomes this
+    call's response: the model reads ``{"result": {"decision": "approve", ...}}``. Without a
+    schema the answer is text. The tool itself does not run again.
+    """
+
+    question: str
+    schema: type[BaseModel] | None = None
+    kind: AskKind = "input"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.question, str) or not self.question.strip():
+            raise ConfigError("Ask(question): the question must be a non-empty string")
+        if self.schema is not None and not (
+            isinstance(self.schema, type) and issubclass(self.schema, BaseModel)
+        ):
+            raise ConfigError(
+                f"Ask(schema=...) takes a pydantic BaseModel subclass, got {self.schema!r}"
+            )
+        if self.kind not in ASK_KINDS:
+            raise ConfigError(f"Ask: kind must be one of {', '.join(ASK_KINDS)}, not {self.kind!r}")
+
+    def to_question(self, question_id: str) -> Question:
+        """The question as the task shows it (schema with its declared property order)."""
+        schema = with_property_order(self.schema.model_json_schema()) if self.schema else None
+        return Question(id=question_id, text=self.question, kind=self.kind, schema=schema)
 
 
 class StateView(Mapping[str, Any]):
@@ -346,8 +392,9 @@ def as_tool(obj: Any) -> Tool:
     raise ConfigError(f"{obj!r} is not a tool: give a function, a Tool or a Toolset")
 
 
-async def invoke_tool(t: Tool, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    """Call ``t`` and shape its outcome for the model: ``{"result": ...}`` or ``{"error": ...}``.
+async def invoke_tool(t: Tool, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any] | Ask:
+    """Call ``t`` and shape its outcome for the model: ``{"result": ...}`` or ``{"error": ...}``;
+    an ``Ask`` the tool returned comes back as is (the call waits for its answer).
 
     A failing tool never ends the turn: the model reads the error and decides what to do.
     Cancellation (and other BaseExceptions) still propagate.
@@ -361,6 +408,8 @@ async def invoke_tool(t: Tool, args: dict[str, Any], ctx: ToolContext) -> dict[s
         return {"error": {"type": type(exc).__name__, "message": str(exc) or repr(exc)}}
     finally:
         reset_current_context(token)
+    if isinstance(value, Ask):
+        return value
     try:
         return {"result": jsonable(value)}
     except Exception as exc:  # a result pydantic cannot dump at all
