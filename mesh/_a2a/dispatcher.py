@@ -7,7 +7,8 @@
 * ``chat``: the text goes to the runner as is; the answer is text.
 
 The runner is used through ``run_stream`` only, so progress (partial text, tool calls) can be
-forwarded to the caller as it happens.
+forwarded to the caller as it happens. A turn whose tool asked (``mesh.Ask``) raises
+``TurnSuspended`` through ``run``; ``resume`` goes on with the answers (``resume_stream``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from mesh._agent import Agent
 from mesh._errors import ConfigError, RunError, SkillInputError, SkillOutputError
 from mesh._events import Event
+from mesh._pending import PendingTurn
 from mesh._skills import TEXT_SKILL_ID, Skill, SkillContext
 from mesh._types import Usage
 
@@ -48,8 +50,25 @@ class TurnRunner(Protocol):
         message: str,
         response_schema: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
+        waiting: Callable[[str], Awaitable[bool]] | None = None,
     ) -> AsyncIterator[Event]: ...
 
+    def resume_stream(
+        self,
+        *,
+        user_id: str,
+        session_id: str,
+        turn: PendingTurn,
+        answers: Mapping[str, Any],
+        response_schema: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> AsyncIterator[Event]: ...
+
+
+#: Whether a task still waits (the runner's check of a session marked waiting).
+WaitCheck = Callable[[str], Awaitable[bool]]
+#: One turn's events: a new turn or a resumed one, for ``runner`` and response schema.
+TurnStream = Callable[[TurnRunner, dict[str, Any] | None, dict[str, Any]], AsyncIterator[Event]]
 
 ProgressSink = Callable[[Event], Awaitable[None]]
 
@@ -204,15 +223,66 @@ class SkillDispatcher:
         *,
         user_id: str,
         progress: ProgressSink | None = None,
+        waiting: WaitCheck | None = None,
     ) -> Outcome:
-        """Do the work. ``payload`` is the validated input model, or the text for ``chat``."""
+        """Do the work. ``payload`` is the validated input model, or the text for ``chat``.
+        ``waiting``: whether the task a waiting session names still waits (``Runner``)."""
         if not skill.llm:
             return await self._call_handler(skill, payload, ctx)
-        if skill.typed:
-            assert isinstance(payload, BaseModel)
-            return await self._llm_typed(skill, payload, ctx, user_id, progress)
         text = payload if isinstance(payload, str) else payload.model_dump_json()
-        return await self._turn(self.runner, text, None, ctx, user_id, progress)
+
+        def turn(
+            runner: TurnRunner, schema: dict[str, Any] | None, meta: dict[str, Any]
+        ) -> AsyncIterator[Event]:
+            return runner.run_stream(
+                user_id=user_id,
+                session_id=ctx.context_id,
+                message=text,
+                response_schema=schema,
+                metadata=meta,
+                waiting=waiting,
+            )
+
+        return await self._llm(skill, turn, ctx, user_id, progress)
+
+    async def resume(
+        self,
+        skill: Skill,
+        pending: PendingTurn,
+        answers: Mapping[str, Any],
+        ctx: SkillContext,
+        *,
+        user_id: str,
+        progress: ProgressSink | None = None,
+    ) -> Outcome:
+        """Go on with an LLM skill's turn that stopped because a tool asked (``TurnSuspended``),
+        with the answers recorded so far (by question id); the same checks as ``run``."""
+
+        def turn(
+            runner: TurnRunner, schema: dict[str, Any] | None, meta: dict[str, Any]
+        ) -> AsyncIterator[Event]:
+            return runner.resume_stream(
+                user_id=user_id,
+                session_id=ctx.context_id,
+                turn=pending,
+                answers=answers,
+                response_schema=schema,
+                metadata=meta,
+            )
+
+        return await self._llm(skill, turn, ctx, user_id, progress)
+
+    async def _llm(
+        self,
+        skill: Skill,
+        turn: TurnStream,
+        ctx: SkillContext,
+        user_id: str,
+        progress: ProgressSink | None,
+    ) -> Outcome:
+        if skill.typed:
+            return await self._llm_typed(skill, turn, ctx, user_id, progress)
+        return await self._turn(self.runner, turn, None, ctx, progress)
 
     async def _call_handler(self, skill: Skill, payload: Any, ctx: SkillContext) -> Outcome:
         assert skill.handler is not None
@@ -225,16 +295,14 @@ class SkillDispatcher:
     async def _llm_typed(
         self,
         skill: Skill,
-        payload: BaseModel,
+        turn: TurnStream,
         ctx: SkillContext,
         user_id: str,
         progress: ProgressSink | None,
     ) -> Outcome:
         schema = skill.output_schema()
         runner = self.skill_runners.get(skill.id, self.runner)
-        outcome = await self._turn(
-            runner, payload.model_dump_json(), schema, ctx, user_id, progress
-        )
+        outcome = await self._turn(runner, turn, schema, ctx, progress)
         try:
             outcome.data = self._check_answer(skill, outcome)
             return outcome
@@ -243,7 +311,19 @@ class SkillDispatcher:
                 f"Your answer did not validate: {first}. Answer again with only one JSON "
                 "object that matches the output schema."
             )
-            second = await self._turn(runner, repair, schema, ctx, user_id, progress)
+
+            def again(
+                runner: TurnRunner, schema: dict[str, Any] | None, meta: dict[str, Any]
+            ) -> AsyncIterator[Event]:
+                return runner.run_stream(
+                    user_id=user_id,
+                    session_id=ctx.context_id,
+                    message=repair,
+                    response_schema=schema,
+                    metadata=meta,
+                )
+
+            second = await self._turn(runner, again, schema, ctx, progress)
             second.usage = outcome.usage + second.usage
             try:
                 second.data = self._check_answer(skill, second)
@@ -263,10 +343,9 @@ class SkillDispatcher:
     async def _turn(
         self,
         runner: TurnRunner | None,
-        message: str,
+        turn: TurnStream,
         schema: dict[str, Any] | None,
         ctx: SkillContext,
-        user_id: str,
         progress: ProgressSink | None,
     ) -> Outcome:
         if runner is None:
@@ -278,13 +357,7 @@ class SkillDispatcher:
             metadata["deadline"] = ctx.deadline
         usage = Usage()
         final: Event | None = None
-        async for event in runner.run_stream(
-            user_id=user_id,
-            session_id=ctx.context_id,
-            message=message,
-            response_schema=schema,
-            metadata=metadata,
-        ):
+        async for event in turn(runner, schema, metadata):
             if not event.partial and event.usage is not None:
                 usage = usage + event.usage
             if event.final:

@@ -13,7 +13,10 @@ goes INPUT_REQUIRED (AUTH_REQUIRED) with the question as its status message
 (``mesh._a2a.questions``). A message to that task (the request handler checked the answer)
 records the answer and runs the skill again from its first message, each ``ask`` returning
 its recorded answer; the node itself resumes a task the same way after a restart (rule 4 of
-the recovery) or at its deadline (``RESUME`` in the call context's state).
+the recovery) or at its deadline (``RESUME`` in the call context's state). An LLM skill (typed
+or ``chat``) whose tool returned ``mesh.Ask`` stops with ``TurnSuspended`` the same way: its
+resume point holds the ``PendingTurn`` (kind ``turn``), and the answer goes to the runner's
+``resume`` instead of a replay. A new turn in a context whose task waits is REJECTED.
 
 ``stop()`` (a shutdown whose drain grace ran out) cuts every skill still running, and each of
 those tasks ends FAILED with reason ``shutdown`` through the same event path, so its callers
@@ -24,6 +27,7 @@ get that task as the answer (blocking) or final event (streaming); its message i
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -47,11 +51,12 @@ from mesh._a2a.questions import question_message, question_metadata, waiting_sta
 from mesh._a2a.states import INTERRUPTED_STATES
 from mesh._a2a.store import DEADLINE, SHUTDOWN, WAIT_DEADLINE_TEXT, stopped_text
 from mesh._a2a.waits import WaitClock, WaitStore
-from mesh._asks import TASKS_EXTENSION, Recorded, Suspend, answer_of
-from mesh._errors import MeshError, SchemaViolation, SkillInputError
+from mesh._asks import TASKS_EXTENSION, Question, Recorded, Suspend, answer_of
+from mesh._errors import MeshError, SchemaViolation, SessionWaiting, SkillInputError
 from mesh._events import Event
 from mesh._inflight import InFlight
 from mesh._metrics import NodeMetrics, TaskOutcome
+from mesh._pending import PendingTurn, TurnSuspended
 from mesh._settings import NodeSettings
 from mesh._skills import Skill, SkillContext
 from mesh._tracing import ensure_traceparent
@@ -78,6 +83,9 @@ class _Resumed:
     payload: BaseModel | str
     replay: list[Recorded]
     request: bytes
+    #: An LLM turn's calls (a tool asked), and the answers recorded by question id.
+    turn: PendingTurn | None = None
+    answers: dict[str, Any] | None = None
 
 
 def answers_named(message: Message | None) -> str | None:
@@ -304,6 +312,9 @@ class MeshExecutor(AgentExecutor):
                         for q, seq, st, a in wait.questions
                     ]
         skill, payload = self._validate(req, first)
+        if wait.kind == "turn":
+            turn = PendingTurn.from_json(wait.turn)
+            return _Resumed(req, skill, payload, [], wait.request, turn, wait.answers())
         return _Resumed(req, skill, payload, wait.replay(), wait.request)
 
     def forget(self, owner: str, task_id: str) -> None:
@@ -431,18 +442,38 @@ class MeshExecutor(AgentExecutor):
         if self.stopping:
             await self._end_shutdown(updater, task_id, req)
             return "failed"
+        # Without a task store no task waits: a session's mark is left by a failed run.
+        waits = self.waits
+        waiting = (
+            _never
+            if waits is None
+            else functools.partial(waits.waiting, _owner(context.call_context))
+        )
         try:
             async with asyncio.timeout_at(when) as scope:
                 self._running.add(scope)
                 try:
-                    result = await self.dispatcher.run(
-                        skill, payload, ctx, user_id=user_id, progress=progress
-                    )
+                    if resumed is not None and resumed.turn is not None:
+                        result = await self.dispatcher.resume(
+                            skill,
+                            resumed.turn,
+                            resumed.answers or {},
+                            ctx,
+                            user_id=user_id,
+                            progress=progress,
+                        )
+                    else:
+                        result = await self.dispatcher.run(
+                            skill, payload, ctx, user_id=user_id, progress=progress, waiting=waiting
+                        )
                 finally:
                     self._running.discard(scope)
         except Suspend as asked:
             request = resumed.request if resumed is not None else None
             return await self._suspend(asked, skill, req, context, updater, request)
+        except TurnSuspended as paused:
+            request = resumed.request if resumed is not None else None
+            return await self._suspend_turn(paused, skill, req, context, updater, request, user_id)
         except TimeoutError:
             if self.stopping:
                 await self._end_shutdown(updater, task_id, req)
@@ -451,7 +482,7 @@ class MeshExecutor(AgentExecutor):
                 updater, TaskState.TASK_STATE_FAILED, "deadline", "deadline exceeded", req
             )
             return "failed"
-        except SkillInputError as exc:
+        except (SkillInputError, SessionWaiting) as exc:
             await self._end(updater, TaskState.TASK_STATE_REJECTED, "rejected", str(exc), req)
             return "rejected"
         except MeshError as exc:
@@ -507,14 +538,62 @@ class MeshExecutor(AgentExecutor):
             caller=req.caller,
             traceparent=req.traceparent or "",
         )
+        return await self._waiting(owner, updater, req, [asked.question])
+
+    async def _waiting(
+        self, owner: str, updater: TaskUpdater, req: _Request, questions: list[Question]
+    ) -> TaskOutcome:
+        """The resume point is written: arm the deadline and publish the waiting state."""
         self.clock.arm(owner, updater.task_id, updater.context_id, req.deadline)
-        questions = [asked.question]
         await updater.update_status(
             waiting_state(questions),
             message=question_message(updater.task_id, updater.context_id, questions),
             metadata={**self._task_metadata(req), **question_metadata(questions)},
         )
         return "waiting"
+
+    async def _suspend_turn(
+        self,
+        paused: TurnSuspended,
+        skill: Skill,
+        req: _Request,
+        context: RequestContext,
+        updater: TaskUpdater,
+        request: bytes | None,
+        user_id: str,
+    ) -> TaskOutcome:
+        """End an LLM turn's run waiting on its tools' questions: the resume point with the
+        ``PendingTurn`` first (one transaction), then the waiting state, as ``_suspend``."""
+        if self.waits is None:
+            await self._end(
+                updater,
+                TaskState.TASK_STATE_FAILED,
+                "failed",
+                f"a tool of skill '{skill.id}' asked for input, but this node keeps no tasks "
+                "(store=memory): serve it with the SQLite store",
+                req,
+            )
+            return "failed"
+        owner = _owner(context.call_context)
+        if request is None:
+            assert context.message is not None
+            request = context.message.SerializeToString()
+        questions = paused.questions
+        await self.waits.suspend_turn(
+            owner=owner,
+            task_id=updater.task_id,
+            context_id=updater.context_id,
+            skill=skill.id,
+            request=request,
+            deadline=req.deadline,
+            user_id=user_id,
+            session_id=updater.context_id,
+            turn=paused.turn.to_json(),
+            questions=questions,
+            caller=req.caller,
+            traceparent=req.traceparent or "",
+        )
+        return await self._waiting(owner, updater, req, questions)
 
     async def _progress(self, updater: TaskUpdater, event: Event) -> None:
         """Forward a runner event as a WORKING status update (partial text, tool calls)."""
@@ -590,6 +669,10 @@ class MeshExecutor(AgentExecutor):
             message=updater.new_agent_message([new_text_part("canceled by request")]),
             metadata={"error": {"reason": "canceled", "message": "canceled by request"}},
         )
+
+
+async def _never(task_id: str) -> bool:
+    return False
 
 
 def _owner(call: ServerCallContext | None) -> str:

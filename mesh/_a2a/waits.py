@@ -10,6 +10,11 @@ executor writes, in one transaction and *before* the task's waiting state is sav
 * its ``mesh_questions``: the replay log, one row per ask of the skill in ``seq`` order, with
   the answer once it came (``state`` ``open`` or ``answered``).
 
+A turn of an LLM agent whose tool asked (``mesh.Ask``, ``mesh._pending``) has a resume point
+of kind ``turn``: its session (user and session id) and ``turn``, the ``PendingTurn`` as JSON
+(the calls of the model response it stopped at, answered or waiting), with one question row
+per waiting call (``suspend_turn``).
+
 So a task stored as waiting always has its resume point, and the start-up pass
 (``SqliteTaskStore.recover``) settles the reverse case. ``mesh_children`` (delegations that
 outlive a request) is created here for the hop; nothing writes it yet. The tables are version
@@ -105,6 +110,14 @@ class Wait:
     request: bytes
     #: Every ask of the skill so far, in order (the last may be open).
     questions: list[tuple[Question, int, str, Any]] = field(default_factory=list)
+    #: ``function`` (a typed skill, by replay) or ``turn`` (an LLM turn whose tool asked).
+    kind: str = "function"
+    #: A turn's ``PendingTurn`` as JSON (``"{}"`` for a function skill).
+    turn: str = "{}"
+
+    def answers(self) -> dict[str, Any]:
+        """The recorded answers by question id (a turn's calls take theirs from here)."""
+        return {q.id: answer for q, _, state, answer in self.questions if state == "answered"}
 
     def open_questions(self) -> list[Question]:
         return [q for q, _, state, _ in self.questions if state == "open"]
@@ -182,10 +195,92 @@ class WaitStore:
 
         await self._db.write(write)
 
+    async def suspend_turn(
+        self,
+        *,
+        owner: str,
+        task_id: str,
+        context_id: str,
+        skill: str,
+        request: bytes,
+        deadline: float | None,
+        user_id: str,
+        session_id: str,
+        turn: str,
+        questions: list[Question],
+        caller: str = "",
+        traceparent: str = "",
+    ) -> None:
+        """Record that an LLM turn waits on ``questions`` (its waiting calls'), with ``turn``
+        (the ``PendingTurn`` JSON) to go on from: one transaction, before the task's waiting
+        state is saved. A turn that stops again (an answer to one of two questions, or a new
+        ask after a resume) replaces its point; its earlier answered questions stay."""
+        now = time.time()
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "insert into mesh_waits (owner, task_id, context_id, skill, kind, user_id, "
+                "session_id, state, deadline, request, turn, caller, traceparent, updated_at) "
+                "values (?, ?, ?, ?, 'turn', ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "on conflict (owner, task_id) do update set state = excluded.state, "
+                "turn = excluded.turn, updated_at = excluded.updated_at",
+                (
+                    owner,
+                    task_id,
+                    context_id,
+                    skill,
+                    user_id,
+                    session_id,
+                    WAITING,
+                    deadline,
+                    request,
+                    turn,
+                    caller,
+                    traceparent,
+                    now,
+                ),
+            )
+            seq = conn.execute(
+                "select coalesce(max(seq) + 1, 0) from mesh_questions "
+                "where owner = ? and task_id = ?",
+                (owner, task_id),
+            ).fetchone()[0]
+            for question in questions:
+                # A question still open keeps its row (and seq); a new one comes after the rest.
+                conn.execute(
+                    "insert into mesh_questions (owner, task_id, question_id, seq, kind, text, "
+                    "schema, schema_hash, path, state) "
+                    "values (?, ?, ?, ?, ?, ?, ?, ?, ?, 'open') "
+                    "on conflict (owner, task_id, question_id) do nothing",
+                    (
+                        owner,
+                        task_id,
+                        question.id,
+                        seq,
+                        question.kind,
+                        question.text,
+                        None if question.schema is None else json.dumps(question.schema),
+                        question.schema_hash,
+                        json.dumps([dict(hop) for hop in question.path]),
+                    ),
+                )
+                seq += 1
+
+        await self._db.write(write)
+
+    async def waiting(self, owner: str, task_id: str) -> bool:
+        """Whether the task has a resume point (it waits, or is being resumed)."""
+        row = await self._db.read(
+            lambda conn: conn.execute(
+                "select 1 from mesh_waits where owner = ? and task_id = ?", (owner, task_id)
+            ).fetchone()
+        )
+        return row is not None
+
     async def load(self, owner: str, task_id: str) -> Wait | None:
         def read(conn: sqlite3.Connection) -> tuple[Any, list[Any]]:
             row = conn.execute(
-                "select context_id, skill, state, deadline, request from mesh_waits "
+                "select context_id, skill, state, deadline, request, kind, turn from mesh_waits "
                 "where owner = ? and task_id = ?",
                 (owner, task_id),
             ).fetchone()
@@ -201,7 +296,9 @@ class WaitStore:
         row, rows = await self._db.read(read)
         if row is None:
             return None
-        wait = Wait(owner, task_id, row[0], row[1], row[2], row[3], bytes(row[4]))
+        wait = Wait(
+            owner, task_id, row[0], row[1], row[2], row[3], bytes(row[4]), kind=row[5], turn=row[6]
+        )
         for qid, seq, kind, text, schema, state, answer in rows:
             question = Question(
                 id=qid, text=text, kind=kind, schema=None if schema is None else json.loads(schema)
