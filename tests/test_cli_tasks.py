@@ -251,3 +251,40 @@ def test_reply_without_an_answer_is_a_usage_error() -> None:
     r = _mesh("reply", "some-task")
     assert r.returncode == 2
     assert "one of the arguments --json --text is required" in r.stderr
+
+
+def test_call_and_reply_drive_a_mesh_node_whose_typed_skill_asks(tmp_path: Any) -> None:
+    """The same commands against a real `mesh serve` node whose skill asks twice (ctx.ask):
+    call shows the first question, a reply the second, the last reply completes the task."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [
+        sys.executable, "-m", "mesh", "serve", "tests.ask_agents:agent", "--port", str(port),
+        "--data-dir", str(tmp_path / "node"), "--no-register",
+    ]  # fmt: skip
+    node = Proc.start(argv, name="asker", tmp=tmp_path, env=clean_env())
+    try:
+        wait_for(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200, timeout=30,
+                 what="the asking node's /health")  # fmt: skip
+        args = '{"applicant_id": "APP-738", "amount": 600000}'
+        r = _mesh("call", url, "--skill", "review", "--json", args)
+        assert r.returncode == 4, r.stdout + r.stderr
+        assert "Approve APP-738 for 600,000?" in r.stdout
+        argv = shlex.split(r.stdout.split("reply with: ", 1)[1].strip())
+        task_id = argv[argv.index("reply") + 1]
+
+        bad = _mesh("reply", task_id, "--url", url, "--json", '{"decision": "perhaps"}')
+        assert bad.returncode == 1, bad.stdout + bad.stderr
+        assert "decision" in bad.stdout + bad.stderr
+
+        again = _mesh("reply", task_id, "--url", url, "--json", '{"decision": "approve"}')
+        assert again.returncode == 4, again.stdout + again.stderr
+        assert "Who approves?" in again.stdout
+
+        done = _mesh("reply", task_id, "--url", url, "--text", "Ann Lee")
+        assert done.returncode == 0, done.stdout + done.stderr
+        task = _get(url, task_id)
+        assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+        assert "Ann Lee" in json.dumps(task["artifacts"])
+    finally:
+        node.terminate()
