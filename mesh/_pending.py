@@ -22,7 +22,6 @@ from typing import Any
 
 from mesh._asks import Question
 from mesh._errors import SchemaViolation
-from mesh._schema_check import check
 
 __all__ = ["WAITING_KEY", "PendingCall", "PendingTurn", "TurnSuspended", "question_id"]
 
@@ -110,6 +109,9 @@ class PendingTurn:
                 continue
             value = answers[question.id]
             if question.schema is not None:
+                # Loaded on the first answer: jsonschema costs a node ~3 MB and 50 ms at start.
+                from mesh._schema_check import check
+
                 value = check(value, question.schema)
             elif not isinstance(value, str):
                 raise SchemaViolation(

@@ -34,6 +34,7 @@ __all__ = [
     "ProgressSink",
     "SkillDispatcher",
     "TurnRunner",
+    "WaitCheck",
     "describe_validation",
     "skill_agent",
 ]

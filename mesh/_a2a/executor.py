@@ -45,7 +45,7 @@ from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel
 
 from mesh._a2a.card import JSON_MODE, TEXT_MODE
-from mesh._a2a.dispatcher import Outcome, SkillDispatcher
+from mesh._a2a.dispatcher import Outcome, SkillDispatcher, WaitCheck
 from mesh._a2a.idempotency import IdempotencyKeys, MessageKey, message_key
 from mesh._a2a.questions import question_message, question_metadata, waiting_state
 from mesh._a2a.states import INTERRUPTED_STATES
@@ -443,12 +443,7 @@ class MeshExecutor(AgentExecutor):
             await self._end_shutdown(updater, task_id, req)
             return "failed"
         # Without a task store no task waits: a session's mark is left by a failed run.
-        waits = self.waits
-        waiting = (
-            _never
-            if waits is None
-            else functools.partial(waits.waiting, _owner(context.call_context))
-        )
+        waiting = self._waiting_check(context) if skill.llm else None
         try:
             async with asyncio.timeout_at(when) as scope:
                 self._running.add(scope)
@@ -551,6 +546,12 @@ class MeshExecutor(AgentExecutor):
             metadata={**self._task_metadata(req), **question_metadata(questions)},
         )
         return "waiting"
+
+    def _waiting_check(self, context: RequestContext) -> WaitCheck:
+        """Whether a task of this call's owner still waits (a turn's check of its session)."""
+        if self.waits is None:  # no task store, no waiting task: a mark is a failed run's
+            return _never
+        return functools.partial(self.waits.waiting, _owner(context.call_context))
 
     async def _suspend_turn(
         self,
