@@ -6,9 +6,11 @@ Consul agent) register / find / heartbeat / deregister."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import sys
 import threading
+import tomllib
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -28,7 +30,7 @@ from mesh._discovery.consul import (
 )
 from mesh._errors import ConfigError, DiscoveryError
 from tests.fakes.consul_server import FakeConsul, recorded
-from tests.support import Proc, eventually, free_port, wait_until_ok
+from tests.support import ROOT, Proc, eventually, free_port, wait_until_ok
 
 REG = Registration(
     instance_id="credit-bureau-7f3a",
@@ -41,6 +43,20 @@ REG = Registration(
 
 
 # -- pure parts -----------------------------------------------------------------------------------
+
+
+def test_the_py_consul_requirement_admits_only_releases_with_what_the_backend_passes() -> None:
+    # connections_timeout (ConsulBackend's request timeout) first exists in py-consul 1.8.0: an
+    # older release raised TypeError in ConsulBackend() (and set no timeout at all).
+    from packaging.requirements import Requirement
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (req,) = [Requirement(d) for d in declared if Requirement(d).name == "py-consul"]
+    assert not any(req.specifier.contains(v) for v in ("1.5.0", "1.6.0", "1.7.1")), req
+    assert req.specifier.contains("1.8.0")
+    import consul
+
+    assert "connections_timeout" in inspect.signature(consul.Consul).parameters
 
 
 def test_parse_consul_url() -> None:

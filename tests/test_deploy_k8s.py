@@ -152,3 +152,41 @@ def test_config_map_holds_a_valid_mesh_file_matching_the_deployments() -> None:
     assert {n: v["module"] for n, v in local["nodes"].items()} == {
         n: m for n, (m, _) in AGENTS.items()
     }
+
+
+# -- Kubernetes' own schemas ----------------------------------------------------------------------
+
+# The versions docs/production.md names: the oldest the manifests support and the newest schema
+# kubernetes-validate ships. Strict: a misspelt field is an error, as `kubectl apply
+# --validate=strict` makes it.
+KUBERNETES_VERSIONS = ("1.31.0", "1.37.0")
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_passes_kubernetes_own_schema(version: str) -> None:
+    import kubernetes_validate
+
+    docs = documents()
+    failures = []
+    for doc in docs:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.path)
+            failures.append(f"{doc['kind']}/{doc['metadata']['name']} {where}: {exc.message}")
+    assert failures == []
+    assert {d["kind"] for d in docs} >= {"Namespace", "ConfigMap", "StatefulSet", "Deployment"}
+
+
+def test_the_schema_check_catches_a_misspelt_field() -> None:
+    # What the check above would say about a manifest a person got wrong.
+    import kubernetes_validate
+
+    deployment = find("Deployment", "credit-bureau")
+    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError, match="imagePullPolicyy"):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
+    deployment = find("Deployment", "credit-bureau")
+    deployment["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError, match="'two' is not of type"):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
