@@ -26,12 +26,13 @@ retry tries the next instance. A task that ran and failed is NOT an exception: i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from a2a.client import (
@@ -54,6 +55,7 @@ from a2a.types import (
     Role,
     SendMessageConfiguration,
     SendMessageRequest,
+    StreamResponse,
     TaskState,
 )
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
@@ -88,6 +90,10 @@ MAX_CARD_BYTES = 1_000_000
 CARD_TIMEOUT_S = 5.0
 #: The largest answer (or stream event) read from a peer; a node's is MESH_MAX_ANSWER_BYTES.
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
+# The states after which a stream has nothing more to say (terminal, or waiting for input).
+_ENDING = frozenset(
+    {"completed", "failed", "rejected", "canceled", "input-required", "auth-required"}
+)
 
 
 class A2APeer:
@@ -184,19 +190,29 @@ class A2APeer:
         metadata: Mapping[str, Any] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - forwarded to the SDK per call
         task_id: str | None = None,
-    ) -> AsyncIterator[TaskUpdate]:
+    ) -> AsyncGenerator[TaskUpdate, None]:
         """Send one message (to the task ``task_id`` when given, as ``send``) and yield its
-        events as they arrive; ``get_task`` for the end."""
+        events as they arrive; ``get_task`` for the end. The stream stops after the first
+        event in a terminal or interrupted state: a task waiting for input says so and the
+        stream ends there (a subscription would stay open)."""
         request = SendMessageRequest(
             message=_message(payload, skill, message_id, context_id, metadata, task_id),
             configuration=SendMessageConfiguration(history_length=0),
         )
         with self._errors(skill or ""):
             client = await self._client(streaming=True)
-            async for event in client.send_message(request, context=self._context(timeout)):
-                update = TaskUpdate.from_json(as_json(event))
-                if update is not None:
+            events = cast(
+                "AsyncGenerator[StreamResponse, None]",
+                client.send_message(request, context=self._context(timeout)),
+            )
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    update = TaskUpdate.from_json(as_json(event))
+                    if update is None:
+                        continue
                     yield update
+                    if update.kind in ("task", "status") and update.state in _ENDING:
+                        return
 
     # -- tasks ------------------------------------------------------------------------------
     async def get_task(self, task_id: str, *, history_length: int = 0) -> TaskResult:

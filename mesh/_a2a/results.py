@@ -20,6 +20,8 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message as ProtoMessage
 
+from mesh._asks import TASKS_EXTENSION
+
 __all__ = ["FAILED_STATES", "TaskPage", "TaskResult", "TaskUpdate", "as_json"]
 
 #: States of a task that ended without completing.
@@ -138,7 +140,14 @@ class TaskResult:
 
 @dataclass(frozen=True)
 class TaskUpdate:
-    """One streamed event: ``kind`` is "task", "status", "artifact" or "message"."""
+    """One streamed event: ``kind`` is "task", "status", "artifact" or "message".
+
+    ``parts`` are the event's parts in their JSON form (the status message's, or the
+    artifact's). ``relay`` is set on a WORKING status a mesh node relayed from a child task
+    (``metadata["urn:mesh:tasks:v1"]["relay"]`` of its message: ``from``, the hops from the
+    node's direct child down to the source, and ``kind``; see ``mesh._a2a.relay``), and
+    ``data`` then holds its first JSON part, as for an artifact. An artifact event says
+    ``artifact_id``, ``append`` and ``last_chunk``."""
 
     kind: str
     task_id: str
@@ -148,6 +157,18 @@ class TaskUpdate:
     data: dict[str, Any] | None = None
     partial: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
+    parts: tuple[Mapping[str, Any], ...] = ()
+    relay: Mapping[str, Any] | None = None
+    artifact_id: str = ""
+    append: bool = False
+    last_chunk: bool = False
+
+    @property
+    def hops(self) -> list[Mapping[str, Any]]:
+        """The relayed event's ``from`` path (empty for the node's own events): its length is
+        how many hops below the node the event happened."""
+        found = self.relay.get("from") if self.relay is not None else None
+        return [h for h in found if isinstance(h, Mapping)] if isinstance(found, list) else []
 
     @classmethod
     def from_json(cls, event: Mapping[str, Any]) -> TaskUpdate | None:
@@ -159,23 +180,33 @@ class TaskUpdate:
         if isinstance(update := event.get("statusUpdate"), Mapping):
             status = _mapping(update.get("status"))
             said = _mapping(status.get("message"))
+            said_meta = _mapping(said.get("metadata"))
+            relay = _mapping(said_meta.get(TASKS_EXTENSION)).get("relay")
             return cls(
                 "status",
                 str(update.get("taskId") or ""),
                 _context(update),
                 state=_state(status.get("state")),
                 text="\n".join(_texts(said)),
-                partial=bool(_mapping(said.get("metadata")).get("partial")),
+                partial=bool(said_meta.get("partial")),
                 metadata=_mapping(update.get("metadata")),
+                parts=tuple(_parts(said)),
+                relay=relay if isinstance(relay, Mapping) else None,
+                # A relayed artifact chunk: its data, as the artifact event's.
+                data=_first_data(said) if isinstance(relay, Mapping) else None,
             )
         if isinstance(update := event.get("artifactUpdate"), Mapping):
-            artifact = update.get("artifact")
+            artifact = _mapping(update.get("artifact"))
             return cls(
                 "artifact",
                 str(update.get("taskId") or ""),
                 _context(update),
                 text="".join(_texts(artifact)),
                 data=_first_data(artifact),
+                parts=tuple(_parts(artifact)),
+                artifact_id=str(artifact.get("artifactId") or ""),
+                append=bool(update.get("append")),
+                last_chunk=bool(update.get("lastChunk")),
             )
         if isinstance(message := event.get("message"), Mapping):
             text = "\n".join(_texts(message))
