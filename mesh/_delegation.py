@@ -9,6 +9,11 @@ so the skill runs once), each instance behind its circuit breaker, all within th
 (``check_answer``). Every failure is a ``RemoteError`` (peer, skill, reason), never a crash or a
 hang. When the turn is cancelled, or the deadline passes, the child task gets a CancelTask.
 
+When someone follows the caller's task live (it was sent with ``SendStreamingMessage``, or is
+subscribed to: ``ctx.metadata["relay"]``, see ``mesh._a2a.relay``), each attempt streams the same
+message instead and relays the child's progress as it comes; its result is the child task as
+``GetTask`` gives it, the same as the blocking answer, so nothing after the send changes.
+
 The caller's session keeps one A2A context per peer (session state ``_mesh.contexts.<peer>``),
 so a specialist sees the conversation continue. The child's token usage (its ``usage`` plus its
 own ``children_usage``) goes to ``ctx.metadata["usage_sink"]`` when the caller provides one.
@@ -22,7 +27,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,7 +46,8 @@ from mesh._tracing import TraceParent
 
 if TYPE_CHECKING:
     from mesh._a2a.client import A2APeer
-    from mesh._a2a.results import TaskResult
+    from mesh._a2a.relay import ChildRelay, Relay
+    from mesh._a2a.results import TaskResult, TaskUpdate
     from mesh._peer_link import PeerLink
 
 __all__ = [
@@ -132,6 +138,16 @@ class Outgoing:
             metadata=self.metadata,
             timeout=timeout,
             wait=wait,
+        )
+
+    def stream(self, peer: A2APeer, *, timeout: float) -> AsyncGenerator[TaskUpdate, None]:
+        return peer.stream(
+            self.payload,
+            skill=self.skill,
+            message_id=self.message_id,
+            context_id=self.context_id,
+            metadata=self.metadata,
+            timeout=timeout,
         )
 
 
@@ -251,9 +267,16 @@ class Delegation:
         record.target = url
         peer, _ = await self.link.admit(url, skill)
         child = self.child = InFlightChild(peer, self._message)
+        relay: Relay | None = self.ctx.metadata.get("relay")
         try:
-            # One blocking SendMessage: one JSON body each way, the finished task in the answer.
-            result = await self._message.send(peer, timeout=max(0.1, self.deadline - time.time()))
+            if relay is not None and relay.live:
+                # Someone follows the caller's task live: the child's progress is relayed.
+                result = await self._streamed(peer, child, relay.child(self.peer))
+            else:
+                # One blocking SendMessage: one JSON body each way, the finished task in the
+                # answer.
+                timeout = max(0.1, self.deadline - time.time())
+                result = await self._message.send(peer, timeout=timeout)
         except RemoteError as exc:
             if exc.reason == "unavailable":
                 raise RemoteError.unavailable(self.peer, skill, exc.detail) from exc
@@ -275,6 +298,35 @@ class Delegation:
             detail = f"the instance at {url} {failure.detail}"
             raise RemoteError.unavailable(self.peer, skill, detail) from failure
         return result
+
+    async def _streamed(self, peer: A2APeer, child: InFlightChild, relay: ChildRelay) -> TaskResult:
+        """The attempt as a stream: the same message, each event of the child relayed as it
+        comes, then the child task as ``GetTask`` gives it (what the blocking send answers).
+        The stream ends at the child's end or when it waits for input."""
+        assert self._message is not None
+        remaining = max(0.1, self.deadline - time.time())
+        try:
+            async with asyncio.timeout(remaining):
+                async with contextlib.aclosing(
+                    self._message.stream(peer, timeout=remaining)
+                ) as events:
+                    async for update in events:
+                        if update.task_id and not child.task_id:
+                            child.task_id = update.task_id  # a cancel from here on reaches it
+                        await relay.forward(update)
+                await relay.flush()
+                if not child.task_id:
+                    raise RemoteError.unavailable(
+                        self.peer, self.tool.skill_id, f"{peer.base_url} streamed no task"
+                    )
+                return await peer.get_task(child.task_id)
+        except TimeoutError:
+            raise RemoteError(
+                f"{self.peer} did not answer in time",
+                peer=self.peer,
+                skill=self.tool.skill_id,
+                reason="deadline",
+            ) from None
 
     def _retried(self, target: str, exc: BaseException) -> None:
         skill = self.tool.skill_id

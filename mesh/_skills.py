@@ -58,11 +58,25 @@ class SkillContext:
     #: The answers earlier runs of this task got, in the order the skill asked (the node fills
     #: it when it resumes a waiting task).
     replay: list[Recorded] = field(default_factory=list)
+    #: Where ``progress`` goes (the node sets it; None: nowhere).
+    reporter: Callable[[str], Awaitable[None]] | None = field(default=None, repr=False)
     _asked: int = field(default=0, init=False, repr=False)
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (may be negative), None without a deadline."""
         return None if self.deadline is None else self.deadline - time.time()
+
+    async def progress(self, text: str) -> None:
+        """Tell whoever follows the task live how the work goes: a WORKING status update
+        saying ``text``, shown by ``mesh call --stream`` and ``mesh chat`` (indented under the
+        agent that called this one, when it came through a delegation)::
+
+            await ctx.progress(f"scored {n} of {total} applicants")
+
+        Free when nobody follows: a blocking call (every delegation of a caller that is not
+        streamed) sees only the result, so nothing is sent or stored."""
+        if self.reporter is not None:
+            await self.reporter(text)
 
     async def ask(
         self,

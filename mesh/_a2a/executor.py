@@ -48,6 +48,7 @@ from mesh._a2a.card import JSON_MODE, TEXT_MODE
 from mesh._a2a.dispatcher import Outcome, SkillDispatcher, WaitCheck
 from mesh._a2a.idempotency import IdempotencyKeys, MessageKey, message_key
 from mesh._a2a.questions import question_message, question_metadata, waiting_state
+from mesh._a2a.relay import STREAMED, Followers, Relay
 from mesh._a2a.states import INTERRUPTED_STATES
 from mesh._a2a.store import DEADLINE, SHUTDOWN, WAIT_DEADLINE_TEXT, stopped_text
 from mesh._a2a.waits import WaitClock, WaitStore
@@ -162,6 +163,8 @@ class MeshExecutor(AgentExecutor):
         self.max_text_bytes = max_text_bytes
         #: The tasks running now.
         self.running = InFlight()
+        #: The tasks someone subscribed to (the request handler counts them).
+        self.followers = Followers()
         #: True once ``stop()`` was called: no skill starts any more.
         self.stopping = False
         # The deadline scope of every skill running now: ``stop()`` expires them.
@@ -430,6 +433,15 @@ class MeshExecutor(AgentExecutor):
         # Remote tools report each child task's usage here (see mesh._remote).
         children: list[dict[str, int]] = []
         ctx.metadata["usage_sink"] = children
+        # Progress for whoever follows the task live; remote tools stream their children then.
+        call = context.call_context
+        relay = Relay(
+            updater,
+            streamed=call is not None and bool(call.state.get(STREAMED)),
+            followers=self.followers,
+        )
+        ctx.reporter = relay.say
+        ctx.metadata["relay"] = relay
         owner = resolve_user_scope(context.call_context) if context.call_context else ""
         user_id = owner or req.caller or "a2a"
 

@@ -21,6 +21,10 @@ context builder), so nothing here reads the SDK handler's private state. It adds
   (after a restart, at a waiting task's deadline): a message through the SDK's handler, so
   subscribers see the run like any other.
 
+* **live progress** (``mesh._a2a.relay``): a ``SendStreamingMessage`` marks its call, and a
+  ``SubscribeToTask`` counts as a follower of its task while it lasts, so the run relays its
+  progress and its delegations' (a blocking send pays nothing for it).
+
 Everything else is the SDK handler's, unchanged: the route (``create_jsonrpc_routes``) parses,
 checks the ``A2A-Version`` and builds the call context for both paths alike.
 """
@@ -74,6 +78,7 @@ from mesh._a2a.idempotency import (
 )
 from mesh._a2a.push import PushParts
 from mesh._a2a.questions import question_message, question_metadata, questions_of
+from mesh._a2a.relay import mark_streamed
 from mesh._a2a.states import INTERRUPTED_STATES, TERMINAL_STATES
 from mesh._a2a.store import SqliteTaskStore, mark_blocking_send
 from mesh._asks import TASKS_EXTENSION, Question, answer_of
@@ -299,6 +304,7 @@ class MeshRequestHandler(RequestHandler):
             if early is not None:
                 yield early
                 return
+            mark_streamed(context)  # the run's progress, and its children's, is relayed
             async for event in self.sdk.on_message_send_stream(params, context):
                 yield event
         finally:
@@ -353,10 +359,17 @@ class MeshRequestHandler(RequestHandler):
     ) -> ListTasksResponse:
         return await self.sdk.on_list_tasks(params, context)
 
-    def on_subscribe_to_task(
+    async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event, None]:
-        return self.sdk.on_subscribe_to_task(params, context)
+        # While someone follows the task, its run relays progress (mesh._a2a.relay).
+        followers = self.executor.followers
+        followers.add(params.id)
+        try:
+            async for event in self.sdk.on_subscribe_to_task(params, context):
+                yield event
+        finally:
+            followers.discard(params.id)
 
     async def on_create_task_push_notification_config(
         self, params: TaskPushNotificationConfig, context: ServerCallContext

@@ -299,6 +299,7 @@ async def _call_async(
     import httpx
 
     from mesh._a2a.client import A2APeer, auth_headers
+    from mesh._cli.progress import relayed_line
 
     timeout = httpx.Timeout(10.0, read=args.timeout)
     headers = auth_headers(token)
@@ -326,6 +327,10 @@ async def _call_async(
                 if partial:
                     print()
                     partial = False
+                if update.relay is not None:  # another agent's progress, a hop or more down
+                    if (line := relayed_line(update)) is not None:
+                        print(line, file=sys.stderr, flush=True)
+                    continue
                 if update.kind in ("task", "status") and update.text:
                     print(f"[{update.state}] {update.text}", file=sys.stderr, flush=True)
                 elif update.kind in ("task", "status"):

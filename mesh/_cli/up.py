@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from mesh._asks import TASKS_EXTENSION
+from mesh._cli.progress import relayed_line
 from mesh._cli.question import (
     WAITING_STATES,
     parse_answer,
@@ -489,6 +490,9 @@ async def _turn(
                 print("agent> ", end="", file=out)
             streamed += update.text
             print(update.text, end="", file=out, flush=True)
+        elif update.relay is not None:  # another agent's progress, a hop or more down
+            if (line := relayed_line(update, state=False, mark="… ")) is not None:
+                print(f"  {line}", file=out, flush=True)
         elif update.kind == "status" and update.text.startswith("calling "):
             print(f"  … {update.text}", file=out, flush=True)
     if streamed:

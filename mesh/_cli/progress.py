@@ -1,0 +1,53 @@
+"""How ``mesh call --stream`` and ``mesh chat`` show progress relayed from other agents.
+
+A node whose task is streamed relays the progress of the tasks it delegates to (see
+``mesh._a2a.relay``), tagged with the hops it came through. Each relayed event is one line,
+indented two spaces per hop and naming the agent where it happened::
+
+    [working] calling ask_stream_middle                       (mesh call --stream)
+      stream-middle: [working] calling stream_bottom_report
+        stream-bottom: [working] step 1 of 3
+
+      … calling ask_stream_middle                             (mesh chat)
+        … stream-middle: calling stream_bottom_report
+          … stream-bottom: step 1 of 3
+
+Relayed partial text (a model's answer as it is written, three hops down) is not shown: it
+reaches the caller as the delegation's result, and a line per chunk would flood the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mesh._a2a.results import TaskUpdate
+
+__all__ = ["relayed_line"]
+
+# The longest line shown for one relayed event (an artifact's JSON can be large).
+_MAX_CHARS = 160
+
+
+def relayed_line(update: TaskUpdate, *, state: bool = True, mark: str = "") -> str | None:
+    """The line for a relayed event, None for any other (and for relayed partial text).
+    ``state``: say the source's state (``[working]``), as ``mesh call --stream`` does;
+    ``mark`` goes before the agent's name (``mesh chat``'s ``… ``)."""
+    hops = update.hops
+    relay = update.relay
+    if not hops or relay is None or relay.get("partial"):
+        return None
+    source = str(hops[-1].get("agent") or "?")
+    if relay.get("kind") == "artifact":
+        shown = update.text or (json.dumps(update.data) if update.data is not None else "")
+        what = f"artifact: {shown}"
+    else:
+        what = update.text
+        if state:
+            name = str(relay.get("state") or "")
+            what = f"[{name.removeprefix('TASK_STATE_').lower().replace('_', '-')}] {what}"
+    what = " ".join(what.split())
+    if len(what) > _MAX_CHARS:
+        what = what[: _MAX_CHARS - 1] + "…"
+    return f"{'  ' * len(hops)}{mark}{source}: {what}"
