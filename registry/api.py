@@ -13,9 +13,10 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi.responses import JSONResponse
 
 from mesh._outbound import FetchFailed, bounded_get
 from registry.card import CardRejected, agent_record, fetch_card
@@ -312,13 +313,14 @@ async def get_agent(name: str, state: State) -> AgentDetail:
     )
 
 
-@router.get("/topology", tags=["agents"])
-async def topology(state: State) -> dict[str, Any]:
+@router.get("/topology", tags=["agents"], response_class=JSONResponse)
+async def topology(state: State) -> JSONResponse:
     """Every agent (registered, or called by one) with its live traffic, and the delegation
     edges between them per skill: calls since each instance started, and over the nodes'
     recent window calls/min, errors and p50/p95 seconds (docs/console.md)."""
     views = await state.catalog.agents()
-    return Topology.build(views, state.prober.traffic).as_dict()
+    # Plain JSON already: FastAPI's encoder would walk it again (4x the build at 1,000 instances).
+    return JSONResponse(Topology.build(views, state.prober.traffic).as_dict())
 
 
 @router.get("/prometheus/targets", tags=["prometheus"])
