@@ -3,13 +3,15 @@
     stream-top (LLM)  --ask_stream_middle-->  stream-middle (LLM)  --stream_bottom_*-->  stream-bottom
 
 ``stream-bottom`` is a specialist of function skills: ``report`` reports its progress
-(``ctx.progress``) step by step; ``confirm`` reports once, then asks (waits for input). The
+(``ctx.progress``) step by step; ``confirm`` reports once, then asks (waits for input);
+``pause`` takes a while (``slow TOPIC`` at the top pauses, then asks for a report). The
 coordinators find the next hop at a fixed URL, from ``STREAM_TEST_BOTTOM`` and
 ``STREAM_TEST_MIDDLE``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from pydantic import BaseModel
@@ -43,10 +45,21 @@ async def confirm(req: ReportRequest, ctx: SkillContext) -> Report:
     return Report(topic=f"{req.topic} ({answer})", steps=req.steps)
 
 
+class Pause(BaseModel):
+    seconds: float
+
+
+@skill
+async def pause(req: Pause) -> Pause:
+    """Take a while."""
+    await asyncio.sleep(req.seconds)
+    return req
+
+
 bottom = Agent(
     name="stream-bottom",
     description="Writes reports, step by step.",
-    skills=[report, confirm],
+    skills=[report, confirm, pause],
 )
 
 # A child that waits is retried (its task is found again, same message id) and counts as a
@@ -74,6 +87,11 @@ middle = Agent(
                 on_error="middle could not: {error}",
             ),
             Rule(
+                when=r"(?i)pause",
+                steps=[[Call("stream_bottom_pause", {"seconds": 1.5})]],
+                answer="middle paused",
+            ),
+            Rule(
                 when=r"(?i)confirm (?P<topic>\w+)",
                 steps=[[Call("stream_bottom_confirm", {"topic": "{topic}"})]],
                 answer="middle has {stream_bottom_confirm.topic}",
@@ -91,11 +109,19 @@ top = Agent(
     script=Script(
         rules=[
             Rule(
+                when=r"(?i)slow (?P<topic>\w+)",
+                steps=[
+                    [Call("ask_stream_middle", {"text": "pause"})],
+                    [Call("ask_stream_middle", {"text": "report {topic}"})],
+                ],
+                answer="top heard: {ask_stream_middle}",
+            ),
+            Rule(
                 when=r"(?i)(?P<what>(report|confirm) \w+)",
                 steps=[[Call("ask_stream_middle", {"text": "{what}"})]],
                 answer="top heard: {ask_stream_middle}",
                 on_error="top could not: {error}",
-            )
+            ),
         ],
         fallback="Ask: report TOPIC",
     ),

@@ -30,6 +30,7 @@ from a2a.types import (
     Role,
     SendMessageConfiguration,
     SendMessageRequest,
+    SubscribeToTaskRequest,
     TaskState,
 )
 from google.protobuf.json_format import MessageToDict
@@ -208,6 +209,30 @@ async def test_streamed_hop_costs_a_stream_and_a_get_task(
         "SendStreamingMessage": 1.0,
         "GetTask": 1.0,
     }
+
+
+async def test_a_subscription_opened_mid_turn_streams_the_next_delegation(
+    chain: Chain, http: httpx.AsyncClient
+) -> None:
+    sender = await client_for(http, chain.top, streaming=False)
+    config = SendMessageConfiguration(return_immediately=True)
+    sent = [
+        a
+        async for a in sender.send_message(
+            SendMessageRequest(message=user_text("slow eta"), configuration=config)
+        )
+    ]
+    await sender.close()
+    task_id = sent[0].task.id
+    top = await client_for(http, chain.top, streaming=True)
+    # The first delegation (the pause) went out before anyone followed: blocking. The second
+    # starts after this subscription opened, so it is streamed and relayed.
+    events = [MessageToDict(e) async for e in top.subscribe(SubscribeToTaskRequest(id=task_id))]
+    await top.close()
+    assert events[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    from_bottom = [t for p, _, t in relayed(events) if p == ["stream-middle", "stream-bottom"]]
+    assert from_bottom[1:4] == ["eta: step 1 of 3", "eta: step 2 of 3", "eta: step 3 of 3"]
+    assert not [t for t in from_bottom if "pause" in t], from_bottom
 
 
 async def test_a_child_that_asks_ends_its_stream_with_the_blocking_result(
