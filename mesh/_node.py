@@ -188,7 +188,7 @@ class Node:
         from mesh._discovery.base import Registration
         from mesh._discovery.registrar import Registrar
 
-        backend = create_backend(location, token=token)
+        backend = create_backend(location, token=token, consul_tls=self.settings.consul_tls)
         registration = Registration(
             instance_id=self.instance_id,
             agent=self.agent.name,
@@ -252,7 +252,9 @@ class Node:
             ),
             plain_http=PLAIN_HTTP_NETWORKS if self.settings.token else None,
         )
-        discovery = DiscoveryClient(create_backend(location, token=token))
+        discovery = DiscoveryClient(
+            create_backend(location, token=token, consul_tls=self.settings.consul_tls)
+        )
         self._shared = (http, discovery)
         for toolset in bindable:
             toolset.bind(

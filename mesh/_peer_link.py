@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from mesh._discovery.client import DiscoveryClient
     from mesh._metrics import BreakerState as MetricBreakerState
     from mesh._metrics import NodeMetrics
-    from mesh._settings import MeshSettings
+    from mesh._settings import ConsulTLS, MeshSettings
 
 __all__ = ["PeerLink", "StandaloneSetup", "standalone_setup"]
 
@@ -53,6 +53,8 @@ class StandaloneSetup:
     discovery: str
     #: ``MESH_REGISTRY_TOKEN``, or ``CONSUL_HTTP_TOKEN`` for Consul.
     token: str | None
+    #: ``CONSUL_CACERT`` and the client certificate, for ``consul+https://``.
+    consul_tls: ConsulTLS | None = None
 
 
 def standalone_setup(settings: MeshSettings) -> StandaloneSetup:
@@ -61,7 +63,9 @@ def standalone_setup(settings: MeshSettings) -> StandaloneSetup:
     clients). Outside a node there is no token to protect: any network, unless
     ``MESH_PEER_NETWORKS`` narrows it."""
     networks = settings.peer_networks or NetworkPolicy.parse("any")
-    return StandaloneSetup(networks, settings.discovery_location, settings.discovery_token)
+    return StandaloneSetup(
+        networks, settings.discovery_location, settings.discovery_token, settings.consul_tls
+    )
 
 
 class PeerLink:
@@ -189,7 +193,9 @@ class PeerLink:
                 self._trust = PeerTrust(networks=setup.networks)
                 self._peers.clear()
         if self._discovery is None and self.url is None:
-            self._discovery = DiscoveryClient(create_backend(setup.discovery, token=setup.token))
+            self._discovery = DiscoveryClient(
+                create_backend(setup.discovery, token=setup.token, consul_tls=setup.consul_tls)
+            )
             self._owned.append(self._discovery)
 
     # -- instances --------------------------------------------------------------------------

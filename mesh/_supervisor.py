@@ -46,6 +46,7 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 from mesh._errors import ConfigError
 from mesh._listener import bind_listener
 from mesh._meshfile import ProcessSpec
+from mesh._settings import CONSUL_SCHEMES
 
 __all__ = ["RUN_MARKER", "Child", "ChildStatus", "Supervisor", "current_run"]
 
@@ -379,7 +380,7 @@ class Supervisor:
         if child.spec.registry_url is None:
             return None
         # A node told to use Consul registers there, not with the mesh's registry.
-        if self._env(child).get("MESH_DISCOVERY", "").strip().startswith("consul://"):
+        if self._env(child).get("MESH_DISCOVERY", "").strip().startswith(CONSUL_SCHEMES):
             return None
         return child.spec.registry_url
 

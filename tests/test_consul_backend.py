@@ -80,7 +80,8 @@ def test_service_registration_maps_a_node_to_a_consul_service() -> None:
     assert payload["service_id"] == "credit-bureau-7f3a"
     assert payload["address"] == "bureau-a.internal"
     assert payload["port"] == 8101
-    assert payload["tags"] == ["credit_report", "chat"]
+    # The skills, and the tag that marks a mesh service in a catalog shared with others.
+    assert payload["tags"] == ["credit_report", "chat", "mesh:node"]
     assert payload["meta"] == {
         "version": "1.2.0",
         "card_path": "/.well-known/agent-card.json",
@@ -315,28 +316,25 @@ async def _equals(value: Awaitable[Any], expected: Any) -> bool:
     return (await value) == expected
 
 
-async def test_cache_refetches_directly_and_reports_errors_once_the_watch_died(
+async def test_cache_serves_its_last_answer_for_a_bounded_time_then_reports_the_error(
     source: Source,
 ) -> None:
     clock = Clock()
     cache: QueryCache[str, str] = QueryCache(
-        source.fetch, direct=_to_thread, wait_s=5.0, ttl=2.0, clock=clock
+        source.fetch, direct=_to_thread, wait_s=5.0, ttl=2.0, max_stale_s=60.0, clock=clock
     )
     try:
         assert await cache.get("k") == "k=v1"
         await eventually(lambda: len(source.blocking) >= 1)
-        source.break_(ConnectionError("consul went away"))
-        clock.now += 2.5  # past the ttl: without a live watch the entry is stale
-
-        async def probe() -> Exception | None:
-            try:
-                await cache.get("k")
-            except ConnectionError as exc:
-                return exc
-            return None  # still served by the watch until it notices the failure
-
-        error = await eventually(probe)
-        assert "consul went away" in str(error)
+        source.break_(ConnectionError("consul went away"))  # e.g. its agent restarting
+        # Past what a live watch would have delivered: the direct fetch fails, and the answer
+        # of 10 s ago stands in for it (it died on the first failure before).
+        clock.now += 10.0
+        assert await cache.get("k") == "k=v1"
+        assert source.direct == 2, "the direct fetch was tried"
+        clock.now += 60.0  # past max_stale_s: the error reaches the caller
+        with pytest.raises(ConnectionError, match="consul went away"):
+            await cache.get("k")
     finally:
         await cache.aclose()
 

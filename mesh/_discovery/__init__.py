@@ -13,13 +13,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from mesh._errors import ConfigError
+from mesh._settings import CONSUL_SCHEMES
 
 if TYPE_CHECKING:
     from mesh._discovery.base import DiscoveryBackend, Instance, Registration, UnknownInstance
     from mesh._discovery.client import DiscoveryClient
     from mesh._discovery.registrar import Registrar
     from mesh._discovery.registry_client import RegistryBackend
-    from mesh._settings import DEFAULT_REGISTRY_URL
+    from mesh._settings import DEFAULT_REGISTRY_URL, ConsulTLS
 
 __all__ = [
     "DEFAULT_REGISTRY_URL",
@@ -45,23 +46,27 @@ _EXPORTS = {
 }
 
 
-def create_backend(url_or_consul_uri: str, token: str | None = None) -> DiscoveryBackend:
+def create_backend(
+    url_or_consul_uri: str, token: str | None = None, *, consul_tls: ConsulTLS | None = None
+) -> DiscoveryBackend:
     """The backend for a location: ``http(s)://...`` -> the mesh registry,
-    ``consul://host:port`` -> Consul (``token`` is the registry token or Consul ACL token)."""
+    ``consul://host:port`` (``consul+https://host:8501``) -> Consul. ``token`` is the registry
+    token or the Consul ACL token; ``consul_tls`` the CA and client certificate for Consul
+    (``MeshSettings.consul_tls``), unused for the registry."""
     location = url_or_consul_uri.strip()
     if location.startswith(("http://", "https://")):
         from mesh._discovery.registry_client import RegistryBackend
 
         return RegistryBackend(location, token=token)
-    if location.startswith("consul://"):
+    if location.startswith(CONSUL_SCHEMES):
         # Imported only here: python-consul is needed only by deployments that use Consul.
         from mesh._discovery.consul import ConsulBackend
 
-        backend: DiscoveryBackend = ConsulBackend(location, token=token)
+        backend: DiscoveryBackend = ConsulBackend(location, token=token, tls=consul_tls)
         return backend
     raise ConfigError(
         f"discovery location {url_or_consul_uri!r} is not understood: use the registry URL "
-        "(http://127.0.0.1:8400) or consul://host:8500"
+        "(http://127.0.0.1:8400), consul://host:8500 or consul+https://host:8501"
     )
 
 

@@ -1,20 +1,29 @@
 """Consul as the discovery backend (``MESH_DISCOVERY=consul://host:8500``).
 
 A node registers as a Consul *service*: name = agent name, id = instance id, address and port
-from its advertised URL, tags = its skill ids, meta = version, card path and URL. Consul itself
-keeps the node's health with an HTTP check on ``/health`` and reaps a node that stays critical
-(``DeregisterCriticalServiceAfter``), so a heartbeat only verifies the service still exists.
+from its advertised URL, tags = its skill ids and ``MESH_TAG`` (which marks mesh services in a
+catalog shared with others), meta = version, card path and URL. Consul itself keeps the node's
+health with an HTTP check on ``/health`` and reaps a node that stays critical
+(``DeregisterCriticalServiceAfter``, 10 minutes by default), so a heartbeat only verifies the
+service still exists.
 
-Callers find passing instances through the health API. Each query is then kept current by a
-*blocking query* (``index``/``wait``) running in the background, so a ``find`` on the hot path
-of a delegation is a dictionary read, and a replica that fails its check disappears from the
-answers within Consul's propagation time rather than after a cache TTL.
+Callers find passing instances through the health API, read *stale* (any server answers, so
+lookups go on while the servers elect a leader, as Prometheus' Consul discovery reads). Each
+query is then kept current by a *blocking query* (``index``/``wait``) running in the background,
+by the rules of Consul's "Blocking Queries" page: an index that goes backwards restarts at 0, one
+that is not positive at 1, and a watch makes at most one request per ``min_interval_s``. So a
+``find`` on the hot path of a delegation is a dictionary read, and a replica that fails its check
+disappears from the answers within Consul's propagation time rather than after a cache TTL.
+When Consul does not answer (an agent restarting), the last answer is served for up to
+``max_stale_s`` while the watch retries with backoff.
 
 py-consul's client is synchronous (requests): short calls run in worker threads; the blocking
 queries, which hold a connection for up to ``wait``, run in daemon threads so a stopping
-process never waits on them. This is the only module that imports ``consul``.
+process never waits on them. A ``requests.Session`` is not safe to share between threads, so
+each request checks out a client of its own from a small pool. This is the only module that
+imports ``consul``.
 
-    backend = ConsulBackend("consul://127.0.0.1:8500", token=os.environ.get("CONSUL_HTTP_TOKEN"))
+    backend = ConsulBackend("consul://127.0.0.1:8500", token=settings.discovery_token)
     await backend.register(Registration(instance_id="b1", agent="credit-bureau", url=..., ...))
     instances = await backend.find(agent="credit-bureau")
     await backend.aclose()
@@ -25,27 +34,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 import consul
 import requests
-from consul.exceptions import ACLDisabled, ACLPermissionDenied, BadRequest, ConsulException
+from consul.callback import CB
+from consul.exceptions import (
+    ACLDisabled,
+    ACLPermissionDenied,
+    BadRequest,
+    ClientError,
+    ConsulException,
+)
+from consul.std import parse_duration
 
 from mesh._discovery.base import Instance, Registration, Status, UnknownInstance
 from mesh._errors import ConfigError, DiscoveryError
 
+if TYPE_CHECKING:
+    from mesh._settings.settings import ConsulTLS
+
 __all__ = [
+    "MESH_TAG",
     "ConsulBackend",
     "ConsulCheck",
     "QueryCache",
+    "go_wait",
     "instance_from_entry",
+    "next_index",
     "parse_consul_url",
     "service_registration",
 ]
@@ -58,6 +82,12 @@ K = TypeVar("K", bound=Hashable)
 DEFAULT_PORT = 8500
 # Marks a Consul service as a mesh node (other services share the catalog: consul itself, ...).
 MESH_META_KEY = "card_path"
+#: The tag every mesh service carries: the catalog's services with it are the ones watched.
+#: A ':' is in no mesh skill id (lowercase letters, digits, '-', '_'), so no skill shadows it.
+MESH_TAG = "mesh:node"
+# Consul's reaper runs every 30 s and refuses DeregisterCriticalServiceAfter under a minute.
+_MIN_DEREGISTER_S = 60.0
+_GO_DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
 _STATUS_RANK: dict[str, int] = {"passing": 0, "warning": 1, "critical": 2}
 # What Consul's register endpoint takes as service meta (agent/structs/structs.go): anything
 # else is refused with a 400, so a registration is checked against it before it is sent.
@@ -68,14 +98,31 @@ _META_MAX_PAIRS = 64
 
 @dataclass(frozen=True)
 class ConsulCheck:
-    """The HTTP check Consul runs against each node (Go durations, e.g. ``"5s"``)."""
+    """The HTTP check Consul runs against each node (Go durations, e.g. ``"5s"``).
+    ``ConfigError`` for a duration Consul would not take, or ``deregister_after`` under the
+    minute Consul's reaper needs."""
 
     path: str = "/health"
     interval: str = "5s"
     timeout: str = "3s"
     # A node critical this long is removed from the catalog; it registers again on its next
-    # heartbeat if it comes back.
-    deregister_after: str = "1m"
+    # heartbeat if it comes back. Long, so a node whose /health says 503 for a while (its model
+    # provider down) stays registered and comes back by its check alone.
+    deregister_after: str = "10m"
+
+    def __post_init__(self) -> None:
+        for name in ("interval", "timeout", "deregister_after"):
+            value = getattr(self, name)
+            if not _GO_DURATION.match(value):
+                raise ConfigError(
+                    f"Consul check {name}={value!r} is not a Go duration: write e.g. '5s' or '10m'"
+                )
+        if parse_duration(self.deregister_after) < _MIN_DEREGISTER_S:
+            raise ConfigError(
+                f"Consul check deregister_after={self.deregister_after!r} is under Consul's "
+                "minimum of one minute (its reaper runs every 30 s): use '1m' or more "
+                "(the default is '10m')"
+            )
 
 
 def parse_consul_url(url: str) -> tuple[str, str, int]:
@@ -124,7 +171,7 @@ def service_registration(
         "service_id": registration.instance_id,
         "address": parts.hostname,
         "port": port,
-        "tags": list(registration.skills),
+        "tags": [*registration.skills, MESH_TAG],
         "meta": meta,
         "check": {
             "Name": f"{registration.agent} {check.path}",
@@ -195,7 +242,7 @@ def instance_from_entry(entry: dict[str, Any]) -> Instance | None:
         url=url,
         version=meta.get("version", ""),
         status=_worst([str(c.get("Status", "")) for c in entry.get("Checks") or []]),
-        skills=tuple(service.get("Tags") or ()),
+        skills=tuple(t for t in service.get("Tags") or () if t != MESH_TAG),
         meta=meta,
     )
 
@@ -245,8 +292,11 @@ class QueryCache(Generic[K, T]):
     ``fetch(key, index, wait_s)`` is synchronous and returns ``(index, value)``: with
     ``index=None`` it answers at once; with an index it may block up to ``wait_s`` for a change.
     ``get(key)`` answers from the cache while its watch is alive and recent; otherwise it
-    fetches directly (so errors reach the caller) and (re)starts the watch. A watch that nobody
-    read for ``idle_after`` seconds stops; its entry then lives ``ttl`` seconds.
+    fetches directly and (re)starts the watch. A direct fetch that fails is answered with the
+    last value if it is at most ``max_stale_s`` older than a fresh one would be, else the error
+    reaches the caller. A watch makes at most one request per ``min_interval_s`` (Consul's
+    docs ask watchers of a churning query to rate limit) and retries a failed one with backoff;
+    one that nobody read for ``idle_after`` seconds stops.
     """
 
     def __init__(
@@ -257,6 +307,8 @@ class QueryCache(Generic[K, T]):
         wait_s: float = 30.0,
         ttl: float = 2.0,
         idle_after: float = 120.0,
+        max_stale_s: float = 300.0,
+        min_interval_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._fetch = fetch
@@ -264,32 +316,50 @@ class QueryCache(Generic[K, T]):
         self.wait_s = wait_s
         self.ttl = ttl
         self.idle_after = idle_after
+        self.max_stale_s = max_stale_s
+        self.min_interval_s = min_interval_s
         self._clock = clock
         self._entries: dict[K, _Entry[T]] = {}
         self._closed = False
 
-    def _fresh(self, entry: _Entry[T], now: float) -> bool:
+    def _limit(self, entry: _Entry[T]) -> float:
         watching = entry.task is not None and not entry.task.done()
         # A live blocking query returns at least every wait (+ Consul's jitter of wait/16).
-        limit = self.ttl + (self.wait_s * 17 / 16 if watching else 0.0)
-        return now - entry.fetched_at <= limit
+        return self.ttl + (self.wait_s * 17 / 16 if watching else 0.0)
 
     async def get(self, key: K) -> T:
         now = self._clock()
         entry = self._entries.get(key)
-        if entry is not None and self._fresh(entry, now):
+        if entry is not None and now - entry.fetched_at <= self._limit(entry):
             entry.used_at = now
             return entry.value
-        index, value = await self._direct(lambda: self._fetch(key, None, self.wait_s))
+        try:
+            index, value = await self._direct(lambda: self._fetch(key, None, self.wait_s))
+        except Exception as exc:
+            if entry is None or now - entry.fetched_at > self._limit(entry) + self.max_stale_s:
+                raise
+            log.warning(
+                "consul: serving the answer of %.0fs ago for %s: %s",
+                now - entry.fetched_at,
+                key,
+                exc,
+            )
+            entry.used_at = now
+            self._ensure_watch(key, entry)
+            return entry.value
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry(index, value, self._clock(), self._clock())
         else:
             entry.index, entry.value, entry.fetched_at = index, value, self._clock()
             entry.used_at = entry.fetched_at
+        entry.index = next_index(None, index)
+        self._ensure_watch(key, entry)
+        return value
+
+    def _ensure_watch(self, key: K, entry: _Entry[T]) -> None:
         if not self._closed and (entry.task is None or entry.task.done()):
             entry.task = asyncio.create_task(self._watch(key, entry), name=f"consul-watch {key}")
-        return value
 
     def invalidate(self) -> None:
         """Forget every answer (after this process changed the catalog itself)."""
@@ -297,19 +367,29 @@ class QueryCache(Generic[K, T]):
             entry.fetched_at = float("-inf")
 
     async def _watch(self, key: K, entry: _Entry[T]) -> None:
+        loop = asyncio.get_running_loop()
+        last_start = float("-inf")
+        failures = 0
         while not self._closed and self._clock() - entry.used_at <= self.idle_after:
+            delay = self.min_interval_s - (loop.time() - last_start)
+            if failures:
+                # Doubling from 0.5 s, at most a wait: Consul restarting, or limiting our rate.
+                delay = max(delay, min(self.wait_s, 0.5 * 2 ** (failures - 1)))
+            if delay > 0:
+                await asyncio.sleep(delay)
+            last_start = loop.time()
             index = entry.index
             try:
                 new_index, value = await _in_daemon_thread(
                     functools.partial(self._fetch, key, index, self.wait_s)
                 )
             except Exception as exc:
-                # The next get() fetches directly and reports the error to its caller.
-                log.debug("consul watch %s stopped: %r", key, exc)
-                return
+                failures += 1
+                log.debug("consul watch %s failed (%d in a row): %r", key, failures, exc)
+                continue
+            failures = 0
             entry.value, entry.fetched_at = value, self._clock()
-            # Consul's rule: an index that goes backwards (or is not positive) restarts at 0.
-            entry.index = new_index if _index_ok(index, new_index) else "0"
+            entry.index = next_index(index, new_index)
 
     async def aclose(self) -> None:
         self._closed = True
@@ -319,11 +399,61 @@ class QueryCache(Generic[K, T]):
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _index_ok(old: str | None, new: str | None) -> bool:
+def next_index(old: str | None, new: str | None) -> str:
+    """The index of the next blocking query, by Consul's rules ("Blocking Queries",
+    implementation details): one that went backwards restarts at ``"0"`` (a non-blocking
+    read); one that is not positive (a Consul bug) becomes ``"1"``, since ``0`` would not block
+    and the watch would spin."""
     try:
-        return new is not None and int(new) > 0 and (old is None or int(new) >= int(old))
+        value = int(new or "")
     except ValueError:
-        return False
+        return "0"
+    if value <= 0:
+        return "1"
+    try:
+        if old is not None and value < int(old):
+            return "0"
+    except ValueError:
+        pass
+    return str(value)
+
+
+def go_wait(seconds: float) -> str:
+    """A blocking query's ``wait`` as a Go duration, in milliseconds: ``"0s"`` would be Consul's
+    default of five minutes, not less than a second."""
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+class _ClientPool:
+    """py-consul clients, one per request in flight: a ``requests.Session`` is not safe to
+    share between threads, and the watches' daemon threads run concurrently."""
+
+    def __init__(self, make: Callable[[], consul.Consul]) -> None:
+        self._make = make
+        self._idle: list[consul.Consul] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def run(self, fn: Callable[[consul.Consul], T]) -> T:
+        with self._lock:
+            client = self._idle.pop() if self._idle else self._make()
+        try:
+            return fn(client)
+        finally:
+            with self._lock:
+                closed = self._closed
+                if not closed:
+                    self._idle.append(client)
+            if closed:
+                client.http.session.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for client in idle:
+            # Close the pooled sockets now rather than leave them to the garbage collector.
+            client.http.session.close()
 
 
 _Instances = tuple[Instance, ...]
@@ -331,47 +461,105 @@ _Catalog = dict[str, list[str]]
 
 
 class ConsulBackend:
-    """``DiscoveryBackend`` on a Consul agent (register on the agent, find via health API)."""
+    """``DiscoveryBackend`` on a Consul agent (register on the agent, find via health API).
+
+    ``token``: the ACL token (None: what py-consul reads from ``CONSUL_HTTP_TOKEN``, like every
+    Consul tool). ``tls``: CA and client certificate for ``consul+https://``. ``max_stale_s``:
+    how long the last answer stands in for one Consul cannot give (an agent restarting).
+    """
 
     def __init__(
         self,
         address: str = f"consul://127.0.0.1:{DEFAULT_PORT}",
         *,
         token: str | None = None,
+        tls: ConsulTLS | None = None,
         check: ConsulCheck | None = None,
         wait_s: float = 30.0,
         ttl: float = 2.0,
         timeout_s: float = 5.0,
+        max_stale_s: float = 300.0,
+        min_interval_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         scheme, host, port = parse_consul_url(address)
         self.address = address
         self.check = check or ConsulCheck()
-        self._client = consul.Consul(
-            host=host, port=port, scheme=scheme, token=token, connections_timeout=timeout_s
+        verify: bool | str = True if tls is None else tls.verify_arg
+        cert = None if tls is None else tls.cert_arg
+
+        def make() -> consul.Consul:
+            client = consul.Consul(
+                host=host,
+                port=port,
+                scheme=scheme,
+                token=token,
+                verify=verify,
+                cert=cert,
+                connections_timeout=timeout_s,
+            )
+            if token is not None:
+                # py-consul prefers CONSUL_HTTP_TOKEN over the argument; a given token wins.
+                client.token = token
+            return client
+
+        self._pool = _ClientPool(make)
+
+        def cache(fetch: Fetch[K, T]) -> QueryCache[K, T]:
+            return QueryCache(
+                fetch,
+                direct=self._direct,
+                wait_s=wait_s,
+                ttl=ttl,
+                max_stale_s=max_stale_s,
+                min_interval_s=min_interval_s,
+                clock=clock,
+            )
+
+        self._services: QueryCache[tuple[str, str | None, bool], _Instances] = cache(
+            self._fetch_service
         )
-        # py-consul prefers CONSUL_HTTP_TOKEN over the argument; the caller's token wins here.
-        self._client.token = token
-        self._services: QueryCache[tuple[str, str | None, bool], _Instances] = QueryCache(
-            self._fetch_service, direct=self._direct, wait_s=wait_s, ttl=ttl
-        )
-        self._catalog: QueryCache[str, _Catalog] = QueryCache(
-            self._fetch_catalog, direct=self._direct, wait_s=wait_s, ttl=ttl
-        )
+        self._catalog: QueryCache[str, _Catalog] = cache(self._fetch_catalog)
+
+    def __repr__(self) -> str:
+        return f"ConsulBackend({self.address!r})"
 
     # -- translation of py-consul / requests errors, in one place ------------------------------
     async def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
             return await asyncio.to_thread(fn)
-        except (ACLPermissionDenied, ACLDisabled) as exc:
+        except ACLPermissionDenied as exc:
             raise DiscoveryError(
-                f"Consul at {self.address} refused to {what}: permission denied; set "
-                f"CONSUL_HTTP_TOKEN to a token allowed to do it ({exc})"
+                f"Consul at {self.address} refused to {what}: permission denied ({exc}); set "
+                "CONSUL_HTTP_TOKEN to a token whose policy allows it (docs/production.md, "
+                "'ACL policy')"
+            ) from exc
+        except ACLDisabled as exc:
+            raise DiscoveryError(
+                f"Consul at {self.address} refused to {what}: {exc}; its ACLs are disabled, so "
+                "unset CONSUL_HTTP_TOKEN"
             ) from exc
         except BadRequest as exc:
             # Consul answered, and said what is wrong with the request (its 400 body).
             reason = str(exc).removeprefix("400 ").strip()
             raise DiscoveryError(f"Consul at {self.address} refused to {what}: {reason}") from exc
-        except (ConsulException, requests.RequestException, OSError, ValueError) as exc:
+        except ClientError as exc:
+            if str(exc).startswith("429"):
+                raise DiscoveryError(
+                    f"Consul at {self.address} is limiting the rate of requests and did not "
+                    f"{what} ({exc}); mesh retries with backoff: raise Consul's limits "
+                    "(limits.http_max_conns_per_client, limits.request_limits) if it persists"
+                ) from exc
+            raise DiscoveryError(f"Consul at {self.address} refused to {what}: {exc}") from exc
+        except ConsulException as exc:
+            message = str(exc)
+            if "No cluster leader" in message:
+                raise DiscoveryError(
+                    f"Consul at {self.address} could not {what}: its servers have no leader "
+                    f"({message}); they elect one once a quorum of them is up"
+                ) from exc
+            raise DiscoveryError(f"Consul at {self.address} could not {what}: {message}") from exc
+        except (requests.RequestException, OSError, ValueError) as exc:
             raise DiscoveryError(
                 f"Consul at {self.address} could not {what}: {exc!r}; is the Consul agent "
                 "running and is MESH_DISCOVERY right?"
@@ -380,21 +568,51 @@ class ConsulBackend:
     async def _direct(self, fn: Callable[[], T]) -> T:
         return await self._call("answer a query", fn)
 
+    def _with(self, fn: Callable[[consul.Consul], T]) -> Callable[[], T]:
+        """``fn`` on a client of the pool, to run in a worker thread."""
+        return functools.partial(self._pool.run, fn)
+
     def _fetch_service(
         self, key: tuple[str, str | None, bool], index: str | None, wait_s: float
     ) -> tuple[str | None, _Instances]:
-        name, tag, passing = key
-        new_index, entries = self._client.health.service(
-            name, passing=passing or None, tag=tag, index=index, wait=f"{int(wait_s)}s"
-        )
+        name, skill, passing = key
+        # Stale: any server answers, so reads go on while the servers have no leader.
+        params: list[tuple[str, str]] = [("stale", "1")]
+        if index is not None:
+            params += [("index", index), ("wait", go_wait(wait_s))]
+        if passing:
+            params.append(("passing", "1"))
+        if skill is not None:
+            # `tag=` is deprecated for the health endpoint; a filter on Service.Tags is not.
+            params.append(("filter", f"{json.dumps(skill)} in Service.Tags"))
+
+        def get(client: consul.Consul) -> tuple[str | None, Any]:
+            return client.http.get(  # type: ignore[no-any-return]
+                CB.json(index=True),
+                f"/v1/health/service/{name}",
+                params=params,
+                headers=client.prepare_headers(),
+            )
+
+        new_index, entries = self._pool.run(get)
         found = (instance_from_entry(e) for e in entries or [])
         return new_index, tuple(i for i in found if i is not None)
 
     def _fetch_catalog(
         self, key: str, index: str | None, wait_s: float
     ) -> tuple[str | None, _Catalog]:
-        new_index, services = self._client.catalog.services(index=index, wait=f"{int(wait_s)}s")
-        return new_index, {str(k): list(v or []) for k, v in (services or {}).items()}
+        new_index, services = self._pool.run(
+            lambda client: client.catalog.services(
+                index=index, wait=go_wait(wait_s), consistency="stale"
+            )
+        )
+        # Only mesh services: the rest of the catalog (consul itself, databases...) is never
+        # watched.
+        return new_index, {
+            str(k): [t for t in v if t != MESH_TAG]
+            for k, v in (services or {}).items()
+            if MESH_TAG in (v or [])
+        }
 
     # -- DiscoveryBackend -----------------------------------------------------------------------
     async def register(self, registration: Registration) -> None:
@@ -408,7 +626,7 @@ class ConsulBackend:
             raise DiscoveryError(f"Consul at {self.address} cannot register: {exc}") from exc
         ok = await self._call(
             f"register {registration.agent!r}",
-            lambda: self._client.agent.service.register(**kwargs),
+            self._with(lambda client: client.agent.service.register(**kwargs)),
         )
         if not ok:
             raise DiscoveryError(
@@ -419,25 +637,41 @@ class ConsulBackend:
 
     async def heartbeat(self, instance_id: str) -> None:
         """Consul's own check keeps health; this only verifies the service still exists."""
-        services = await self._call("list its services", lambda: self._client.agent.services())
+        services = await self._call(
+            "list its services", self._with(lambda client: client.agent.services())
+        )
         if instance_id not in (services or {}):
             raise UnknownInstance(
                 f"Consul at {self.address} no longer knows instance {instance_id!r}"
             )
 
     async def deregister(self, instance_id: str) -> None:
-        """Remove the service (and its check); an unknown id is not an error."""
-        await self._call(
+        """Remove the service (and its check); an id this agent does not hold is not an error
+        (a node stopping after Consul reaped it). See ``remove`` for one that must go."""
+        with contextlib.suppress(UnknownInstance):
+            await self.remove(instance_id)
+
+    async def remove(self, instance_id: str) -> None:
+        """Deregister the service from this agent, or ``UnknownInstance`` if this agent does not
+        hold it: Consul answers 404 for a service registered through another agent, which only
+        that agent can remove (the catalog's copy would come back by anti-entropy)."""
+        removed = await self._call(
             f"deregister {instance_id!r}",
-            lambda: self._client.agent.service.deregister(instance_id),
+            self._with(lambda client: client.agent.service.deregister(instance_id)),
         )
         self._services.invalidate()
         self._catalog.invalidate()
+        if not removed:
+            raise UnknownInstance(
+                f"the Consul agent at {self.address} does not hold instance {instance_id!r}; "
+                "deregister it through the agent it registered with"
+            )
 
     async def find(
         self, *, agent: str | None = None, skill: str | None = None, passing_only: bool = True
     ) -> list[Instance]:
-        """Instances of ``agent`` and/or offering ``skill`` (a Consul tag); passing by default."""
+        """Instances of ``agent`` and/or offering ``skill`` (a Consul tag); passing by default.
+        Without ``agent``: the services the catalog marks as mesh services (``MESH_TAG``)."""
         if agent is not None:
             names = [agent]
         else:
@@ -450,12 +684,13 @@ class ConsulBackend:
 
     async def ping(self) -> None:
         """Raise ``DiscoveryError`` unless Consul answers and its cluster has a leader."""
-        leader = await self._call("say who leads its cluster", self._client.status.leader)
+        leader = await self._call(
+            "say who leads its cluster", self._with(lambda client: client.status.leader())
+        )
         if not leader:
             raise DiscoveryError(f"Consul at {self.address} answers but has no cluster leader")
 
     async def aclose(self) -> None:
         await self._services.aclose()
         await self._catalog.aclose()
-        # Close the pooled sockets now rather than leave them to the garbage collector.
-        self._client.http.session.close()
+        self._pool.close()

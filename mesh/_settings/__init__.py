@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mesh._settings.settings import (
+        ConsulTLS,
         MeshSettings,
         ModelSettings,
         NodeSettings,
@@ -21,7 +22,9 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "CONSUL_SCHEMES",
     "DEFAULT_REGISTRY_URL",
+    "ConsulTLS",
     "MeshSettings",
     "ModelSettings",
     "NodeSettings",
@@ -31,8 +34,10 @@ __all__ = [
 
 #: Where nodes and the CLI find the registry unless told otherwise (the one spelling of it).
 DEFAULT_REGISTRY_URL = "http://127.0.0.1:8400"
+#: The discovery locations that mean Consul (``mesh._discovery.consul.parse_consul_url``).
+CONSUL_SCHEMES = ("consul://", "consul+http://", "consul+https://")
 
-_LAZY = frozenset(__all__) - {"DEFAULT_REGISTRY_URL"}
+_LAZY = frozenset(__all__) - {"DEFAULT_REGISTRY_URL", "CONSUL_SCHEMES"}
 
 
 def __getattr__(name: str) -> Any:

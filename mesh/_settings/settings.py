@@ -30,9 +30,10 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from mesh._errors import ConfigError
 from mesh._netpolicy import NetworkPolicy
-from mesh._settings import DEFAULT_REGISTRY_URL
+from mesh._settings import CONSUL_SCHEMES, DEFAULT_REGISTRY_URL
 
 __all__ = [
+    "ConsulTLS",
     "MeshSettings",
     "ModelSettings",
     "NodeSettings",
@@ -80,6 +81,36 @@ class ModelSettings(BaseModel):
         return self.api_key is not None or self.vertex
 
 
+@dataclass(frozen=True)
+class ConsulTLS:
+    """How mesh talks TLS to Consul (``consul+https://``): the variables Consul's own CLI reads
+    (``CONSUL_CACERT``, ``CONSUL_CAPATH``, ``CONSUL_CLIENT_CERT``, ``CONSUL_CLIENT_KEY``,
+    ``CONSUL_HTTP_SSL_VERIFY``), passed to py-consul's ``verify`` and ``cert``."""
+
+    ca_file: Path | None = None
+    ca_path: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = field(default=None, repr=False)
+    verify: bool = True
+
+    @property
+    def verify_arg(self) -> bool | str:
+        """requests' ``verify``: the CA file or directory to trust, else the system's (True),
+        or False (``CONSUL_HTTP_SSL_VERIFY=false``: never in production)."""
+        if not self.verify:
+            return False
+        ca = self.ca_file or self.ca_path
+        return str(ca) if ca is not None else True
+
+    @property
+    def cert_arg(self) -> str | tuple[str, str] | None:
+        """requests' ``cert``: the client certificate (and its key) Consul may require
+        (``verify_incoming``)."""
+        if self.cert_file is None:
+            return None
+        return (str(self.cert_file), str(self.key_file)) if self.key_file else str(self.cert_file)
+
+
 class MeshSettings(BaseSettings):
     """Every environment variable mesh reads, typed. ``from_environment()`` reads the process
     environment (and ``MESH_ENV_FILE``); ``from_env(mapping)`` reads a mapping (tests)."""
@@ -94,7 +125,7 @@ class MeshSettings(BaseSettings):
 
     log_level: str = _var("MESH_LOG_LEVEL", "INFO")
     data_dir: Path | None = _var("MESH_DATA_DIR")
-    #: ``consul://host:port``; None: the registry.
+    #: ``consul://host:port`` (or ``consul+https://``); None: the registry.
     discovery: str | None = _var("MESH_DISCOVERY")
     registry: str | None = _var("MESH_REGISTRY")
     registry_token: SecretStr | None = _var("MESH_REGISTRY_TOKEN")
@@ -111,6 +142,11 @@ class MeshSettings(BaseSettings):
     peer_networks: Annotated[NetworkPolicy | None, NoDecode] = _var("MESH_PEER_NETWORKS")
     push_networks: Annotated[NetworkPolicy | None, NoDecode] = _var("MESH_PUSH_NETWORKS")
     consul_token: SecretStr | None = _var("CONSUL_HTTP_TOKEN")
+    consul_cacert: Path | None = _var("CONSUL_CACERT")
+    consul_capath: Path | None = _var("CONSUL_CAPATH")
+    consul_client_cert: Path | None = _var("CONSUL_CLIENT_CERT")
+    consul_client_key: Path | None = _var("CONSUL_CLIENT_KEY")
+    consul_ssl_verify: bool = _var("CONSUL_HTTP_SSL_VERIFY", True)
     google_api_key: SecretStr | None = _var("GOOGLE_API_KEY")
     gemini_api_key: SecretStr | None = _var("GEMINI_API_KEY")
     use_vertex: bool = _var("GOOGLE_GENAI_USE_VERTEXAI", False)
@@ -166,9 +202,25 @@ class MeshSettings(BaseSettings):
         where = str(value).strip()
         if where in ("", "registry"):
             return None
-        if not where.startswith("consul://"):
-            raise ValueError("use 'registry' (the default) or consul://host:8500")
+        if not where.startswith(CONSUL_SCHEMES):
+            raise ValueError(
+                "use 'registry' (the default), consul://host:8500 or consul+https://host:8501"
+            )
         return where
+
+    @field_validator("consul_cacert", "consul_client_cert", "consul_client_key", mode="after")
+    @classmethod
+    def _file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError("no such file: name the PEM file, or unset it")
+        return value
+
+    @field_validator("consul_capath", mode="after")
+    @classmethod
+    def _directory(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError("no such directory: name the directory of CA certificates")
+        return value
 
     @field_validator("token", "registry_token", mode="before")
     @classmethod
@@ -257,6 +309,17 @@ class MeshSettings(BaseSettings):
         return _reveal(self.consul_token if self.discovery else self.registry_token)
 
     @property
+    def consul_tls(self) -> ConsulTLS:
+        """TLS to Consul (``CONSUL_CACERT`` ...), for ``consul+https://``."""
+        return ConsulTLS(
+            ca_file=self.consul_cacert,
+            ca_path=self.consul_capath,
+            cert_file=self.consul_client_cert,
+            key_file=self.consul_client_key,
+            verify=self.consul_ssl_verify,
+        )
+
+    @property
     def mesh_token(self) -> str | None:
         """``MESH_TOKEN``, to send as a bearer token."""
         return _reveal(self.token)
@@ -336,9 +399,11 @@ class NodeSettings:
     registry: str | None = None
     # Secrets stay out of the repr (a logged or printed settings object).
     registry_token: str | None = field(default=None, repr=False)
-    # ``consul://host:port`` to register with Consul instead of the registry.
+    # ``consul://host:port`` (or ``consul+https://``) to register with Consul instead of the
+    # registry; ``consul_tls``: its CA and client certificate.
     consul: str | None = None
     consul_token: str | None = field(default=None, repr=False)
+    consul_tls: ConsulTLS = field(default_factory=ConsulTLS)
     # When set, A2A calls (POST /) need ``Authorization: Bearer <token>``, and the node sends it
     # to its peers. The card, /health, /metrics and /introspect stay public.
     token: str | None = field(default=None, repr=False)
@@ -485,6 +550,7 @@ class NodeSettings:
             fastpath=mesh.fastpath,
             consul=consul,
             consul_token=_reveal(mesh.consul_token),
+            consul_tls=mesh.consul_tls,
             store=store_kind,  # type: ignore[arg-type]
             log_level=mesh.log_level,
             introspect_instruction=mesh.introspect_instruction,

@@ -10,6 +10,18 @@ py-consul client, and so mesh's ``ConsulBackend``, run unchanged against it: a b
 the register endpoint refuses with a 400 what Consul refuses (service meta beyond its limits, an
 HTTP check without an interval) and, stricter than Consul, a field Consul does not document.
 
+What a test turns on (each answer's source is in the fixtures' README):
+
+- ``acl_token``: ACLs with ``default_policy = "deny"``: a request without that token is 403.
+- ``leader = False``: the servers lost their leader: a read that is not ``stale`` is 500 "No
+  cluster leader", a stale one answers with ``X-Consul-KnownLeader: false``.
+- ``rate_limited = True``: every request is 429 (Consul's RPC rate limit).
+- ``set_index(n)``: the index goes to ``n`` (backwards after a snapshot restore, or 0).
+- a blocking query waits as Consul's do: ``index`` 0 (or none) answers at once, ``wait``
+  missing or 0 is five minutes; ``queries`` records each request's path and parameters.
+- ``FakeConsul(port=...)`` binds a given port (an agent restarting), ``tls=(cert, key)`` serves
+  HTTPS, ``client_ca=`` asks for a client certificate signed by it (``verify_incoming``).
+
     with FakeConsul() as consul:
         backend = ConsulBackend(consul.address)
         await backend.register(registration)
@@ -25,6 +37,7 @@ import ipaddress
 import json
 import re
 import socket
+import ssl
 import threading
 import time
 from pathlib import Path
@@ -61,6 +74,12 @@ _CHECK_FIELDS = {
 # metaValueMaxLength, metaMaxKeyPairs, metaKeyReservedPrefix).
 _META_KEY = re.compile(r"^[a-zA-Z0-9_-]+$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
+# agent/consul/rpc.go: a blocking query without a wait (or with 0) waits this long.
+_DEFAULT_WAIT_S = 300.0
+# The anonymous token's accessor id (agent/structs/acl.go, ACLTokenAnonymousID).
+_ANONYMOUS = "00000000-0000-0000-0000-000000000002"
+# The only filter the fake evaluates: a tag in Service.Tags (what mesh sends).
+_TAG_FILTER = re.compile(r'^("(?:[^"\\]|\\.)*") in Service\.Tags$')
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -104,7 +123,14 @@ class FakeConsul:
     """The fake agent: a Starlette app under uvicorn, in a thread, on a socket it bound itself.
     ``recorded_services=False`` starts with no service (the nodes' records stay)."""
 
-    def __init__(self, *, recorded_services: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        recorded_services: bool = True,
+        port: int = 0,
+        tls: tuple[Path, Path] | None = None,
+        client_ca: Path | None = None,
+    ) -> None:
         self.entries: dict[str, dict[str, Any]] = {}
         self.nodes: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         for path in sorted(FIXTURES.glob("health_service_*.json")):
@@ -114,6 +140,10 @@ class FakeConsul:
                 if recorded_services:
                     self.entries[entry["Service"]["ID"]] = entry
         self.registrations: list[dict[str, Any]] = []
+        self.queries: list[tuple[str, dict[str, str]]] = []
+        self.acl_token: str | None = None
+        self.leader = True
+        self.rate_limited = False
         self.index = 41
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -121,9 +151,10 @@ class FakeConsul:
         self._closing = False
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
+        self._sock.bind(("127.0.0.1", port))
         self.port = int(self._sock.getsockname()[1])
-        self.address = f"consul://127.0.0.1:{self.port}"
+        scheme = "consul+https" if tls else "consul"
+        self.address = f"{scheme}://127.0.0.1:{self.port}"
         app = Starlette(
             routes=[
                 Route("/v1/health/service/{name}", self._health_service),
@@ -134,10 +165,18 @@ class FakeConsul:
                     "/v1/agent/service/deregister/{service_id}", self._deregister, methods=["PUT"]
                 ),
                 Route("/v1/status/leader", self._leader),
-            ]
+            ],
         )
         config = uvicorn.Config(
-            app, log_level="warning", lifespan="off", ws="none", timeout_graceful_shutdown=1
+            app,
+            log_level="warning",
+            lifespan="off",
+            ws="none",
+            timeout_graceful_shutdown=1,
+            ssl_certfile=str(tls[0]) if tls else None,
+            ssl_keyfile=str(tls[1]) if tls else None,
+            ssl_ca_certs=str(client_ca) if client_ca else None,
+            ssl_cert_reqs=ssl.CERT_REQUIRED if client_ca else ssl.CERT_NONE,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
@@ -153,6 +192,13 @@ class FakeConsul:
                 if check["ServiceID"] == service_id:
                     check["Status"] = status
                     check["ModifyIndex"] = self.index + 1
+            self._changed_locked()
+
+    def set_index(self, index: int) -> None:
+        """Move the index to ``index`` (backwards: a snapshot restored; 0: a Consul bug),
+        answering the blocking queries."""
+        with self._lock:
+            self.index = index - 1
             self._changed_locked()
 
     def _changed_locked(self) -> None:
@@ -177,6 +223,8 @@ class FakeConsul:
         return self
 
     def stop(self) -> None:
+        if self._closing:
+            return
         self._closing = True
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._wake)  # blocking queries answer now
@@ -193,15 +241,17 @@ class FakeConsul:
     # -- the endpoints ------------------------------------------------------------------------
 
     async def _block(self, request: Request) -> None:
-        """A blocking query: wait while the index is not past the one asked for."""
+        """A blocking query: wait while the index is not past the one asked for. Index 0 does
+        not block (agent/blockingquery: "performs a blocking query if MinQueryIndex > 0")."""
         if self._changed is None:
             self._loop, self._changed = asyncio.get_running_loop(), asyncio.Event()
-        asked = request.query_params.get("index")
-        if asked is None:
+        asked = int(request.query_params.get("index", "0"))
+        if asked <= 0:
             return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + _seconds(request.query_params.get("wait", "5m"))
-        while self.index <= int(asked) and not self._closing:
+        wait = _seconds(request.query_params.get("wait", "")) or _DEFAULT_WAIT_S
+        deadline = loop.time() + wait
+        while self.index <= asked and not self._closing:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return
@@ -211,12 +261,55 @@ class FakeConsul:
                 return
 
     def _json(self, body: Any) -> JSONResponse:
-        return JSONResponse(body, headers={"X-Consul-Index": str(self.index)})
+        # agent/http.go setMeta: every read says whether a leader is known.
+        return JSONResponse(
+            body,
+            headers={
+                "X-Consul-Index": str(self.index),
+                "X-Consul-KnownLeader": "true" if self.leader else "false",
+                "X-Consul-LastContact": "0",
+            },
+        )
+
+    def _refusal(
+        self, request: Request, *, read: bool = False, lacks: str = "'service:write'"
+    ) -> Response | None:
+        """What Consul answers before it looks at the request: 429, 403 or (a read that needs
+        the leader while there is none) 500."""
+        self.queries.append((request.url.path, dict(request.query_params)))
+        if self.rate_limited:
+            # agent/consul/rate/handler.go ErrRetryElsewhere, as agent/http.go answers it.
+            return PlainTextResponse("rate limit exceeded, try a different server", status_code=429)
+        if self.acl_token is not None:
+            token = request.headers.get("X-Consul-Token")
+            if token is None:
+                # acl/errors.go PermissionDeniedByACL's message.
+                return PlainTextResponse(
+                    f"Permission denied: token with AccessorID '{_ANONYMOUS}' lacks permission "
+                    f"{lacks}",
+                    status_code=403,
+                )
+            if token != self.acl_token:
+                return PlainTextResponse("ACL not found", status_code=403)
+        if read and not self.leader and "stale" not in request.query_params:
+            return PlainTextResponse("No cluster leader", status_code=500)
+        return None
 
     async def _health_service(self, request: Request) -> Response:
-        await self._block(request)
         name = request.path_params["name"]
+        refused = self._refusal(request, read=True, lacks=f"'service:read' on \"{name}\"")
+        if refused is not None:
+            return refused
         tags = request.query_params.getlist("tag")
+        expr = request.query_params.get("filter")
+        if expr is not None:
+            match = _TAG_FILTER.match(expr)
+            if match is None:
+                return PlainTextResponse(
+                    f"Failed to create boolexpr evaluator for expression {expr!r}", status_code=400
+                )
+            tags.append(json.loads(match.group(1)))
+        await self._block(request)
         passing = request.query_params.get("passing") in ("", "1", "true")
         with self._lock:
             found = [
@@ -229,6 +322,9 @@ class FakeConsul:
         return self._json(found)
 
     async def _catalog_services(self, request: Request) -> Response:
+        refused = self._refusal(request, read=True, lacks="'service:read' on \"consul\"")
+        if refused is not None:
+            return refused
         await self._block(request)
         with self._lock:
             services: dict[str, list[str]] = {}
@@ -238,6 +334,9 @@ class FakeConsul:
         return self._json(services)
 
     async def _agent_services(self, request: Request) -> Response:
+        refused = self._refusal(request)  # the agent answers from its own state: no leader
+        if refused is not None:
+            return refused
         with self._lock:
             return JSONResponse(
                 {
@@ -248,6 +347,9 @@ class FakeConsul:
             )
 
     async def _register(self, request: Request) -> Response:
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
         raw = await request.body()
         body = json.loads(raw)
         self.registrations.append(body)
@@ -266,14 +368,30 @@ class FakeConsul:
         return Response(status_code=200)
 
     async def _deregister(self, request: Request) -> Response:
-        # "If the service does not exist, no action is taken." (agent/service.mdx)
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        service_id = request.path_params["service_id"]
         with self._lock:
-            if self.entries.pop(request.path_params["service_id"], None) is not None:
-                self._changed_locked()
+            entry = self.entries.get(service_id)
+            if entry is None or entry["Node"]["Node"] != AGENT_NODE:
+                # agent/acl.go vetServiceUpdateWithAuthorizer: the agent only deregisters its
+                # own services; any other id (unknown, or on another agent) is a 404.
+                return PlainTextResponse(
+                    f"Unknown service ID {service_id!r}. Ensure that the service ID is passed, "
+                    "not the service name.".replace("'", '"'),
+                    status_code=404,
+                )
+            del self.entries[service_id]
+            self._changed_locked()
         return Response(status_code=200)
 
     async def _leader(self, request: Request) -> Response:
-        return JSONResponse(recorded("status_leader.json"))
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        # agent/status_endpoint.go: "" while the servers have no leader.
+        return JSONResponse(recorded("status_leader.json") if self.leader else "")
 
     def _entry(self, body: dict[str, Any]) -> dict[str, Any]:
         """The health entry the agent records for a registration body, or ``Refused``."""
