@@ -16,12 +16,13 @@ import httpx
 import pytest
 
 from registry.catalog import AgentView
+from registry.page import _templates
 from registry.store import AgentRecord, InstanceRecord
-from registry.topology import MAX_UNREGISTERED, Topology
+from registry.topology import BOX_H, BOX_W, MAX_UNREGISTERED, Topology, layout
 from registry.traffic import Traffic
 from tests.registry_support import registry, start_node
 from tests.support import ROOT, Proc, clean_env, free_port, wait_for, wait_until_ok
-from tests.test_browser import ARTIFACTS, page  # noqa: F401 - page is the Chromium fixture
+from tests.test_browser import ARTIFACTS, HOSTILE, page  # noqa: F401 - page is the Chromium fixture
 from tests.test_delegation_e2e import QUESTION, Desk, ask, loan_desk
 
 pytestmark = pytest.mark.integration
@@ -252,3 +253,23 @@ def test_what_a_node_says_cannot_flood_or_break_the_topology() -> None:
     assert not [e for e in topo.edges if e.callee.startswith("declared-")]
     assert topo.agents["junk"].instances[0].stats is False
     assert traffic.state()["unreadable_stats"] == 1
+
+
+def test_names_in_a_nodes_stats_are_text_on_the_page() -> None:
+    traffic = Traffic()
+    row = {"calls_total": 2, "calls": 2, "buckets": [2]}
+    stats = {
+        "v": 1,
+        "window_s": 60,
+        "le": [],
+        "edges": [{"peer": HOSTILE, "skill": HOSTILE, **row}],
+    }
+    view = _view("evil", "evil-1")
+    traffic.observe(view.instances[0], {"stats": stats})
+    topo = Topology.build([view], traffic)
+    context = {"title": "t", "q": "", "topology": topo, "graph": layout(topo), "box_w": BOX_W,
+               "box_h": BOX_H, "window_s": 60.0}  # fmt: skip
+    html = _templates.env.get_template("topology.html").render(context)
+    assert "<img" not in html
+    assert "<script>window" not in html
+    assert "&lt;img src=x onerror=" in html
