@@ -273,3 +273,19 @@ def test_names_in_a_nodes_stats_are_text_on_the_page() -> None:
     assert "<img" not in html
     assert "<script>window" not in html
     assert "&lt;img src=x onerror=" in html
+
+
+def test_another_process_at_an_instances_url_is_a_restart() -> None:
+    traffic = Traffic()
+    first = InstanceRecord("bureau-1", "bureau", "http://127.0.0.1:9", "1")
+    traffic.observe(first, {"pid": 10})
+    traffic.observe(first, {"pid": 10})
+    assert traffic.get("bureau-1").restarts == 0  # type: ignore[union-attr]
+    traffic.observe(first, {"pid": 11})  # same id, another process: a supervisor restarted it
+    again = first.replace(instance_id="bureau-2")  # a new id at the same URL: the node's restart
+    traffic.observe(again, {"pid": 12})
+    assert traffic.get("bureau-2").restarts == 2  # type: ignore[union-attr]
+    traffic.keep([])  # the store removed it: forgotten, URL and all
+    assert traffic.get("bureau-2") is None
+    traffic.observe(again, {"pid": 13})
+    assert traffic.get("bureau-2").restarts == 0  # type: ignore[union-attr]
