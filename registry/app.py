@@ -246,6 +246,7 @@ async def _open_store(settings: RegistrySettings) -> RegistryStore:
         return ConsulRegistryStore.from_url(
             settings.backend,
             token=settings.consul_token,
+            tls=settings.consul_tls,
             card_timeout_s=settings.card_timeout_s,
             policy=settings.network_policy,
         )

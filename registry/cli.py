@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from mesh._errors import ConfigError, MeshError
+from mesh._settings import CONSUL_SCHEMES, ConsulTLS
 from registry.settings import RegistryEnvironment, RegistrySettings
 
 __all__ = ["EX_CONFIG", "build_parser", "main", "settings_from"]
@@ -113,7 +114,7 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
         env = RegistryEnvironment(**flags)
     except ValidationError as exc:
         problems += [_problem(error) for error in exc.errors()]
-    if args.backend is not None and not args.backend.startswith(("consul://", "consul+https://")):
+    if args.backend is not None and not args.backend.startswith(CONSUL_SCHEMES):
         problems.append(
             f"--backend {args.backend!r}: use consul://host:8500 (or leave it out for SQLite)"
         )
@@ -137,6 +138,11 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
         remove_after_s=args.remove_after,
         backend=args.backend,
         consul_token=env.consul_token.get_secret_value() if env.consul_token else None,
+        consul_tls=ConsulTLS(
+            ca_file=env.consul_cacert,
+            cert_file=env.consul_client_cert,
+            key_file=env.consul_client_key,
+        ),
         allow_networks=env.allow_networks,
         max_instances=args.max_instances,
     )

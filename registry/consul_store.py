@@ -34,6 +34,7 @@ from mesh._discovery.consul import ConsulBackend, service_registration
 from mesh._errors import ConfigError, DiscoveryError, StoreError
 from mesh._netguard import create_http_client
 from mesh._netpolicy import NetworkPolicy
+from mesh._settings import ConsulTLS
 from registry.card import CardRejected, agent_record, fetch_card
 from registry.store import (
     AgentRecord,
@@ -143,6 +144,8 @@ class ConsulRegistryStore:
         # What Consul does not record: when this registry first saw an instance, and when it
         # saw its status change.
         self._seen: dict[str, tuple[float, Status, float]] = {}
+        # Instances the prober could not remove (another agent holds them), said once each.
+        self._held_elsewhere: set[str] = set()
 
     @classmethod
     def from_url(
@@ -150,13 +153,15 @@ class ConsulRegistryStore:
         address: str,
         *,
         token: str | None = None,
+        tls: ConsulTLS | None = None,
         card_timeout_s: float = 5.0,
         policy: NetworkPolicy | None = None,
     ) -> ConsulRegistryStore:
-        """A store on the Consul agent at ``consul://host:8500`` (``token``: ACL token); cards
-        are read only from instances on ``policy``'s networks (default: loopback)."""
+        """A store on the Consul agent at ``consul://host:8500`` (``token``: ACL token,
+        ``tls``: CA and client certificate for ``consul+https://``); cards are read only from
+        instances on ``policy``'s networks (default: loopback)."""
         http = create_http_client(policy or NetworkPolicy.parse("loopback"), timeout=card_timeout_s)
-        return cls(ConsulBackend(address, token=token), http)
+        return cls(ConsulBackend(address, token=token, tls=tls), http)
 
     async def _find(self, agent: str | None = None) -> list[Instance]:
         try:
@@ -257,17 +262,37 @@ class ConsulRegistryStore:
         return None
 
     async def deregister(self, instance_id: str, *, presented: str | None) -> InstanceRecord | None:
+        """``StoreError`` when the instance is registered through another Consul agent: only
+        that agent can remove it, and reporting success would be a lie."""
         if await self._owned(instance_id, presented) is None:
             return None
-        return await self.remove(instance_id)
+        return await self._remove(instance_id, strict=True)
 
     async def set_status(self, instance_id: str, status: Status, reason: str, at: float) -> None:
         """Consul's checks decide an instance's status; the registry's opinion is not stored."""
 
     async def remove(self, instance_id: str) -> InstanceRecord | None:
+        """The prober's removal: None (nothing removed) for an instance another Consul agent
+        holds, said once in the log; Consul reaps it after its check's
+        ``DeregisterCriticalServiceAfter``."""
+        return await self._remove(instance_id, strict=False)
+
+    async def _remove(self, instance_id: str, *, strict: bool) -> InstanceRecord | None:
         found = [r for r in await self.instances() if r.instance_id == instance_id]
         try:
-            await self._backend.deregister(instance_id)
+            await self._backend.remove(instance_id)
+        except UnknownInstance as exc:
+            if found and strict:
+                raise StoreError(f"cannot deregister {instance_id!r}: {exc}") from exc
+            if found and instance_id not in self._held_elsewhere:
+                self._held_elsewhere.add(instance_id)
+                log.warning(
+                    "not removing %s: %s; Consul removes it after its check's "
+                    "DeregisterCriticalServiceAfter",
+                    instance_id,
+                    exc,
+                )
+            return None
         except DiscoveryError as exc:
             raise StoreError(str(exc)) from exc
         self._seen.pop(instance_id, None)
@@ -280,6 +305,7 @@ class ConsulRegistryStore:
             live = {r.instance_id for r in records}
             for gone in set(self._seen) - live:
                 del self._seen[gone]
+            self._held_elsewhere &= live
         return sorted(records, key=lambda r: (r.agent, r.url))
 
     async def agents(self) -> list[AgentRecord]:

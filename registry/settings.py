@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from mesh._errors import ConfigError
 from mesh._netpolicy import NetworkPolicy
+from mesh._settings import ConsulTLS
 
 __all__ = ["RegistryEnvironment", "RegistrySettings", "token_problem"]
 
@@ -64,6 +65,17 @@ class RegistryEnvironment(BaseSettings):
         Field(default=None, validation_alias="MESH_REGISTRY_ALLOW_NETWORKS")
     )
     consul_token: SecretStr | None = Field(default=None, validation_alias="CONSUL_HTTP_TOKEN")
+    # TLS to Consul (consul+https://), as Consul's CLI reads it.
+    consul_cacert: Path | None = Field(default=None, validation_alias="CONSUL_CACERT")
+    consul_client_cert: Path | None = Field(default=None, validation_alias="CONSUL_CLIENT_CERT")
+    consul_client_key: Path | None = Field(default=None, validation_alias="CONSUL_CLIENT_KEY")
+
+    @field_validator("consul_cacert", "consul_client_cert", "consul_client_key")
+    @classmethod
+    def _file(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_file():
+            raise ValueError("no such file: name the PEM file, or unset it")
+        return path
 
     @field_validator("token")
     @classmethod
@@ -96,6 +108,7 @@ class RegistrySettings:
     # ``consul://host:8500``: keep instances in Consul instead of SQLite (None: SQLite).
     backend: str | None = None
     consul_token: str | None = None
+    consul_tls: ConsulTLS | None = None
     # Largest request body read; a registration is a few hundred bytes (``registry.gate``).
     max_body_bytes: int = 64 * 1024
     # Instances held at most (``--max-instances``): a new one beyond is 503 ``registry_full``.

@@ -190,6 +190,32 @@ async def test_a_registration_consul_cannot_hold_is_refused_before_any_write() -
         assert len(consul.registrations) == 1
 
 
+@pytest.mark.integration
+async def test_an_instance_another_consul_agent_holds_is_not_reported_removed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # In the topology docs/production.md recommends (a Consul agent per host) a node registers
+    # with its own host's agent; the registry's agent answers 404 for it (issue 20 item 6).
+    with FakeConsul() as consul:
+        async with _store(consul) as store:
+            # The prober: nothing removed, said once.
+            assert await store.remove("credit-bureau-b2") is None
+            assert await store.remove("credit-bureau-b2") is None
+            assert caplog.text.count("not removing credit-bureau-b2") == 1
+            assert "credit-bureau-b2" in consul.entries
+            # The API, for an instance it registered that now sits with another agent (a
+            # second registry replica's): an error, not a 204 that did nothing.
+            owner = secret_hash("mine")
+            await store.put(_agent("a"), _inst("i", "a"), secret_hash=owner, presented=None)
+            consul.entries["i"]["Node"]["Node"] = "worker-2"
+            with pytest.raises(StoreError, match=r"cannot deregister 'i'.*does not hold"):
+                await store.deregister("i", presented=owner)
+            assert "i" in consul.entries
+            consul.entries["i"]["Node"]["Node"] = "worker-1"
+            assert await store.deregister("i", presented=owner) is not None
+            assert "i" not in consul.entries
+
+
 # -- cards read from a real node ------------------------------------------------------------------
 
 
@@ -310,6 +336,30 @@ def test_the_registry_on_consul_serves_what_consul_answers(tmp_path: Path) -> No
         assert [(a["name"], [s["id"] for s in a["skills"]]) for a in agents] == [
             ("credit-bureau", ["score"])
         ]
+
+
+@pytest.mark.integration
+def test_prometheus_targets_scrape_a_node_at_its_url_s_scheme_and_path(tmp_path: Path) -> None:
+    # A node behind a proxy advertises https://bureau.example/mesh: Prometheus builds the
+    # target from the address, so the SD answer carries the scheme and the path (item 11).
+    with FakeConsul() as consul:
+        consul.entries["credit-bureau-7f3a"]["Service"]["Meta"]["url"] = (
+            "https://bureau.example/mesh"
+        )
+        with _registry_on(consul, tmp_path) as base:
+            groups = httpx.get(f"{base}/v1/prometheus/targets", timeout=10).json()
+    assert groups == [
+        {
+            "targets": ["bureau.example"],
+            "labels": {
+                "agent": "credit-bureau",
+                "version": "0.1.0",
+                "instance": "credit-bureau-7f3a",
+                "__scheme__": "https",
+                "__metrics_path__": "/mesh/metrics",
+            },
+        }
+    ]
 
 
 @pytest.mark.integration
