@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test lint fmt bench clean
+.PHONY: run test test-consul lint fmt bench clean
 
 $(STAMP): pyproject.toml
 	@test -d $(VENV) || { echo "creating $(VENV)"; $(PY) -m venv $(VENV); }
@@ -18,6 +18,13 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tests marked `consul`, against a real Consul agent (docs/production.md, "Running with
+# Consul"): CONSUL_HTTP_ADDR=127.0.0.1:8500 make test-consul. For an agent in a container, set
+# MESH_TEST_HEALTH_HOST to an address of this machine the agent can reach (its checks call it).
+test-consul: $(STAMP)
+	@test -n "$$CONSUL_HTTP_ADDR" || { echo "make test-consul: set CONSUL_HTTP_ADDR to a Consul agent (e.g. 127.0.0.1:8500)" >&2; exit 2; }
+	$(BIN)/python -m pytest -m consul $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

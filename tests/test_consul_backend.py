@@ -29,7 +29,8 @@ from mesh._discovery.consul import (
     service_registration,
 )
 from mesh._errors import ConfigError, DiscoveryError
-from tests.fakes.consul_server import FakeConsul, recorded
+from mesh._settings import MeshSettings
+from tests.fakes.consul_server import FakeConsul, health_host, real_consul_address, recorded
 from tests.support import ROOT, Proc, eventually, free_port, wait_until_ok
 
 REG = Registration(
@@ -522,22 +523,30 @@ needs_consul = pytest.mark.skipif(
 )
 
 
+def test_the_gated_tests_read_any_consul_http_addr() -> None:
+    # Consul's CLI takes all three spellings; http:// alone was stripped before.
+    assert real_consul_address("127.0.0.1:8500") == "consul://127.0.0.1:8500"
+    assert real_consul_address("http://10.0.0.5:8500/") == "consul://10.0.0.5:8500"
+    assert real_consul_address("HTTPS://consul.internal:8501") == (
+        "consul+https://consul.internal:8501"
+    )
+
+
 def _consul_url() -> str:
-    addr = os.environ["CONSUL_HTTP_ADDR"]
-    if addr.startswith("https://"):
-        return "consul+https://" + addr.removeprefix("https://")
-    return "consul://" + addr.removeprefix("http://")
+    return real_consul_address(os.environ["CONSUL_HTTP_ADDR"])
 
 
 def _health_server(tmp_path: Path, name: str) -> tuple[Proc, str]:
-    # A real HTTP server whose GET /health answers 200: what Consul's check needs to see.
+    # A real HTTP server whose GET /health answers 200: what Consul's check needs to see, on
+    # an address the agent can reach (MESH_TEST_HEALTH_HOST for an agent in a container).
     root = tmp_path / name
     root.mkdir()
     (root / "health").write_text("ok")
+    host = health_host()
     port = free_port()
-    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", host]
     proc = Proc.start([*argv, "--directory", str(root)], name=name, tmp=tmp_path)
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     wait_until_ok(f"{url}/health", proc=proc)
     return proc, url
 
@@ -552,7 +561,11 @@ async def test_register_find_heartbeat_deregister_on_real_consul(tmp_path: Path)
         instance_id=f"{agent}-1", agent=agent, url=url, version="0.9", skills=("score",)
     )
     check = ConsulCheck(interval="1s", timeout="1s", deregister_after="1m")
-    backend = ConsulBackend(_consul_url(), token=os.environ.get("CONSUL_HTTP_TOKEN"), check=check)
+    # tls: CONSUL_CACERT and the client certificate when the agent speaks https.
+    tls = MeshSettings.from_environment().consul_tls
+    backend = ConsulBackend(
+        _consul_url(), token=os.environ.get("CONSUL_HTTP_TOKEN"), tls=tls, check=check
+    )
     try:
         await backend.register(reg)
         found = await eventually(lambda: backend.find(agent=agent), within=20)

@@ -29,9 +29,9 @@ from registry.store import (
     UrlTaken,
     secret_hash,
 )
-from tests.fakes.consul_server import FakeConsul
+from tests.fakes.consul_server import FakeConsul, health_host, real_consul_address
 from tests.registry_support import flood_node
-from tests.support import Proc, free_port, running, wait_for, wait_until_ok
+from tests.support import Proc, clean_env, free_port, running, wait_for, wait_until_ok
 
 
 def bureau(url: str, *, version: str = "0.1.0", status: str = "passing", **kw: str) -> Instance:
@@ -400,12 +400,31 @@ needs_consul = pytest.mark.skipif(
 @pytest.mark.consul
 @pytest.mark.integration
 @needs_consul
-def test_registry_api_registers_into_consul_and_lists_from_it(tmp_path: Path, node: str) -> None:
-    addr = os.environ["CONSUL_HTTP_ADDR"].removeprefix("http://")
+def test_registry_api_registers_into_consul_and_lists_from_it(tmp_path: Path) -> None:
+    # The node listens where the agent's check can reach it (MESH_TEST_HEALTH_HOST for an
+    # agent in a container); the registry may then fetch its card there.
+    host = health_host()
+    node_port = free_port()
+    node = f"http://{host}:{node_port}"
+    node_argv = ["mesh", "serve", "agents.credit_bureau:agent", "--host", host,
+                 "--port", str(node_port), "--data-dir", str(tmp_path / "node"), "--no-register"]  # fmt: skip
     port = free_port()
-    argv = _registry_argv(f"consul://{addr}", port, tmp_path)
+    argv = _registry_argv(real_consul_address(os.environ["CONSUL_HTTP_ADDR"]), port, tmp_path)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        argv += ["--allow-networks", "any"]
+    # The children get the Consul variables the suite keeps from them (clean_env).
+    consul_env = {k: v for k, v in os.environ.items() if k.startswith("CONSUL_")}
     instance_id = f"cb-test-{uuid.uuid4().hex[:8]}"
-    with Proc.start(argv, name="registry", tmp=tmp_path) as proc:
+    with (
+        running(
+            node_argv,
+            name="bureau",
+            tmp=tmp_path,
+            health=f"{node}/health",
+            env=clean_env(MESH_PUBLIC_URL=node),
+        ),  # fmt: skip
+        Proc.start(argv, name="registry", tmp=tmp_path, env=clean_env(**consul_env)) as proc,
+    ):
         base = f"http://127.0.0.1:{port}"
         wait_until_ok(f"{base}/health", proc=proc)
         created = httpx.post(

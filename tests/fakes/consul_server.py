@@ -49,7 +49,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-__all__ = ["AGENT_NODE", "FIXTURES", "FakeConsul", "recorded"]
+__all__ = ["AGENT_NODE", "FIXTURES", "FakeConsul", "health_host", "real_consul_address", "recorded"]
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "consul"
 # The node whose agent answers: services registered through it run there.
@@ -496,3 +496,26 @@ def _agent_service(entry: dict[str, Any]) -> dict[str, Any]:
         "Datacenter": entry["Node"]["Datacenter"],
     }
     return out
+
+
+# -- the gated tests' real agent ------------------------------------------------------------------
+
+
+def real_consul_address(addr: str) -> str:
+    """``CONSUL_HTTP_ADDR`` as mesh names a Consul address: Consul's CLI takes ``host:port``,
+    ``http://host:port`` or ``https://host:port`` (any scheme is stripped, https kept as
+    ``consul+https://``)."""
+    scheme, sep, rest = addr.strip().partition("://")
+    if not sep:
+        return f"consul://{scheme.rstrip('/')}"
+    prefix = "consul+https" if scheme.lower() == "https" else "consul"
+    return f"{prefix}://{rest.rstrip('/')}"
+
+
+def health_host(default: str = "127.0.0.1") -> str:
+    """Where the gated tests' nodes listen and what they advertise: ``MESH_TEST_HEALTH_HOST``
+    (an address the Consul agent can reach, e.g. the docker bridge's 172.17.0.1 for an agent in
+    a container), else loopback."""
+    import os
+
+    return os.environ.get("MESH_TEST_HEALTH_HOST", "").strip() or default
