@@ -284,6 +284,9 @@ class _Entry(Generic[T]):
     fetched_at: float
     used_at: float
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    # When a direct fetch last failed: within a ttl of it, lookups get the last answer without
+    # asking again (a hung agent would cost each of them the request timeout).
+    failed_at: float = float("-inf")
 
 
 class QueryCache(Generic[K, T]):
@@ -330,7 +333,13 @@ class QueryCache(Generic[K, T]):
     async def get(self, key: K) -> T:
         now = self._clock()
         entry = self._entries.get(key)
-        if entry is not None and now - entry.fetched_at <= self._limit(entry):
+        if entry is not None and (
+            now - entry.fetched_at <= self._limit(entry)
+            or (
+                now - entry.failed_at <= self.ttl
+                and now - entry.fetched_at <= self._limit(entry) + self.max_stale_s
+            )
+        ):
             entry.used_at = now
             return entry.value
         try:
@@ -338,6 +347,7 @@ class QueryCache(Generic[K, T]):
         except Exception as exc:
             if entry is None or now - entry.fetched_at > self._limit(entry) + self.max_stale_s:
                 raise
+            entry.failed_at = now
             log.warning(
                 "consul: serving the answer of %.0fs ago for %s: %s",
                 now - entry.fetched_at,
