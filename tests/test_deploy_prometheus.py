@@ -173,11 +173,12 @@ def test_consul_relabelling_gives_agent_instance_and_version(
         labels.update({f"__meta_consul_service_metadata_{k}": v for k, v in extra.items()})
         return labels
 
-    p1, p2, p3 = free_port(), free_port(), free_port()
+    p1, p2, p3, p4 = free_port(), free_port(), free_port(), free_port()
     groups = [
         {"targets": [f"127.0.0.1:{p1}"], "labels": meta("credit-bureau", "cb-1", f"http://127.0.0.1:{p1}", card_path="/c", version="1.2.0")},
         {"targets": [f"127.0.0.1:{p2}"], "labels": meta("loan-officer", "lo-1", f"https://127.0.0.1:{p2}", card_path="/c", version="0.3")},
         {"targets": [f"127.0.0.1:{p3}"], "labels": meta("consul", "consul", "")},
+        {"targets": [f"127.0.0.1:{p4}"], "labels": meta("income-verifier", "iv-1", f"http://127.0.0.1:{p4}/mesh/verifier/", card_path="/c", version="1")},
     ]  # fmt: skip
     sd_file = tmp_path / "consul-targets.json"
     sd_file.write_text(json.dumps(groups))
@@ -187,14 +188,16 @@ def test_consul_relabelling_gives_agent_instance_and_version(
     nodes["file_sd_configs"] = [{"files": [str(sd_file)]}]
     prom = prometheus_factory(config)
 
-    found = targets(prom, "mesh-nodes", count=3)
+    found = targets(prom, "mesh-nodes", count=4)
     labels = {t["labels"]["instance"]: t for t in found["active"]}
-    assert set(labels) == {"cb-1", "lo-1"}, "consul itself is not a mesh node"
+    assert set(labels) == {"cb-1", "lo-1", "iv-1"}, "consul itself is not a mesh node"
     assert labels["cb-1"]["labels"]["agent"] == "credit-bureau"
     assert labels["cb-1"]["labels"]["version"] == "1.2.0"
     assert labels["cb-1"]["scrapeUrl"] == f"http://127.0.0.1:{p1}/metrics"
     assert labels["lo-1"]["labels"]["agent"] == "loan-officer"
-    assert labels["lo-1"]["scrapeUrl"].startswith("https://")
+    assert labels["lo-1"]["scrapeUrl"] == f"https://127.0.0.1:{p2}/metrics"
+    # A node behind a path prefix is scraped under it (Prometheus knows only address:port).
+    assert labels["iv-1"]["scrapeUrl"] == f"http://127.0.0.1:{p4}/mesh/verifier/metrics"
     assert [t["discoveredLabels"]["__meta_consul_service"] for t in found["dropped"]] == ["consul"]
 
 
