@@ -4,6 +4,8 @@ against the fake Consul agent serving HTTPS with certificates made by trustme.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from mesh._discovery.consul import ConsulBackend
 from mesh._errors import ConfigError, DiscoveryError
 from mesh._settings import ConsulTLS, MeshSettings, NodeSettings
 from tests.fakes.consul_server import FakeConsul
+from tests.support import ROOT, clean_env
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +107,21 @@ async def test_a_client_certificate_reaches_consul_that_requires_one(
         finally:
             await without.aclose()
             await with_cert.aclose()
+
+
+@pytest.mark.integration
+def test_the_cli_finds_agents_in_https_consul_with_consul_cacert(
+    https_consul: FakeConsul, pki: dict[str, Path]
+) -> None:
+    # `mesh call NAME` and `mesh tasks NAME` look the name up with the settings' Consul TLS (they
+    # built the backend without it: certificate verify failed, at Consul, before any node).
+    env = clean_env(MESH_DISCOVERY=https_consul.address, CONSUL_CACERT=str(pki["ca"]))
+    for args in (["tasks", "credit-bureau", "--timeout", "2"], ["call", "credit-bureau", "--skill", "score", "--json", "{}"]):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "mesh", *args], env=env, cwd=ROOT, capture_output=True,
+            text=True, timeout=60, check=False,
+        )  # fmt: skip
+        # The lookup succeeded: the command went on to the instance Consul lists (a name no
+        # resolver knows), and failed there.
+        assert "CERTIFICATE_VERIFY_FAILED" not in done.stderr, done.stderr
+        assert "http://bureau-a.internal:8101" in done.stderr, done.stderr

@@ -29,7 +29,7 @@ from mesh._cli.question import (
     questions_of,
     waiting_lines,
 )
-from mesh._cli.serve import in_declared_order, lookup_location
+from mesh._cli.serve import Lookup, in_declared_order, lookup_location
 from mesh._cli.tasks import PARALLEL, Unreachable, failure, instances, registry_flag, task_client
 from mesh._errors import ConfigError, MeshError, RemoteError
 
@@ -46,7 +46,7 @@ async def reply(
     task_id: str,
     answer: dict[str, Any] | str,
     *,
-    location: str,
+    location: Lookup | str,
     agent: str | None = None,
     url: str | None = None,
     question_id: str | None = None,

@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import sys
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +25,11 @@ from mesh._errors import ConfigError, MeshError
 from mesh._settings import DEFAULT_REGISTRY_URL
 
 if TYPE_CHECKING:
-    from mesh._settings import MeshSettings
+    from mesh._discovery.base import DiscoveryBackend
+    from mesh._settings import ConsulTLS, MeshSettings
 
 __all__ = [
+    "Lookup",
     "add_parsers",
     "find_agent_url",
     "in_declared_order",
@@ -40,7 +43,7 @@ SDK_TRACING = "OTEL_INSTRUMENTATION_A2A_SDK_ENABLED"
 
 
 # -- target resolution ----------------------------------------------------------------------
-def resolve_target(name_or_url: str, location: str) -> str:
+def resolve_target(name_or_url: str, location: Lookup | str) -> str:
     """The base URL of a node named by URL, ``host:port``, or agent name (looked up at
     ``location``: the registry's URL or ``consul://host:port``)."""
     target = name_or_url.strip()
@@ -56,13 +59,32 @@ def resolve_target(name_or_url: str, location: str) -> str:
     )
 
 
-async def find_agent_url(name: str, location: str) -> str:
-    """The URL of one passing instance of ``name``, asked of the registry at ``location`` (or
-    Consul, for ``consul://host:port``)."""
-    from mesh._discovery import create_backend
+@dataclass(frozen=True)
+class Lookup:
+    """Where the commands look agent names up, and how to reach it: the registry's URL or a
+    Consul location, with the token and the TLS the settings give for it (``lookup_location``).
+    Reads as its location in messages."""
+
+    location: str
+    token: str | None = None
+    consul_tls: ConsulTLS | None = None
+
+    def __str__(self) -> str:
+        return self.location
+
+    def backend(self) -> DiscoveryBackend:
+        from mesh._discovery import create_backend
+
+        return create_backend(self.location, token=self.token, consul_tls=self.consul_tls)
+
+
+async def find_agent_url(name: str, lookup: Lookup | str) -> str:
+    """The URL of one passing instance of ``name``, asked of the registry (or Consul) that
+    ``lookup`` names."""
     from mesh._discovery.client import DiscoveryClient
 
-    client = DiscoveryClient(create_backend(location))
+    where = lookup if isinstance(lookup, Lookup) else Lookup(lookup)
+    client = DiscoveryClient(where.backend())
     try:
         instances = await client.require(agent=name)
     finally:
@@ -70,10 +92,13 @@ async def find_agent_url(name: str, location: str) -> str:
     return instances[0].url.rstrip("/")
 
 
-def lookup_location(registry: str | None, settings: MeshSettings) -> str:
+def lookup_location(registry: str | None, settings: MeshSettings) -> Lookup:
     """Where agent names are looked up: ``--registry``, else ``MESH_DISCOVERY``'s Consul, else
-    ``MESH_REGISTRY``, else the default registry."""
-    return registry or settings.discovery_location
+    ``MESH_REGISTRY``, else the default registry; with the discovery token and Consul's TLS
+    when the settings' own location is used."""
+    if registry:
+        return Lookup(registry)
+    return Lookup(settings.discovery_location, settings.discovery_token, settings.consul_tls)
 
 
 _AGENT_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")

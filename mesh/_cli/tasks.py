@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from mesh._asks import Question
 from mesh._cli.question import WAITING_STATES, asker_of, first_line, questions_of
-from mesh._cli.serve import lookup_location
+from mesh._cli.serve import Lookup, lookup_location
 from mesh._cli.table import format_table
 from mesh._errors import MeshError
 from mesh._settings import DEFAULT_REGISTRY_URL
@@ -139,12 +139,13 @@ class Listing:
 
 
 # -- finding agents -----------------------------------------------------------------------
-async def instances(location: str, agents: Sequence[str]) -> list[tuple[str, str]]:
-    """(agent, URL) of every passing instance of ``agents`` (all agents when empty)."""
-    from mesh._discovery import create_backend
+async def instances(location: Lookup | str, agents: Sequence[str]) -> list[tuple[str, str]]:
+    """(agent, URL) of every passing instance of ``agents`` (all agents when empty), asked of
+    the registry (or Consul) that ``location`` names."""
     from mesh._discovery.client import DiscoveryClient
 
-    client = DiscoveryClient(create_backend(location))
+    where = location if isinstance(location, Lookup) else Lookup(location)
+    client = DiscoveryClient(where.backend())
     try:
         if not agents:
             found = await client.find()
@@ -178,7 +179,7 @@ def failure(exc: BaseException, url: str) -> str:
 
 # -- mesh tasks ---------------------------------------------------------------------------
 async def list_tasks(
-    location: str,
+    location: Lookup | str,
     *,
     agents: Sequence[str] = (),
     states: Sequence[str] = ACTIVE_STATES,

@@ -31,7 +31,7 @@ from mesh._cli.question import (
     questions_of,
     reply_command,
 )
-from mesh._cli.serve import find_agent_url, lookup_location
+from mesh._cli.serve import Lookup, find_agent_url, lookup_location
 from mesh._cli.table import format_table
 from mesh._settings import DEFAULT_REGISTRY_URL
 
@@ -341,7 +341,7 @@ def _run_chat(args: argparse.Namespace) -> int:
     )
 
 
-async def _resolve(agent: str, registry: str) -> str:
+async def _resolve(agent: str, registry: Lookup | str) -> str:
     if agent.startswith(("http://", "https://")):
         return agent.rstrip("/")
     return await find_agent_url(agent, registry)
@@ -350,7 +350,7 @@ async def _resolve(agent: str, registry: str) -> str:
 async def chat(
     agent: str,
     *,
-    registry: str,
+    registry: Lookup | str,
     token: str | None = None,
     messages: list[str] | None = None,
     context_id: str | None = None,
