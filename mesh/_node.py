@@ -4,7 +4,8 @@
     app = node.app          # serve with uvicorn; `mesh serve` does this
 
 Routes: ``/.well-known/agent-card.json`` and ``POST /`` (A2A JSON-RPC, from ``mesh._a2a``),
-``/health``, ``/metrics``, ``/introspect``. Everything holding a connection (the database, the
+``/health``, ``/metrics``, ``/introspect``, ``/v1/traces/{trace_id}/tasks`` (the tasks of one trace
+on this node: ``mesh._a2a.traces``). Everything holding a connection (the database, the
 runner's model, the registrar) is opened in the lifespan and closed when it ends.
 
 Stopping (``drain``, run on SIGTERM by ``mesh serve``): the node deregisters, answers new
@@ -92,6 +93,7 @@ class Node:
         self._drain: asyncio.Future[bool] | None = None
         self.model: Model | None = model
         self.service: A2AService | None = None
+        self._db: Database | None = None
         self._registrar: Any = None
         # (httpx client, DiscoveryClient) shared by the agent's remote toolsets.
         self._shared: tuple[Any, Any] | None = None
@@ -104,6 +106,7 @@ class Node:
         self._drain = None
         self.exchanges = InFlight()
         db = await Database.open(self.settings.db_path)
+        self._db = db
         runner: Any = None
         skill_runners: dict[str, Any] = {}
         try:
@@ -145,6 +148,7 @@ class Node:
             if runner is not None:
                 await runner.aclose()
             await self._close_toolsets()
+            self._db = None
             await db.aclose()
             log.info("%s stopped", self.agent.name)
 
@@ -364,6 +368,10 @@ class Node:
             )
             return Response(body, headers={"Content-Type": content_type})
 
+        @app.get("/v1/traces/{trace_id}/tasks")
+        async def trace_tasks(trace_id: str, request: Request) -> Response:
+            return await self._trace_tasks(trace_id, request)
+
         @app.get("/introspect")
         async def introspect_route() -> JSONResponse:
             return JSONResponse(
@@ -377,6 +385,42 @@ class Node:
 
         app.add_middleware(RequestGate, node=self)
         return app
+
+    async def _trace_tasks(self, trace_id: str, request: Request) -> Response:
+        """This node's tasks of one trace (``mesh._a2a.traces``): the mesh token like A2A
+        calls, since the rows show arguments."""
+        import hmac
+
+        from mesh._a2a.traces import TRACE_ID, tasks_of_trace
+        from mesh._asgi import bearer
+
+        token = self.settings.token
+        if token is not None:
+            given = bearer(request.scope)
+            if given is None or not hmac.compare_digest(given, token.encode()):
+                return JSONResponse(
+                    {"error": "this node needs 'Authorization: Bearer <token>' (MESH_TOKEN)"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="mesh"'},
+                )
+        if not TRACE_ID.match(trace_id):
+            return JSONResponse(
+                {"error": "trace_id: 32 lowercase hex digits (a traceparent's trace id)"},
+                status_code=400,
+            )
+        raw = request.query_params.get("limit", "100")
+        if not raw.isdigit() or not 1 <= int(raw) <= 500:
+            return JSONResponse({"error": "limit: a whole number from 1 to 500"}, status_code=400)
+        service = self.service
+        if service is None or service.store is None or self._db is None:
+            return JSONResponse(
+                {"error": "this node keeps no tasks (store=memory): serve it with SQLite"},
+                status_code=404,
+            )
+        answer = await tasks_of_trace(
+            service.store, self._db, self.agent.name, trace_id, limit=int(raw)
+        )
+        return Response(answer.model_dump_json(), media_type="application/json")
 
 
 async def _db_check(db: Database) -> tuple[bool, str]:

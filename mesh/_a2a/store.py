@@ -62,6 +62,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from mesh._a2a.states import INTERRUPTED_STATES, SETTLED_STATES, TERMINAL_STATES
 from mesh._a2a.waits import TASKS_SCHEMA_V2, WAITING, delete_waits
 from mesh._sqlite import Database
+from mesh._tracing import trace_id_of
 
 __all__ = [
     "BLOCKING_SEND",
@@ -116,18 +117,55 @@ create index if not exists a2a_tasks_by_time on a2a_tasks (owner, updated_at des
 create index if not exists a2a_tasks_by_context on a2a_tasks (owner, context_id, updated_at desc);
 """
 
+# Version 3: the trace a task belongs to (the trace id of its ``traceparent`` metadata) and
+# when it was first saved, so a node answers "the tasks of trace T" (``trace``) from an index.
+TASKS_SCHEMA_V3 = """
+alter table a2a_tasks add column trace_id text;
+alter table a2a_tasks add column created_at integer;
+create index if not exists a2a_tasks_by_trace on a2a_tasks (trace_id, created_at)
+    where trace_id is not null;
+"""
+
+# created_at is set by the first insert only; a save without a traceparent (the SDK's first
+# save of a task, before the executor put its metadata) keeps the one already known.
 _UPSERT = (
-    "insert into a2a_tasks (owner, id, context_id, state, updated_at, data) "
-    "values (?, ?, ?, ?, ?, ?) on conflict (owner, id) do update set "
+    "insert into a2a_tasks (owner, id, context_id, state, updated_at, data, trace_id, created_at) "
+    "values (?, ?, ?, ?, ?, ?, ?, ?) on conflict (owner, id) do update set "
     "context_id = excluded.context_id, state = excluded.state, "
-    "updated_at = excluded.updated_at, data = excluded.data"
+    "updated_at = excluded.updated_at, data = excluded.data, "
+    "trace_id = coalesce(excluded.trace_id, a2a_tasks.trace_id)"
 )
+#: What ``trace`` returns: (task, first save in ns or None), oldest first.
+TraceRows = list[tuple[Task, int | None]]
+#: Most tasks one ``trace`` call returns.
+MAX_TRACE_TASKS = 500
 
 
 def mark_blocking_send(context: ServerCallContext) -> None:
     """Tell the store that ``context`` is the call of a blocking send: the first save of its
     new task need not be awaited (see the module docstring)."""
     context.state[BLOCKING_SEND] = True
+
+
+def _row(owner: str, task: Task, data: bytes) -> tuple[Any, ...]:
+    """The columns of ``_UPSERT`` for ``task`` stored as ``data``."""
+    return (
+        owner,
+        task.id,
+        task.context_id,
+        int(task.status.state),
+        _timestamp_ns(task),
+        data,
+        _trace_id(task),
+        time.time_ns(),
+    )
+
+
+def _trace_id(task: Task) -> str | None:
+    """The trace id of the task's ``traceparent`` metadata (None without a valid one)."""
+    # Struct has no .get()
+    header = task.metadata["traceparent"] if "traceparent" in task.metadata else None  # noqa: SIM401
+    return trace_id_of(header if isinstance(header, str) else None)
 
 
 def _timestamp_ns(task: Task) -> int:
@@ -289,8 +327,9 @@ class SqliteTaskStore(TaskStore):
         self._redact.setdefault(task_id, set()).add(message_id)
 
     async def initialize(self) -> None:
-        # Version 1: the tasks; 2: the resume points of tasks that wait (mesh._a2a.waits).
-        await self._db.migrate("tasks", [_SCHEMA, TASKS_SCHEMA_V2])
+        # Version 1: the tasks; 2: the resume points of tasks that wait (mesh._a2a.waits);
+        # 3: their trace id and first save, indexed (``trace``).
+        await self._db.migrate("tasks", [_SCHEMA, TASKS_SCHEMA_V2, TASKS_SCHEMA_V3])
 
     def id_generator(self) -> IDGenerator:
         """The task id generator for the request handler (see ``get``)."""
@@ -331,7 +370,7 @@ class SqliteTaskStore(TaskStore):
         self._fresh.discard(task.id)
         self._live[key] = data
         self._dirty.discard(key)
-        row = (owner, task.id, task.context_id, int(state), _timestamp_ns(task), data)
+        row = _row(owner, task, data)
         staged = self._staged.pop(key, [])
 
         def write(conn: sqlite3.Connection) -> None:
@@ -377,16 +416,7 @@ class SqliteTaskStore(TaskStore):
         """Persist the in-memory states of in-flight tasks (before a listing)."""
         rows = []
         for key in list(self._dirty):
-            task = _parse(self._live[key])
-            rows.append(
-                (
-                    *key,
-                    task.context_id,
-                    int(task.status.state),
-                    _timestamp_ns(task),
-                    self._live[key],
-                )
-            )
+            rows.append(_row(key[0], _parse(self._live[key]), self._live[key]))
         self._dirty.clear()
         if rows:
             await self._db.write(lambda conn: conn.executemany(_UPSERT, rows))
@@ -440,6 +470,23 @@ class SqliteTaskStore(TaskStore):
             page_size=page_size,
         )
 
+    async def trace(self, trace_id: str, *, limit: int = MAX_TRACE_TASKS) -> TraceRows:
+        """The tasks of trace ``trace_id`` on this node, of every owner (the caller is the mesh
+        itself, authenticated by its token: see ``mesh._a2a.traces``), with the time of their
+        first save in ns (None for tasks stored before schema version 3), oldest first, at
+        most ``limit``. A task running now shows its latest state."""
+        await self._write_dirty()
+
+        def read(conn: sqlite3.Connection) -> list[Any]:
+            return conn.execute(
+                "select data, created_at from a2a_tasks where trace_id = ? "
+                "order by created_at, id limit ?",
+                (trace_id, limit),
+            ).fetchall()
+
+        rows = await self._db.read(read)
+        return [(_parse(r[0]), r[1]) for r in rows]
+
     async def end_unfinished(self, then: EndedHook | None = None) -> Ended:
         """``recover`` and the ``(owner, task)`` pairs it ended ``interrupted``."""
         return (await self.recover(then)).ended
@@ -486,17 +533,7 @@ class SqliteTaskStore(TaskStore):
                 else:
                     _set_status(task, TaskState.TASK_STATE_WORKING, RESUMED_TEXT, at)
                     recovery.resume.append((owner, task_id, context_id))
-                conn.execute(
-                    _UPSERT,
-                    (
-                        owner,
-                        task.id,
-                        task.context_id,
-                        int(task.status.state),
-                        _timestamp_ns(task),
-                        task.SerializeToString(),
-                    ),
-                )
+                conn.execute(_UPSERT, _row(owner, task, task.SerializeToString()))
 
         def end(owner: str, data: bytes) -> bytes:
             task = _parse(data)
@@ -535,17 +572,7 @@ class SqliteTaskStore(TaskStore):
             ended.append((owner, task))
         if not ended:
             return ended
-        rows = [
-            (
-                owner,
-                t.id,
-                t.context_id,
-                int(t.status.state),
-                _timestamp_ns(t),
-                t.SerializeToString(),
-            )
-            for owner, t in ended
-        ]
+        rows = [_row(owner, t, t.SerializeToString()) for owner, t in ended]
 
         def write(conn: sqlite3.Connection) -> None:
             conn.executemany(_UPSERT, rows)
