@@ -39,10 +39,14 @@ __all__ = [
     "SCHEMA_MEDIA_TYPE",
     "TASKS_EXTENSION",
     "AskKind",
+    "ChildRef",
+    "ChildWaiting",
     "Question",
     "Recorded",
     "Suspend",
     "answer_of",
+    "relay_id",
+    "relayed",
     "schema_hash",
     "validation_errors",
 ]
@@ -201,3 +205,70 @@ def validation_errors(exc: ValidationError, *, limit: int = 5) -> tuple[dict[str
         message = "required field is missing" if err.get("type") == "missing" else err["msg"]
         out.append({"field": where, "message": str(message)})
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class ChildRef:
+    """A child task a delegation left waiting: where it is and how it was started, so the
+    answer can be forwarded to it (and a cancel reach it) after any restart."""
+
+    peer: str
+    skill: str
+    url: str
+    task: str
+    context: str
+    message_id: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "peer": self.peer,
+            "skill": self.skill,
+            "url": self.url,
+            "task": self.task,
+            "context": self.context,
+            "message_id": self.message_id,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ChildRef:
+        return cls(**{name: str(data.get(name) or "") for name in cls.__dataclass_fields__})
+
+
+class ChildWaiting(BaseException):
+    """Raised by a delegation whose child task waits for input (or auth): not a failure (never
+    retried, never counted against a breaker). The runner makes the call a pending one that
+    relays ``questions`` (the child's, as the child words them) until an answer is forwarded.
+
+    A ``BaseException`` like ``Suspend``: the tool layer's ``except Exception`` must not turn
+    it into a tool error."""
+
+    def __init__(self, child: ChildRef, questions: Sequence[Question]) -> None:
+        super().__init__(f"{child.peer} task {child.task} waits for input")
+        self.child = child
+        self.questions = tuple(questions)
+
+
+def relay_id(child_task: str, child_question: str) -> str:
+    """The id a parent gives a question relayed from its child: the same on every run and
+    every replica, unique within the parent's task."""
+    digest = hashlib.sha256(f"{child_task}/{child_question}".encode()).hexdigest()
+    return "q-" + digest[:8]
+
+
+def relayed(child: ChildRef, questions: Sequence[Question]) -> tuple[Question, ...]:
+    """The child's questions as the parent shows them: its own ids (``relay_id``), the text and
+    schema unchanged, the asker (the agent that asked, however deep) and the path from the
+    direct child down, each hop with its own question id."""
+    hop = {"agent": child.peer, "task": child.task}
+    return tuple(
+        Question(
+            id=relay_id(child.task, q.id),
+            text=q.text,
+            kind=q.kind,
+            schema=q.schema,
+            asker=dict(q.asker) if q.asker else dict(hop),
+            path=({**hop, "question": q.id}, *q.path),
+            invalid=q.invalid,
+        )
+        for q in questions
+    )

@@ -24,13 +24,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mesh._asks import TASKS_EXTENSION, ChildRef, ChildWaiting
 from mesh._errors import (
     CircuitOpen,
     DeadlineExceeded,
@@ -222,11 +224,7 @@ class Delegation:
             skill=skill if self.tool.typed or skill != "chat" else None,
             message_id=uuid.uuid4().hex,  # the same for every attempt: the peer deduplicates
             context_id=context_id,
-            metadata={
-                "traceparent": str(self.trace.child()),
-                "deadline": self.deadline,
-                "caller": ctx.agent_name or self.caller,
-            },
+            metadata=self._metadata(),
         )
         try:
             result = await call_with_failover(
@@ -255,6 +253,10 @@ class Delegation:
             raise
         if result.context_id and result.context_id != context_id:
             ctx.state_delta[context_key(self.peer)] = result.context_id
+        if result.waiting:
+            # The child asks its caller: the call waits on its questions, relayed, until an
+            # answer is forwarded (``forward``).
+            raise ChildWaiting(self._child_ref(self.record.target, result), result.questions)
         report_usage(ctx, result.metadata)
         return result
 
@@ -285,9 +287,14 @@ class Delegation:
         if not result.task_id:
             detail = f"the instance at {url} answered without a task"
             raise RemoteError.unavailable(self.peer, skill, detail)
+        if result.waiting:
+            # The child asks its caller: an answer (never retried, the instance is healthy);
+            # ``run`` makes it ChildWaiting.
+            self.child = None
+            return result
         if not result.done:
-            # An interrupted task (input-required, auth-required): a delegation cannot answer
-            # it; a re-send (same message id) reports its state again.
+            # Not a state a finished attempt leaves (working: the node did not answer the
+            # blocking send properly); a re-send (same message id) reports its state again.
             detail = f"the instance at {url} left task {result.task_id} unfinished ({result.state})"
             raise RemoteError.unavailable(self.peer, skill, detail)
         self.child = None
@@ -327,6 +334,105 @@ class Delegation:
                 skill=self.tool.skill_id,
                 reason="deadline",
             ) from None
+
+    def _metadata(self) -> dict[str, Any]:
+        """What every message of this delegation carries besides its parts."""
+        ctx = self.ctx
+        metadata: dict[str, Any] = {
+            "traceparent": str(self.trace.child()),
+            "deadline": self.deadline,
+            "caller": ctx.agent_name or self.caller,
+        }
+        caller_task = ctx.metadata.get("task_id")
+        if isinstance(caller_task, str) and caller_task:
+            metadata["caller_task"] = caller_task  # lets readers fold the hops of a chain
+        return metadata
+
+    def _child_ref(self, url: str, result: TaskResult) -> ChildRef:
+        assert self._message is not None
+        return ChildRef(
+            peer=self.peer,
+            skill=self.tool.skill_id,
+            url=url,
+            task=result.task_id,
+            context=result.context_id,
+            message_id=self._message.message_id,
+        )
+
+    async def forward(self, child: ChildRef, question_id: str, answer: Any) -> TaskResult:
+        """Send ``answer`` to the question ``question_id`` of the waiting ``child`` task: to
+        the instance that holds it first, then the agent's other instances (a replica on a
+        shared store finds the task). Its message id is derived from the child task, the
+        question and the answer, so a re-sent answer (a retry, or a node that stopped during
+        the forward and resumes) is deduplicated at every hop. Returns the child task once
+        it ended; ``ChildWaiting`` when it asks again (the next question, or the answer was
+        invalid there); ``RemoteError`` when no instance could take it."""
+        skill = self.tool.skill_id
+        await self.link.ready()
+        self.deadline = time.time() + self.deadline_s
+        parent_deadline = self.ctx.metadata.get("deadline")
+        if isinstance(parent_deadline, int | float):
+            self.deadline = min(self.deadline, float(parent_deadline))
+        text = json.dumps([child.task, question_id, answer], sort_keys=True, default=str)
+        metadata = self._metadata()
+        if question_id:
+            metadata[TASKS_EXTENSION] = {"answers": question_id}
+        self._message = Outgoing(
+            payload=answer if isinstance(answer, dict | str) else json.dumps(answer),
+            skill=None,
+            message_id=hashlib.sha256(text.encode()).hexdigest()[:32],
+            context_id=child.context,
+            metadata=metadata,
+        )
+        try:
+            found = await self.link.targets(skill)
+        except RemoteError:
+            found = []
+        targets = [child.url, *(u for u in found if u != child.url)]
+        failure: RemoteError | None = None
+        for url in targets:
+            if time.time() >= self.deadline:
+                raise self._past_deadline()
+            try:
+                return await self._forward_to(url, child)
+            except RemoteError as exc:
+                if exc.reason != "unavailable":
+                    raise
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    async def _forward_to(self, url: str, child: ChildRef) -> TaskResult:
+        assert self._message is not None
+        skill = self.tool.skill_id
+        self.record.attempts += 1
+        self.record.target, self.record.task_id = url, child.task
+        peer, _ = await self.link.admit(url, skill)
+        timeout = max(0.1, self.deadline - time.time())
+        try:
+            result = await peer.send(
+                self._message.payload,
+                message_id=self._message.message_id,
+                context_id=child.context,
+                task_id=child.task,
+                metadata=self._message.metadata,
+                timeout=timeout,
+            )
+        except RemoteError as exc:
+            if exc.reason == "unavailable":
+                raise RemoteError.unavailable(self.peer, skill, exc.detail) from exc
+            # A task that ended meanwhile (answered at the child directly: -32004), or that
+            # this instance does not hold: what the task is now decides.
+            now = await peer.find_task(child.task)
+            if now is None:
+                raise
+            result = now
+        if result.waiting:
+            raise ChildWaiting(replace(child, url=url), result.questions)
+        if not result.done:
+            detail = f"the instance at {url} left task {child.task} unfinished ({result.state})"
+            raise RemoteError.unavailable(self.peer, skill, detail)
+        return result
 
     def _retried(self, target: str, exc: BaseException) -> None:
         skill = self.tool.skill_id

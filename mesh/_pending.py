@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mesh._asks import Question
+from mesh._asks import ChildRef, Question
 from mesh._errors import SchemaViolation
 
 __all__ = ["WAITING_KEY", "PendingCall", "PendingTurn", "TurnSuspended", "question_id"]
@@ -46,6 +46,18 @@ class PendingCall:
     #: What the tool wrote to session state; applied with the one tool event.
     state_delta: dict[str, Any] = field(default_factory=dict)
     question: Question | None = None
+    #: A remote call whose child task waits: the child, and its questions as relayed here.
+    child: ChildRef | None = None
+    relayed: tuple[Question, ...] = ()
+
+    @property
+    def open_questions(self) -> list[Question]:
+        """What this call waits on (none once answered)."""
+        if self.response is not None:
+            return []
+        if self.question is not None:
+            return [self.question]
+        return list(self.relayed)
 
     def not_asked(self, limit: int) -> PendingCall:
         """This call answered with an error: the turn reached ``max_model_calls``, so no
@@ -60,6 +72,9 @@ class PendingCall:
         if self.question is not None:
             out["question"] = self.question.entry()
             out["schema"] = self.question.schema
+        if self.child is not None:
+            out["child"] = self.child.to_dict()
+            out["relayed"] = [{"entry": q.entry(), "schema": q.schema} for q in self.relayed]
         return out
 
     @classmethod
@@ -72,12 +87,20 @@ class PendingCall:
                 entry, dict(schema) if isinstance(schema, dict) else None
             )
         response = data.get("response")
+        child = data.get("child")
+        relayed = tuple(
+            Question.from_entry(r["entry"], r.get("schema"))
+            for r in data.get("relayed") or ()
+            if isinstance(r, Mapping) and isinstance(r.get("entry"), Mapping)
+        )
         return cls(
             id=str(data["id"]),
             name=str(data["name"]),
             response=dict(response) if isinstance(response, dict) else None,
             state_delta=dict(data.get("state_delta") or {}),
             question=question,
+            child=ChildRef.from_dict(child) if isinstance(child, Mapping) else None,
+            relayed=relayed,
         )
 
 
@@ -93,7 +116,12 @@ class PendingTurn:
     @property
     def questions(self) -> list[Question]:
         """The open questions, in call order (the oldest first)."""
-        return [c.question for c in self.calls if c.response is None and c.question is not None]
+        return [q for c in self.calls for q in c.open_questions]
+
+    @property
+    def children(self) -> list[ChildRef]:
+        """The child tasks still waiting (a cancel or a deadline of this turn reaches them)."""
+        return [c.child for c in self.calls if c.response is None and c.child is not None]
 
     @property
     def waiting(self) -> bool:
@@ -126,8 +154,9 @@ class PendingTurn:
         return out
 
     def answered(self, answers: Mapping[str, Any]) -> PendingTurn:
-        """This turn with each waiting call whose question ``answers`` has (by question id)
-        answered ``{"result": answer}`` (``checked`` checks them first)."""
+        """This turn with each waiting call whose own question ``answers`` has (by question id)
+        answered ``{"result": answer}`` (``checked`` checks them first). A call waiting on a
+        child is not answered here: its answer is forwarded (``Runner.resume``)."""
         calls = tuple(
             replace(c, response={"result": answers[c.question.id]})
             if c.response is None and c.question is not None and c.question.id in answers
@@ -135,6 +164,10 @@ class PendingTurn:
             for c in self.calls
         )
         return replace(self, calls=calls)
+
+    def replaced(self, call: PendingCall) -> PendingTurn:
+        """This turn with the call of the same id replaced by ``call``."""
+        return replace(self, calls=tuple(call if c.id == call.id else c for c in self.calls))
 
     def to_json(self) -> str:
         """The turn as JSON text (what a node stores in ``mesh_waits.turn``)."""

@@ -28,6 +28,7 @@ link-local), and finds the registry at ``$MESH_REGISTRY`` (default http://127.0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -36,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from mesh._asks import ChildRef, ChildWaiting
 from mesh._card_cache import CardCache
 from mesh._delegation import (
     CallRecord,
@@ -60,6 +62,11 @@ if TYPE_CHECKING:
 __all__ = ["CallRecord", "RemoteAgent", "RemoteSkillTool", "context_key", "remote"]
 
 log = logging.getLogger("mesh._remote")
+
+#: How long a call of a skill that may ask a person may take by default (``wait_deadline_s``).
+WAIT_DEADLINE_S = 7 * 24 * 3600.0
+#: How long a CancelTask for a waiting child may take.
+CANCEL_S = 3.0
 
 TEXT_PARAMETERS: dict[str, Any] = {
     "type": "object",
@@ -96,10 +103,13 @@ class RemoteSkillTool:
         input_schema: dict[str, Any] | None,
         output_schema: dict[str, Any] | None,
         typed: bool,
+        asks: bool = False,
     ) -> None:
         self.owner = owner
         self.skill_id = skill_id
         self.typed = typed
+        #: The card says the skill may wait for input: its calls get ``wait_deadline_s``.
+        self.asks = asks
         self.input_schema = input_schema
         self.output_schema = output_schema
         self.name = _tool_name(owner.peer, skill_id, typed)
@@ -111,6 +121,13 @@ class RemoteSkillTool:
 
     async def call(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         return await self.owner.invoke(self, args, ctx)
+
+    async def forward(
+        self, child: ChildRef, question_id: str, answer: Any, ctx: ToolContext
+    ) -> Any:
+        """Answer the question ``question_id`` of this skill's waiting ``child`` task (the
+        runner's resume of a call that relays it); what ``call`` would have returned."""
+        return await self.owner.invoke(self, {}, ctx, forward=(child, question_id, answer))
 
     def __repr__(self) -> str:
         return f"RemoteSkillTool({self.owner.peer!r}, {self.skill_id!r})"
@@ -126,6 +143,7 @@ class RemoteAgent:
         *,
         url: str | None = None,
         deadline_s: float = 30.0,
+        wait_deadline_s: float = WAIT_DEADLINE_S,
         policy: RetryPolicy | None = None,
         breakers: BreakerBoard | None = None,
         card_ttl_s: float = 30.0,
@@ -134,10 +152,13 @@ class RemoteAgent:
             raise ConfigError("remote(): give an agent name or url=")
         if deadline_s <= 0:
             raise ConfigError(f"remote({agent or url!r}): deadline_s must be > 0")
+        if wait_deadline_s <= 0:
+            raise ConfigError(f"remote({agent or url!r}): wait_deadline_s must be > 0")
         self.agent = agent
         self.url = url.rstrip("/") if url else None
         self.skill = skill
         self.deadline_s = deadline_s
+        self.wait_deadline_s = wait_deadline_s
         self.policy = policy or RetryPolicy(attempts=4, initial_delay=0.1, max_delay=1.0)
         # A board the caller passed is shared by every copy (and keeps its on_change).
         self._given_breakers = breakers
@@ -174,6 +195,7 @@ class RemoteAgent:
             self.skill,
             url=self.url,
             deadline_s=self.deadline_s,
+            wait_deadline_s=self.wait_deadline_s,
             policy=self.policy,
             breakers=self._given_breakers,
             card_ttl_s=self.card_ttl_s,
@@ -240,6 +262,7 @@ class RemoteAgent:
             input_schema=dict(schema["input"]) if schema and schema.get("input") else None,
             output_schema=dict(schema["output"]) if schema and schema.get("output") else None,
             typed=schema is not None,
+            asks=bool(schema and schema.get("asks")),
         )
 
     def _placeholder(self, skill_id: str) -> RemoteSkillTool:
@@ -253,33 +276,40 @@ class RemoteAgent:
         )
 
     # -- the call ---------------------------------------------------------------------------
-    async def invoke(self, tool: RemoteSkillTool, args: Mapping[str, Any], ctx: ToolContext) -> Any:
-        """Run one delegation; returns the peer's answer or raises ``ToolError``/``RemoteError``."""
+    async def invoke(
+        self,
+        tool: RemoteSkillTool,
+        args: Mapping[str, Any],
+        ctx: ToolContext,
+        *,
+        forward: tuple[ChildRef, str, Any] | None = None,
+    ) -> Any:
+        """Run one delegation (or, with ``forward``, send an answer to its waiting child
+        task); returns the peer's answer or raises ``ToolError``/``RemoteError``, or
+        ``ChildWaiting`` when the child task waits for input."""
         skill = tool.skill_id
         started, clock0 = time.time(), time.perf_counter()
         trace = turn_trace(ctx)
         record = CallRecord(skill, "", "", trace.trace_id, started, started, "failed", 0)
         try:
+            if forward is not None:
+                delegation = self._delegation(tool, ctx, trace, record)
+                answer = check_answer(self.peer, tool, await delegation.forward(*forward))
+                record.outcome = "ok"
+                return answer
             payload = check_arguments(tool, args)
             if tool.typed and tool.input_schema is None:
                 # Declared while the peer was unreachable: the schema is needed to call it safely.
                 card = await self._cards.get(self._link, skill)
                 tool = self._tool(_skill_schemas(card), skill, tool.description)
                 payload = check_arguments(tool, payload if isinstance(payload, dict) else {})
-            delegation = Delegation(
-                self._link,
-                tool,
-                ctx,
-                trace=trace,
-                record=record,
-                policy=self.policy,
-                breakers=self.breakers,
-                deadline_s=self.deadline_s,
-                caller=self.caller,
-            )
+            delegation = self._delegation(tool, ctx, trace, record)
             answer = check_answer(self.peer, tool, await delegation.run(payload))
             record.outcome = "ok"
             return answer
+        except ChildWaiting:
+            record.outcome = "waiting"
+            raise
         except RemoteError as exc:
             record.outcome = exc.reason if exc.reason != "invalid_output" else "failed"
             raise
@@ -309,6 +339,33 @@ class RemoteAgent:
                 trace.trace_id,
             )
 
+    def _delegation(
+        self, tool: RemoteSkillTool, ctx: ToolContext, trace: Any, record: CallRecord
+    ) -> Delegation:
+        return Delegation(
+            self._link,
+            tool,
+            ctx,
+            trace=trace,
+            record=record,
+            policy=self.policy,
+            breakers=self.breakers,
+            # A skill that may ask a person gets the waiting deadline (the caller's own,
+            # when sooner, still wins).
+            deadline_s=self.wait_deadline_s if tool.asks else self.deadline_s,
+            caller=self.caller,
+        )
+
+    async def cancel_child(self, child: ChildRef) -> None:
+        """CancelTask for a waiting child (its caller was canceled, or its deadline passed):
+        at the instance that holds it; bounded, never raises."""
+        with contextlib.suppress(Exception):
+            await self._link.ready()
+            peer, _ = await self._link.admit(child.url, child.skill)
+            async with asyncio.timeout(CANCEL_S):
+                await peer.cancel(child.task)
+            log.info("canceled waiting child task %s at %s", child.task, self.peer)
+
     # -- visibility -------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """For /introspect: the peer as a node of this agent's tree."""
@@ -326,6 +383,7 @@ class RemoteAgent:
             "instances": self.instances,
             "breakers": self.breakers.states(),
             "deadline_s": self.deadline_s,
+            "wait_deadline_s": self.wait_deadline_s,
             "recent": [asdict(r) for r in self.recent],
         }
 
@@ -338,6 +396,7 @@ def remote(
     skill: str | None = None,
     *,
     deadline_s: float = 30.0,
+    wait_deadline_s: float = WAIT_DEADLINE_S,
     url: str | None = None,
     policy: RetryPolicy | None = None,
     breakers: BreakerBoard | None = None,
@@ -349,13 +408,23 @@ def remote(
     ``remote("credit-bureau", url=...)`` skip discovery. ``deadline_s`` bounds each call,
     retries included (the caller's own deadline, when sooner, wins). ``breakers``: a board of
     your own (its ``on_change`` stays yours), shared with the node's copy of this toolset.
+
+    ``wait_deadline_s`` (default 7 days) replaces ``deadline_s`` for a skill whose card says
+    it ``asks`` (its task may wait for a person's answer, relayed to this agent's caller);
+    the caller's own deadline still caps it.
     """
     if _is_url(agent_or_url):
         if url is not None:
             raise ConfigError("remote(): give the URL once (positionally or url=)")
-        return RemoteAgent(
-            None, skill, url=agent_or_url, deadline_s=deadline_s, policy=policy, breakers=breakers
-        )
+        agent, url = None, agent_or_url
+    else:
+        agent = agent_or_url
     return RemoteAgent(
-        agent_or_url, skill, url=url, deadline_s=deadline_s, policy=policy, breakers=breakers
+        agent,
+        skill,
+        url=url,
+        deadline_s=deadline_s,
+        wait_deadline_s=wait_deadline_s,
+        policy=policy,
+        breakers=breakers,
     )

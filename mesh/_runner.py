@@ -32,11 +32,12 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mesh._agent import Agent
+from mesh._asks import ChildRef, ChildWaiting, Question, relayed
 from mesh._errors import (
     ConfigError,
     MaxModelCallsExceeded,
@@ -45,6 +46,7 @@ from mesh._errors import (
     RunError,
     SessionWaiting,
     StoreError,
+    ToolError,
 )
 from mesh._events import Event, new_id
 from mesh._models.base import Model, ModelRequest, ModelResponse, ToolDeclaration
@@ -311,6 +313,20 @@ class Runner:
             async for event in steps:
                 yield event
 
+    async def cancel_children(self, turn: PendingTurn) -> None:
+        """CancelTask for every child task ``turn`` still waits on (its task was canceled, or
+        its deadline passed): concurrently, each bounded by the remote toolset; never raises.
+        The children cancel their own children in turn."""
+
+        async def one(child: ChildRef) -> None:
+            for item in self._items:
+                cancel = getattr(item, "cancel_child", None)
+                if cancel is not None and getattr(item, "peer", None) == child.peer:
+                    await cancel(child)
+                    return
+
+        await asyncio.gather(*(one(c) for c in turn.children), return_exceptions=True)
+
     async def aclose(self) -> None:
         """Close the model's connections (the session store belongs to whoever passed it)."""
         await self.model.aclose()
@@ -375,7 +391,8 @@ class Runner:
                 )
             inv = pending.invocation_id
             if session.state.get(WAITING_KEY) == pending.task_id:
-                filled = pending.answered(pending.checked(answers))
+                checked = pending.checked(answers)
+                filled = await self._forward(pending.answered(checked), checked, session, meta)
                 if filled.waiting:
                     raise TurnSuspended(filled)  # nothing changed in the session
                 tool_event = self._tool_event(filled.calls, inv, {WAITING_KEY: None})
@@ -601,7 +618,19 @@ class Runner:
                     }
                 }
             else:
-                result = await invoke_tool(target, dict(call.args), ctx)
+                try:
+                    result = await invoke_tool(target, dict(call.args), ctx)
+                except ChildWaiting as waiting:
+                    # A remote skill's task waits for input: the call waits on its questions.
+                    self._notify("on_tool_call", call.name, True)
+                    return PendingCall(
+                        call.id,
+                        call.name,
+                        None,
+                        ctx.state_delta,
+                        child=waiting.child,
+                        relayed=relayed(waiting.child, waiting.questions),
+                    )
             if isinstance(result, Ask):
                 try:
                     question = result.to_question(question_id(base.invocation_id, call.id))
@@ -619,6 +648,77 @@ class Runner:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(run_one(call)) for call in calls]
         return [task.result() for task in tasks]
+
+    async def _forward(
+        self,
+        pending: PendingTurn,
+        answers: Mapping[str, Any],
+        session: Session,
+        meta: Mapping[str, Any],
+    ) -> PendingTurn:
+        """Forward each answer to a question relayed from a child task down to that child
+        (the remote tool's ``forward``; several children at once, concurrently). The child's
+        reply settles the call: its result, a tool error, or new questions to relay."""
+        calls = [
+            (c, q)
+            for c in pending.calls
+            if c.response is None and c.child is not None
+            for q in c.relayed[:1]
+            if q.id in answers
+        ]
+        if not calls:
+            return pending
+        base = ToolContext(
+            agent_name=self.agent.name,
+            user_id=session.user_id,
+            session_id=session.id,
+            invocation_id=pending.invocation_id,
+            session_state=MappingProxyType(session.state),
+            metadata=dict(meta),
+        )
+        tools = await self._tools(base)
+
+        async def one(call: PendingCall, question: Question) -> PendingCall:
+            assert call.child is not None
+            forward = getattr(tools.get(call.name), "forward", None)
+            if forward is None:
+                message = f"tool {call.name!r} is gone: the answer cannot reach its child task"
+                return replace(call, response={"error": {"type": "forward", "message": message}})
+            ctx = ToolContext(
+                agent_name=base.agent_name,
+                user_id=base.user_id,
+                session_id=base.session_id,
+                invocation_id=base.invocation_id,
+                session_state=base.session_state,
+                metadata=dict(meta),
+            )
+            hop = question.path[0] if question.path else {}
+            token = set_current_context(ctx)
+            try:
+                value = await forward(
+                    call.child, hop.get("question", ""), answers[question.id], ctx
+                )
+            except ChildWaiting as waiting:
+                again = relayed(waiting.child, waiting.questions)
+                return replace(call, child=waiting.child, relayed=again)
+            except ToolError as exc:
+                response = exc.to_result()
+            except Exception as exc:
+                response = {"error": {"type": type(exc).__name__, "message": str(exc) or repr(exc)}}
+            else:
+                response = {"result": jsonable(value)}
+            finally:
+                reset_current_context(token)
+            ok = "error" not in response
+            self._notify("on_tool_call", call.name, ok)
+            delta = {**call.state_delta, **ctx.state_delta} if ok else call.state_delta
+            return replace(call, response=response, state_delta=delta)
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(c, q)) for c, q in calls]
+        for task in tasks:
+            pending = pending.replaced(task.result())
+        return pending
 
     @staticmethod
     def _tool_event(

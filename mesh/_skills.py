@@ -159,7 +159,7 @@ class Skill:
                 f"skill id {self.id!r} is invalid: use lowercase letters, digits, '-' or '_', "
                 "starting with a letter"
             )
-        if self.asks and (self.handler is None or not self.takes_context):
+        if self.asks and self.handler is not None and not self.takes_context:
             raise ConfigError(
                 f"skill {self.id!r} is declared asks=True: it must be a function taking "
                 "(input, ctx: SkillContext), which asks through ctx.ask"
@@ -258,8 +258,14 @@ def llm_skill(
     instruction: str | None = None,
     tags: typing.Sequence[str] = (),
     examples: typing.Sequence[str] = (),
+    asks: bool = False,
 ) -> Skill:
-    """A typed skill answered by the agent's model, its output validated against ``output``."""
+    """A typed skill answered by the agent's model, its output validated against ``output``.
+
+    ``asks=True`` says on the card that its task may wait for input: a tool of the agent
+    returns ``mesh.Ask``, or a remote skill it calls asks (the question is relayed). Callers'
+    ``remote()`` then give it ``wait_deadline_s`` instead of ``deadline_s``. Undeclared, such
+    a task still waits, but its callers bound it by their working deadline."""
     return Skill(
         id=id,
         name=name or id.replace("-", " ").capitalize(),
@@ -270,4 +276,5 @@ def llm_skill(
         tags=tuple(tags),
         examples=tuple(examples),
         instruction=instruction,
+        asks=asks,
     )

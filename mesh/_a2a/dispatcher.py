@@ -65,6 +65,8 @@ class TurnRunner(Protocol):
         metadata: dict[str, Any] | None = None,
     ) -> AsyncIterator[Event]: ...
 
+    async def cancel_children(self, turn: PendingTurn) -> None: ...
+
 
 #: Whether a task still waits (the runner's check of a session marked waiting).
 WaitCheck = Callable[[str], Awaitable[bool]]
@@ -245,6 +247,13 @@ class SkillDispatcher:
             )
 
         return await self._llm(skill, turn, ctx, user_id, progress)
+
+    async def cancel_children(self, pending: PendingTurn) -> None:
+        """CancelTask for the child tasks a waiting turn relays questions of (a cancel or a
+        deadline of its task reaches them)."""
+        runner = self.runner or next(iter(self.skill_runners.values()), None)
+        if runner is not None and pending.children:
+            await runner.cancel_children(pending)
 
     async def resume(
         self,

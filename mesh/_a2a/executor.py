@@ -27,6 +27,7 @@ get that task as the answer (blocking) or final event (streaming); its message i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -296,6 +297,8 @@ class MeshExecutor(AgentExecutor):
         req = self.read_request(first)
         if kind == "deadline":
             self.forget(owner, task_id)
+            if wait.kind == "turn":  # the children it waits on go with it
+                await self.cancel_children(wait.turn)
             await self._end(updater, TaskState.TASK_STATE_FAILED, DEADLINE, WAIT_DEADLINE_TEXT, req)
             return None
         if kind == ANSWER:
@@ -319,6 +322,18 @@ class MeshExecutor(AgentExecutor):
             turn = PendingTurn.from_json(wait.turn)
             return _Resumed(req, skill, payload, [], wait.request, turn, wait.answers())
         return _Resumed(req, skill, payload, wait.replay(), wait.request)
+
+    async def cancel_children(self, turn_json: str) -> None:
+        """CancelTask for the child tasks a waiting turn (its stored JSON) relays questions
+        of: bounded and shielded (the caller may be canceled itself); never raises."""
+        try:
+            turn = PendingTurn.from_json(turn_json)
+        except ValueError:
+            return
+        if not turn.children:
+            return
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(self.dispatcher.cancel_children(turn)), 10.0)
 
     def forget(self, owner: str, task_id: str) -> None:
         """The task no longer waits: drop its resume point and deadline timer."""
@@ -651,6 +666,9 @@ class MeshExecutor(AgentExecutor):
             meta["caller"] = req.caller
         if req.traceparent:
             meta["traceparent"] = req.traceparent
+        caller_task = req.metadata.get("caller_task")
+        if isinstance(caller_task, str) and caller_task:
+            meta["caller_task"] = caller_task  # the task above this one in a chain
         return meta
 
     async def _end(

@@ -318,6 +318,11 @@ class MeshRequestHandler(RequestHandler):
             canceled = await self.fastpath.cancel(params.id, context)
             if canceled is not None:
                 return canceled
+        waits = self.executor.waits
+        wait = await waits.load(resolve_user_scope(context), params.id) if waits else None
+        if wait is not None and wait.kind == "turn":
+            # A turn waiting on child tasks: they are canceled first (and theirs by them).
+            await self.executor.cancel_children(wait.turn)
         task = await self.sdk.on_cancel_task(params, context)
         if task is not None:
             self.executor.forget(resolve_user_scope(context), task.id)

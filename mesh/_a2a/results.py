@@ -20,12 +20,15 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message as ProtoMessage
 
-from mesh._asks import TASKS_EXTENSION
+from mesh._asks import SCHEMA_MEDIA_TYPE, TASKS_EXTENSION, AskKind, Question
+from mesh._schema_order import restore
 
-__all__ = ["FAILED_STATES", "TaskPage", "TaskResult", "TaskUpdate", "as_json"]
+__all__ = ["FAILED_STATES", "WAITING_STATES", "TaskPage", "TaskResult", "TaskUpdate", "as_json"]
 
 #: States of a task that ended without completing.
 FAILED_STATES = frozenset({"failed", "rejected", "canceled"})
+#: The states of a task that waits for its caller (as ``TaskResult.state`` spells them).
+WAITING_STATES = frozenset({"input-required", "auth-required"})
 
 
 def as_json(message: ProtoMessage) -> dict[str, Any]:
@@ -56,6 +59,32 @@ def _first_data(holder: Any) -> dict[str, Any] | None:
 
 def _mapping(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _ext(holder: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = holder.get("metadata")
+    found = meta.get(TASKS_EXTENSION) if isinstance(meta, Mapping) else None
+    return found if isinstance(found, Mapping) else {}
+
+
+def _is_schema(part: Mapping[str, Any]) -> bool:
+    return part.get("mediaType") == SCHEMA_MEDIA_TYPE and isinstance(part.get("data"), Mapping)
+
+
+def _schema(part: Mapping[str, Any]) -> dict[str, Any]:
+    # Through a protobuf Struct: whole numbers back to integers, the declared order kept.
+    return restore(part["data"], keep_hint=True)
+
+
+def _question_entry(entry: Any, parts: list[Mapping[str, Any]]) -> Question:
+    if not isinstance(entry, Mapping):
+        raise ValueError("a question entry is not an object")
+    schema = None
+    if entry.get("schema"):
+        # This question's schema part; the first one when the parts do not say whose.
+        mine = [p for p in parts if _is_schema(p) and _ext(p).get("question") == entry.get("id")]
+        schema = next((_schema(p) for p in mine or [p for p in parts if _is_schema(p)]), None)
+    return Question.from_entry(entry, schema)
 
 
 def _whole(value: Any) -> Any:
@@ -95,6 +124,31 @@ class TaskResult:
     @property
     def done(self) -> bool:
         return self.state == "completed" or self.state in FAILED_STATES
+
+    @property
+    def waiting(self) -> bool:
+        return self.state in WAITING_STATES
+
+    @property
+    def questions(self) -> list[Question]:
+        """The open questions of a waiting task (none otherwise), the oldest first: a mesh
+        node's question entries when its status message (or the task) has them, else one
+        question without an id, the message's text, with the schema its
+        ``application/schema+json`` part holds (any A2A agent)."""
+        if not self.waiting:
+            return []
+        kind: AskKind = "auth" if self.state == "auth-required" else "input"
+        message = self.status_message or {}
+        parts = _parts(message)
+        entries = _ext(message).get("questions") or _ext(self.metadata).get("questions")
+        if isinstance(entries, list) and entries:
+            try:
+                return [_question_entry(e, parts) for e in entries]
+            except ValueError:  # malformed: read it as any agent's question
+                pass
+        texts = [str(p["text"]) for p in parts if "text" in p]
+        schema = next((_schema(p) for p in parts if _is_schema(p)), None)
+        return [Question(id="", text="\n".join(texts) or self.text, kind=kind, schema=schema)]
 
     @classmethod
     def from_json(cls, task: Mapping[str, Any]) -> TaskResult:

@@ -251,7 +251,10 @@ class WaitStore:
                     "insert into mesh_questions (owner, task_id, question_id, seq, kind, text, "
                     "schema, schema_hash, path, state) "
                     "values (?, ?, ?, ?, ?, ?, ?, ?, ?, 'open') "
-                    "on conflict (owner, task_id, question_id) do nothing",
+                    # A question asked again (a child that refused the answer relays the same
+                    # question id) is open again, without the answer it refused.
+                    "on conflict (owner, task_id, question_id) do update set state = 'open', "
+                    "answer = null, answered_at = null where mesh_questions.state != 'open'",
                     (
                         owner,
                         task_id,

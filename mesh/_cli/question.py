@@ -23,9 +23,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mesh._asks import SCHEMA_MEDIA_TYPE, TASKS_EXTENSION, AskKind, Question
+from mesh._asks import Question
 from mesh._errors import ConfigError, SchemaViolation
-from mesh._schema_order import restore
 
 if TYPE_CHECKING:
     from mesh._a2a.results import TaskResult
@@ -56,49 +55,9 @@ WAITING_STATES = frozenset({"input-required", "auth-required"})
 
 
 def questions_of(task: TaskResult) -> list[Question]:
-    """The open questions of ``task`` (none unless it waits), the oldest first: a mesh node's
-    question entries when its status message (or the task) has them, else one question, the
-    message's text, with the schema its ``application/schema+json`` part holds."""
-    if task.state not in WAITING_STATES:
-        return []
-    kind: AskKind = "auth" if task.state == "auth-required" else "input"
-    message = task.status_message or {}
-    parts = [p for p in message.get("parts") or () if isinstance(p, Mapping)]
-    entries = _ext(message).get("questions") or _ext(task.metadata).get("questions")
-    if isinstance(entries, list) and entries:
-        try:
-            return [_from_entry(e, parts) for e in entries]
-        except ValueError:  # malformed: read it as any agent's question
-            pass
-    texts = [str(p["text"]) for p in parts if "text" in p]
-    schema = next((_schema(p) for p in parts if _is_schema(p)), None)
-    return [Question(id="", text="\n".join(texts) or task.text, kind=kind, schema=schema)]
-
-
-def _from_entry(entry: Any, parts: list[Mapping[str, Any]]) -> Question:
-    if not isinstance(entry, Mapping):
-        raise ValueError("a question entry is not an object")
-    schema = None
-    if entry.get("schema"):
-        # This question's schema part; the first one when the parts do not say whose.
-        mine = [p for p in parts if _is_schema(p) and _ext(p).get("question") == entry.get("id")]
-        schema = next((_schema(p) for p in mine or [p for p in parts if _is_schema(p)]), None)
-    return Question.from_entry(entry, schema)
-
-
-def _ext(holder: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = holder.get("metadata")
-    found = meta.get(TASKS_EXTENSION) if isinstance(meta, Mapping) else None
-    return found if isinstance(found, Mapping) else {}
-
-
-def _is_schema(part: Mapping[str, Any]) -> bool:
-    return part.get("mediaType") == SCHEMA_MEDIA_TYPE and isinstance(part.get("data"), Mapping)
-
-
-def _schema(part: Mapping[str, Any]) -> dict[str, Any]:
-    # Through a protobuf Struct: whole numbers back to integers, the declared order kept.
-    return restore(part["data"], keep_hint=True)
+    """The open questions of ``task`` (none unless it waits), the oldest first
+    (``TaskResult.questions``, what a delegation reads too)."""
+    return task.questions
 
 
 def asker_of(question: Question) -> str:

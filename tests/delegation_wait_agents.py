@@ -1,0 +1,142 @@
+"""Three agents tests/test_delegation_wait.py chains, on the scripted model (offline).
+
+``bottom`` is a typed agent whose skills ask (``review``: a structured approval, ``confirm``: a
+text code); ``middle`` an LLM agent whose typed ``assess`` (declared ``asks=True``) calls
+``bottom``'s ``review``; ``top`` an LLM agent whose chat calls ``middle``'s ``assess``, or
+``bottom``'s two skills at once. The nodes find each other at ``$MESH_TEST_MIDDLE_URL`` and
+``$MESH_TEST_BOTTOM_URL``. Each finished ``review`` appends ``review APP-1 approve <note>`` to
+``$NODE_TEST_CALLS``: that the answer sent to the top was used at the bottom is visible from
+outside.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel
+
+from mesh import Agent, Call, Rule, Script, SkillContext, llm_skill, remote, skill
+
+MIDDLE_URL = os.environ.get("MESH_TEST_MIDDLE_URL", "http://127.0.0.1:1")
+BOTTOM_URL = os.environ.get("MESH_TEST_BOTTOM_URL", "http://127.0.0.1:1")
+
+
+class Review(BaseModel):
+    applicant_id: str
+    amount: float
+
+
+class Approval(BaseModel):
+    decision: Literal["approve", "decline"]
+    note: str = ""
+
+
+class Decision(BaseModel):
+    applicant_id: str
+    decision: Literal["approve", "decline"]
+    note: str
+
+
+class Identity(BaseModel):
+    applicant_id: str
+
+
+class Confirmed(BaseModel):
+    applicant_id: str
+    code: str
+
+
+def _note(line: str) -> None:
+    path = os.environ.get("NODE_TEST_CALLS")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(line + "\n")
+
+
+@skill(asks=True)
+async def review(req: Review, ctx: SkillContext) -> Decision:
+    """Ask a person to approve the amount."""
+    ok = await ctx.ask(f"Approve {req.applicant_id} for {req.amount:,.0f}?", schema=Approval)
+    _note(f"review {req.applicant_id} {ok.decision} {ok.note}")
+    return Decision(applicant_id=req.applicant_id, decision=ok.decision, note=ok.note)
+
+
+@skill(asks=True)
+async def confirm(req: Identity, ctx: SkillContext) -> Confirmed:
+    """Ask a person for the applicant's identity code."""
+    code = await ctx.ask(f"Identity code of {req.applicant_id}?")
+    return Confirmed(applicant_id=req.applicant_id, code=str(code))
+
+
+bottom = Agent(name="bottom", description="Asks people.", skills=[review, confirm])
+
+assess = llm_skill(
+    "assess",
+    input=Review,
+    output=Decision,
+    description="Assess an application (asks a reviewer).",
+    asks=True,
+)
+
+middle = Agent(
+    name="middle",
+    description="Assesses applications through the reviewer.",
+    instruction="You assess applications.",
+    tools=[remote(BOTTOM_URL, skill="review")],
+    skills=[assess],
+    script=Script(
+        rules=[
+            Rule(
+                when=r'"applicant_id"',
+                steps=[
+                    Call(
+                        "bottom_review",
+                        {"applicant_id": "{input.applicant_id}", "amount": "{input.amount}"},
+                    )
+                ],
+                answer_data={
+                    "applicant_id": "{input.applicant_id}",
+                    "decision": "{bottom_review.decision}",
+                    "note": "{bottom_review.note}",
+                },
+            )
+        ],
+        fallback="?",
+    ),
+)
+
+top = Agent(
+    name="top",
+    description="Coordinates.",
+    instruction="You coordinate.",
+    tools=[remote(MIDDLE_URL, skill="assess"), remote(BOTTOM_URL)],
+    script=Script(
+        rules=[
+            Rule(
+                when=r"(?i)assess (?P<applicant_id>APP-\d+) (?P<amount>[\d,]+)",
+                steps=[
+                    Call(
+                        "middle_assess",
+                        {"applicant_id": "{applicant_id}", "amount": "{amount|number}"},
+                    )
+                ],
+                answer="{middle_assess.applicant_id}: {middle_assess.decision} "
+                "({middle_assess.note})",
+                on_error="failed: {error}",
+            ),
+            Rule(
+                when=r"(?i)both (?P<applicant_id>APP-\d+)",
+                steps=[
+                    [
+                        Call("bottom_review", {"applicant_id": "{applicant_id}", "amount": 70000}),
+                        Call("bottom_confirm", {"applicant_id": "{applicant_id}"}),
+                    ]
+                ],
+                answer="{bottom_review.decision} / {bottom_confirm.code}",
+                on_error="failed: {error}",
+            ),
+        ],
+        fallback="?",
+    ),
+)

@@ -1,0 +1,271 @@
+"""A specialist asks across the hop (issue 13 item 3): real ``mesh serve`` processes of
+tests.delegation_wait_agents (top LLM coordinator -> middle LLM coordinator -> bottom typed skill
+that asks), driven by the real a2a-sdk client.
+
+The bottom's question waits at the top, attributed (asker = bottom, path = [middle, bottom]);
+the answer sent to the top is checked there (an invalid one names the field and goes nowhere)
+and forwarded down, also after every node was kill -9'd and restarted while waiting; two
+children waiting at once are answered one by one; a cancel at the top, or its deadline passing
+while it waits, reaches the bottom; a bottom answered directly gives the top its end."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
+from a2a.types import CancelTaskRequest, Task, TaskState
+
+from tests.support import Proc, clean_env, eventually, free_port, running
+from tests.test_node_ask import ext_of, get, message, send, status_texts
+
+pytestmark = pytest.mark.integration
+
+WAITING = TaskState.TASK_STATE_INPUT_REQUIRED
+COMPLETED = TaskState.TASK_STATE_COMPLETED
+APPROVE = {"decision": "approve", "note": "collateral checked"}
+
+
+class Node:
+    """One node of the chain: its port and data dir; restartable."""
+
+    def __init__(self, tmp: Path, name: str) -> None:
+        self.tmp = tmp
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.data = tmp / f"{name}-data"
+        self.runs = 0
+        self.proc: Proc | None = None
+
+    def argv(self) -> list[str]:
+        return [
+            "mesh", "serve", f"tests.delegation_wait_agents:{self.name}", "--port",
+            str(self.port), "--data-dir", str(self.data), "--no-register",
+        ]  # fmt: skip
+
+    def waits(self) -> list[tuple[str, str]]:
+        """(task id, state) of the resume points on disk."""
+        conn = sqlite3.connect(self.data / "node.db", timeout=5)
+        try:
+            return list(conn.execute("select task_id, state from mesh_waits").fetchall())
+        finally:
+            conn.close()
+
+    async def client(self, http: httpx.AsyncClient) -> Client:
+        card = await A2ACardResolver(http, self.url).get_agent_card()
+        return ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(card)
+
+
+class Chain:
+    """top -> middle -> bottom, each its own process."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.top, self.middle, self.bottom = (Node(tmp, n) for n in ("top", "middle", "bottom"))
+        self.calls_file = tmp / "bottom-calls.txt"
+        self._stack = contextlib.ExitStack()
+
+    def start(self, node: Node) -> None:
+        node.runs += 1
+        env = clean_env(
+            MESH_TEST_MIDDLE_URL=self.middle.url,
+            MESH_TEST_BOTTOM_URL=self.bottom.url,
+            NODE_TEST_CALLS=str(self.calls_file),
+        )
+        node.proc = self._stack.enter_context(
+            running(
+                node.argv(),
+                name=f"{node.name}-{node.runs}",
+                tmp=self.tmp,
+                env=env,
+                health=f"{node.url}/health",
+            )
+        )
+
+    @contextlib.contextmanager
+    def serve(self) -> Iterator[Chain]:
+        with self._stack:
+            for node in (self.bottom, self.middle, self.top):
+                self.start(node)
+            yield self
+
+    def kill_all(self) -> None:
+        for node in (self.top, self.middle, self.bottom):
+            assert node.proc is not None
+            node.proc.kill()
+
+    def calls(self) -> list[str]:
+        return self.calls_file.read_text().splitlines() if self.calls_file.exists() else []
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
+    with Chain(tmp_path_factory.mktemp("chain")).serve() as served:
+        yield served
+
+
+def questions(task: Task) -> list[dict[str, Any]]:
+    return list(ext_of(task.status.message.metadata)["questions"])
+
+
+def answer(task: Task, question_id: str, *, data: Any = None, text: str | None = None) -> Any:
+    return message(
+        data=data, text=text, task=task, metadata={"urn:mesh:tasks:v1": {"answers": question_id}}
+    )
+
+
+async def assess(client: Client, applicant: str, **meta: Any) -> Task:
+    return await send(client, message(text=f"assess {applicant} 600,000", metadata=meta or None))
+
+
+async def test_three_hops_restarted_while_waiting_the_answer_at_the_top_is_used_at_the_bottom(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    chain = Chain(tmp_path)
+    with chain.serve():
+        top = await chain.top.client(http)
+        task = await assess(top, "APP-1")
+        assert task.status.state == WAITING, status_texts(task)
+        assert status_texts(task) == ["Approve APP-1 for 600,000?"]
+        (q,) = questions(task)
+        assert q["asker"]["agent"] == "bottom"
+        assert [hop["agent"] for hop in q["path"]] == ["middle", "bottom"]
+        assert q["path"][1]["question"] == "q-0"  # the bottom's own id
+        assert q["asker"]["task"] == q["path"][1]["task"]
+        assert q["id"].startswith("q-")
+        assert q["id"] != q["path"][0]["question"]  # each hop's own id
+        # The schema is relayed: the top shows what the bottom takes.
+        schema_parts = [p for p in task.status.message.parts if p.HasField("data")]
+        assert len(schema_parts) == 1
+        # Each hop tells whom it works for.
+        middle_task = await get(await chain.middle.client(http), q["path"][0]["task"])
+        assert middle_task.status.state == WAITING
+        assert middle_task.metadata["caller_task"] == task.id
+        bottom_task = await get(await chain.bottom.client(http), q["asker"]["task"])
+        assert bottom_task.metadata["caller_task"] == middle_task.id
+
+        chain.kill_all()
+        for node in (chain.bottom, chain.middle, chain.top):
+            assert [state for _, state in node.waits()] == ["waiting"], node.name
+            chain.start(node)
+
+        top = await chain.top.client(http)
+        done = await send(top, answer(task, q["id"], data=APPROVE))
+        assert done.status.state == COMPLETED, status_texts(done)
+        assert "APP-1: approve (collateral checked)" in done.artifacts[-1].parts[0].text
+        assert chain.calls() == ["review APP-1 approve collateral checked"]
+        for node in (chain.top, chain.middle, chain.bottom):
+            await eventually(lambda node=node: node.waits() == [], within=10)
+
+
+async def test_an_invalid_answer_at_the_top_names_the_field_and_nothing_is_forwarded(
+    chain: Chain, http: httpx.AsyncClient
+) -> None:
+    top = await chain.top.client(http)
+    task = await assess(top, "APP-2")
+    (q,) = questions(task)
+    bottom = await chain.bottom.client(http)
+    before = await get(bottom, q["asker"]["task"])
+
+    bad = await send(top, answer(task, q["id"], data={"decision": "maybe"}))
+    assert bad.status.state == WAITING
+    assert status_texts(bad)[0].startswith(f"invalid answer to {q['id']}: field 'decision': ")
+    (entry,) = questions(bad)
+    assert entry["invalid"][0]["field"] == "decision"
+    after = await get(bottom, q["asker"]["task"])
+    assert len(after.history) == len(before.history)
+    assert questions(after)[0].get("invalid") is None
+
+    done = await send(top, answer(task, q["id"], data={"decision": "decline"}))
+    assert done.status.state == COMPLETED
+    assert "APP-2: decline ()" in done.artifacts[-1].parts[0].text
+
+
+async def test_two_children_waiting_at_once_each_answer_resolves_one(
+    chain: Chain, http: httpx.AsyncClient
+) -> None:
+    top = await chain.top.client(http)
+    task = await send(top, message(text="both APP-3"))
+    assert task.status.state == WAITING
+    asked = {q["text"]: q for q in questions(task)}
+    assert set(asked) == {"Approve APP-3 for 70,000?", "Identity code of APP-3?"}
+    code = asked["Identity code of APP-3?"]
+    approval = asked["Approve APP-3 for 70,000?"]
+
+    first = await send(top, answer(task, code["id"], text="ID-448"))
+    assert first.status.state == WAITING
+    assert [q["id"] for q in questions(first)] == [approval["id"]]
+    done = await send(top, answer(task, approval["id"], data={"decision": "approve"}))
+    assert done.status.state == COMPLETED, status_texts(done)
+    assert done.artifacts[-1].parts[0].text == "approve / ID-448"
+
+
+async def test_a_cancel_at_the_top_cancels_the_bottom(
+    chain: Chain, http: httpx.AsyncClient
+) -> None:
+    top = await chain.top.client(http)
+    task = await assess(top, "APP-4")
+    (q,) = questions(task)
+    canceled = await top.cancel_task(CancelTaskRequest(id=task.id))
+    assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+    middle = await get(await chain.middle.client(http), q["path"][0]["task"])
+    assert middle.status.state == TaskState.TASK_STATE_CANCELED
+    bottom = await get(await chain.bottom.client(http), q["asker"]["task"])
+    assert bottom.status.state == TaskState.TASK_STATE_CANCELED
+
+
+async def test_a_deadline_passing_while_waiting_at_the_top_ends_the_chain(
+    chain: Chain, http: httpx.AsyncClient
+) -> None:
+    top = await chain.top.client(http)
+    task = await assess(top, "APP-5", deadline=time.time() + 4)
+    assert task.status.state == WAITING
+    (q,) = questions(task)
+    middle_client = await chain.middle.client(http)
+    bottom_client = await chain.bottom.client(http)
+    # The children carry the top's deadline, not their own 7-day wait.
+    middle = await get(middle_client, q["path"][0]["task"])
+    assert middle.status.state == WAITING
+
+    ended = {TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED}
+
+    async def chain_ended() -> bool:
+        states = [
+            (await get(top, task.id)).status.state,
+            (await get(middle_client, q["path"][0]["task"])).status.state,
+            (await get(bottom_client, q["asker"]["task"])).status.state,
+        ]
+        return all(s in ended for s in states)
+
+    await eventually(chain_ended, within=20)
+    assert (await get(top, task.id)).status.state == TaskState.TASK_STATE_FAILED
+
+
+async def test_a_bottom_answered_directly_gives_the_top_its_end(
+    chain: Chain, http: httpx.AsyncClient
+) -> None:
+    top = await chain.top.client(http)
+    task = await assess(top, "APP-6")
+    (q,) = questions(task)
+    bottom = await chain.bottom.client(http)
+    bottom_task = await get(bottom, q["asker"]["task"])
+    direct = await send(bottom, answer(bottom_task, "q-0", data={"decision": "decline"}))
+    assert direct.status.state == COMPLETED
+
+    # The top, answered later, forwards; the bottom's end (its direct answer) is what it uses.
+    done = await send(top, answer(task, q["id"], data=APPROVE))
+    assert done.status.state == COMPLETED, status_texts(done)
+    assert "APP-6: decline ()" in done.artifacts[-1].parts[0].text
