@@ -394,11 +394,14 @@ class Delegation:
             if time.time() >= self.deadline:
                 raise self._past_deadline()
             try:
-                return await self._forward_to(url, child)
+                result = await self._forward_to(url, child)
             except RemoteError as exc:
                 if exc.reason != "unavailable":
                     raise
                 failure = exc
+            else:
+                report_usage(self.ctx, result.metadata)
+                return result
         assert failure is not None
         raise failure
 

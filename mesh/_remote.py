@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
     from mesh._discovery.client import DiscoveryClient
     from mesh._metrics import NodeMetrics
+    from mesh._tracing import TraceParent
     from mesh._trust import PeerTrust
 
 __all__ = ["CallRecord", "RemoteAgent", "RemoteSkillTool", "context_key", "remote"]
@@ -340,7 +341,7 @@ class RemoteAgent:
             )
 
     def _delegation(
-        self, tool: RemoteSkillTool, ctx: ToolContext, trace: Any, record: CallRecord
+        self, tool: RemoteSkillTool, ctx: ToolContext, trace: TraceParent, record: CallRecord
     ) -> Delegation:
         return Delegation(
             self._link,

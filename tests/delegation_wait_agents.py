@@ -6,11 +6,12 @@ text code); ``middle`` an LLM agent whose typed ``assess`` (declared ``asks=True
 ``bottom``'s two skills at once. The nodes find each other at ``$MESH_TEST_MIDDLE_URL`` and
 ``$MESH_TEST_BOTTOM_URL``. Each finished ``review`` appends ``review APP-1 approve <note>`` to
 ``$NODE_TEST_CALLS``: that the answer sent to the top was used at the bottom is visible from
-outside.
+outside (the note ``slow`` makes it take 3 s first, after a ``review started`` line).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Literal
 
@@ -58,6 +59,9 @@ def _note(line: str) -> None:
 async def review(req: Review, ctx: SkillContext) -> Decision:
     """Ask a person to approve the amount."""
     ok = await ctx.ask(f"Approve {req.applicant_id} for {req.amount:,.0f}?", schema=Approval)
+    if ok.note == "slow":  # a forward in flight for a while: a test stops a node meanwhile
+        _note(f"review started {req.applicant_id}")
+        await asyncio.sleep(3)
     _note(f"review {req.applicant_id} {ok.decision} {ok.note}")
     return Decision(applicant_id=req.applicant_id, decision=ok.decision, note=ok.note)
 

@@ -10,6 +10,7 @@ while it waits, reaches the bottom; a bottom answered directly gives the top its
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 import time
@@ -169,6 +170,36 @@ async def test_three_hops_restarted_while_waiting_the_answer_at_the_top_is_used_
         assert chain.calls() == ["review APP-1 approve collateral checked"]
         for node in (chain.top, chain.middle, chain.bottom):
             await eventually(lambda node=node: node.waits() == [], within=10)
+
+
+async def test_a_top_stopped_during_a_forward_sends_it_again_and_the_bottom_runs_once(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    chain = Chain(tmp_path)
+    with chain.serve():
+        top = await chain.top.client(http)
+        task = await assess(top, "APP-7")
+        (q,) = questions(task)
+        sending = asyncio.create_task(
+            send(top, answer(task, q["id"], data={"decision": "approve", "note": "slow"}))
+        )
+        await eventually(lambda: "review started APP-7" in chain.calls(), within=10)
+        assert chain.top.proc is not None
+        chain.top.proc.kill()
+        with contextlib.suppress(Exception):
+            await sending
+        assert [state for _, state in chain.top.waits()] == ["resuming"]
+        chain.start(chain.top)  # rule 4: it runs again and forwards the same message
+
+        top = await chain.top.client(http)
+
+        async def completed() -> Task | None:
+            now = await get(top, task.id)
+            return now if now.status.state == COMPLETED else None
+
+        done = await eventually(completed, within=20)
+        assert "APP-7: approve (slow)" in done.artifacts[-1].parts[0].text
+        assert chain.calls() == ["review started APP-7", "review APP-7 approve slow"]
 
 
 async def test_an_invalid_answer_at_the_top_names_the_field_and_nothing_is_forwarded(
