@@ -2,7 +2,8 @@
 through ``add_parsers(subparsers)``; this module only wires them and maps errors to exit codes:
 
     0    done
-    1    a MeshError (the message says what went wrong and what to do)
+    1    a MeshError (the message says what went wrong and what to do); ``mesh eval``: a
+         case failed
     2    usage
     3    ``mesh reply``: no agent has the task
     4    ``mesh call`` / ``mesh reply``: the task waits for an answer (the question and the
@@ -38,6 +39,7 @@ _COMMAND_MODULES = (
     "mesh._cli.tasks",  # tasks
     "mesh._cli.reply",  # reply (a task that waits for an answer)
     "mesh._cli.control",  # ps, restart, stop, logs (the running `mesh up`)
+    "mesh._cli.eval",  # eval (test the composed mesh: mesh._eval)
 )
 
 
