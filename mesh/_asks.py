@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -242,10 +242,17 @@ class ChildWaiting(BaseException):
     A ``BaseException`` like ``Suspend``: the tool layer's ``except Exception`` must not turn
     it into a tool error."""
 
-    def __init__(self, child: ChildRef, questions: Sequence[Question]) -> None:
+    def __init__(
+        self,
+        child: ChildRef,
+        questions: Sequence[Question],
+        cancel: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         super().__init__(f"{child.peer} task {child.task} waits for input")
         self.child = child
         self.questions = tuple(questions)
+        #: CancelTask for the child (bounded, never raises): for a caller that cannot relay.
+        self.cancel = cancel
 
 
 def relay_id(child_task: str, child_question: str) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
@@ -308,8 +309,9 @@ class RemoteAgent:
             answer = check_answer(self.peer, tool, await delegation.run(payload))
             record.outcome = "ok"
             return answer
-        except ChildWaiting:
+        except ChildWaiting as waiting:
             record.outcome = "waiting"
+            waiting.cancel = functools.partial(self.cancel_child, waiting.child)
             raise
         except RemoteError as exc:
             record.outcome = exc.reason if exc.reason != "invalid_output" else "failed"

@@ -2,7 +2,8 @@
 
 ``bottom`` is a typed agent whose skills ask (``review``: a structured approval, ``confirm``: a
 text code); ``middle`` an LLM agent whose typed ``assess`` (declared ``asks=True``) calls
-``bottom``'s ``review``; ``top`` an LLM agent whose chat calls ``middle``'s ``assess``, or
+``bottom``'s ``review`` (and a function skill ``relay`` calls it itself, which mesh refuses:
+only an LLM turn relays a question); ``top`` an LLM agent whose chat calls ``middle``'s ``assess``, or
 ``bottom``'s two skills at once. The nodes find each other at ``$MESH_TEST_MIDDLE_URL`` and
 ``$MESH_TEST_BOTTOM_URL``. Each finished ``review`` appends ``review APP-1 approve <note>`` to
 ``$NODE_TEST_CALLS``: that the answer sent to the top was used at the bottom is visible from
@@ -17,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from mesh import Agent, Call, Rule, Script, SkillContext, llm_skill, remote, skill
+from mesh import Agent, Call, Rule, Script, SkillContext, ToolContext, llm_skill, remote, skill
 
 MIDDLE_URL = os.environ.get("MESH_TEST_MIDDLE_URL", "http://127.0.0.1:1")
 BOTTOM_URL = os.environ.get("MESH_TEST_BOTTOM_URL", "http://127.0.0.1:1")
@@ -83,12 +84,26 @@ assess = llm_skill(
     asks=True,
 )
 
+_reviewer = remote(BOTTOM_URL, skill="review")
+
+
+@skill
+async def relay(req: Review) -> Decision:
+    """A function skill that calls the asking skill itself: refused (only LLM turns relay)."""
+    ctx = ToolContext(agent_name="middle")
+    (tool,) = await _reviewer.tools(ctx)
+    try:
+        return Decision.model_validate(await tool.call(req.model_dump(), ctx))
+    finally:
+        await _reviewer.aclose()
+
+
 middle = Agent(
     name="middle",
     description="Assesses applications through the reviewer.",
     instruction="You assess applications.",
     tools=[remote(BOTTOM_URL, skill="review")],
-    skills=[assess],
+    skills=[assess, relay],
     script=Script(
         rules=[
             Rule(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -300,3 +301,21 @@ async def test_a_bottom_answered_directly_gives_the_top_its_end(
     done = await send(top, answer(task, q["id"], data=APPROVE))
     assert done.status.state == COMPLETED, status_texts(done)
     assert "APP-6: decline ()" in done.artifacts[-1].parts[0].text
+
+
+async def test_a_function_skill_whose_remote_call_asks_fails_saying_what_to_use(
+    chain: Chain, http: httpx.AsyncClient
+) -> None:
+    middle = await chain.middle.client(http)
+    task = await send(
+        middle, message(data={"applicant_id": "APP-8", "amount": 600000}, skill="relay")
+    )
+    assert task.status.state == TaskState.TASK_STATE_FAILED
+    (text,) = status_texts(task)
+    assert "skill 'relay' called bottom's skill 'review', whose task " in text
+    assert "a function skill cannot relay a question" in text
+    assert "LLM agent's remote() tool" in text
+    child = re.search(r"whose task (\S+) waits", text)
+    assert child is not None
+    bottom = await get(await chain.bottom.client(http), child.group(1))
+    assert bottom.status.state == TaskState.TASK_STATE_CANCELED  # not left waiting in vain

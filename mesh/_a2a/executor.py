@@ -53,7 +53,7 @@ from mesh._a2a.relay import STREAMED, Followers, Relay
 from mesh._a2a.states import INTERRUPTED_STATES
 from mesh._a2a.store import DEADLINE, SHUTDOWN, WAIT_DEADLINE_TEXT, stopped_text
 from mesh._a2a.waits import WaitClock, WaitStore
-from mesh._asks import TASKS_EXTENSION, Question, Recorded, Suspend, answer_of
+from mesh._asks import TASKS_EXTENSION, ChildWaiting, Question, Recorded, Suspend, answer_of
 from mesh._errors import MeshError, SchemaViolation, SessionWaiting, SkillInputError
 from mesh._events import Event
 from mesh._inflight import InFlight
@@ -496,6 +496,26 @@ class MeshExecutor(AgentExecutor):
         except TurnSuspended as paused:
             request = resumed.request if resumed is not None else None
             return await self._suspend_turn(paused, skill, req, context, updater, request, user_id)
+        except ChildWaiting as waiting:
+            # A function skill called a remote skill that asks: only an LLM turn relays the
+            # question (its remote tool's call waits); the child is not left waiting in vain.
+            if waiting.cancel is not None:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(waiting.cancel()), 10.0)
+            child = waiting.child
+            first = waiting.questions[0].text if waiting.questions else "(no text)"
+            await self._end(
+                updater,
+                TaskState.TASK_STATE_FAILED,
+                "failed",
+                f"skill '{skill.id}' called {child.peer}'s skill '{child.skill}', whose task "
+                f"{child.task} waits for input ({first!r}; canceled now): a function skill "
+                "cannot relay a question. Call that skill from an LLM agent's remote() tool, "
+                "which relays it to the caller, or ask the caller yourself (@skill(asks=True), "
+                "ctx.ask)",
+                req,
+            )
+            return "failed"
         except TimeoutError:
             if self.stopping:
                 await self._end_shutdown(updater, task_id, req)
