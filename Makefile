@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test test-consul lint fmt bench clean
+.PHONY: run test test-consul eval lint fmt bench clean
 
 $(STAMP): pyproject.toml
 	@test -d $(VENV) || { echo "creating $(VENV)"; $(PY) -m venv $(VENV); }
@@ -25,6 +25,12 @@ test: $(STAMP)
 test-consul: $(STAMP)
 	@test -n "$$CONSUL_HTTP_ADDR" || { echo "make test-consul: set CONSUL_HTTP_ADDR to a Consul agent (e.g. 127.0.0.1:8500)" >&2; exit 2; }
 	$(BIN)/python -m pytest -m consul $(PYTEST_ARGS)
+
+# The loan desk's cases (docs/eval.md) against a fresh `mesh up agents/mesh.toml` on the scripted
+# model, on the demo's ports: with the demo already running it stops at once, saying so (stop the
+# demo, or test it as it runs: .venv/bin/mesh eval agents/evals/loan_desk.yaml).
+eval: $(STAMP)
+	MESH_MODEL=scripted $(BIN)/mesh eval agents/evals/loan_desk.yaml --up agents/mesh.toml $(EVAL_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -3,6 +3,7 @@
 mesh eval agents/evals/loan_desk.yaml                      # a table; exit 1 when a case fails
 mesh eval cases.yaml --junit eval.xml --json eval.json     # for CI
 mesh eval cases.yaml --repeat 5 --min-pass-rate 0.8        # flakiness of LLM-driven cases
+mesh eval agents/evals/loan_desk.yaml --up agents/mesh.toml  # a fresh `mesh up` for the run
 
 Agents are found through the registry like ``mesh call`` (``--registry``, else the settings');
 the trace of each case is read from every instance the registry lists (and ``--node`` URLs).
@@ -14,7 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
+import signal
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -54,6 +62,20 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--json", default=None, metavar="FILE", help="write the JSON report here")
     p.add_argument("--junit", default=None, metavar="FILE", help="write JUnit XML here")
     p.add_argument("--meshfile", default=None, help="the mesh file of the `mesh up` (faults)")
+    p.add_argument(
+        "--up",
+        default=None,
+        metavar="MESHFILE",
+        help="start a fresh `mesh up MESHFILE` for the run (its registry and its control "
+        "channel for faults), and stop it after",
+    )
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds --up waits for every process to be healthy (default 120)",
+    )
     p.add_argument("--root", default=".", help="folder of the mesh file (default: .)")
     p.set_defaults(handler=_eval)
 
@@ -144,6 +166,84 @@ async def _run(args: argparse.Namespace, cases: Any, faults: UpFaults | None) ->
             await judge.aclose()
 
 
+_POLL_S = 0.5
+_STOP_S = 30.0
+
+
+@contextlib.contextmanager
+def _fresh_up(args: argparse.Namespace) -> Iterator[None]:
+    """``mesh up args.up`` in a child process until every process it runs is healthy; sets
+    ``args.registry`` and ``args.meshfile`` to it; stops it (SIGTERM, as Ctrl-C) on the way out.
+    A mesh already running on the same state dir or ports makes it fail at once, with its
+    words."""
+    from mesh._control import ControlRequest, ask, up_running
+    from mesh._meshfile import load_meshfile
+
+    root = Path(args.root).resolve()
+    meshfile = load_meshfile(args.up)
+    state = meshfile.state_path(root)
+    if up_running(state):
+        # Its control channel would answer for ours: refuse rather than test the wrong mesh.
+        raise ConfigError(
+            f"a `mesh up` already runs for {args.up} (state dir {state}): stop it (Ctrl-C where "
+            f"it runs), or test it as it is: mesh eval {args.cases} --meshfile {args.up}"
+        )
+    log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in the finally below
+        mode="w+", prefix="mesh-eval-up-", suffix=".log", delete=False
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-m", "mesh", "up", args.up, "--root", str(root)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=root,
+        start_new_session=True,  # a Ctrl-C of mesh eval reaches it through the finally only
+    )
+
+    def output() -> str:
+        log.flush()
+        return Path(log.name).read_text(errors="replace")[-2000:]
+
+    try:
+        deadline = time.monotonic() + args.start_timeout
+        while True:
+            if child.poll() is not None:
+                raise ConfigError(
+                    f"`mesh up {args.up}` exited ({child.returncode}) before the mesh was "
+                    "ready; is a mesh (the demo?) already running on its ports or state dir? "
+                    f"stop it, or run `mesh eval` against it without --up. Its output:\n" + output()
+                )
+            with contextlib.suppress(ConfigError):
+                reply = asyncio.run(
+                    ask(state, ControlRequest(op="ps"), meshfile=args.up)  # not up yet: retry
+                )
+                if (
+                    reply.ok
+                    and reply.processes
+                    and all(p.status == "healthy" for p in reply.processes)
+                ):
+                    break
+            if time.monotonic() > deadline:
+                raise ConfigError(
+                    f"`mesh up {args.up}` was not healthy within {args.start_timeout:g}s "
+                    "(--start-timeout). Its output:\n" + output()
+                )
+            time.sleep(_POLL_S)
+        args.registry = args.registry or meshfile.registry.public_url
+        args.meshfile = args.up
+        yield
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGTERM)
+            try:
+                child.wait(_STOP_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+        log.close()
+        os.unlink(log.name)
+
+
 def _eval(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from mesh._eval.cases import load_cases
     from mesh._eval.report import format_results, write_json, write_junit
@@ -162,8 +262,9 @@ def _eval(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 f"cases are {', '.join(c.name for c in cases)}"
             )
         cases = [c for c in cases if c.name in args.case]
-    faults = _faults(args) if any(c.without for c in cases) else None
-    results = asyncio.run(_run(args, cases, faults))
+    with _fresh_up(args) if args.up else contextlib.nullcontext():
+        faults = _faults(args) if any(c.without for c in cases) else None
+        results = asyncio.run(_run(args, cases, faults))
     print(format_results(results), file=out)
     if args.json:
         write_json(results, args.json)
