@@ -12,8 +12,10 @@ from pydantic import BaseModel, Field
 
 from mesh import ConfigError, Question, ReplayDiverged, SkillContext, skill
 from mesh._a2a.questions import question_message, questions_of, waiting_state
-from mesh._asks import Recorded, Suspend, answer_of, schema_hash
+from mesh._a2a.results import TaskResult, as_json
+from mesh._asks import ChildRef, Recorded, Suspend, answer_of, relay_id, relayed, schema_hash
 from mesh._errors import SchemaViolation
+from mesh._pending import PendingCall, PendingTurn
 from mesh._schema_order import with_property_order
 
 
@@ -167,3 +169,39 @@ async def test_only_a_skill_declared_to_ask_may_ask() -> None:
         @skill(asks=True)
         def no_context(req: Req) -> Out:
             return Out(said="")
+
+
+def test_a_relayed_question_keeps_text_schema_and_kind_and_names_asker_and_path() -> None:
+    """Two hops up: the middle relays the bottom's question, the top relays the middle's."""
+    schema = with_property_order(Approval.model_json_schema())
+    asked = Question(id="q-0", text="Approve APP-1?", kind="auth", schema=schema)
+    bottom = ChildRef("bottom", "review", "http://b", "T-b", "C-b", "m-1")
+    (at_middle,) = relayed(bottom, [asked])
+    middle = ChildRef("middle", "assess", "http://m", "T-m", "C-m", "m-2")
+    (at_top,) = relayed(middle, [at_middle])
+    assert at_top.id == relay_id("T-m", at_middle.id) == relay_id("T-m", relay_id("T-b", "q-0"))
+    assert (at_top.text, at_top.kind, at_top.schema) == ("Approve APP-1?", "auth", schema)
+    assert at_top.asker == {"agent": "bottom", "task": "T-b"}
+    assert at_top.path == (
+        {"agent": "middle", "task": "T-m", "question": at_middle.id},
+        {"agent": "bottom", "task": "T-b", "question": "q-0"},
+    )
+    # What the top's status message says is what a caller of the top reads back.
+    message = question_message("T-t", "C-t", [at_top])
+    task = Task(id="T-t", context_id="C-t")
+    task.status.state = TaskState.TASK_STATE_AUTH_REQUIRED
+    task.status.message.CopyFrom(message)
+    (read,) = TaskResult.from_json(as_json(task)).questions
+    assert read == at_top
+
+
+def test_a_turn_waiting_on_a_child_survives_its_json() -> None:
+    child = ChildRef("bottom", "review", "http://b", "T-b", "C-b", "m-1")
+    questions = relayed(child, [Question(id="q-0", text="Code?")])
+    turn = PendingTurn(
+        "T", "inv", (PendingCall("c1", "bottom_review", child=child, relayed=questions),)
+    )
+    back = PendingTurn.from_json(turn.to_json())
+    assert back == turn
+    assert back.children == [child]
+    assert back.questions == list(questions)
