@@ -162,10 +162,15 @@ def _row(owner: str, task: Task, data: bytes) -> tuple[Any, ...]:
 
 
 def _trace_id(task: Task) -> str | None:
-    """The trace id of the task's ``traceparent`` metadata (None without a valid one)."""
-    # Struct has no .get()
-    header = task.metadata["traceparent"] if "traceparent" in task.metadata else None  # noqa: SIM401
-    return trace_id_of(header if isinstance(header, str) else None)
+    """The trace id of the task's ``traceparent``: its metadata's (set with its final or
+    waiting state), else the request message's (a running task, when its caller sent one)."""
+    for holder in (task.metadata, *(m.metadata for m in task.history[:1])):
+        # Struct has no .get()
+        header = holder["traceparent"] if "traceparent" in holder else None  # noqa: SIM401
+        found = trace_id_of(header if isinstance(header, str) else None)
+        if found is not None:
+            return found
+    return None
 
 
 def _timestamp_ns(task: Task) -> int:

@@ -172,11 +172,15 @@ class Evaluator:
         found = await self.discovery.require(agent=str(case.agent))
         return found[0].url
 
-    async def _nodes(self, case: Case, target: str) -> list[str]:
+    async def _nodes(self, case: Case, target: str, run: RunResult) -> list[str]:
         urls = [target, *self.nodes]
         if self.discovery is not None:
+            try:
+                found = await self.discovery.find()
+            except MeshError as exc:
+                run.notes.append(f"the registry was not asked for the trace's nodes: {exc}")
+                return urls
             # The agents a fault case stopped ran nothing: the registry may list them a moment.
-            found = await self.discovery.find()
             urls.extend(i.url for i in found if i.agent not in case.without)
         return urls
 
@@ -221,7 +225,9 @@ class Evaluator:
         finally:
             await peer.aclose()
         run.latency_s = time.perf_counter() - started
-        run.trace = await fetch_trace(self.http, await self._nodes(case, target), trace.trace_id)
+        run.trace = await fetch_trace(
+            self.http, await self._nodes(case, target, run), trace.trace_id
+        )
         for url, why in run.trace.unreachable.items():
             run.notes.append(f"trace not read at {url}: {why}")
         if run.trace.truncated:

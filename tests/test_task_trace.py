@@ -1,0 +1,116 @@
+"""The tasks of one trace in the task store (``SqliteTaskStore.trace``, tasks schema version 3)
+and their rows (``mesh._a2a.traces``), on a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+from a2a.server.context import ServerCallContext
+from a2a.types import Message, Role, Task, TaskState, TaskStatus
+
+from mesh._a2a.store import SqliteTaskStore
+from mesh._a2a.traces import MAX_VALUE_BYTES, tasks_of_trace
+from mesh._sqlite import Database
+
+CTX = ServerCallContext()
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+OTHER = "0af7651916cd43dd8448eb211c80319c"
+
+
+def _task(
+    task_id: str,
+    state: TaskState,
+    *,
+    meta_trace: str | None = None,
+    message_trace: str | None = None,
+    data: dict[str, object] | None = None,
+) -> Task:
+    message = Message(role=Role.ROLE_USER, message_id=f"m-{task_id}", context_id=f"c-{task_id}")
+    part = message.parts.add()
+    if data is not None:
+        part.data.struct_value.update(data)
+    else:
+        part.text = "hello"
+    if message_trace:
+        message.metadata.update({"traceparent": f"00-{message_trace}-00f067aa0ba902b7-01"})
+    task = Task(
+        id=task_id, context_id=f"c-{task_id}", status=TaskStatus(state=state), history=[message]
+    )
+    task.status.timestamp.GetCurrentTime()
+    if meta_trace:
+        task.metadata.update(
+            {
+                "traceparent": f"00-{meta_trace}-b7ad6b7169203331-01",
+                "skill": "score",
+                "caller": "loan-officer",
+                "caller_task": "parent-1",
+                "usage": {"total_tokens": 12},
+            }
+        )
+    return task
+
+
+async def test_the_tasks_of_a_trace_running_or_ended_from_an_index(tmp_path: Path) -> None:
+    path = tmp_path / "node.db"
+    db = await Database.open(path)
+    try:
+        store = SqliteTaskStore(db)
+        await store.initialize()
+        # Ended: the trace from the task's metadata. Running: from its request message.
+        await store.save(_task("a", TaskState.TASK_STATE_COMPLETED, meta_trace=TRACE), CTX)
+        await store.save(_task("b", TaskState.TASK_STATE_WORKING, message_trace=TRACE), CTX)
+        await store.save(_task("c", TaskState.TASK_STATE_COMPLETED, meta_trace=OTHER), CTX)
+        await store.save(_task("d", TaskState.TASK_STATE_COMPLETED), CTX)  # no trace at all
+        found = await store.trace(TRACE)
+        assert [t.id for t, _ in found] == ["a", "b"]
+        assert all(created is not None and created <= time.time_ns() for _, created in found)
+        assert [t.id for t, _ in await store.trace(TRACE, limit=1)] == ["a"]
+        # A later save without a traceparent keeps the trace the task had.
+        await store.save(_task("b", TaskState.TASK_STATE_COMPLETED), CTX)
+        assert [t.id for t, _ in await store.trace(TRACE)] == ["a", "b"]
+
+        answer = await tasks_of_trace(store, db, "credit-bureau", TRACE)
+        row = answer.tasks[0]
+        assert (row.agent, row.skill, row.caller, row.caller_task) == (
+            "credit-bureau",
+            "score",
+            "loan-officer",
+            "parent-1",
+        )
+        assert (row.state, row.input, row.usage) == ("completed", "hello", {"total_tokens": 12})
+        assert answer.truncated is False
+        small = await tasks_of_trace(store, db, "credit-bureau", TRACE, max_bytes=600)
+        assert small.truncated
+        assert len(small.tasks) < 2
+    finally:
+        await db.aclose()
+    conn = sqlite3.connect(path)
+    try:
+        plan = conn.execute(
+            "explain query plan select data, created_at from a2a_tasks where trace_id = ? "
+            "order by created_at, id limit ?",
+            (TRACE, 5),
+        ).fetchall()
+    finally:
+        conn.close()
+    assert "a2a_tasks_by_trace" in " ".join(str(r) for r in plan)
+
+
+async def test_long_inputs_are_cut(tmp_path: Path) -> None:
+    db = await Database.open(tmp_path / "node.db")
+    try:
+        store = SqliteTaskStore(db)
+        await store.initialize()
+        big: dict[str, object] = {"blob": "x" * (MAX_VALUE_BYTES * 2)}
+        await store.save(
+            _task("a", TaskState.TASK_STATE_COMPLETED, meta_trace=TRACE, data=big), CTX
+        )
+        (row,) = (await tasks_of_trace(store, db, "n", TRACE)).tasks
+        assert isinstance(row.input, str)
+        assert row.input.endswith("...[cut]")
+        assert len(json.dumps(row.input)) < MAX_VALUE_BYTES + 100
+    finally:
+        await db.aclose()
