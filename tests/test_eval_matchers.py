@@ -232,3 +232,38 @@ def test_junit_and_table_of_results(tmp_path: Path) -> None:
     table = format_results(results)
     assert "1 of 2 cases passed" in table
     assert "FAIL bad & <odd> (run 1): answer: expected 'x'; got 'y'" in table
+
+
+def test_the_command_names_unknown_cases_and_mistakes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mesh._cli.main import main
+
+    path = _write(tmp_path, json.dumps({"cases": [{"name": "a", "turns": ["hi"]}]}), "c.json")
+    assert main(["eval", str(path)]) == 1
+    assert "case 'a': name the 'agent'" in capsys.readouterr().err
+    path = _write(
+        tmp_path, json.dumps({"agent": "x", "cases": [{"name": "a", "turns": ["hi"]}]}), "c.json"
+    )
+    assert main(["eval", str(path), "--case", "nope"]) == 1
+    assert "no case named nope in" in capsys.readouterr().err
+    assert main(["eval", str(path), "--repeat", "0"]) == 1
+    assert "--repeat: at least 1" in capsys.readouterr().err
+
+
+def test_the_progress_bar_shows_only_on_a_terminal() -> None:
+    import io
+
+    from mesh._cli.eval import _progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert _progress(io.StringIO()) is None
+    screen = Terminal()
+    show = _progress(screen)
+    show(1, 4, "meera-approved")
+    show(4, 4, "")
+    assert "[#####---------------] 1/4 meera-approved" in screen.getvalue()
+    assert screen.getvalue().endswith("\r\x1b[2K")  # the line is cleared at the end
