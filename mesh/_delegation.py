@@ -359,21 +359,24 @@ class Delegation:
             message_id=self._message.message_id,
         )
 
-    async def forward(self, child: ChildRef, question_id: str, answer: Any) -> TaskResult:
+    async def forward(
+        self, child: ChildRef, question_id: str, answer: Any, attempt: int = 0
+    ) -> TaskResult:
         """Send ``answer`` to the question ``question_id`` of the waiting ``child`` task: to
         the instance that holds it first, then the agent's other instances (a replica on a
         shared store finds the task). Its message id is derived from the child task, the
-        question and the answer, so a re-sent answer (a retry, or a node that stopped during
-        the forward and resumes) is deduplicated at every hop. Returns the child task once
-        it ended; ``ChildWaiting`` when it asks again (the next question, or the answer was
-        invalid there); ``RemoteError`` when no instance could take it."""
+        question, the answer and ``attempt`` (the earlier forwards of this call that did not
+        settle it), so the same forward sent again (a node that stopped during it runs
+        again) is deduplicated at every hop, and a later one is new. Returns the child task
+        once it ended; ``ChildWaiting`` when it asks again (the next question, or the answer
+        was invalid there); ``RemoteError`` when no instance could take it."""
         skill = self.tool.skill_id
         await self.link.ready()
         self.deadline = time.time() + self.deadline_s
         parent_deadline = self.ctx.metadata.get("deadline")
         if isinstance(parent_deadline, int | float):
             self.deadline = min(self.deadline, float(parent_deadline))
-        text = json.dumps([child.task, question_id, answer], sort_keys=True, default=str)
+        text = json.dumps([child.task, question_id, answer, attempt], sort_keys=True, default=str)
         metadata = self._metadata()
         if question_id:
             metadata[TASKS_EXTENSION] = {"answers": question_id}

@@ -49,6 +49,9 @@ class PendingCall:
     #: A remote call whose child task waits: the child, and its questions as relayed here.
     child: ChildRef | None = None
     relayed: tuple[Question, ...] = ()
+    #: Answers forwarded to the child so far that did not settle the call (each next forward
+    #: gets a new message id; a re-run of the same forward, the same one).
+    forwards: int = 0
 
     @property
     def open_questions(self) -> list[Question]:
@@ -75,6 +78,7 @@ class PendingCall:
         if self.child is not None:
             out["child"] = self.child.to_dict()
             out["relayed"] = [{"entry": q.entry(), "schema": q.schema} for q in self.relayed]
+            out["forwards"] = self.forwards
         return out
 
     @classmethod
@@ -101,6 +105,7 @@ class PendingCall:
             question=question,
             child=ChildRef.from_dict(child) if isinstance(child, Mapping) else None,
             relayed=relayed,
+            forwards=int(data.get("forwards") or 0),
         )
 
 

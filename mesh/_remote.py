@@ -125,11 +125,12 @@ class RemoteSkillTool:
         return await self.owner.invoke(self, args, ctx)
 
     async def forward(
-        self, child: ChildRef, question_id: str, answer: Any, ctx: ToolContext
+        self, child: ChildRef, question_id: str, answer: Any, ctx: ToolContext, attempt: int = 0
     ) -> Any:
         """Answer the question ``question_id`` of this skill's waiting ``child`` task (the
-        runner's resume of a call that relays it); what ``call`` would have returned."""
-        return await self.owner.invoke(self, {}, ctx, forward=(child, question_id, answer))
+        runner's resume of a call that relays it; ``attempt``: how many earlier forwards of
+        the call did not settle it); what ``call`` would have returned."""
+        return await self.owner.invoke(self, {}, ctx, forward=(child, question_id, answer, attempt))
 
     def __repr__(self) -> str:
         return f"RemoteSkillTool({self.owner.peer!r}, {self.skill_id!r})"
@@ -284,7 +285,7 @@ class RemoteAgent:
         args: Mapping[str, Any],
         ctx: ToolContext,
         *,
-        forward: tuple[ChildRef, str, Any] | None = None,
+        forward: tuple[ChildRef, str, Any, int] | None = None,
     ) -> Any:
         """Run one delegation (or, with ``forward``, send an answer to its waiting child
         task); returns the peer's answer or raises ``ToolError``/``RemoteError``, or

@@ -43,6 +43,7 @@ from mesh._errors import (
     MaxModelCallsExceeded,
     MeshError,
     ModelError,
+    RemoteError,
     RunError,
     SessionWaiting,
     StoreError,
@@ -682,8 +683,7 @@ class Runner:
             assert call.child is not None
             forward = getattr(tools.get(call.name), "forward", None)
             if forward is None:
-                message = f"tool {call.name!r} is gone: the answer cannot reach its child task"
-                return replace(call, response={"error": {"type": "forward", "message": message}})
+                return _not_forwarded(call, f"tool {call.name!r} is not declared this turn")
             ctx = ToolContext(
                 agent_name=base.agent_name,
                 user_id=base.user_id,
@@ -696,11 +696,16 @@ class Runner:
             token = set_current_context(ctx)
             try:
                 value = await forward(
-                    call.child, hop.get("question", ""), answers[question.id], ctx
+                    call.child, hop.get("question", ""), answers[question.id], ctx, call.forwards
                 )
             except ChildWaiting as waiting:
                 again = relayed(waiting.child, waiting.questions)
-                return replace(call, child=waiting.child, relayed=again)
+                return replace(call, child=waiting.child, relayed=again, forwards=call.forwards + 1)
+            except RemoteError as exc:
+                if exc.reason != "unavailable":
+                    response = exc.to_result()
+                else:  # the child is not lost, only out of reach now: the question stays open
+                    return _not_forwarded(call, str(exc))
             except ToolError as exc:
                 response = exc.to_result()
             except Exception as exc:
@@ -794,6 +799,17 @@ class Runner:
         return RunResult(
             text=text, data=data, events=turn.events, usage=turn.usage, session_id=turn.session_id
         )
+
+
+def _not_forwarded(call: PendingCall, why: str) -> PendingCall:
+    """The call still waits, its questions open again saying why the answer did not reach the
+    child (the caller sends it again; the re-sent answer is forwarded with the same id)."""
+    problem = {
+        "field": "(answer)",
+        "message": f"not forwarded to the task that asks: {why}; send the answer again later",
+    }
+    questions = tuple(replace(q, invalid=(problem,)) for q in call.relayed)
+    return replace(call, relayed=questions, forwards=call.forwards + 1)
 
 
 def _user_content(message: str | Content) -> Content:

@@ -203,6 +203,33 @@ async def test_a_top_stopped_during_a_forward_sends_it_again_and_the_bottom_runs
         assert chain.calls() == ["review started APP-7", "review APP-7 approve slow"]
 
 
+async def test_an_answer_that_cannot_reach_the_bottom_keeps_the_question_open_until_sent_again(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    chain = Chain(tmp_path)
+    with chain.serve():
+        top = await chain.top.client(http)
+        task = await assess(top, "APP-9")
+        (q,) = questions(task)
+        assert chain.bottom.proc is not None
+        chain.bottom.proc.kill()
+
+        held = await send(top, answer(task, q["id"], data=APPROVE))
+        assert held.status.state == WAITING
+        (entry,) = questions(held)
+        assert entry["id"] == q["id"]
+        text = status_texts(held)[0]
+        assert text.startswith(f"invalid answer to {q['id']}: field '(answer)': not forwarded")
+        assert "send the answer again later" in text
+        assert chain.calls() == []
+
+        chain.start(chain.bottom)
+        done = await send(top, answer(task, q["id"], data=APPROVE))
+        assert done.status.state == COMPLETED, status_texts(done)
+        assert "APP-9: approve (collateral checked)" in done.artifacts[-1].parts[0].text
+        assert chain.calls() == ["review APP-9 approve collateral checked"]
+
+
 async def test_an_invalid_answer_at_the_top_names_the_field_and_nothing_is_forwarded(
     chain: Chain, http: httpx.AsyncClient
 ) -> None:
