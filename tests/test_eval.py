@@ -273,6 +273,11 @@ def test_the_loan_desk_cases_pass_against_a_fresh_mesh_up(tmp_path: Path) -> Non
     down = cases["credit-bureau-down-says-so"]["runs"][0]
     assert "right now" in down["answer"]["text"]
     assert not [s for s in down["trajectory"] if s["agent"] == "credit-bureau"]
+    # Each turn of the follow-up shows its own calls once (the second turn's task does not
+    # take the first turn's events of the same conversation).
+    follow_up = cases["follow-up-keeps-the-applicant"]["runs"][0]["trajectory"]
+    emis = [s["args"]["months"] for s in follow_up if s["name"] == "calculate_emi"]
+    assert emis == [36, 60]
     assert ET.parse(junit).getroot().get("failures") == "0"
     # The mesh up it started is gone: nothing listens on its registry's port.
     registry_port = int(meshfile.read_text().split("port = ", 2)[1].split()[0])

@@ -46,8 +46,11 @@ TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
 MAX_VALUE_BYTES = 4096
 #: Default bound of one answer.
 MAX_TRACE_BYTES = 1_000_000
-# Event timestamps are floats of seconds; a save's time comes a moment after its events.
-_SLACK_S = 0.5
+# Event timestamps are floats of seconds, a status's time has nanoseconds: rounding apart.
+_EPSILON_S = 0.001
+# How far before its first save a task's turn may have begun (its first events may be written
+# before the task is): events older than that are not read.
+_LOOKBACK_S = 600.0
 
 
 class ToolCallRow(BaseModel):
@@ -128,29 +131,39 @@ def _ended_at(updated_at: str) -> float | None:
 def _tool_calls(
     conn: sqlite3.Connection, context_id: str, start: float | None, end: float | None
 ) -> list[ToolCallRow]:
-    """The tool calls (and whether each failed) in the session of ``context_id`` between the
-    task's first and last save."""
+    """The tool calls (and whether each failed) of the turns the task ran: the invocations in
+    the session of ``context_id`` whose last event falls between the task's first save and its
+    final status (a turn's last event comes after the task was first saved when it called a
+    tool, and the turn before it in the context ended before this task existed)."""
     if start is None or end is None:
         return []
     rows = conn.execute(
         "select data from mesh_session_events where session_id = ? and timestamp >= ? "
         "and timestamp <= ? order by seq",
-        (context_id, start - _SLACK_S, end + _SLACK_S),
+        (context_id, start - _LOOKBACK_S, end + _EPSILON_S),
     ).fetchall()
-    calls: dict[str, ToolCallRow] = {}
+    turns: dict[str, list[dict[str, Any]]] = {}
     for (data,) in rows:
         event = json.loads(data)
-        for part in (event.get("content") or {}).get("parts") or ():
-            call = part.get("function_call")
-            if call:
-                calls[str(call.get("id"))] = ToolCallRow(
-                    name=str(call.get("name")),
-                    args=_cut(call.get("args") or {}),
-                    at=float(event.get("timestamp") or 0.0),
-                )
-            response = part.get("function_response")
-            if response and str(response.get("id")) in calls:
-                calls[str(response.get("id"))].ok = "error" not in (response.get("response") or {})
+        turns.setdefault(str(event.get("invocation_id") or ""), []).append(event)
+    calls: dict[str, ToolCallRow] = {}
+    for events in turns.values():
+        if float(events[-1].get("timestamp") or 0.0) <= start:
+            continue  # an earlier turn of the conversation
+        for event in events:
+            for part in (event.get("content") or {}).get("parts") or ():
+                call = part.get("function_call")
+                if call:
+                    calls[str(call.get("id"))] = ToolCallRow(
+                        name=str(call.get("name")),
+                        args=_cut(call.get("args") or {}),
+                        at=float(event.get("timestamp") or 0.0),
+                    )
+                response = part.get("function_response")
+                if response and str(response.get("id")) in calls:
+                    calls[str(response.get("id"))].ok = "error" not in (
+                        response.get("response") or {}
+                    )
     return list(calls.values())
 
 
