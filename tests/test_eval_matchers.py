@@ -267,3 +267,25 @@ def test_the_progress_bar_shows_only_on_a_terminal() -> None:
     show(4, 4, "")
     assert "[#####---------------] 1/4 meera-approved" in screen.getvalue()
     assert screen.getvalue().endswith("\r\x1b[2K")  # the line is cleared at the end
+
+
+def test_up_refuses_when_a_mesh_up_already_runs_for_the_mesh_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mesh._cli.main import main
+    from mesh._control import UpLock
+
+    meshfile = _write(
+        tmp_path,
+        f'state_dir = "{tmp_path / "state"}"\n[nodes.a]\nmodule = "agents.credit_bureau:agent"\n'
+        "port = 8411\n",
+        "mesh.toml",
+    )
+    cases = _write(
+        tmp_path, json.dumps({"agent": "x", "cases": [{"name": "a", "turns": ["hi"]}]}), "c.json"
+    )
+    with UpLock(tmp_path / "state"):  # the demo, say, already running this mesh
+        assert main(["eval", str(cases), "--up", str(meshfile), "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "a `mesh up` already runs for" in err
+    assert f"mesh eval {cases} --meshfile {meshfile}" in err
