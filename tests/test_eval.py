@@ -268,7 +268,7 @@ def test_the_loan_desk_cases_pass_against_a_fresh_mesh_up(tmp_path: Path) -> Non
     )
     assert done.returncode == 0, done.stdout + done.stderr
     cases = {c["name"]: c for c in json.loads(report.read_text())["cases"]}
-    assert len(cases) >= 10
+    assert len(cases) >= 11
     assert all(c["passed"] for c in cases.values())
     down = cases["credit-bureau-down-says-so"]["runs"][0]
     assert "right now" in down["answer"]["text"]
