@@ -65,12 +65,12 @@ async def test_the_tasks_of_a_trace_running_or_ended_from_an_index(tmp_path: Pat
         await store.save(_task("c", TaskState.TASK_STATE_COMPLETED, meta_trace=OTHER), CTX)
         await store.save(_task("d", TaskState.TASK_STATE_COMPLETED), CTX)  # no trace at all
         found = await store.trace(TRACE)
-        assert [t.id for t, _ in found] == ["a", "b"]
-        assert all(created is not None and created <= time.time_ns() for _, created in found)
-        assert [t.id for t, _ in await store.trace(TRACE, limit=1)] == ["a"]
+        assert [t.id for _, t, _ in found] == ["a", "b"]
+        assert all(created is not None and created <= time.time_ns() for _, _, created in found)
+        assert [t.id for _, t, _ in await store.trace(TRACE, limit=1)] == ["a"]
         # A later save without a traceparent keeps the trace the task had.
         await store.save(_task("b", TaskState.TASK_STATE_COMPLETED), CTX)
-        assert [t.id for t, _ in await store.trace(TRACE)] == ["a", "b"]
+        assert [t.id for _, t, _ in await store.trace(TRACE)] == ["a", "b"]
 
         answer = await tasks_of_trace(store, db, "credit-bureau", TRACE)
         row = answer.tasks[0]

@@ -135,8 +135,8 @@ _UPSERT = (
     "updated_at = excluded.updated_at, data = excluded.data, "
     "trace_id = coalesce(excluded.trace_id, a2a_tasks.trace_id)"
 )
-#: What ``trace`` returns: (task, first save in ns or None), oldest first.
-TraceRows = list[tuple[Task, int | None]]
+#: What ``trace`` returns: (owner, task, first save in ns or None), oldest first.
+TraceRows = list[tuple[str, Task, int | None]]
 #: Most tasks one ``trace`` call returns.
 MAX_TRACE_TASKS = 500
 
@@ -300,6 +300,9 @@ class Recovery:
     ended: Ended
     #: Ended FAILED ``deadline`` while they waited (rule 2).
     expired: Ended = field(default_factory=list)
+    #: The stored turns (``PendingTurn`` JSON) of those that waited on child tasks: the node
+    #: cancels the children.
+    expired_turns: list[str] = field(default_factory=list)
     #: Still waiting: (owner, task id, context id, deadline) (rule 3).
     waiting: list[tuple[str, str, str, float | None]] = field(default_factory=list)
     #: To run again: (owner, task id, context id) (rule 4).
@@ -477,20 +480,21 @@ class SqliteTaskStore(TaskStore):
 
     async def trace(self, trace_id: str, *, limit: int = MAX_TRACE_TASKS) -> TraceRows:
         """The tasks of trace ``trace_id`` on this node, of every owner (the caller is the mesh
-        itself, authenticated by its token: see ``mesh._a2a.traces``), with the time of their
+        itself, authenticated by its token: see ``mesh._a2a.traces``), with their owner and the
+        time of their
         first save in ns (None for tasks stored before schema version 3), oldest first, at
         most ``limit``. A task running now shows its latest state."""
         await self._write_dirty()
 
         def read(conn: sqlite3.Connection) -> list[Any]:
             return conn.execute(
-                "select data, created_at from a2a_tasks where trace_id = ? "
+                "select owner, data, created_at from a2a_tasks where trace_id = ? "
                 "order by created_at, id limit ?",
                 (trace_id, limit),
             ).fetchall()
 
         rows = await self._db.read(read)
-        return [(_parse(r[0]), r[1]) for r in rows]
+        return [(r[0], _parse(r[1]), r[2]) for r in rows]
 
     async def end_unfinished(self, then: EndedHook | None = None) -> Ended:
         """``recover`` and the ``(owner, task)`` pairs it ended ``interrupted``."""
@@ -520,10 +524,11 @@ class SqliteTaskStore(TaskStore):
 
         def settle_waits(conn: sqlite3.Connection) -> None:
             rows = conn.execute(
-                "select w.owner, w.task_id, w.context_id, w.state, w.deadline, t.state, t.data "
+                "select w.owner, w.task_id, w.context_id, w.state, w.deadline, t.state, t.data, "
+                "w.kind, w.turn "
                 "from mesh_waits w left join a2a_tasks t on t.owner = w.owner and t.id = w.task_id"
             ).fetchall()
-            for owner, task_id, context_id, wait_state, deadline, state, data in rows:
+            for owner, task_id, context_id, wait_state, deadline, state, data, kind, turn in rows:
                 if state is None or state in terminal:
                     delete_waits(conn, owner, task_id)
                     continue
@@ -531,6 +536,8 @@ class SqliteTaskStore(TaskStore):
                 if deadline is not None and deadline <= now:
                     _set_status(task, TaskState.TASK_STATE_FAILED, WAIT_DEADLINE_TEXT, at, DEADLINE)
                     recovery.expired.append((owner, task))
+                    if kind == "turn":
+                        recovery.expired_turns.append(turn)
                     delete_waits(conn, owner, task_id)
                 elif wait_state == WAITING and state in interrupted:
                     recovery.waiting.append((owner, task_id, context_id, deadline))

@@ -128,19 +128,19 @@ def _ended_at(updated_at: str) -> float | None:
         return None
 
 
-def _tool_calls(
-    conn: sqlite3.Connection, context_id: str, start: float | None, end: float | None
-) -> list[ToolCallRow]:
+def _tool_calls(conn: sqlite3.Connection, user_id: str, row: TraceTaskRow) -> list[ToolCallRow]:
     """The tool calls (and whether each failed) of the turns the task ran: the invocations in
     the session of ``context_id`` whose last event falls between the task's first save and its
     final status (a turn's last event comes after the task was first saved when it called a
     tool, and the turn before it in the context ended before this task existed)."""
+    start, end = row.started_at, row.ended_at
     if start is None or end is None:
         return []
+    # (user_id, session_id) is the index's prefix: the session's events, not the table's.
     rows = conn.execute(
-        "select data from mesh_session_events where session_id = ? and timestamp >= ? "
-        "and timestamp <= ? order by seq",
-        (context_id, start - _LOOKBACK_S, end + _EPSILON_S),
+        "select data from mesh_session_events where user_id = ? and session_id = ? "
+        "and timestamp >= ? and timestamp <= ? order by seq",
+        (user_id, row.context_id, start - _LOOKBACK_S, end + _EPSILON_S),
     ).fetchall()
     turns: dict[str, list[dict[str, Any]]] = {}
     for (data,) in rows:
@@ -203,7 +203,10 @@ async def tasks_of_trace(
     """This node's tasks of ``trace_id`` (see the module docstring). ``trace_id`` is checked by
     the caller (``TRACE_ID``); ``limit`` is capped at ``MAX_TRACE_TASKS``."""
     found = await store.trace(trace_id, limit=min(limit, MAX_TRACE_TASKS))
-    rows = [_row(agent, task, created) for task, created in found]
+    rows = [_row(agent, task, created) for _, task, created in found]
+    # The session user of a task's turns, as the executor names it: the owner of the task,
+    # else its calling agent, else "a2a".
+    users = [owner or row.caller or "a2a" for (owner, _, _), row in zip(found, rows, strict=True)]
 
     def read(conn: sqlite3.Connection) -> list[list[ToolCallRow]]:
         has_events = conn.execute(
@@ -211,7 +214,7 @@ async def tasks_of_trace(
         ).fetchone()
         if has_events is None:
             return [[] for _ in rows]
-        return [_tool_calls(conn, r.context_id, r.started_at, r.ended_at) for r in rows]
+        return [_tool_calls(conn, user, r) for user, r in zip(users, rows, strict=True)]
 
     for row, calls in zip(rows, await db.read(read), strict=True):
         row.tool_calls = calls
