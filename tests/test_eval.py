@@ -283,3 +283,24 @@ def test_the_loan_desk_cases_pass_against_a_fresh_mesh_up(tmp_path: Path) -> Non
     registry_port = int(meshfile.read_text().split("port = ", 2)[1].split()[0])
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", registry_port)) != 0
+
+
+def test_answers_are_given_when_the_mesh_asks(mesh: Mesh, tmp_path: Path) -> None:
+    asks = {
+        "name": "bottom-asks",
+        "agent": "stream-bottom",
+        "turns": [{"data": {"topic": "gamma"}, "skill": "confirm"}],
+        "answers": ["yes"],
+        "expect": {"fields": {"topic": "gamma (yes)"}},
+    }
+    unanswered = {**asks, "name": "no-answer-left", "answers": []}
+    done, report, _ = mesh_eval(
+        {"cases": [asks, unanswered]}, tmp_path, "--registry", mesh.registry
+    )
+    assert done.returncode == 1
+    assert [c["passed"] for c in report["cases"]] == [True, False]
+    failures = report["cases"][1]["runs"][0]["failures"]
+    assert failures[0] == (
+        "turn 1: the mesh asked 'Write the report on gamma?' and the case has no answer left "
+        "(add one to 'answers')"
+    )
