@@ -360,6 +360,13 @@ class RemoteAgent:
             caller=self.caller,
         )
 
+    def owns(self, child: ChildRef) -> bool:
+        """Whether ``child`` is a task of this toolset's peer (by name, or at its fixed URL:
+        before its card is read, ``remote(url)``'s peer is known by the URL only)."""
+        return child.peer in (self.peer, self.agent) or (
+            self.url is not None and child.url.rstrip("/") == self.url
+        )
+
     async def cancel_child(self, child: ChildRef) -> None:
         """CancelTask for a waiting child (its caller was canceled, or its deadline passed):
         at the instance that holds it; bounded, never raises."""

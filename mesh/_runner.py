@@ -321,9 +321,9 @@ class Runner:
 
         async def one(child: ChildRef) -> None:
             for item in self._items:
-                cancel = getattr(item, "cancel_child", None)
-                if cancel is not None and getattr(item, "peer", None) == child.peer:
-                    await cancel(child)
+                owns = getattr(item, "owns", None)
+                if owns is not None and owns(child):
+                    await item.cancel_child(child)  # type: ignore[union-attr]
                     return
 
         await asyncio.gather(*(one(c) for c in turn.children), return_exceptions=True)

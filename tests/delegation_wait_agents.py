@@ -3,11 +3,14 @@
 ``bottom`` is a typed agent whose skills ask (``review``: a structured approval, ``confirm``: a
 text code); ``middle`` an LLM agent whose typed ``assess`` (declared ``asks=True``) calls
 ``bottom``'s ``review`` (and a function skill ``relay`` calls it itself, which mesh refuses:
-only an LLM turn relays a question); ``top`` an LLM agent whose chat calls ``middle``'s ``assess``, or
-``bottom``'s two skills at once. The nodes find each other at ``$MESH_TEST_MIDDLE_URL`` and
-``$MESH_TEST_BOTTOM_URL``. Each finished ``review`` appends ``review APP-1 approve <note>`` to
-``$NODE_TEST_CALLS``: that the answer sent to the top was used at the bottom is visible from
-outside (the note ``slow`` makes it take 3 s first, after a ``review started`` line).
+only an LLM turn relays a question); ``top`` an LLM agent whose chat calls ``middle``'s
+``assess``, or ``bottom``'s two skills at once, or (``free ...``) a plain a2a-sdk agent that
+asks (tests.asking_node named ``plain``). The nodes find each other at
+``$MESH_TEST_MIDDLE_URL``, ``$MESH_TEST_BOTTOM_URL`` and ``$MESH_TEST_PLAIN_URL``.
+
+Each finished ``review`` appends ``review APP-1 approve <note>`` to ``$NODE_TEST_CALLS``: that
+the answer sent to the top was used at the bottom is visible from outside (the note ``slow``
+makes it take 3 s first, after a ``review started`` line).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from mesh import Agent, Call, Rule, Script, SkillContext, ToolContext, llm_skill
 
 MIDDLE_URL = os.environ.get("MESH_TEST_MIDDLE_URL", "http://127.0.0.1:1")
 BOTTOM_URL = os.environ.get("MESH_TEST_BOTTOM_URL", "http://127.0.0.1:1")
+#: A plain a2a-sdk agent that asks (tests.asking_node, named ``plain``): any A2A child.
+PLAIN_URL = os.environ.get("MESH_TEST_PLAIN_URL")
 
 
 class Review(BaseModel):
@@ -129,7 +134,11 @@ top = Agent(
     name="top",
     description="Coordinates.",
     instruction="You coordinate.",
-    tools=[remote(MIDDLE_URL, skill="assess"), remote(BOTTOM_URL)],
+    tools=[
+        remote(MIDDLE_URL, skill="assess"),
+        remote(BOTTOM_URL),
+        *([remote(PLAIN_URL, skill="review")] if PLAIN_URL else []),
+    ],
     script=Script(
         rules=[
             Rule(
@@ -142,6 +151,12 @@ top = Agent(
                 ],
                 answer="{middle_assess.applicant_id}: {middle_assess.decision} "
                 "({middle_assess.note})",
+                on_error="failed: {error}",
+            ),
+            Rule(
+                when=r"(?i)free (?P<ref>\S+)",
+                steps=[Call("plain_review", {"text": "free {ref}"})],
+                answer="plain answered",
                 on_error="failed: {error}",
             ),
             Rule(

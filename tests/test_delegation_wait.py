@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import re
 import sqlite3
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -72,6 +73,7 @@ class Chain:
         self.tmp = tmp
         self.top, self.middle, self.bottom = (Node(tmp, n) for n in ("top", "middle", "bottom"))
         self.calls_file = tmp / "bottom-calls.txt"
+        self.plain_url = ""
         self._stack = contextlib.ExitStack()
 
     def start(self, node: Node) -> None:
@@ -80,6 +82,7 @@ class Chain:
             MESH_TEST_MIDDLE_URL=self.middle.url,
             MESH_TEST_BOTTOM_URL=self.bottom.url,
             NODE_TEST_CALLS=str(self.calls_file),
+            **({"MESH_TEST_PLAIN_URL": self.plain_url} if self.plain_url else {}),
         )
         node.proc = self._stack.enter_context(
             running(
@@ -89,6 +92,15 @@ class Chain:
                 env=env,
                 health=f"{node.url}/health",
             )
+        )
+
+    def start_plain(self) -> None:
+        """A plain a2a-sdk agent that asks (tests.asking_node), as the top's child."""
+        port = free_port()
+        self.plain_url = f"http://127.0.0.1:{port}"
+        argv = [sys.executable, "-m", "tests.asking_node", "--name", "plain", "--port", str(port)]
+        self._stack.enter_context(
+            running(argv, name="plain", tmp=self.tmp, health=f"{self.plain_url}/health")
         )
 
     @contextlib.contextmanager
@@ -346,3 +358,45 @@ async def test_a_function_skill_whose_remote_call_asks_fails_saying_what_to_use(
     assert child is not None
     bottom = await get(await chain.bottom.client(http), child.group(1))
     assert bottom.status.state == TaskState.TASK_STATE_CANCELED  # not left waiting in vain
+
+
+async def test_any_a2a_child_is_relayed_answered_and_canceled_when_the_top_expires_stopped(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    chain = Chain(tmp_path)
+    with chain._stack:
+        chain.start_plain()
+        chain.start(chain.top)
+        top = await chain.top.client(http)
+        # A question without mesh's entries (no id) is relayed and answered all the same.
+        task = await send(top, message(text="free R-1"))
+        assert task.status.state == WAITING
+        (q,) = questions(task)
+        assert q["text"] == "What is the reference number?"
+        assert q["asker"]["agent"] == "plain"
+        assert q["path"] == [{"agent": "plain", "task": q["asker"]["task"], "question": ""}]
+        done = await send(top, answer(task, q["id"], text="R-17"))
+        assert done.status.state == COMPLETED, status_texts(done)
+
+        # Waiting at a kill -9, its deadline passing while stopped: at the restart the top ends
+        # FAILED (deadline) and cancels its child (which keeps no deadline of its own).
+        deadline = time.time() + 3
+        task = await send(top, message(text="free R-2", metadata={"deadline": deadline}))
+        (q,) = questions(task)
+        assert chain.top.proc is not None
+        chain.top.proc.kill()
+        await eventually(lambda: time.time() > deadline + 0.2, within=10)
+        chain.start(chain.top)
+        top = await chain.top.client(http)
+        assert (await get(top, task.id)).status.state == TaskState.TASK_STATE_FAILED
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as plain_http:
+            card = await A2ACardResolver(plain_http, chain.plain_url).get_agent_card()
+            plain = ClientFactory(ClientConfig(streaming=False, httpx_client=plain_http)).create(
+                card
+            )
+
+            async def child_canceled() -> bool:
+                child = await get(plain, q["asker"]["task"])
+                return child.status.state == TaskState.TASK_STATE_CANCELED
+
+            await eventually(child_canceled, within=10)

@@ -203,6 +203,8 @@ def _pick_up(recovery: Recovery, handler: MeshRequestHandler) -> None:
         clock.spawn(
             handler.resume(owner, task_id, context_id, "restart"), name=f"mesh-resume-{task_id}"
         )
+    for turn in recovery.expired_turns:  # rule 2: their children are canceled too
+        clock.spawn(handler.executor.cancel_children(turn), name="mesh-cancel-children")
     if recovery.expired:
         log.warning(
             "%d waiting task(s) passed their deadline while this node was stopped: ended FAILED "
