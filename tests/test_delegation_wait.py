@@ -24,6 +24,7 @@ import httpx
 import pytest
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
 from a2a.types import CancelTaskRequest, Task, TaskState
+from google.protobuf.json_format import MessageToDict
 
 from tests.support import Proc, clean_env, eventually, free_port, running
 from tests.test_node_ask import ext_of, get, message, send, status_texts
@@ -168,6 +169,10 @@ async def test_three_hops_restarted_while_waiting_the_answer_at_the_top_is_used_
         middle_task = await get(await chain.middle.client(http), q["path"][0]["task"])
         assert middle_task.status.state == WAITING
         assert middle_task.metadata["caller_task"] == task.id
+        # The card says assess asks: the top gave it remote()'s wait_deadline_s (7 days), not
+        # its 30 s deadline_s.
+        sent = MessageToDict(middle_task.history[0].metadata)
+        assert sent["deadline"] > time.time() + 6 * 24 * 3600
         bottom_task = await get(await chain.bottom.client(http), q["asker"]["task"])
         assert bottom_task.metadata["caller_task"] == middle_task.id
 
