@@ -1,7 +1,7 @@
 """Three agents tests/test_delegation_wait.py chains, on the scripted model (offline).
 
 ``bottom`` is a typed agent whose skills ask (``review``: a structured approval, ``confirm``: a
-text code); ``middle`` an LLM agent whose typed ``assess`` (declared ``asks=True``) calls
+text code, ``consent``: an auth code); ``middle`` an LLM agent whose typed ``assess`` (declared ``asks=True``) calls
 ``bottom``'s ``review`` (and a function skill ``relay`` calls it itself, which mesh refuses:
 only an LLM turn relays a question); ``top`` an LLM agent whose chat calls ``middle``'s
 ``assess``, or ``bottom``'s two skills at once, or (``free ...``) a plain a2a-sdk agent that
@@ -79,7 +79,19 @@ async def confirm(req: Identity, ctx: SkillContext) -> Confirmed:
     return Confirmed(applicant_id=req.applicant_id, code=str(code))
 
 
-bottom = Agent(name="bottom", description="Asks people.", skills=[review, confirm])
+class Consent(BaseModel):
+    applicant_id: str
+    granted: bool
+
+
+@skill(asks=True)
+async def consent(req: Identity, ctx: SkillContext) -> Consent:
+    """Ask the applicant for a one-time consent code (an auth question)."""
+    code = await ctx.ask(f"Consent code of {req.applicant_id}?", kind="auth")
+    return Consent(applicant_id=req.applicant_id, granted=bool(str(code).strip()))
+
+
+bottom = Agent(name="bottom", description="Asks people.", skills=[review, confirm, consent])
 
 assess = llm_skill(
     "assess",
@@ -157,6 +169,12 @@ top = Agent(
                 when=r"(?i)free (?P<ref>\S+)",
                 steps=[Call("plain_review", {"text": "free {ref}"})],
                 answer="plain answered",
+                on_error="failed: {error}",
+            ),
+            Rule(
+                when=r"(?i)consent (?P<applicant_id>APP-\d+)",
+                steps=[Call("bottom_consent", {"applicant_id": "{applicant_id}"})],
+                answer="consent granted: {bottom_consent.granted}",
                 on_error="failed: {error}",
             ),
             Rule(

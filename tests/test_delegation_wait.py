@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import sqlite3
 import sys
@@ -287,6 +288,23 @@ async def test_two_children_waiting_at_once_each_answer_resolves_one(
     done = await send(top, answer(task, approval["id"], data={"decision": "approve"}))
     assert done.status.state == COMPLETED, status_texts(done)
     assert done.artifacts[-1].parts[0].text == "approve / ID-448"
+
+
+async def test_an_auth_question_below_makes_the_top_auth_required_and_its_answer_is_not_kept(
+    chain: Chain, http: httpx.AsyncClient
+) -> None:
+    top = await chain.top.client(http)
+    task = await send(top, message(text="consent APP-11"))
+    assert task.status.state == TaskState.TASK_STATE_AUTH_REQUIRED
+    (q,) = questions(task)
+    assert (q["kind"], q["asker"]["agent"]) == ("auth", "bottom")
+    done = await send(top, answer(task, q["id"], text="493817"))
+    assert done.status.state == COMPLETED, status_texts(done)
+    assert done.artifacts[-1].parts[0].text == "consent granted: true"
+    stored = await get(top, task.id)
+    assert "493817" not in json.dumps(MessageToDict(stored))
+    bottom_task = await get(await chain.bottom.client(http), q["asker"]["task"])
+    assert "493817" not in json.dumps(MessageToDict(bottom_task))
 
 
 async def test_a_cancel_at_the_top_cancels_the_bottom(
