@@ -227,7 +227,8 @@ class NodeMetrics:
 
     # -- delegation ---------------------------------------------------------------------------
     def delegation(self, peer: str, skill: str, outcome: str, seconds: float) -> None:
-        """One finished delegation; outcome: ok/rejected/unavailable/deadline/failed/canceled."""
+        """One finished delegation; outcome: ok/rejected/unavailable/deadline/failed/canceled/
+        waiting (the child asks its caller)."""
         self.delegations.labels(self.agent, peer, skill, outcome).inc()
         self.delegation_duration.labels(self.agent, peer, skill).observe(seconds)
 
