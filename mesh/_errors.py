@@ -45,6 +45,9 @@ for the code that catches them (a test checks this list and the tree against the
                                        must not swallow it
     mesh._pending.TurnSuspended        a BaseException, like Suspend: a tool's Ask stops the turn
                                        waiting (the runner's caller keeps its PendingTurn)
+    mesh._asks.ChildWaiting            a BaseException, like Suspend: a remote skill's task asks,
+                                       and the tool layer's `except Exception` must not make it a
+                                       tool error (the runner relays the question)
 
 The registry service (``registry/``) keeps its own errors, answered as HTTP errors by its API.
 """
