@@ -172,6 +172,7 @@ LOAN_SCRIPT = Script(
         Rule(
             # An amount, but no applicant yet in this conversation.
             when=_AMOUNT,
+            find={"amount": _AMOUNT},
             answer=(
                 "Which applicant is that for? Name one, e.g. 'Should we approve APP-612 for "
                 "{amount}?'. Applicants on file: " + ", ".join(APPLICANTS) + "."

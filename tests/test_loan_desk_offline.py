@@ -48,6 +48,8 @@ async def test_follow_ups_rely_on_the_conversation(desk: Desk) -> None:
         # A new conversation knows no applicant: it asks instead of guessing.
         fresh = await peer.send("what if the amount were 200000 instead?")
         assert fresh.text.startswith("Which applicant is that for?"), fresh.text
+        # The example it gives uses the amount the user said (it printed '{amount}').
+        assert "'Should we approve APP-612 for 200000?'" in fresh.text, fresh.text
 
 
 async def test_the_answer_says_the_score_once(desk: Desk) -> None:
