@@ -19,7 +19,7 @@ import asyncio
 import os
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from mesh import Agent, Call, Rule, Script, SkillContext, ToolContext, llm_skill, remote, skill
 
@@ -37,6 +37,14 @@ class Review(BaseModel):
 class Approval(BaseModel):
     decision: Literal["approve", "decline"]
     note: str = ""
+
+    @field_validator("note")
+    @classmethod
+    def _said_something(cls, note: str) -> str:
+        # A rule the JSON Schema does not carry: only the asker (the bottom) refuses it.
+        if note.strip().lower() == "n/a":
+            raise ValueError("say why, or leave the note out")
+        return note
 
 
 class Decision(BaseModel):

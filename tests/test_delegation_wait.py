@@ -271,6 +271,24 @@ async def test_an_invalid_answer_at_the_top_names_the_field_and_nothing_is_forwa
     assert "APP-2: decline ()" in done.artifacts[-1].parts[0].text
 
 
+async def test_an_answer_the_bottom_refuses_is_relayed_back_up_as_invalid(
+    chain: Chain, http: httpx.AsyncClient
+) -> None:
+    top = await chain.top.client(http)
+    task = await assess(top, "APP-12")
+    (q,) = questions(task)
+    # Valid for the schema the top checks; the bottom's model refuses it.
+    refused = await send(top, answer(task, q["id"], data={"decision": "approve", "note": "n/a"}))
+    assert refused.status.state == WAITING
+    (entry,) = questions(refused)
+    assert entry["id"] == q["id"]  # the same question, asked again
+    assert entry["invalid"][0]["field"] == "note"
+    assert "say why, or leave the note out" in status_texts(refused)[0]
+    done = await send(top, answer(task, q["id"], data={"decision": "approve", "note": "ok"}))
+    assert done.status.state == COMPLETED, status_texts(done)
+    assert "APP-12: approve (ok)" in done.artifacts[-1].parts[0].text
+
+
 async def test_two_children_waiting_at_once_each_answer_resolves_one(
     chain: Chain, http: httpx.AsyncClient
 ) -> None:
