@@ -660,12 +660,13 @@ class Runner:
         """Forward each answer to a question relayed from a child task down to that child
         (the remote tool's ``forward``; several children at once, concurrently). The child's
         reply settles the call: its result, a tool error, or new questions to relay."""
+        # One forward per call: a child waiting on several questions (its own children's)
+        # takes the answer to one of them at a time, whichever was answered.
         calls = [
-            (c, q)
+            (c, answered[0])
             for c in pending.calls
             if c.response is None and c.child is not None
-            for q in c.relayed[:1]
-            if q.id in answers
+            if (answered := [q for q in c.relayed if q.id in answers])
         ]
         if not calls:
             return pending

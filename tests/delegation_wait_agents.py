@@ -4,7 +4,7 @@
 text code, ``consent``: an auth code); ``middle`` an LLM agent whose typed ``assess`` (declared ``asks=True``) calls
 ``bottom``'s ``review`` (and a function skill ``relay`` calls it itself, which mesh refuses:
 only an LLM turn relays a question); ``top`` an LLM agent whose chat calls ``middle``'s
-``assess``, or ``bottom``'s two skills at once, or (``free ...``) a plain a2a-sdk agent that
+``assess``, or ``bottom``'s two skills at once (directly, or through ``middle``'s chat), or (``free ...``) a plain a2a-sdk agent that
 asks (tests.asking_node named ``plain``). The nodes find each other at
 ``$MESH_TEST_MIDDLE_URL``, ``$MESH_TEST_BOTTOM_URL`` and ``$MESH_TEST_PLAIN_URL``.
 
@@ -127,10 +127,21 @@ middle = Agent(
     name="middle",
     description="Assesses applications through the reviewer.",
     instruction="You assess applications.",
-    tools=[remote(BOTTOM_URL, skill="review")],
+    tools=[remote(BOTTOM_URL)],
     skills=[assess, relay],
     script=Script(
         rules=[
+            Rule(
+                when=r"(?i)both (?P<applicant_id>APP-\d+)",
+                steps=[
+                    [
+                        Call("bottom_review", {"applicant_id": "{applicant_id}", "amount": 70000}),
+                        Call("bottom_confirm", {"applicant_id": "{applicant_id}"}),
+                    ]
+                ],
+                answer="{bottom_review.decision} / {bottom_confirm.code}",
+                on_error="failed: {error}",
+            ),
             Rule(
                 when=r'"applicant_id"',
                 steps=[
@@ -144,7 +155,7 @@ middle = Agent(
                     "decision": "{bottom_review.decision}",
                     "note": "{bottom_review.note}",
                 },
-            )
+            ),
         ],
         fallback="?",
     ),
@@ -156,6 +167,7 @@ top = Agent(
     instruction="You coordinate.",
     tools=[
         remote(MIDDLE_URL, skill="assess"),
+        remote(MIDDLE_URL, skill="chat"),
         remote(BOTTOM_URL),
         *([remote(PLAIN_URL, skill="review")] if PLAIN_URL else []),
     ],
@@ -177,6 +189,12 @@ top = Agent(
                 when=r"(?i)free (?P<ref>\S+)",
                 steps=[Call("plain_review", {"text": "free {ref}"})],
                 answer="plain answered",
+                on_error="failed: {error}",
+            ),
+            Rule(
+                when=r"(?i)deep (?P<applicant_id>APP-\d+)",
+                steps=[Call("ask_middle", {"text": "both {applicant_id}"})],
+                answer="middle says: {ask_middle}",
                 on_error="failed: {error}",
             ),
             Rule(

@@ -308,6 +308,27 @@ async def test_two_children_waiting_at_once_each_answer_resolves_one(
     assert done.artifacts[-1].parts[0].text == "approve / ID-448"
 
 
+async def test_two_questions_relayed_through_one_call_are_answered_in_any_order(
+    chain: Chain, http: httpx.AsyncClient
+) -> None:
+    top = await chain.top.client(http)
+    task = await send(top, message(text="deep APP-13"))
+    assert task.status.state == WAITING
+    asked = {q["text"]: q for q in questions(task)}
+    assert set(asked) == {"Approve APP-13 for 70,000?", "Identity code of APP-13?"}
+    for q in asked.values():  # both came through the middle's one task
+        assert [hop["agent"] for hop in q["path"]] == ["middle", "bottom"]
+    approval, code = asked["Approve APP-13 for 70,000?"], asked["Identity code of APP-13?"]
+
+    # The second one listed first.
+    first = await send(top, answer(task, code["id"], text="ID-7"))
+    assert first.status.state == WAITING, status_texts(first)
+    assert [q["id"] for q in questions(first)] == [approval["id"]]
+    done = await send(top, answer(task, approval["id"], data={"decision": "decline"}))
+    assert done.status.state == COMPLETED, status_texts(done)
+    assert done.artifacts[-1].parts[0].text == "middle says: decline / ID-7"
+
+
 async def test_an_auth_question_below_makes_the_top_auth_required_and_its_answer_is_not_kept(
     chain: Chain, http: httpx.AsyncClient
 ) -> None:
