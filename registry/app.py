@@ -109,6 +109,7 @@ def create_app(
             timeout_s=settings.probe_timeout_s,
             ttl_s=settings.ttl_s,
             remove_after_s=settings.remove_after_s,
+            concurrency=settings.probe_concurrency,
             metrics=metrics,
         )
         app.state.registry = RegistryState(
@@ -200,7 +201,9 @@ def create_app(
 
     @app.get("/health", tags=["registry"])
     async def health(request: Request) -> JSONResponse:
-        """200 ``{"status": "ok"}`` when the store answers, 503 otherwise."""
+        """200 ``{"status": "ok"}`` when the store answers, 503 otherwise. ``behind`` is true
+        while the registry is overloaded (``why_behind`` says how): it demotes no instance on
+        a probe until it has caught up."""
         state: RegistryState = request.app.state.registry
         try:
             await state.store.ping()
@@ -209,7 +212,16 @@ def create_app(
                 {"status": "failing", "store": str(exc), "pid": os.getpid()}, status_code=503
             )
         # The pid says which process answered (`mesh up` checks it is the one it started).
-        return JSONResponse({"status": "ok", "store": "ok", "pid": os.getpid()})
+        why = state.prober.behind()
+        return JSONResponse(
+            {
+                "status": "ok",
+                "store": "ok",
+                "pid": os.getpid(),
+                "behind": bool(why),
+                **({"why_behind": why} if why else {}),
+            }
+        )
 
     @app.get(
         "/metrics",

@@ -65,6 +65,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--probe-interval", type=float, default=5.0, help="seconds between /health probes"
     )
     p.add_argument("--probe-timeout", type=float, default=2.0, help="seconds one probe may take")
+    p.add_argument(
+        "--probe-concurrency",
+        type=int,
+        default=64,
+        metavar="N",
+        help="probes in flight at once (default 64; at most 64: the HTTP client's room)",
+    )
     p.add_argument("--ttl", type=float, default=30.0, help="seconds without heartbeat -> critical")
     p.add_argument(
         "--remove-after", type=float, default=300.0, help="seconds critical before removal"
@@ -120,6 +127,8 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
         )
     if args.max_instances < 1:
         problems.append(f"--max-instances {args.max_instances}: give at least 1 (default 10000)")
+    if not 1 <= args.probe_concurrency <= 64:
+        problems.append(f"--probe-concurrency {args.probe_concurrency}: give 1 to 64 (default 64)")
     if problems or env is None:
         raise ConfigError(
             problems[0]
@@ -134,6 +143,7 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
         token=env.token.get_secret_value() if env.token else None,
         probe_interval_s=args.probe_interval,
         probe_timeout_s=args.probe_timeout,
+        probe_concurrency=args.probe_concurrency,
         ttl_s=args.ttl,
         remove_after_s=args.remove_after,
         backend=args.backend,

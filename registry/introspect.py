@@ -3,7 +3,8 @@
     {"registry": {mesh_version, python, pid, uptime_s, url},
      "store": {"kind": "sqlite", "path": ...} | {"kind": "consul", "address": ...},
      "agents": n, "instances": {"total", "passing", "warning", "critical"},
-     "prober": {interval_s, timeout_s, ttl_s, remove_after_s, concurrency, path, last_round},
+     "prober": {interval_s, timeout_s, ttl_s, remove_after_s, concurrency, path, last_round,
+                behind: [why], loop_lag_s},
      "gathering": {instances_heard, instances_with_stats, answers, unreadable_stats, ...},
      "settings": {...}}
 
@@ -67,6 +68,8 @@ async def introspect(state: RegistryState) -> dict[str, Any]:
             "concurrency": prober.concurrency,
             "path": HEALTH_PATH,
             "last_round": asdict(prober.last_round),
+            "behind": prober.behind(),
+            "loop_lag_s": round(prober.loop_lag_s, 4),
         },
         "gathering": prober.traffic.state(),
         "settings": {

@@ -3,7 +3,8 @@
 Every ``interval_s`` it GETs each instance's ``/health`` and combines that with the heartbeat TTL:
 
 - no heartbeat for longer than ``ttl_s``            -> critical ("no heartbeat for 31s (ttl 30s)")
-- ``/health`` unreachable, too slow or too large    -> critical ("health check failed: timeout")
+- ``/health`` refused or too large                  -> critical ("health check failed: unreachable")
+- ``/health`` too slow (no whole answer in time)    -> unknown: status kept (below)
 - ``/health`` answers, but not 200                  -> warning  ("/health answered 503")
 - ``/health`` answers 200                           -> passing  ("health ok")
 - ``/health`` names another ``instance_id``         -> removed at once: a ghost (below)
@@ -35,6 +36,24 @@ replaces, e.g. rows kept in ``registry.db`` across a registry restart.)
 
 An instance critical for longer than ``remove_after_s`` is removed. Status changes are written
 (with time and reason) only when they change, and logged once each.
+
+The registry never blames an instance for its own overload (issue 21). Heartbeats are the primary
+signal; a probe is secondary:
+
+- A probe that runs out of time (the deadline, a connect or pool timeout) is **unknown**: it is
+  only made while the instance's heartbeats are fresh (registered or heartbeating within the
+  TTL), and the registry cannot tell its own slowness (a busy event loop, a full pool) from the
+  instance's. Its status stays as it was; the round counts it (``unknown``), and so does
+  ``mesh_registry_probes_total{outcome}``. A dead process still turns critical: its port
+  refuses at once ("unreachable"); a hung one or a host that vanished stops heartbeating, so it
+  is critical within one TTL ("no heartbeat").
+- The registry is **behind** when its event loop runs late by more than ``LAG_LIMIT_S`` (then
+  requests, heartbeats among them, wait in its queue), or when a probe round takes longer than
+  the interval. It says so in its ``/health`` (``behind``, ``why_behind``) and ``/metrics``
+  (``mesh_registry_behind``). While its loop is late it demotes nobody, on a probe or on a
+  missed TTL (``deferred`` in the round), until ``_LAG_HOLD_S`` after the last late sample.
+  Rounds that merely overrun still give each probe its whole deadline (it counts once a slot is
+  free), so their verdicts stand: instances are probed less often, not judged worse.
 """
 
 from __future__ import annotations
@@ -84,6 +103,15 @@ _FAILED = {
 }
 
 
+# The event loop running this late (seconds) means requests wait in the registry's own queue.
+LAG_LIMIT_S = 0.5
+# How often the loop's lateness is sampled, and how long one late sample keeps the registry behind.
+_LAG_SAMPLE_S = 0.1
+_LAG_HOLD_S = 10.0
+
+_RANK: dict[str, int] = {"passing": 0, "warning": 1, "critical": 2}
+
+
 @dataclass(frozen=True)
 class _Observation:
     status: Status
@@ -95,6 +123,8 @@ class _Observation:
     # The answer, parsed, when it was a JSON object that carries stats (for ``Traffic``).
     body: dict[str, Any] | None = None
     answered: bool = False
+    # The probe ran out of time with the heartbeats fresh: nothing is known (status kept).
+    unknown: bool = False
 
 
 @dataclass
@@ -106,6 +136,10 @@ class RoundInfo:
     duration_s: float = 0.0
     instances: int = 0
     failed: int = 0
+    # Probes that ran out of time while heartbeats were fresh (status kept).
+    unknown: int = 0
+    # Demotions not made because the registry was behind.
+    deferred: int = 0
 
 
 def _parsed(body: bytes) -> dict[str, Any] | None:
@@ -158,23 +192,65 @@ class Prober:
         # Heartbeats could not arrive while the registry was down: the TTL counts from start-up.
         self._started_at = clock()
         self._task: asyncio.Task[None] | None = None
+        self._lag_task: asyncio.Task[None] | None = None
+        # The loop's last lateness, and the last time (monotonic) it was over LAG_LIMIT_S.
+        self.loop_lag_s = 0.0
+        self._late_at = -_LAG_HOLD_S
+        self._late_s = 0.0
+        self._round_started: float | None = None
+        self._round_unknown = 0
+        self._round_deferred = 0
+
+    def behind(self) -> list[str]:
+        """Why the registry is behind (empty when it is not): its own overload, said in its
+        ``/health`` and ``/metrics``; no probe demotes anyone meanwhile."""
+        now = time.monotonic()
+        why = []
+        if now - self._late_at < _LAG_HOLD_S:
+            why.append(
+                f"event loop {self._late_s:.1f}s late (over {LAG_LIMIT_S:g}s): requests, "
+                "heartbeats among them, wait in the registry's queue"
+            )
+        running = now - self._round_started if self._round_started is not None else 0.0
+        overrun = max(running, self.last_round.duration_s)
+        if overrun > self.interval_s:
+            why.append(
+                f"a probe round takes {overrun:.1f}s, over the {self.interval_s:g}s interval"
+            )
+        return why
+
+    def _loop_late(self) -> bool:
+        return time.monotonic() - self._late_at < _LAG_HOLD_S
+
+    async def _watch_lag(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(_LAG_SAMPLE_S)
+            self.loop_lag_s = max(0.0, time.monotonic() - before - _LAG_SAMPLE_S)
+            if self.loop_lag_s > LAG_LIMIT_S:
+                self._late_at, self._late_s = time.monotonic(), self.loop_lag_s
+            if self._metrics is not None:
+                self._metrics.loop_lag.set(round(self.loop_lag_s, 4))
+                self._metrics.behind.set(1 if self.behind() else 0)
 
     async def start(self) -> None:
         """Run one round now (bounded), so what a restarted registry serves from its store is
         checked before it is served, then keep probing in the background."""
         if self._task is not None:
             return
+        self._lag_task = asyncio.create_task(self._watch_lag(), name="registry-loop-lag")
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._timeout_s + 1.0):
                 await self._round()
         self._task = asyncio.create_task(self._loop(), name="registry-prober")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._lag_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._lag_task = None
 
     async def _loop(self) -> None:
         while True:
@@ -192,8 +268,13 @@ class Prober:
     async def tick(self) -> None:
         """One probe round over every instance; each result is applied as its probe ends."""
         started, clock0 = self._clock(), time.perf_counter()
-        instances = await self._store.instances()
-        seen = await asyncio.gather(*(self._probe(i) for i in instances))
+        self._round_started = time.monotonic()
+        self._round_unknown = self._round_deferred = 0
+        try:
+            instances = await self._store.instances()
+            seen = await asyncio.gather(*(self._probe(i) for i in instances))
+        finally:
+            self._round_started = None
         self.traffic.keep(instances)
         self.last_round = RoundInfo(
             rounds=self.last_round.rounds + 1,
@@ -201,8 +282,12 @@ class Prober:
             duration_s=round(time.perf_counter() - clock0, 4),
             instances=len(instances),
             failed=sum(1 for answered in seen if not answered),
+            unknown=self._round_unknown,
+            deferred=self._round_deferred,
         )
         if self._metrics is not None:
+            self._metrics.probe_round.set(self.last_round.duration_s)
+            self._metrics.behind.set(1 if self.behind() else 0)
             await self._export()
 
     async def _probe(self, inst: InstanceRecord) -> bool:
@@ -226,6 +311,16 @@ class Prober:
     async def _apply(self, inst: InstanceRecord, seen: _Observation) -> None:
         now = self._clock()
         status, reason = seen.status, seen.reason
+        outcome = "unknown" if seen.unknown else status
+        if self._metrics is not None:
+            self._metrics.probes.labels(outcome=outcome).inc()
+        if seen.unknown:
+            self._round_unknown += 1
+            return
+        if _RANK[status] > _RANK[inst.status] and self._loop_late():
+            # Neither a probe's verdict nor a missed TTL can be told from the registry's delay.
+            self._round_deferred += 1
+            return
         if status != inst.status:
             log.info(
                 "%s %s (%s): %s -> %s: %s%s",
@@ -257,7 +352,8 @@ class Prober:
         silent_for = self._clock() - max(inst.last_heartbeat_at, self._started_at)
         if silent_for > self._ttl_s:
             return _Observation(
-                "critical", f"no heartbeat for {silent_for:.0f}s (ttl {self._ttl_s:g}s)"
+                "critical",
+                f"no heartbeat for {silent_for:.0f}s (ttl {self._ttl_s:g}s)",
             )
         try:
             async with self._slots:
@@ -269,7 +365,10 @@ class Prober:
                 )
         except FetchFailed as exc:
             reason = f"health check failed: {_FAILED.get(exc.reason, 'unreachable')}"
-            return _Observation("critical", reason, detail=exc.detail)
+            # Out of time (the deadline, or a connect or pool timeout) with fresh heartbeats:
+            # the registry's own slowness looks the same from here. A refusal is the instance's.
+            timed_out = exc.reason == "timeout" or isinstance(exc.__cause__, httpx.TimeoutException)
+            return _Observation("critical", reason, unknown=timed_out, detail=exc.detail)
         body = _parsed(answer.content)
         who = _named(body)
         if answer.status_code == 200:

@@ -96,6 +96,8 @@ class RegistrySettings:
     # How often each instance's /health is probed, and how long one probe may take.
     probe_interval_s: float = 5.0
     probe_timeout_s: float = 2.0
+    # Probes in flight at once (``--probe-concurrency``); the rest wait in a semaphore.
+    probe_concurrency: int = 64
     # An instance with no heartbeat for this long is critical (nodes heartbeat every 5 s).
     ttl_s: float = 30.0
     # A critical instance is removed after this long.

@@ -84,7 +84,9 @@ def test_an_instance_answering_byte_by_byte_delays_no_one_else(tmp_path: Path) -
                 assert gone["status_reason"] == "health check failed: unreachable"
             trickle = _status(reg.url, "slow-1")
             assert trickle is not None
-            assert trickle["status_reason"] == "health check failed: no whole answer in time"
+            # Cut by its deadline: unknown (the registry's slowness would look the same), so
+            # its status is kept until a refusal, a bad answer or a missed TTL says more.
+            assert "health check failed" not in trickle["status_reason"], trickle
 
 
 def test_status_reasons_never_repeat_what_an_answer_says(tmp_path: Path) -> None:

@@ -5,13 +5,15 @@
 ``/i/<n>`` is instance ``fleet-<n>`` of agent ``agent-<n % agents>``: its card names that agent;
 its ``/health`` names the instance id, a pid and an uptime like a node's, and with
 ``?stats=1`` adds window stats as ``mesh._stats`` makes them (each agent calls the next two
-agents' ``echo`` skill; one skill; one priced model), unless ``--no-stats``. It registers
+agents' ``echo`` skill; one skill; one priced model), unless ``--no-stats``; after
+``--health-delay`` seconds (a slow but alive fleet). It registers
 nowhere: the bench registers its instances. ``/ready`` answers at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 
 import uvicorn
@@ -44,7 +46,7 @@ def agent_stats(k: int, agents: int) -> dict[str, object]:
     return NodeStats(metrics, prices={"model-x": (0.3, 2.5)}).report(peers=peers)
 
 
-def create_app(port: int, agents: int, stats: bool) -> Starlette:
+def create_app(port: int, agents: int, stats: bool, health_delay_s: float = 0.0) -> Starlette:
     cards: dict[str, dict[str, object]] = {}
     reports = [agent_stats(k, agents) for k in range(agents)]
 
@@ -62,6 +64,8 @@ def create_app(port: int, agents: int, stats: bool) -> Starlette:
 
     async def health_route(request: Request) -> Response:
         n = int(request.path_params["n"])
+        if health_delay_s:  # slow but alive: a busy node answers late
+            await asyncio.sleep(health_delay_s)
         body: dict[str, object] = {
             "status": "ok",
             "agent": f"agent-{n % agents}",
@@ -91,9 +95,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--agents", type=int, default=20)
     parser.add_argument("--no-stats", action="store_true")
+    parser.add_argument("--health-delay", type=float, default=0.0, metavar="S")
     args = parser.parse_args()
     uvicorn.run(
-        create_app(args.port, args.agents, not args.no_stats),
+        create_app(args.port, args.agents, not args.no_stats, args.health_delay),
         host="127.0.0.1",
         port=args.port,
         log_level="warning",

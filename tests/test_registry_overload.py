@@ -1,0 +1,116 @@
+"""The registry never blames instances for its own overload (issue 21 item 2).
+
+A real registry whose prober cannot keep up (2 probes at once, a 0.2 s deadline, a 0.5 s
+interval) probes a simulated fleet (``tests.bench.fleet``, one process) whose instances answer
+``/health`` slowly but heartbeat on time. Before: every one of them turned critical ("health
+check failed: no whole answer in time"). Now each such probe is unknown (status kept), and the
+registry says it is behind in ``/health`` and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.registry_support import instances, registry
+from tests.support import Proc, clean_env, free_port, wait_for, wait_until_ok
+
+pytestmark = pytest.mark.integration
+
+FLEET = 24
+
+
+def _register(reg: str, fleet: str, n: int) -> str:
+    body = {"instance_id": f"fleet-{n}", "agent": f"agent-{n % 4}", "url": f"{fleet}/i/{n}"}
+    r = httpx.post(f"{reg}/v1/instances", json=body, timeout=10)
+    assert r.status_code == 201, r.text
+    secret: str = r.json()["secret"]
+    return secret
+
+
+class _Heartbeats:
+    """Heartbeats every instance each 0.5 s in a thread until stopped (bounded by ``stop``)."""
+
+    def __init__(self, reg: str, secrets: dict[str, str]) -> None:
+        self._reg, self._secrets = reg, secrets
+        self._stop = threading.Event()
+        self.refused: list[str] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.wait(0.5):
+                for iid, secret in self._secrets.items():
+                    r = client.put(
+                        f"{self._reg}/v1/instances/{iid}/heartbeat",
+                        headers={"Mesh-Instance-Secret": secret},
+                    )
+                    if r.status_code != 200:
+                        self.refused.append(f"{iid}: {r.status_code}")
+
+    def __enter__(self) -> _Heartbeats:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def _fleet(tmp: Path, delay: float) -> Iterator[str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.bench.fleet", "--port", str(port),
+            "--agents", "4", "--no-stats", "--health-delay", str(delay)]  # fmt: skip
+    with Proc.start(argv, name=f"fleet-{port}", tmp=tmp, env=clean_env()) as proc:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_ok(f"{url}/ready", proc=proc)
+        yield url
+
+
+def test_an_overloaded_prober_demotes_no_live_instance(tmp_path: Path) -> None:
+    extra = ["--probe-concurrency", "2"]
+    with (
+        _fleet(tmp_path, delay=0.5) as fleet,
+        registry(tmp_path, probe_interval=0.5, ttl=20, extra=extra) as reg,
+    ):
+        # Its probe timeout is 0.4 s (registry_support): every probe runs out of time.
+        secrets = {f"fleet-{n}": _register(reg.url, fleet, n) for n in range(FLEET)}
+        registered_at = time.time()
+        with _Heartbeats(reg.url, secrets) as beats:
+            # 24 probes, 2 at a time, 0.4 s each: a round lasts ~5 s, over the interval.
+            health = wait_for(lambda: _behind(reg.url), timeout=30, what="/health says behind")
+            assert any("probe round" in why for why in health["why_behind"]), health
+            # A whole round that started once every instance was registered probed them all
+            # (each out of time) and demoted none.
+            last = wait_for(
+                lambda: _round_since(reg.url, registered_at), timeout=60, what="a whole round"
+            )
+            every = instances(reg.url, status="any")
+            assert len(every) == FLEET
+            assert [i for i in every if i["status"] != "passing"] == []
+            assert (last["instances"], last["unknown"]) == (FLEET, FLEET), last
+            metrics = httpx.get(f"{reg.url}/metrics", timeout=5).text
+            assert "mesh_registry_behind 1.0" in metrics
+            assert 'mesh_registry_probes_total{outcome="unknown"}' in metrics
+            assert 'mesh_registry_probes_total{outcome="critical"}' not in metrics
+            assert beats.refused == []
+
+
+def _behind(reg: str) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.get(f"{reg}/health", timeout=5).json()
+    return body if body.get("behind") is True else {}
+
+
+def _round_since(reg: str, since: float) -> dict[str, Any]:
+    doc = httpx.get(f"{reg}/introspect", timeout=5).json()
+    last: dict[str, Any] = doc["prober"]["last_round"]
+    return last if last["started_at"] > since else {}
