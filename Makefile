@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test test-consul eval lint fmt bench clean
+.PHONY: run test test-consul eval lint fmt bench bench-registry clean
 
 $(STAMP): pyproject.toml
 	@test -d $(VENV) || { echo "creating $(VENV)"; $(PY) -m venv $(VENV); }
@@ -44,6 +44,10 @@ fmt: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench
+
+# The embedded registry at 100, 1,000 and 10,000 simulated instances (~5 minutes; docs/performance.md).
+bench-registry: $(STAMP)
+	$(BIN)/python -m tests.bench.registry_scale
 
 clean:
 	rm -rf $(VENV) .mesh .pytest_cache .mypy_cache .ruff_cache .grimp_cache .import_linter_cache

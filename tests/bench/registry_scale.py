@@ -1,0 +1,383 @@
+"""The embedded registry at fleet scale (issue 21; docs/performance.md, "The registry at fleet
+scale").
+
+    python -m tests.bench.registry_scale                      # 100, 1,000 and 10,000 instances
+    python -m tests.bench.registry_scale --sizes 100,1000 --steady 20
+    make bench-registry
+
+For each size N: a real registry (``python -m registry``, default intervals: probes every 5 s,
+2 s deadline, TTL 30 s) and ONE ``tests.bench.fleet`` process serving every instance on one
+port (``/i/<n>``: a card, a ``/health`` naming its instance id, answered at once, without the
+console's stats unless ``--stats``). Phases:
+
+1. registration: N registrations through the API, 32 at once (the registry's fetch slots);
+   registrations per second and p99;
+2. steady state for ``--steady`` seconds: every instance heartbeats every 5 s (a node's
+   default), spread evenly, over a few raw keep-alive connections (a cheap client, so the bench
+   measures the registry, not httpx), while one client looks an agent up in a loop
+   (``GET /v1/instances?agent=``): heartbeats sustained vs needed, lookup p50/p99, the
+   registry's CPU per second and RSS, the last probe round's duration, whether the registry
+   said it was behind, and how many live instances were ever not passing (false alarms);
+3. with the heartbeats still running: Prometheus SD (``/v1/prometheus/targets``) and the
+   operator page (``/``), median of 3; one more instance on a fleet process of its own is
+   killed (-9) and stops heartbeating: seconds until the registry lists it critical;
+4. the database's size (``registry.db`` and its WAL).
+
+Prints one table (a column per size) and writes every figure to
+``bench-results/registry_scale.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.bench.procstat import cpu_seconds, rss_bytes
+from tests.support import ROOT, Proc, clean_env, free_port, wait_until_ok
+
+HEARTBEAT_S = 5.0
+AGENTS = 100
+CONNECTIONS = 8
+DEFAULT_JSON = ROOT / "bench-results" / "registry_scale.json"
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@contextmanager
+def _fleet(tmp: Path, *, stats: bool, name: str = "fleet") -> Iterator[tuple[Proc, str]]:
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.bench.fleet", "--port", str(port),
+            "--agents", str(AGENTS), *([] if stats else ["--no-stats"])]  # fmt: skip
+    with Proc.start(argv, name=f"{name}-{port}", tmp=tmp, env=clean_env()) as proc:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_ok(f"{url}/ready", proc=proc)
+        yield proc, url
+
+
+class _Raw:
+    """One keep-alive HTTP/1.1 connection with hand-written requests: a heartbeat costs the
+    client a few microseconds, so the client never limits what the registry is asked."""
+
+    def __init__(self, port: int) -> None:
+        self._port = port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, target: str, headers: str = "") -> int:
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self._port)
+        assert self._reader is not None
+        self._writer.write(
+            f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n"
+            f"{headers}\r\n".encode()
+        )
+        head = await self._reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        await self._reader.readexactly(length)
+        return status
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+async def _register(
+    reg: str, fleet: str, ids: list[int], prefix: str
+) -> tuple[dict[str, str], list[float]]:
+    secrets: dict[str, str] = {}
+    took: list[float] = []
+    slots = asyncio.Semaphore(32)
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=32)) as http:
+
+        async def one(n: int) -> None:
+            body = {"instance_id": f"{prefix}-{n}", "agent": f"agent-{n % AGENTS}",
+                    "url": f"{fleet}/i/{n}", "version": "1"}  # fmt: skip
+            async with slots:
+                for _ in range(100):  # 503 registry_busy: its fetch slots are full, retry
+                    started = time.perf_counter()
+                    r = await http.post(f"{reg}/v1/instances", json=body)
+                    if r.status_code == 201:
+                        took.append(time.perf_counter() - started)
+                        secrets[body["instance_id"]] = r.json()["secret"]
+                        return
+                    if r.status_code != 503:
+                        raise AssertionError(f"registering {n}: {r.status_code} {r.text}")
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"registering {n}: still busy")
+
+        await asyncio.gather(*(one(n) for n in ids))
+    return secrets, took
+
+
+class _Heartbeats:
+    """Every instance heartbeats once per ``HEARTBEAT_S``, spread evenly, until stopped."""
+
+    def __init__(self, port: int, secrets: dict[str, str]) -> None:
+        self._port = port
+        self._items = list(secrets.items())
+        self.sent = self.ok = self.failed = 0
+        self.late: list[float] = []
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        for k in range(CONNECTIONS):
+            self._tasks.append(asyncio.create_task(self._lane(self._items[k::CONNECTIONS], k)))
+
+    async def _lane(self, items: list[tuple[str, str]], k: int) -> None:
+        raw = _Raw(self._port)
+        gap = HEARTBEAT_S / max(1, len(items))
+        due = time.monotonic() + k * gap / CONNECTIONS
+        i = 0
+        try:
+            while not self._stop.is_set() and items:
+                delay = due - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    self.late.append(-delay)
+                iid, secret = items[i % len(items)]
+                self.sent += 1
+                try:
+                    status = await asyncio.wait_for(
+                        raw.request(
+                            "PUT",
+                            f"/v1/instances/{iid}/heartbeat",
+                            f"Mesh-Instance-Secret: {secret}\r\n",
+                        ),
+                        timeout=10,
+                    )
+                except (TimeoutError, OSError, asyncio.IncompleteReadError):
+                    raw.close()
+                    raw = _Raw(self._port)
+                    status = 0
+                if status == 200:
+                    self.ok += 1
+                else:
+                    self.failed += 1
+                i += 1
+                due += gap
+        finally:
+            raw.close()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+
+async def _lookups(port: int, stop: asyncio.Event, took: list[float]) -> None:
+    raw = _Raw(port)
+    k = 0
+    try:
+        while not stop.is_set():
+            started = time.perf_counter()
+            status = await raw.request("GET", f"/v1/instances?agent=agent-{k % AGENTS}")
+            took.append(time.perf_counter() - started)
+            assert status == 200, status
+            k += 1
+            await asyncio.sleep(0.01)
+    finally:
+        raw.close()
+
+
+async def _watch(reg: str, stop: asyncio.Event, seen: dict[str, Any]) -> None:
+    """Every second: the prober's last round, whether the registry says it is behind, and the
+    live instances not passing (each a false alarm: every instance here is alive)."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        while not stop.is_set():
+            doc = (await http.get(f"{reg}/introspect")).json()
+            prober, counts = doc["prober"], doc["instances"]
+            seen["round_s"] = max(seen.get("round_s", 0.0), prober["last_round"]["duration_s"])
+            seen["rounds"] = prober["last_round"]["rounds"]
+            seen["unknown"] = max(seen.get("unknown", 0), prober["last_round"].get("unknown", 0))
+            seen["behind"] = seen.get("behind", False) or bool(prober.get("behind"))
+            bad = counts["warning"] + counts["critical"]
+            seen["not_passing"] = max(seen.get("not_passing", 0), bad)
+            with_timeout = asyncio.create_task(asyncio.sleep(1.0))
+            stopped = asyncio.create_task(stop.wait())
+            await asyncio.wait({with_timeout, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            with_timeout.cancel()
+            stopped.cancel()
+
+
+def _median_ms(url: str) -> float:
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        r = httpx.get(url, timeout=120)
+        times.append(time.perf_counter() - started)
+        assert r.status_code == 200, (url, r.status_code)
+    return statistics.median(times) * 1000
+
+
+async def _dead_marked(reg: str, tmp: Path, stats: bool, heartbeats_port: int) -> float:
+    """Seconds from kill -9 of a heartbeating instance's process until it is listed critical."""
+    with _fleet(tmp, stats=stats, name="doomed") as (proc, url):
+        secrets, _ = await _register(reg, url, [0], "doomed")
+        raw = _Raw(heartbeats_port)
+        ((iid, secret),) = secrets.items()
+        await raw.request("PUT", f"/v1/instances/{iid}/heartbeat",
+                          f"Mesh-Instance-Secret: {secret}\r\n")  # fmt: skip
+        raw.close()
+        proc.kill()
+        killed = time.monotonic()
+    async with httpx.AsyncClient(timeout=30) as http:
+        while time.monotonic() - killed < 120:
+            r = await http.get(
+                f"{reg}/v1/instances", params={"agent": "agent-0", "status": "critical"}
+            )
+            if any(i["instance_id"] == iid for i in r.json()["instances"]):
+                return time.monotonic() - killed
+            await asyncio.sleep(0.1)
+    return float("inf")
+
+
+async def measure(n: int, *, steady_s: float, stats: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="registry-scale-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        data = tmp / "reg"
+        port = free_port()
+        reg = f"http://127.0.0.1:{port}"
+        reg_argv = [sys.executable, "-m", "registry", "--port", str(port), "--data-dir",
+                    str(data), "--max-instances", str(n + 10), "--log-level", "warning"]  # fmt: skip
+        with (
+            _fleet(tmp, stats=stats) as (_, fleet),
+            Proc.start(reg_argv, name="registry", tmp=tmp, env=clean_env()) as reg_proc,
+        ):
+            wait_until_ok(f"{reg}/health", proc=reg_proc)
+            started = time.perf_counter()
+            secrets, took = await _register(reg, fleet, list(range(n)), "fleet")
+            register_s = time.perf_counter() - started
+
+            beats = _Heartbeats(port, secrets)
+            stop = asyncio.Event()
+            lookups: list[float] = []
+            seen: dict[str, Any] = {}
+            cpu0, clock0 = cpu_seconds(reg_proc.pid), time.perf_counter()
+            beats.start()
+            side = [asyncio.create_task(_lookups(port, stop, lookups)),
+                    asyncio.create_task(_watch(reg, stop, seen))]  # fmt: skip
+            await asyncio.sleep(steady_s)
+            cpu = (cpu_seconds(reg_proc.pid) - cpu0) / (time.perf_counter() - clock0)
+            sent, ok = beats.sent, beats.ok
+            stop.set()
+            await asyncio.gather(*side)
+            sd_ms = await asyncio.to_thread(_median_ms, f"{reg}/v1/prometheus/targets")
+            page_ms = await asyncio.to_thread(_median_ms, f"{reg}/")
+            dead_s = await _dead_marked(reg, tmp, stats, port)
+            rss = rss_bytes(reg_proc.pid)
+            await beats.stop()
+        db = sum(p.stat().st_size for p in data.glob("registry.db*"))
+    return {
+        "instances": n,
+        "register_per_s": n / register_s,
+        "register_p99_ms": _pct(took, 0.99) * 1000,
+        "heartbeats_needed_per_s": n / HEARTBEAT_S,
+        "heartbeats_sent_per_s": sent / steady_s,
+        "heartbeats_ok_per_s": ok / steady_s,
+        "heartbeats_failed": beats.failed,
+        "heartbeats_late_p99_s": _pct(beats.late, 0.99) if beats.late else 0.0,
+        "lookup_p50_ms": _pct(lookups, 0.5) * 1000,
+        "lookup_p99_ms": _pct(lookups, 0.99) * 1000,
+        "prometheus_sd_ms": sd_ms,
+        "page_ms": page_ms,
+        "probe_round_s": seen.get("round_s", float("nan")),
+        "probe_rounds": seen.get("rounds", 0),
+        "unknown_probes_max": seen.get("unknown", 0),
+        "behind": seen.get("behind", False),
+        "false_alarms_max": seen.get("not_passing", 0),
+        "dead_marked_s": dead_s,
+        "registry_cpu": cpu,
+        "registry_rss_mb": rss / 2**20,
+        "db_mb": db / 2**20,
+    }
+
+
+ROWS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+    ("registrations/s (p99 ms)", lambda r: f"{r['register_per_s']:.0f} ({r['register_p99_ms']:.0f})"),
+    ("heartbeats/s ok / needed", lambda r: f"{r['heartbeats_ok_per_s']:.0f} / {r['heartbeats_needed_per_s']:.0f}"),
+    ("heartbeats failed", lambda r: str(r["heartbeats_failed"])),
+    ("lookup p50 / p99 ms", lambda r: f"{r['lookup_p50_ms']:.2f} / {r['lookup_p99_ms']:.1f}"),
+    ("Prometheus SD ms", lambda r: f"{r['prometheus_sd_ms']:.0f}"),
+    ("operator page ms", lambda r: f"{r['page_ms']:.0f}"),
+    ("probe round s (longest)", lambda r: f"{r['probe_round_s']:.2f}"),
+    ("behind / unknown probes", lambda r: f"{'yes' if r['behind'] else 'no'} / {r['unknown_probes_max']}"),
+    ("false alarms (not passing)", lambda r: str(r["false_alarms_max"])),
+    ("killed instance critical after s", lambda r: f"{r['dead_marked_s']:.1f}"),
+    ("registry CPU (cores)", lambda r: f"{r['registry_cpu']:.2f}"),
+    ("registry RSS MB", lambda r: f"{r['registry_rss_mb']:.0f}"),
+    ("database MB", lambda r: f"{r['db_mb']:.1f}"),
+]  # fmt: skip
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = "| | " + " | ".join(f"{r['instances']:,}" for r in results) + " |"
+    lines = [head, "|---" * (len(results) + 1) + "|"]
+    lines += [
+        "| " + name + " | " + " | ".join(cell(r) for r in results) + " |" for name, cell in ROWS
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.bench.registry_scale",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--sizes", default="100,1000,10000", help="instance counts (comma-separated)"
+    )
+    parser.add_argument(
+        "--steady",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds of heartbeats per size (default 30)",
+    )
+    parser.add_argument(
+        "--stats",
+        action="store_true",
+        help="answer /health?stats=1 with a node's stats, as mesh nodes do",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=DEFAULT_JSON,
+        help=f"where to write the figures (default {DEFAULT_JSON.relative_to(ROOT)})",
+    )
+    args = parser.parse_args(argv)  # fmt: skip
+    results = []
+    for n in (int(s) for s in args.sizes.split(",")):
+        print(f"{n} instances ...", file=sys.stderr, flush=True)
+        results.append(asyncio.run(measure(n, steady_s=args.steady, stats=args.stats)))
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    print(table(results))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
