@@ -14,6 +14,14 @@ subscribed to: ``ctx.metadata["relay"]``, see ``mesh._a2a.relay``), each attempt
 message instead and relays the child's progress as it comes; its result is the child task as
 ``GetTask`` gives it, the same as the blocking answer, so nothing after the send changes.
 
+A long-running call (the card says the skill is ``long_running``, or ``remote(long_running=True)``)
+holds no request open while the child works: the message goes without waiting
+(``returnImmediately``: the child's task id comes at once) and the child is followed by
+``SubscribeToTask``; a dropped or stalled stream is read again with backoff (0.2 s doubling to
+5 s, within the deadline), ``GetTask`` deciding each time whether the child ended meanwhile (and
+polling when the peer cannot stream). Its result is the same finished task, so the deadline,
+cancel and retry rules above stay as they are.
+
 The caller's session keeps one A2A context per peer (session state ``_mesh.contexts.<peer>``),
 so a specialist sees the conversation continue. The child's token usage (its ``usage`` plus its
 own ``children_usage``) goes to ``ctx.metadata["usage_sink"]`` when the caller provides one.
@@ -81,6 +89,14 @@ _REASONS: dict[str, RemoteReason] = {
 }
 # How long a CancelTask for the child may take (we are being cancelled ourselves).
 _CANCEL_S = 3.0
+# A long-running call: the send that starts the child answers at once (the task as it is).
+_START_S = 10.0
+# Longest silence on a followed child's stream before it is read again (the node's SSE pings
+# every 15 s, so a live stream is never this quiet).
+_STALL_S = 45.0
+# Between two reads of a followed child after its stream dropped: doubling, bounded.
+_FOLLOW_FIRST_S, _FOLLOW_MAX_S = 0.2, 5.0
+_ENDED = frozenset({"completed", "failed", "rejected", "canceled"})
 
 
 def context_key(peer: str) -> str:
@@ -189,8 +205,11 @@ class Delegation:
         breakers: BreakerBoard,
         deadline_s: float,
         caller: str,
+        long_running: bool = False,
     ) -> None:
         self.link = link
+        #: Follow the child by subscription instead of one blocking request.
+        self.long_running = long_running
         self.tool = tool
         self.ctx = ctx
         self.trace = trace
@@ -271,7 +290,10 @@ class Delegation:
         child = self.child = InFlightChild(peer, self._message)
         relay: Relay | None = self.ctx.metadata.get("relay")
         try:
-            if relay is not None and relay.live:
+            if self.long_running:
+                live = relay.child(self.peer) if relay is not None and relay.live else None
+                result = await self._followed(peer, child, live)
+            elif relay is not None and relay.live:
                 # Someone follows the caller's task live: the child's progress is relayed.
                 result = await self._streamed(peer, child, relay.child(self.peer))
             else:
@@ -334,6 +356,60 @@ class Delegation:
                 skill=self.tool.skill_id,
                 reason="deadline",
             ) from None
+
+    async def _followed(
+        self, peer: A2APeer, child: InFlightChild, relay: ChildRelay | None
+    ) -> TaskResult:
+        """The attempt of a long-running call: the message sent without waiting, then the
+        child followed until it ends or waits for input (see the module docstring); the child
+        task as ``GetTask`` gives it. ``relay``: the caller's task is streamed."""
+        assert self._message is not None
+        timeout = max(0.1, min(_START_S, self.deadline - time.time()))
+        first = await self._message.send(peer, timeout=timeout, wait=False)
+        child.task_id = first.task_id  # from here on a cancel or a deadline reaches it
+        if not first.task_id or first.state in _ENDED or first.waiting:
+            return first
+        delay = _FOLLOW_FIRST_S
+        while True:
+            remaining = self.deadline - time.time()
+            if remaining <= 0:
+                raise self._past_deadline()
+            streamed = False
+            try:
+                async with asyncio.timeout(remaining):
+                    async with contextlib.aclosing(
+                        peer.subscribe(child.task_id, timeout=min(remaining, _STALL_S))
+                    ) as events:
+                        async for update in events:
+                            streamed = True
+                            if relay is not None:
+                                await relay.forward(update)
+            except TimeoutError:
+                raise self._past_deadline() from None
+            except NotImplementedError:
+                pass  # the peer does not stream: GetTask alone follows it
+            except RemoteError as exc:
+                # Dropped, stalled, or the task ended between two reads (-32004): GetTask says.
+                log.info(
+                    "following %s task %s at %s: %s", self.peer, child.task_id, peer.base_url, exc
+                )
+            if relay is not None:
+                await relay.flush()
+            try:
+                now = await peer.get_task(child.task_id)
+            except RemoteError as exc:
+                if exc.reason != "unavailable":
+                    raise
+                log.info(
+                    "following %s task %s: %s; reading it again", self.peer, child.task_id, exc
+                )
+            else:
+                if now.state in _ENDED or now.waiting:
+                    return now
+            if streamed:
+                delay = _FOLLOW_FIRST_S  # the stream worked for a while: a new drop starts over
+            await asyncio.sleep(max(0.0, min(delay, self.deadline - time.time())))
+            delay = min(delay * 2, _FOLLOW_MAX_S)
 
     def _metadata(self) -> dict[str, Any]:
         """What every message of this delegation carries besides its parts."""

@@ -106,8 +106,11 @@ class RemoteSkillTool:
         output_schema: dict[str, Any] | None,
         typed: bool,
         asks: bool = False,
+        long_running: bool = False,
     ) -> None:
         self.owner = owner
+        #: The card says a call takes long: it is followed by subscription, not waited on.
+        self.long_running = long_running
         self.skill_id = skill_id
         self.typed = typed
         #: The card says the skill may wait for input: its calls get ``wait_deadline_s``.
@@ -150,6 +153,7 @@ class RemoteAgent:
         policy: RetryPolicy | None = None,
         breakers: BreakerBoard | None = None,
         card_ttl_s: float = 30.0,
+        long_running: bool = False,
     ) -> None:
         if agent is None and url is None:
             raise ConfigError("remote(): give an agent name or url=")
@@ -162,6 +166,7 @@ class RemoteAgent:
         self.skill = skill
         self.deadline_s = deadline_s
         self.wait_deadline_s = wait_deadline_s
+        self.long_running = long_running
         self.policy = policy or RetryPolicy(attempts=4, initial_delay=0.1, max_delay=1.0)
         # A board the caller passed is shared by every copy (and keeps its on_change).
         self._given_breakers = breakers
@@ -202,6 +207,7 @@ class RemoteAgent:
             policy=self.policy,
             breakers=self._given_breakers,
             card_ttl_s=self.card_ttl_s,
+            long_running=self.long_running,
         )
 
     def bind(
@@ -266,6 +272,7 @@ class RemoteAgent:
             output_schema=dict(schema["output"]) if schema and schema.get("output") else None,
             typed=schema is not None,
             asks=bool(schema and schema.get("asks")),
+            long_running=bool(schema and schema.get("long_running")),
         )
 
     def _placeholder(self, skill_id: str) -> RemoteSkillTool:
@@ -358,6 +365,7 @@ class RemoteAgent:
             # when sooner, still wins).
             deadline_s=self.wait_deadline_s if tool.asks else self.deadline_s,
             caller=self.caller,
+            long_running=self.long_running or tool.long_running,
         )
 
     def owns(self, child: ChildRef) -> bool:
@@ -395,6 +403,7 @@ class RemoteAgent:
             "breakers": self.breakers.states(),
             "deadline_s": self.deadline_s,
             "wait_deadline_s": self.wait_deadline_s,
+            "long_running": self.long_running,
             "recent": [asdict(r) for r in self.recent],
         }
 
@@ -411,6 +420,7 @@ def remote(
     url: str | None = None,
     policy: RetryPolicy | None = None,
     breakers: BreakerBoard | None = None,
+    long_running: bool = False,
 ) -> RemoteAgent:
     """A peer agent's skills as tools: by name through discovery, or at a fixed URL.
 
@@ -423,6 +433,11 @@ def remote(
     ``wait_deadline_s`` (default 7 days) replaces ``deadline_s`` for a skill whose card says
     it ``asks`` (its task may wait for a person's answer, relayed to this agent's caller);
     the caller's own deadline still caps it.
+
+    ``long_running=True`` (or ``"long_running": true`` on the skill's card entry, from
+    ``@skill(long_running=True)``): each call sends without waiting and follows the child
+    task by subscription, reconnecting when the stream drops, instead of holding one request
+    open for its whole length; give it a ``deadline_s`` that long (docs/delegation.md).
     """
     if _is_url(agent_or_url):
         if url is not None:
@@ -438,4 +453,5 @@ def remote(
         wait_deadline_s=wait_deadline_s,
         policy=policy,
         breakers=breakers,
+        long_running=long_running,
     )

@@ -152,6 +152,9 @@ class Skill:
     takes_context: bool = False
     # Whether the handler may ``ctx.ask`` (the task may wait for input): declared on the card.
     asks: bool = False
+    # Whether a call may outlive one request (minutes): callers send without waiting and
+    # follow the task by subscription (declared on the card as ``long_running``).
+    long_running: bool = False
 
     def __post_init__(self) -> None:
         if not _ID.match(self.id):
@@ -212,6 +215,7 @@ def skill(
     tags: typing.Sequence[str] = (),
     examples: typing.Sequence[str] = (),
     asks: bool = False,
+    long_running: bool = False,
 ) -> Any:
     """Make a typed skill of a function ``(input: In[, ctx: SkillContext]) -> Out``.
 
@@ -219,7 +223,9 @@ def skill(
     The id is the function's name as written (``fx_rate`` -> ``fx_rate``) unless ``id=`` says
     otherwise; ``name`` (shown in cards) defaults to ``"Fx rate"``. Usable bare (``@skill``) or
     with options (``@skill(id="score", tags=[...])``). ``asks=True``: the skill may
-    ``await ctx.ask(...)`` (see ``SkillContext.ask``). docs/guide.md has the reference.
+    ``await ctx.ask(...)`` (see ``SkillContext.ask``). ``long_running=True``: a call may take
+    minutes; the card says so and mesh callers follow it without holding a request open
+    (docs/delegation.md). docs/guide.md has the reference.
     """
 
     def build(f: Handler) -> Skill:
@@ -243,6 +249,7 @@ def skill(
             examples=tuple(examples),
             takes_context=len(params) > 1,
             asks=asks,
+            long_running=long_running,
         )
 
     return build(fn) if fn is not None else build

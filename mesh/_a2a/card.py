@@ -13,7 +13,7 @@ out with ``propertyOrdering`` and come back through ``mesh._schema_order.restore
 (``card_to_dict`` and ``skill_schemas`` do it). The agent's instruction never appears in the card.
 
 A skill that may wait for its caller's input (``@skill(asks=True)``) has ``"asks": true`` in its
-entry. Every card also declares the extension ``urn:mesh:tasks:v1`` (``mesh._asks``): the node
+entry, one whose calls take minutes (``@skill(long_running=True)``) ``"long_running": true``. Every card also declares the extension ``urn:mesh:tasks:v1`` (``mesh._asks``): the node
 speaks its shapes of tasks that wait (the question status message, the resume message).
 """
 
@@ -93,6 +93,7 @@ def build_card(agent: Agent, url: str, *, bearer: bool = False) -> AgentCard:
             "input": with_property_order(s.input_schema() or {}),
             "output": with_property_order(s.output_schema() or {}),
             **({"asks": True} if s.asks else {}),
+            **({"long_running": True} if s.long_running else {}),
         }
         for s in skills
         if s.typed

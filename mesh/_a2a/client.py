@@ -56,6 +56,7 @@ from a2a.types import (
     SendMessageConfiguration,
     SendMessageRequest,
     StreamResponse,
+    SubscribeToTaskRequest,
     TaskState,
 )
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
@@ -204,6 +205,33 @@ class A2APeer:
             events = cast(
                 "AsyncGenerator[StreamResponse, None]",
                 client.send_message(request, context=self._context(timeout)),
+            )
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    update = TaskUpdate.from_json(as_json(event))
+                    if update is None:
+                        continue
+                    yield update
+                    if update.kind in ("task", "status") and update.state in _ENDING:
+                        return
+
+    async def subscribe(
+        self,
+        task_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - forwarded to the SDK per call
+    ) -> AsyncGenerator[TaskUpdate, None]:
+        """``SubscribeToTask``: the task as it is now, then its events as they arrive. Stops
+        after the first event in a terminal or interrupted state, as ``stream`` does (the
+        SDK's subscription stays open on a waiting task). A task already terminal is a
+        ``RemoteError`` (the node answers -32004): ``get_task`` has its end."""
+        with self._errors():
+            client = await self._client(streaming=True)
+            events = cast(
+                "AsyncGenerator[StreamResponse, None]",
+                client.subscribe(
+                    SubscribeToTaskRequest(id=task_id), context=self._context(timeout)
+                ),
             )
             async with contextlib.aclosing(events):
                 async for event in events:

@@ -1,0 +1,74 @@
+"""Two agents tests/test_delegation_long.py runs, offline (scripted model):
+
+    long-top (LLM)  --long_child_crunch-->  long-child
+
+``long-child``'s ``crunch`` is declared ``long_running``: it appends ``start JOB`` to
+``$LONG_TEST_DIR/calls``, waits until the test creates ``$LONG_TEST_DIR/JOB.go`` (at most
+``max_s``), then appends ``done JOB``. ``long-top`` reaches it at ``$LONG_TEST_CHILD_URL`` (the
+test's proxy, which can cut a connection under the coordinator).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from mesh import Agent, Call, RetryPolicy, Rule, Script, remote, skill
+
+DIR = Path(os.environ.get("LONG_TEST_DIR", "."))
+
+
+class Job(BaseModel):
+    job: str
+    max_s: float = 60.0
+
+
+class Done(BaseModel):
+    job: str
+
+
+def _note(line: str) -> None:
+    with (DIR / "calls").open("a") as fh:
+        fh.write(line + "\n")
+
+
+@skill(long_running=True)
+async def crunch(req: Job) -> Done:
+    """Work on a job until the test lets it finish."""
+    _note(f"start {req.job}")
+    gate, until = DIR / f"{req.job}.go", time.monotonic() + req.max_s
+    # The gate is a file another process creates: polled, bounded by max_s.
+    while not gate.exists() and time.monotonic() < until:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    _note(f"done {req.job}")
+    return Done(job=req.job)
+
+
+child = Agent(name="long-child", description="Crunches jobs, slowly.", skills=[crunch])
+
+top = Agent(
+    name="long-top",
+    instruction="You get jobs crunched by long-child.",
+    tools=[
+        remote(
+            os.environ.get("LONG_TEST_CHILD_URL", "http://127.0.0.1:9"),
+            deadline_s=120.0,
+            policy=RetryPolicy(attempts=2, initial_delay=0.05, max_delay=0.1),
+        )
+    ],
+    script=Script(
+        rules=[
+            Rule(
+                when=r"(?i)crunch (?P<job>\w+)",
+                steps=[[Call("long_child_crunch", {"job": "{job}"})]],
+                answer="top got {long_child_crunch.job}",
+                on_error="top could not: {error}",
+            ),
+        ],
+        fallback="Ask: crunch JOB",
+    ),
+)

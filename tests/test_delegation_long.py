@@ -1,0 +1,203 @@
+"""Long-running delegations (issue 13 item 5): two real ``mesh serve`` nodes of
+tests.long_agents, the coordinator reaching its child through a TCP proxy in this test that can
+cut the connections under it.
+
+``long-child``'s skill is declared ``long_running`` on its card, so the coordinator sends without
+waiting and follows the child by ``SubscribeToTask``: a stream cut under it is read again and the
+call completes with the child's answer (the skill ran once); a cancel at the top and a deadline
+passing reach the child while it works."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
+from a2a.types import CancelTaskRequest, ListTasksRequest, Task, TaskState
+
+from tests.support import clean_env, eventually, free_port, running
+from tests.test_node_ask import get, message, send
+
+pytestmark = pytest.mark.integration
+
+ENDED = {
+    TaskState.TASK_STATE_COMPLETED,
+    TaskState.TASK_STATE_FAILED,
+    TaskState.TASK_STATE_CANCELED,
+    TaskState.TASK_STATE_REJECTED,
+}
+
+
+@dataclass
+class Proxy:
+    """A TCP proxy to ``upstream``: counts the connections that carried a SubscribeToTask and
+    can cut those open now (``cut``)."""
+
+    upstream: int
+    port: int = 0
+    subscribes: int = 0
+    _subscribed: set[asyncio.StreamWriter] = field(default_factory=set)
+    _writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    _handlers: set[asyncio.Task[None]] = field(default_factory=set)
+    _server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+
+    def cut(self) -> int:
+        """Abort every connection that carried a subscription; how many there were."""
+        cut = len(self._subscribed)
+        for writer in self._subscribed:
+            writer.transport.abort()
+        self._subscribed.clear()
+        return cut
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        self._writers.add(writer)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers.add(up_writer)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                while chunk := await src.read(65536):
+                    if up and b"SubscribeToTask" in chunk:
+                        self.subscribes += 1
+                        self._subscribed.add(writer)
+                    dst.write(chunk)
+                    await dst.drain()
+            # One side ended: so does the other (a cut client connection cuts upstream too).
+            dst.transport.abort()
+
+        await asyncio.gather(
+            pump(reader, up_writer, True), pump(up_reader, writer, False), return_exceptions=True
+        )
+        self._subscribed.discard(writer)
+
+
+@dataclass
+class Pair:
+    tmp: Path
+    top: str
+    child: str
+    proxy: Proxy
+
+    def calls(self) -> list[str]:
+        path = self.tmp / "calls"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def release(self, job: str) -> None:
+        (self.tmp / f"{job}.go").touch()
+
+
+@pytest.fixture
+async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
+    child_port, top_port = free_port(), free_port()
+    proxy = Proxy(child_port)
+    await proxy.start()
+    env = clean_env(
+        LONG_TEST_DIR=str(tmp_path), LONG_TEST_CHILD_URL=f"http://127.0.0.1:{proxy.port}"
+    )
+    with contextlib.ExitStack() as stack:
+        for name, port in (("child", child_port), ("top", top_port)):
+            argv = ["mesh", "serve", f"tests.long_agents:{name}", "--port", str(port)]
+            argv += ["--data-dir", str(tmp_path / name), "--no-register", "--grace", "1"]
+            health = f"http://127.0.0.1:{port}/health"
+            stack.enter_context(running(argv, name=name, tmp=tmp_path, env=env, health=health))
+        try:
+            yield Pair(
+                tmp_path, f"http://127.0.0.1:{top_port}", f"http://127.0.0.1:{child_port}", proxy
+            )
+        finally:
+            await proxy.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
+        yield client
+
+
+async def client_for(http: httpx.AsyncClient, url: str) -> Client:
+    card = await A2ACardResolver(http, url).get_agent_card()
+    return ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(card)
+
+
+async def child_tasks(client: Client) -> list[Task]:
+    return list((await client.list_tasks(ListTasksRequest(page_size=50))).tasks)
+
+
+async def ended(client: Client, task_id: str) -> Task | None:
+    task = await get(client, task_id)
+    return task if task.status.state in ENDED else None
+
+
+async def test_a_stream_cut_under_the_coordinator_is_followed_again_and_completes(
+    pair: Pair, http: httpx.AsyncClient
+) -> None:
+    top = await client_for(http, pair.top)
+    task = await send(top, message(text="crunch j1"), wait=False)
+    await eventually(lambda: "start j1" in pair.calls() and pair.proxy.subscribes >= 1, within=20)
+    assert pair.proxy.cut() >= 1
+    # The coordinator reads the child again (a second subscription), not a second run.
+    await eventually(lambda: pair.proxy.subscribes >= 2, within=20, what="a new subscription")
+    pair.release("j1")
+    done = await eventually(lambda: ended(top, task.id), within=30)
+    assert done.status.state == TaskState.TASK_STATE_COMPLETED, done
+    assert "top got j1" in done.artifacts[-1].parts[0].text
+    assert pair.calls() == ["start j1", "done j1"]
+
+
+async def test_a_cancel_at_the_top_reaches_the_long_child(
+    pair: Pair, http: httpx.AsyncClient
+) -> None:
+    top, child = await client_for(http, pair.top), await client_for(http, pair.child)
+    task = await send(top, message(text="crunch j2"), wait=False)
+    await eventually(lambda: "start j2" in pair.calls() and pair.proxy.subscribes >= 1, within=20)
+    canceled = await top.cancel_task(CancelTaskRequest(id=task.id))
+    assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+
+    async def child_canceled() -> bool:
+        states = [t.status.state for t in await child_tasks(child)]
+        return states == [TaskState.TASK_STATE_CANCELED]
+
+    await eventually(child_canceled, within=15, what="the child task canceled")
+    assert "done j2" not in pair.calls()
+
+
+async def test_a_deadline_passing_ends_the_long_child(pair: Pair, http: httpx.AsyncClient) -> None:
+    top, child = await client_for(http, pair.top), await client_for(http, pair.child)
+    task = await send(
+        top, message(text="crunch j3", metadata={"deadline": time.time() + 3}), wait=False
+    )
+    await eventually(lambda: "start j3" in pair.calls() and pair.proxy.subscribes >= 1, within=20)
+
+    async def child_ended() -> Task | None:
+        tasks = await child_tasks(child)
+        return tasks[0] if tasks and tasks[0].status.state in ENDED else None
+
+    ended_child = await eventually(child_ended, within=15, what="the child task ended")
+    assert ended_child.status.state in (TaskState.TASK_STATE_CANCELED, TaskState.TASK_STATE_FAILED)
+    top_end = await eventually(lambda: ended(top, task.id), within=15)
+    assert top_end.status.state != TaskState.TASK_STATE_COMPLETED
+    assert "done j3" not in pair.calls()
