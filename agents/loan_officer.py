@@ -6,20 +6,27 @@
 
 Local tools: ``lookup_applicant``, ``calculate_emi``, ``apply_lending_policy``. Remote tools,
 found through the registry: the credit bureau's ``score`` and the income verifier's skills,
-called in the same model response so they run in parallel. With ``GOOGLE_API_KEY`` set the
-model is Gemini; without, the offline ``LOAN_SCRIPT`` below plays the same steps.
+called in the same model response so they run in parallel, then the underwriter's ``review``:
+an application above ``UNDERWRITING_THRESHOLD`` that the policy did not decline waits for a
+person's approval, asked by the underwriter and relayed to whoever talks to this agent. With
+``GOOGLE_API_KEY`` set the model is Gemini; without, the offline ``LOAN_SCRIPT`` below plays the
+same steps.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from agents.applicants import APPLICANTS, find_applicant
-from mesh import Agent, Call, Rule, Script, ToolError, remote
+from mesh import Agent, Call, RemoteAgent, Rule, Script, ToolContext, ToolError, remote
 
 # Seconds each delegation may take, retries included.
 DEADLINE_S = float(os.environ.get("LOAN_DESK_DEADLINE_S", "20"))
+# Applications above this amount (that the policy did not decline) need the underwriter's
+# approval: a person's answer, relayed through this agent.
+UNDERWRITING_THRESHOLD = float(os.environ.get("UNDERWRITING_THRESHOLD", "500000"))
 DEFAULT_RATE_PCT = 11.5
 DEFAULT_MONTHS = 60
 Decision = Literal["approve", "refer", "decline"]
@@ -103,6 +110,46 @@ def apply_lending_policy(
     }
 
 
+class UnderwriterReview(RemoteAgent):
+    """The underwriter's ``review`` as a tool that delegates only when a person must decide.
+
+    At or below ``UNDERWRITING_THRESHOLD``, or when the policy declined, the call answers here
+    with the policy's decision and no hop, so small applications go as they always went (and
+    the underwriter need not be running). Above it, the underwriter asks; its answer's
+    ``summary`` comes back as ``line``, one more line of the recommendation.
+    """
+
+    async def invoke(
+        self,
+        tool: Any,
+        args: Mapping[str, Any],
+        ctx: ToolContext,
+        *,
+        forward: Any = None,
+    ) -> Any:
+        decision = str(args.get("policy_decision", ""))
+        if forward is None and (
+            decision == "decline" or float(args.get("amount") or 0) <= UNDERWRITING_THRESHOLD
+        ):
+            return {"decision": decision, "note": "", "line": ""}
+        answer = await super().invoke(tool, args, ctx, forward=forward)
+        if isinstance(answer, Mapping) and answer.get("summary"):
+            return {**answer, "line": f"\n- {answer['summary']}."}
+        return answer
+
+    def copy(self) -> UnderwriterReview:
+        """The same configuration as a fresh ``UnderwriterReview`` (what a node binds)."""
+        return UnderwriterReview(
+            self.agent,
+            self.skill,
+            url=self.url,
+            deadline_s=self.deadline_s,
+            wait_deadline_s=self.wait_deadline_s,
+            policy=self.policy,
+            card_ttl_s=self.card_ttl_s,
+        )
+
+
 # What the offline script reads from a message. Each is searched on its own (linear time, any
 # order); an amount is a number of 4+ digits that is not part of an applicant id.
 _APPLICANT = r"\b(?i:APP)-\d+\b"
@@ -132,6 +179,19 @@ _ASSESSMENT_STEPS = [
             },
         )
     ],
+    # Answers here below the threshold; above it, the underwriter asks a person.
+    [
+        Call(
+            "underwriter_review",
+            {
+                "applicant_id": "{applicant_id|upper}",
+                "amount": "{amount|number}",
+                "months": "{calculate_emi.months}",
+                "policy_decision": "{apply_lending_policy.decision}",
+                "policy_reason": "{apply_lending_policy.reason}",
+            },
+        )
+    ],
 ]
 
 # A missing applicant is the user's to fix, not an outage: say so, and who is on file.
@@ -154,14 +214,14 @@ LOAN_SCRIPT = Script(
             answer=(
                 "Recommendation for {lookup_applicant.name} ({applicant_id|upper}), loan of "
                 "{calculate_emi.principal} over {calculate_emi.months} months: "
-                "{apply_lending_policy.decision|upper}.\n"
+                "{underwriter_review.decision|upper}.\n"
                 # The bureau's narrative tells the flags; the score and tier are said here once.
                 "- Credit bureau: score {credit_bureau_score.score} ({credit_bureau_score.tier}). "
                 "{credit_bureau_score.narrative}\n"
                 "- Income verifier: {income_verifier_verify.status}. {income_verifier_verify.note}\n"
                 "- EMI {calculate_emi.emi} per month at {calculate_emi.annual_rate_pct}%; "
                 "debt-to-income {apply_lending_policy.debt_to_income_pct}%.\n"
-                "Why: {apply_lending_policy.reason}."
+                "Why: {apply_lending_policy.reason}.{underwriter_review.line}"
             ),
             on_error={
                 "not_found": _NOT_ON_FILE,
@@ -213,8 +273,11 @@ LOAN_SCRIPT = Script(
 INSTRUCTION = """You are a careful loan officer at a retail bank.
 For a loan question: look the applicant up, then in ONE response call the credit bureau's score
 tool, the income verifier's verify tool and calculate_emi (they run in parallel), then call
-apply_lending_policy with their results, and answer with the decision, the score and tier, the
-income verification status, the EMI and the debt-to-income ratio, and the reason.
+apply_lending_policy with their results, then underwriter_review with the applicant, amount,
+months and the policy's decision and reason (above 500,000 it asks a person to approve or
+decline; the decision it returns is the recommendation), and answer with the decision, the score
+and tier, the income verification status, the EMI and the debt-to-income ratio, the reason and
+the underwriter's note when there is one.
 If a tool reports an error (for example the credit bureau is unavailable), say so plainly and do
 not guess the missing facts. Amounts are in rupees."""
 
@@ -228,6 +291,7 @@ agent = Agent(
         apply_lending_policy,
         remote("credit-bureau", skill="score", deadline_s=DEADLINE_S),
         remote("income-verifier", deadline_s=DEADLINE_S),
+        UnderwriterReview("underwriter", skill="review", deadline_s=DEADLINE_S),
     ],
     script=LOAN_SCRIPT,
     tags=("lending", "coordinator"),
