@@ -21,12 +21,14 @@ MESH_SERVICES = {
     "credit-bureau-a",
     "credit-bureau-b",
     "income-verifier",
+    "underwriter",
     "loan-officer",
 }
 NODES = {
     "credit-bureau-a": "agents.credit_bureau:agent",
     "credit-bureau-b": "agents.credit_bureau:agent",
     "income-verifier": "agents.income_verifier:agent",
+    "underwriter": "agents.underwriter:agent",
     "loan-officer": "agents.loan_officer:agent",
 }
 PUBLISHED = {"registry": 8400, "prometheus": 9090, "grafana": 3000}

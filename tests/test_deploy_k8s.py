@@ -16,6 +16,7 @@ K8S = ROOT / "deploy" / "k8s"
 AGENTS = {
     "credit-bureau": ("agents.credit_bureau:agent", 2),
     "income-verifier": ("agents.income_verifier:agent", 1),
+    "underwriter": ("agents.underwriter:agent", 1),
     "loan-officer": ("agents.loan_officer:agent", 1),
 }
 

@@ -118,5 +118,5 @@ def test_missing_file_says_what_to_do(tmp_path: Path) -> None:
 
 def test_the_loan_desk_mesh_file_is_valid() -> None:
     mf = load_meshfile(ROOT / "agents" / "mesh.toml")
-    assert {"loan-officer", "credit-bureau", "income-verifier"} <= set(mf.nodes)
+    assert {"loan-officer", "credit-bureau", "income-verifier", "underwriter"} <= set(mf.nodes)
     assert mf.nodes["credit-bureau"].replicas == 2
