@@ -227,6 +227,7 @@ def _loan_desk_meshfile(tmp: Path) -> Path:
     text = text.replace("port = 8401", f"port = {free_port()}")
     text = text.replace('port = "8411-8412"', f'port = "{bureau}-{bureau + 1}"')
     text = text.replace("port = 8421", f"port = {free_port()}")
+    text = text.replace("port = 8431", f"port = {free_port()}")
     path = tmp / "mesh.toml"
     path.write_text(text)
     return path

@@ -129,8 +129,8 @@ class Case(_Strict):
     agent: str | None = None
     url: str | None = None
     turns: list[Turn] = Field(min_length=1)
-    #: Given in order when the mesh asks for input.
-    answers: list[str] = Field(default_factory=list)
+    #: Given in order when the mesh asks for input (a mapping: a JSON answer, one data part).
+    answers: list[str | dict[str, Any]] = Field(default_factory=list)
     #: Agents stopped for this case (a local ``mesh up``), started again after it.
     without: list[str] = Field(default_factory=list)
     expect: Expect = Field(default_factory=Expect)
