@@ -31,7 +31,7 @@ from registry.gate import Gate
 from registry.introspect import introspect
 from registry.metrics import RegistryMetrics
 from registry.prober import MAX_CONCURRENT_PROBES, Prober
-from registry.settings import RegistrySettings
+from registry.settings import FLEET_LIMIT, RegistrySettings
 from registry.sqlite_store import SqliteRegistryStore
 from registry.state import RegistryState
 from registry.store import RegistryStore
@@ -110,6 +110,8 @@ def create_app(
             ttl_s=settings.ttl_s,
             remove_after_s=settings.remove_after_s,
             concurrency=settings.probe_concurrency,
+            warn_at=settings.warn_at,
+            holds=min(settings.max_instances, FLEET_LIMIT),
             metrics=metrics,
         )
         app.state.registry = RegistryState(
@@ -131,6 +133,14 @@ def create_app(
         )
         if settings.backend:
             log.info("instances and health come from %s", settings.backend)
+        elif settings.max_instances > FLEET_LIMIT:
+            log.warning(
+                "--max-instances %d: one registry process holds about %d instances at the "
+                "default intervals; beyond, run the mesh on Consul (--backend consul://HOST:8500; "
+                "docs/production.md)",
+                settings.max_instances,
+                FLEET_LIMIT,
+            )
         try:
             yield
         finally:

@@ -109,6 +109,9 @@ LAG_LIMIT_S = 0.5
 _LAG_SAMPLE_S = 0.1
 _LAG_HOLD_S = 10.0
 
+# Probes started together when a round is spread over the interval.
+_GROUP = 16
+
 _RANK: dict[str, int] = {"passing": 0, "warning": 1, "critical": 2}
 
 
@@ -173,6 +176,8 @@ class Prober:
         ttl_s: float = 30.0,
         remove_after_s: float = 300.0,
         concurrency: int = MAX_CONCURRENT_PROBES,
+        warn_at: int | None = None,
+        holds: int = 0,
         metrics: RegistryMetrics | None = None,
         traffic: Traffic | None = None,
         clock: Callable[[], float] = time.time,
@@ -200,6 +205,9 @@ class Prober:
         self._round_started: float | None = None
         self._round_unknown = 0
         self._round_deferred = 0
+        # Said once as the instances reach warn_at, again only after they fell well below.
+        self._warn_at, self._holds = warn_at, holds
+        self._size_warned = False
 
     def behind(self) -> list[str]:
         """Why the registry is behind (empty when it is not): its own overload, said in its
@@ -241,7 +249,7 @@ class Prober:
         self._lag_task = asyncio.create_task(self._watch_lag(), name="registry-loop-lag")
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._timeout_s + 1.0):
-                await self._round()
+                await self._round(spread_s=0.0)
         self._task = asyncio.create_task(self._loop(), name="registry-prober")
 
     async def aclose(self) -> None:
@@ -253,29 +261,45 @@ class Prober:
         self._task = self._lag_task = None
 
     async def _loop(self) -> None:
+        # A round starts an interval after the last one started, its probes spread over the
+        # first half of it (no burst every interval); one that overran is followed by half an
+        # interval of rest, so an overloaded registry is not probing back to back.
+        started = time.monotonic()
         while True:
-            await asyncio.sleep(self.interval_s)
-            await self._round()
+            rest = max(started + self.interval_s - time.monotonic(), self.interval_s / 2)
+            await asyncio.sleep(rest)
+            started = time.monotonic()
+            await self._round(spread_s=self.interval_s / 2)
 
-    async def _round(self) -> None:
+    async def _round(self, *, spread_s: float) -> None:
         try:
-            await self.tick()
+            await self.tick(spread_s=spread_s)
         except asyncio.CancelledError:
             raise
         except Exception:  # one bad tick (disk hiccup) must not stop liveness for good
             log.exception("probe round failed")
 
-    async def tick(self) -> None:
-        """One probe round over every instance; each result is applied as its probe ends."""
+    async def tick(self, *, spread_s: float = 0.0) -> None:
+        """One probe round over every instance, the probes started evenly over ``spread_s``;
+        each result is applied as its probe ends."""
         started, clock0 = self._clock(), time.perf_counter()
         self._round_started = time.monotonic()
         self._round_unknown = self._round_deferred = 0
         try:
             instances = await self._store.instances()
-            seen = await asyncio.gather(*(self._probe(i) for i in instances))
+            # Started in groups, a pause between them: thousands of timers cost more than this.
+            pause = spread_s * _GROUP / len(instances) if instances else 0.0
+            async with asyncio.TaskGroup() as group:
+                tasks = []
+                for k, inst in enumerate(instances):
+                    if pause and k and k % _GROUP == 0:
+                        await asyncio.sleep(pause)
+                    tasks.append(group.create_task(self._probe(inst)))
+            seen = [task.result() for task in tasks]
         finally:
             self._round_started = None
         self.traffic.keep(instances)
+        self._warn_size(len(instances))
         self.last_round = RoundInfo(
             rounds=self.last_round.rounds + 1,
             started_at=started,
@@ -289,6 +313,22 @@ class Prober:
             self._metrics.probe_round.set(self.last_round.duration_s)
             self._metrics.behind.set(1 if self.behind() else 0)
             await self._export()
+
+    def _warn_size(self, count: int) -> None:
+        if self._warn_at is None:
+            return
+        if count >= self._warn_at and not self._size_warned:
+            self._size_warned = True
+            log.warning(
+                "%d instances: near the %d this registry should hold (the lower of "
+                "--max-instances and what one process keeps up with at the default intervals); "
+                "a bigger mesh belongs on Consul (mesh registry --backend consul://HOST:8500, "
+                "see docs/production.md)",
+                count,
+                self._holds,
+            )
+        elif count < 0.9 * self._warn_at:
+            self._size_warned = False
 
     async def _probe(self, inst: InstanceRecord) -> bool:
         """Probe ``inst`` and apply what was seen; whether it answered."""

@@ -16,7 +16,14 @@ from mesh._errors import ConfigError
 from mesh._netpolicy import NetworkPolicy
 from mesh._settings import ConsulTLS
 
-__all__ = ["RegistryEnvironment", "RegistrySettings", "token_problem"]
+__all__ = ["FLEET_LIMIT", "RegistryEnvironment", "RegistrySettings", "token_problem"]
+
+# The instances one embedded registry process holds at the default intervals (5 s heartbeats and
+# probes) with headroom on one core, as measured by tests.bench.registry_scale (docs/performance.md,
+# "The registry at fleet scale"); past it, Consul (docs/production.md). The registry warns at
+# WARN_SHARE of it, or of --max-instances when that is lower.
+FLEET_LIMIT = 10_000
+WARN_SHARE = 0.8
 
 
 def token_problem(token: str | None) -> str | None:
@@ -122,6 +129,14 @@ class RegistrySettings:
         """``allow_networks``, else loopback for a registry on loopback, else loopback and
         private ranges (link-local is refused whatever the policy says)."""
         return self.allow_networks or NetworkPolicy.default_for(self.host)
+
+    @property
+    def warn_at(self) -> int | None:
+        """How many instances make the registry warn that it nears what it should hold; None
+        on Consul (Consul holds the instances and runs the checks)."""
+        if self.backend:
+            return None
+        return max(1, int(WARN_SHARE * min(self.max_instances, FLEET_LIMIT)))
 
     @property
     def db_path(self) -> Path:

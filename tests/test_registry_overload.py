@@ -114,3 +114,36 @@ def _round_since(reg: str, since: float) -> dict[str, Any]:
     doc = httpx.get(f"{reg}/introspect", timeout=5).json()
     last: dict[str, Any] = doc["prober"]["last_round"]
     return last if last["started_at"] > since else {}
+
+
+def test_the_registry_warns_as_it_nears_what_one_process_should_hold(tmp_path: Path) -> None:
+    # --max-instances 5: it warns at 4 (80%), once, naming where a bigger mesh goes. A limit
+    # over what one process keeps up with is said at start-up.
+    with (
+        _fleet(tmp_path, delay=0.0) as fleet,
+        registry(tmp_path, probe_interval=0.2, extra=["--max-instances", "5"]) as reg,
+    ):
+        for n in range(3):
+            _register(reg.url, fleet, n)
+        started = time.time()
+        wait_for(lambda: _round_since(reg.url, started), what="a round over 3 instances")
+        assert "near the" not in reg.proc.output()
+        _register(reg.url, fleet, 3)
+        line = wait_for(
+            lambda: [x for x in reg.proc.output().splitlines() if "near the" in x],
+            what="the size warning",
+        )
+        assert "4 instances: near the 5 this registry should hold" in line[0], line
+        assert "--backend consul://" in line[0]
+        started = time.time()
+        wait_for(lambda: _round_since(reg.url, started), what="another round")
+        assert len([x for x in reg.proc.output().splitlines() if "near the" in x]) == 1
+    big_args = ["--max-instances", "20000"]
+    with registry(tmp_path, data_dir=tmp_path / "big", extra=big_args, name="big") as big:
+        log = wait_for(lambda: _line(big.proc.output(), "--max-instances 20000"))
+        assert "holds about 10000 instances" in log
+        assert "Consul" in log
+
+
+def _line(log: str, text: str) -> str:
+    return next((line for line in log.splitlines() if text in line), "")
