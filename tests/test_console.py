@@ -106,7 +106,10 @@ def test_the_topology_counts_the_loan_desks_calls(desk: tuple[Desk, str]) -> Non
     assert officer["cost_total"] == pytest.approx(expected, rel=1e-3)
     assert agent(topo, "credit-bureau")["cost_total"] is None  # no model, no price: no cost
     assert {b["peer"] for b in officer["breakers"]} == {"credit-bureau", "income-verifier"}
-    assert officer["peers"] == ["credit-bureau", "income-verifier"]
+    # The underwriter is declared (consulted above 500,000 only): a peer, but these questions
+    # are below the threshold, so no call and no edge.
+    assert officer["peers"] == ["credit-bureau", "income-verifier", "underwriter"]
+    assert not edge(topo, "loan-officer", "underwriter")
     # Never called, still there, with no edge.
     archivist = agent(topo, "archivist")
     assert archivist["registered"]
