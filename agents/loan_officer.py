@@ -220,8 +220,10 @@ LOAN_SCRIPT = Script(
                 "{credit_bureau_score.narrative}\n"
                 "- Income verifier: {income_verifier_verify.status}. {income_verifier_verify.note}\n"
                 "- EMI {calculate_emi.emi} per month at {calculate_emi.annual_rate_pct}%; "
-                "debt-to-income {apply_lending_policy.debt_to_income_pct}%.\n"
-                "Why: {apply_lending_policy.reason}.{underwriter_review.line}"
+                "debt-to-income {apply_lending_policy.debt_to_income_pct}%."
+                # Empty below the underwriting threshold: the answer is as it always was.
+                "{underwriter_review.line}\n"
+                "Why: {apply_lending_policy.reason}."
             ),
             on_error={
                 "not_found": _NOT_ON_FILE,

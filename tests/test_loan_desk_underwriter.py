@@ -146,8 +146,8 @@ async def test_a_big_application_waits_for_the_underwriter_and_approve_completes
     assert done.status.state == COMPLETED, status_texts(done)
     text = answer_text(done)
     assert "Meera Iyer (APP-738), loan of 600000 over 60 months: APPROVE." in text, text
-    assert text.endswith("\n- Underwriter: APPROVE (collateral checked)."), text
-    assert "Why: debt-to-income would be 51% (comfort limit 45%)." in text
+    assert "\n- Underwriter: APPROVE (collateral checked).\nWhy: " in text, text
+    assert text.endswith("Why: debt-to-income would be 51% (comfort limit 45%)."), text
 
 
 async def test_decline_at_the_officer_is_the_underwriters_decision(
@@ -161,7 +161,7 @@ async def test_decline_at_the_officer_is_the_underwriters_decision(
     assert done.status.state == COMPLETED, status_texts(done)
     text = answer_text(done)
     assert "loan of 600000 over 60 months: DECLINE." in text, text
-    assert text.endswith("\n- Underwriter: DECLINE (exposure too high)."), text
+    assert "\n- Underwriter: DECLINE (exposure too high).\nWhy: " in text, text
 
 
 async def test_restarts_of_the_underwriter_and_the_officer_while_pending_lose_nothing(
@@ -177,7 +177,7 @@ async def test_restarts_of_the_underwriter_and_the_officer_while_pending_lose_no
     approval = {"decision": "approve", "note": "after the restart"}
     done = await send(await desk.officer.client(http), answer(task, q["id"], approval))
     assert done.status.state == COMPLETED, status_texts(done)
-    assert answer_text(done).endswith("\n- Underwriter: APPROVE (after the restart)."), done
+    assert "\n- Underwriter: APPROVE (after the restart).\n" in answer_text(done), done
     for node in (desk.officer, desk.underwriter):
         await eventually(lambda node=node: "waiting" not in node.waits(), within=10)
 
