@@ -22,6 +22,13 @@ holds no request open while the child works: the message goes without waiting
 polling when the peer cannot stream). Its result is the same finished task, so the deadline,
 cancel and retry rules above stay as they are.
 
+In a node's LLM turn (``ctx.metadata["durable_children"]``), a long call does not follow the
+child in line: once the child's task id is known it raises ``ChildWaiting`` with no questions,
+so the runner makes the call pending and the node writes it to the task's resume point (state
+``children``) BEFORE anyone waits on it; the node then goes on at once (``follow``, through the
+runner's resume). A coordinator that stopped meanwhile runs the turn again by recovery rule 4 and
+``follow`` re-attaches to the child by its task id: nothing is sent twice.
+
 The caller's session keeps one A2A context per peer (session state ``_mesh.contexts.<peer>``),
 so a specialist sees the conversation continue. The child's token usage (its ``usage`` plus its
 own ``children_usage``) goes to ``ctx.metadata["usage_sink"]`` when the caller provides one.
@@ -276,7 +283,48 @@ class Delegation:
             # The child asks its caller: the call waits on its questions, relayed, until an
             # answer is forwarded (``forward``).
             raise ChildWaiting(self._child_ref(self.record.target, result), result.questions)
+        if not result.done:
+            # A long child started (``_detached``): the call is pending on it, kept in the
+            # caller's resume point; ``follow`` goes on with it.
+            raise ChildWaiting(self._child_ref(self.record.target, result), ())
         report_usage(ctx, result.metadata)
+        return result
+
+    @property
+    def _detached(self) -> bool:
+        """A long call whose caller keeps its children in a resume point (a node's LLM turn)."""
+        return self.long_running and bool(self.ctx.metadata.get("durable_children"))
+
+    async def follow(self, child: ChildRef) -> TaskResult:
+        """Follow the long-running ``child`` task (started by ``run``, or before a restart of
+        this node) by its id until it ends: its task then; ``ChildWaiting`` when it asks;
+        ``RemoteError`` when it cannot be read until the deadline."""
+        skill = self.tool.skill_id
+        await self.link.ready()
+        self.deadline = time.time() + self.deadline_s
+        parent_deadline = self.ctx.metadata.get("deadline")
+        if isinstance(parent_deadline, int | float):
+            self.deadline = min(self.deadline, float(parent_deadline))
+        self.record.target, self.record.task_id = child.url, child.task
+        self.record.attempts += 1
+        peer, _ = await self.link.admit(child.url, skill)
+        message = Outgoing("", None, child.message_id, child.context, {})
+        self.child = InFlightChild(peer, message, task_id=child.task)
+        relay: Relay | None = self.ctx.metadata.get("relay")
+        live = relay.child(self.peer) if relay is not None and relay.live else None
+        try:
+            result = await self._follow(peer, self.child, live)
+        except asyncio.CancelledError:
+            await self._cancel_child()
+            raise
+        except RemoteError as exc:
+            if exc.reason == "deadline":
+                await self._cancel_child()
+            raise
+        self.child = None
+        if result.waiting:
+            raise ChildWaiting(child, result.questions)
+        report_usage(self.ctx, result.metadata)
         return result
 
     async def _attempt(self, url: str) -> TaskResult:
@@ -309,6 +357,9 @@ class Delegation:
         if not result.task_id:
             detail = f"the instance at {url} answered without a task"
             raise RemoteError.unavailable(self.peer, skill, detail)
+        if self._detached and result.state in ("submitted", "working"):
+            self.child = None  # the caller's resume point holds it from here on
+            return result
         if result.waiting:
             # The child asks its caller: an answer (never retried, the instance is healthy);
             # ``run`` makes it ChildWaiting.
@@ -367,8 +418,14 @@ class Delegation:
         timeout = max(0.1, min(_START_S, self.deadline - time.time()))
         first = await self._message.send(peer, timeout=timeout, wait=False)
         child.task_id = first.task_id  # from here on a cancel or a deadline reaches it
-        if not first.task_id or first.state in _ENDED or first.waiting:
+        if not first.task_id or first.state in _ENDED or first.waiting or self._detached:
             return first
+        return await self._follow(peer, child, relay)
+
+    async def _follow(
+        self, peer: A2APeer, child: InFlightChild, relay: ChildRelay | None
+    ) -> TaskResult:
+        """Read the child task ``child.task_id`` at ``peer`` until it ends or waits."""
         delay = _FOLLOW_FIRST_S
         while True:
             remaining = self.deadline - time.time()

@@ -135,6 +135,12 @@ class RemoteSkillTool:
         the call did not settle it); what ``call`` would have returned."""
         return await self.owner.invoke(self, {}, ctx, forward=(child, question_id, answer, attempt))
 
+    async def follow(self, child: ChildRef, ctx: ToolContext) -> Any:
+        """Follow this skill's long-running ``child`` task until it ends (the runner's resume
+        of a call pending on it, also after this node restarted); what ``call`` would have
+        returned."""
+        return await self.owner.invoke(self, {}, ctx, follow=child)
+
     def __repr__(self) -> str:
         return f"RemoteSkillTool({self.owner.peer!r}, {self.skill_id!r})"
 
@@ -293,10 +299,12 @@ class RemoteAgent:
         ctx: ToolContext,
         *,
         forward: tuple[ChildRef, str, Any, int] | None = None,
+        follow: ChildRef | None = None,
     ) -> Any:
         """Run one delegation (or, with ``forward``, send an answer to its waiting child
         task); returns the peer's answer or raises ``ToolError``/``RemoteError``, or
-        ``ChildWaiting`` when the child task waits for input."""
+        ``ChildWaiting`` when the child task waits for input (or, for a long-running call in a
+        node's turn, once it started). With ``follow``, it follows that long-running child."""
         skill = tool.skill_id
         started, clock0 = time.time(), time.perf_counter()
         trace = turn_trace(ctx)
@@ -305,6 +313,11 @@ class RemoteAgent:
             if forward is not None:
                 delegation = self._delegation(tool, ctx, trace, record)
                 answer = check_answer(self.peer, tool, await delegation.forward(*forward))
+                record.outcome = "ok"
+                return answer
+            if follow is not None:
+                delegation = self._delegation(tool, ctx, trace, record)
+                answer = check_answer(self.peer, tool, await delegation.follow(follow))
                 record.outcome = "ok"
                 return answer
             payload = check_arguments(tool, args)

@@ -658,15 +658,22 @@ class Runner:
         meta: Mapping[str, Any],
     ) -> PendingTurn:
         """Forward each answer to a question relayed from a child task down to that child
-        (the remote tool's ``forward``; several children at once, concurrently). The child's
-        reply settles the call: its result, a tool error, or new questions to relay."""
+        (the remote tool's ``forward``; several children at once, concurrently), and follow
+        each long-running child that asks nothing (the tool's ``follow``). The child's reply
+        settles the call: its result, a tool error, or new questions to relay."""
         # One forward per call: a child waiting on several questions (its own children's)
         # takes the answer to one of them at a time, whichever was answered.
-        calls = [
+        calls: list[tuple[PendingCall, Question | None]] = [
             (c, answered[0])
             for c in pending.calls
             if c.response is None and c.child is not None
             if (answered := [q for q in c.relayed if q.id in answers])
+        ]
+        # A long-running child asks nothing: it is followed (re-attached after a restart).
+        calls += [
+            (c, None)
+            for c in pending.calls
+            if c.response is None and c.child is not None and not c.relayed
         ]
         if not calls:
             return pending
@@ -680,9 +687,9 @@ class Runner:
         )
         tools = await self._tools(base)
 
-        async def one(call: PendingCall, question: Question) -> PendingCall:
+        async def one(call: PendingCall, question: Question | None) -> PendingCall:
             assert call.child is not None
-            forward = getattr(tools.get(call.name), "forward", None)
+            forward = getattr(tools.get(call.name), "forward" if question else "follow", None)
             if forward is None:
                 return _not_forwarded(call, f"tool {call.name!r} is not declared this turn")
             ctx = ToolContext(
@@ -693,18 +700,25 @@ class Runner:
                 session_state=base.session_state,
                 metadata=dict(meta),
             )
-            hop = question.path[0] if question.path else {}
             token = set_current_context(ctx)
             try:
-                value = await forward(
-                    call.child, hop.get("question", ""), answers[question.id], ctx, call.forwards
-                )
+                if question is None:
+                    value = await forward(call.child, ctx)
+                else:
+                    hop = question.path[0] if question.path else {}
+                    value = await forward(
+                        call.child,
+                        hop.get("question", ""),
+                        answers[question.id],
+                        ctx,
+                        call.forwards,
+                    )
             except ChildWaiting as waiting:
                 again = relayed(waiting.child, waiting.questions)
                 return replace(call, child=waiting.child, relayed=again, forwards=call.forwards + 1)
             except RemoteError as exc:
-                if exc.reason != "unavailable":
-                    response = exc.to_result()
+                if exc.reason != "unavailable" or question is None:
+                    response = exc.to_result()  # a followed child: its end, or its deadline
                 else:  # the child is not lost, only out of reach now: the question stays open
                     return _not_forwarded(call, str(exc))
             except ToolError as exc:

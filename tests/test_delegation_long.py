@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import pytest
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
 from a2a.types import CancelTaskRequest, ListTasksRequest, Task, TaskState
 
-from tests.support import clean_env, eventually, free_port, running
+from tests.support import Proc, clean_env, eventually, free_port, running, wait_until_ok
 from tests.test_node_ask import get, message, send
 
 pytestmark = pytest.mark.integration
@@ -101,6 +102,25 @@ class Pair:
     top: str
     child: str
     proxy: Proxy
+    top_argv: list[str]
+    env: dict[str, str]
+    top_proc: Proc | None = None
+    runs: int = 0
+
+    def start_top(self) -> Proc:
+        self.runs += 1
+        proc = Proc.start(self.top_argv, name=f"top-{self.runs}", tmp=self.tmp, env=self.env)
+        wait_until_ok(f"{self.top}/health", proc=proc)
+        self.top_proc = proc
+        return proc
+
+    def waits(self) -> list[tuple[str, str]]:
+        """(task id, state) of the coordinator's resume points on disk."""
+        conn = sqlite3.connect(self.tmp / "top" / "node.db", timeout=5)
+        try:
+            return list(conn.execute("select task_id, state from mesh_waits").fetchall())
+        finally:
+            conn.close()
 
     def calls(self) -> list[str]:
         path = self.tmp / "calls"
@@ -118,17 +138,27 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
     env = clean_env(
         LONG_TEST_DIR=str(tmp_path), LONG_TEST_CHILD_URL=f"http://127.0.0.1:{proxy.port}"
     )
-    with contextlib.ExitStack() as stack:
-        for name, port in (("child", child_port), ("top", top_port)):
-            argv = ["mesh", "serve", f"tests.long_agents:{name}", "--port", str(port)]
-            argv += ["--data-dir", str(tmp_path / name), "--no-register", "--grace", "1"]
-            health = f"http://127.0.0.1:{port}/health"
-            stack.enter_context(running(argv, name=name, tmp=tmp_path, env=env, health=health))
+    argv = {
+        name: ["mesh", "serve", f"tests.long_agents:{name}", "--port", str(port),
+               "--data-dir", str(tmp_path / name), "--no-register", "--grace", "1"]
+        for name, port in (("child", child_port), ("top", top_port))
+    }  # fmt: skip
+    health = f"http://127.0.0.1:{child_port}/health"
+    with running(argv["child"], name="child", tmp=tmp_path, env=env, health=health):
+        pair = Pair(
+            tmp_path,
+            f"http://127.0.0.1:{top_port}",
+            f"http://127.0.0.1:{child_port}",
+            proxy,
+            argv["top"],
+            env,
+        )
+        pair.start_top()
         try:
-            yield Pair(
-                tmp_path, f"http://127.0.0.1:{top_port}", f"http://127.0.0.1:{child_port}", proxy
-            )
+            yield pair
         finally:
+            if pair.top_proc is not None:
+                pair.top_proc.terminate()
             await proxy.close()
 
 
@@ -201,3 +231,27 @@ async def test_a_deadline_passing_ends_the_long_child(pair: Pair, http: httpx.As
     top_end = await eventually(lambda: ended(top, task.id), within=15)
     assert top_end.status.state != TaskState.TASK_STATE_COMPLETED
     assert "done j3" not in pair.calls()
+
+
+async def test_a_coordinator_killed_while_the_child_works_re_attaches_after_its_restart(
+    pair: Pair, http: httpx.AsyncClient
+) -> None:
+    top, child = await client_for(http, pair.top), await client_for(http, pair.child)
+    task = await send(top, message(text="crunch j4"), wait=False)
+    await eventually(lambda: "start j4" in pair.calls() and pair.proxy.subscribes >= 1, within=20)
+    # The child is in the coordinator's resume point before it is followed.
+    assert pair.waits() == [(task.id, "children")]
+    assert pair.top_proc is not None
+    pair.top_proc.kill()
+    pair.start_top()
+    # Recovery rule 4 runs the turn again: it follows the same child task (a new
+    # subscription), it does not send the job again.
+    await eventually(lambda: pair.proxy.subscribes >= 2, within=20, what="a re-attach")
+    pair.release("j4")
+    top = await client_for(http, pair.top)
+    done = await eventually(lambda: ended(top, task.id), within=30)
+    assert done.status.state == TaskState.TASK_STATE_COMPLETED, done
+    assert "top got j4" in done.artifacts[-1].parts[0].text
+    assert pair.calls() == ["start j4", "done j4"]
+    assert len(await child_tasks(child)) == 1
+    await eventually(lambda: pair.waits() == [], within=10, what="the resume point dropped")

@@ -52,7 +52,7 @@ from mesh._a2a.questions import question_message, question_metadata, waiting_sta
 from mesh._a2a.relay import STREAMED, Followers, Relay
 from mesh._a2a.states import INTERRUPTED_STATES
 from mesh._a2a.store import DEADLINE, SHUTDOWN, WAIT_DEADLINE_TEXT, stopped_text
-from mesh._a2a.waits import WaitClock, WaitStore
+from mesh._a2a.waits import CHILDREN, WaitClock, WaitStore
 from mesh._asks import TASKS_EXTENSION, ChildWaiting, Question, Recorded, Suspend, answer_of
 from mesh._errors import MeshError, SchemaViolation, SessionWaiting, SkillInputError
 from mesh._events import Event
@@ -170,6 +170,8 @@ class MeshExecutor(AgentExecutor):
         self.stopping = False
         # The deadline scope of every skill running now: ``stop()`` expires them.
         self._running: set[asyncio.Timeout] = set()
+        # Tasks running here whose long-running children are kept in a resume point.
+        self._kept: set[str] = set()
 
     @property
     def in_flight(self) -> int:
@@ -247,8 +249,11 @@ class MeshExecutor(AgentExecutor):
             outcome = "canceled"
             raise
         finally:
-            if resumed is not None and outcome != "waiting":
+            kept = task_id in self._kept
+            if (resumed is not None or kept) and outcome != "waiting":
                 self.forget(_owner(context.call_context), task_id)
+            if kept:
+                self._kept.discard(task_id)
             self.running.end()
             seconds = time.monotonic() - started
             if self.metrics:
@@ -457,6 +462,9 @@ class MeshExecutor(AgentExecutor):
         )
         ctx.reporter = relay.say
         ctx.metadata["relay"] = relay
+        if self.waits is not None and skill.llm:
+            # A long-running remote call is kept in the resume point (``_keep_children``).
+            ctx.metadata["durable_children"] = True
         owner = resolve_user_scope(context.call_context) if context.call_context else ""
         user_id = owner or req.caller or "a2a"
 
@@ -474,20 +482,35 @@ class MeshExecutor(AgentExecutor):
         try:
             async with asyncio.timeout_at(when) as scope:
                 self._running.add(scope)
+                pending = resumed.turn if resumed is not None else None
+                answers = (resumed.answers or {}) if resumed is not None else {}
                 try:
-                    if resumed is not None and resumed.turn is not None:
-                        result = await self.dispatcher.resume(
-                            skill,
-                            resumed.turn,
-                            resumed.answers or {},
-                            ctx,
-                            user_id=user_id,
-                            progress=progress,
-                        )
-                    else:
-                        result = await self.dispatcher.run(
-                            skill, payload, ctx, user_id=user_id, progress=progress, waiting=waiting
-                        )
+                    while True:
+                        try:
+                            if pending is not None:
+                                result = await self.dispatcher.resume(
+                                    skill, pending, answers, ctx, user_id=user_id, progress=progress
+                                )
+                            else:
+                                result = await self.dispatcher.run(
+                                    skill,
+                                    payload,
+                                    ctx,
+                                    user_id=user_id,
+                                    progress=progress,
+                                    waiting=waiting,
+                                )
+                            break
+                        except TurnSuspended as paused:
+                            if paused.questions or self.waits is None:
+                                raise
+                            # Only long-running children to follow: kept in the resume point
+                            # first, then followed at once by the runner's resume.
+                            request = resumed.request if resumed is not None else None
+                            await self._keep_children(
+                                paused, skill, req, context, updater, request, user_id
+                            )
+                            pending, answers = paused.turn, {}
                 finally:
                     self._running.discard(scope)
         except Suspend as asked:
@@ -599,6 +622,42 @@ class MeshExecutor(AgentExecutor):
         if self.waits is None:  # no task store, no waiting task: a mark is a failed run's
             return _never
         return functools.partial(self.waits.waiting, _owner(context.call_context))
+
+    async def _keep_children(
+        self,
+        paused: TurnSuspended,
+        skill: Skill,
+        req: _Request,
+        context: RequestContext,
+        updater: TaskUpdater,
+        request: bytes | None,
+        user_id: str,
+    ) -> None:
+        """A turn whose pending calls are long-running children only (no question): its
+        resume point (state ``children``, the ``PendingTurn`` with each child's task id) is
+        written before anyone waits on them. The task stays WORKING; after a stop, recovery
+        rule 4 runs it again and the runner re-attaches to the children by task id."""
+        assert self.waits is not None
+        owner = _owner(context.call_context)
+        if request is None:
+            assert context.message is not None
+            request = context.message.SerializeToString()
+        await self.waits.suspend_turn(
+            owner=owner,
+            task_id=updater.task_id,
+            context_id=updater.context_id,
+            skill=skill.id,
+            request=request,
+            deadline=req.deadline,
+            user_id=user_id,
+            session_id=updater.context_id,
+            turn=paused.turn.to_json(),
+            questions=[],
+            caller=req.caller,
+            traceparent=req.traceparent or "",
+            state=CHILDREN,
+        )
+        self._kept.add(updater.task_id)
 
     async def _suspend_turn(
         self,

@@ -17,7 +17,8 @@ per waiting call (``suspend_turn``).
 
 So a task stored as waiting always has its resume point, and the start-up pass
 (``SqliteTaskStore.recover``) settles the reverse case. ``mesh_children`` (delegations that
-outlive a request) is created here for the hop; nothing writes it yet. The tables are version
+outlive a request) is created here for the hop; nothing writes it: a turn following
+long-running children keeps them in ``turn`` (state ``children``), like those that wait. The tables are version
 2 of the ``tasks`` component (``Database.migrate``); their keys start with ``owner`` like
 ``a2a_tasks``.
 """
@@ -36,7 +37,7 @@ from typing import Any
 from mesh._asks import Question, Recorded
 from mesh._sqlite import Database
 
-__all__ = ["TASKS_SCHEMA_V2", "Wait", "WaitClock", "WaitStore"]
+__all__ = ["CHILDREN", "TASKS_SCHEMA_V2", "Wait", "WaitClock", "WaitStore"]
 
 log = logging.getLogger("mesh._a2a")
 
@@ -95,6 +96,8 @@ create index if not exists mesh_waits_by_session on mesh_waits (owner, user_id, 
 
 WAITING = "waiting"
 RESUMING = "resuming"
+#: A turn whose pending calls are long-running children only: it runs (rule 4 runs it again).
+CHILDREN = "children"
 
 
 @dataclass
@@ -210,11 +213,14 @@ class WaitStore:
         questions: list[Question],
         caller: str = "",
         traceparent: str = "",
+        state: str = WAITING,
     ) -> None:
         """Record that an LLM turn waits on ``questions`` (its waiting calls'), with ``turn``
         (the ``PendingTurn`` JSON) to go on from: one transaction, before the task's waiting
         state is saved. A turn that stops again (an answer to one of two questions, or a new
-        ask after a resume) replaces its point; its earlier answered questions stay."""
+        ask after a resume) replaces its point; its earlier answered questions stay. ``state``
+        ``children``: no question, the turn follows its long-running children (``turn``
+        names them)."""
         now = time.time()
 
         def write(conn: sqlite3.Connection) -> None:
@@ -231,7 +237,7 @@ class WaitStore:
                     skill,
                     user_id,
                     session_id,
-                    WAITING,
+                    state,
                     deadline,
                     request,
                     turn,
