@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
@@ -29,7 +29,7 @@ from registry.card import MAX_CONCURRENT_CARD_FETCHES
 from registry.catalog import Catalog
 from registry.gate import Gate
 from registry.introspect import introspect
-from registry.metrics import RegistryMetrics
+from registry.metrics import CountRequests, RegistryMetrics
 from registry.prober import MAX_CONCURRENT_PROBES, Prober
 from registry.settings import FLEET_LIMIT, RegistrySettings
 from registry.sqlite_store import SqliteRegistryStore
@@ -193,17 +193,7 @@ def create_app(
         log.error("store error on %s %s: %s", request.method, request.url.path, exc)
         return _error(503, "store_unavailable", "the registry's store failed; see its log")
 
-    @app.middleware("http")
-    async def _count(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        response = await call_next(request)
-        route = request.scope.get("route")
-        # The route template, never the raw path: labels stay bounded.
-        label = getattr(route, "path", None) or "unmatched"
-        metrics.requests.labels(route=label, status=str(response.status_code)).inc()
-        return response
-
+    app.add_middleware(CountRequests, metrics=metrics)
     # Added last, so outermost: the token and the body limit come before anything reads a body.
     app.add_middleware(
         Gate, token=settings.token, max_body_bytes=settings.max_body_bytes, metrics=metrics
