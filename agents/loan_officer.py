@@ -128,9 +128,10 @@ class UnderwriterReview(RemoteAgent):
         forward: Any = None,
     ) -> Any:
         decision = str(args.get("policy_decision", ""))
-        if forward is None and (
-            decision == "decline" or float(args.get("amount") or 0) <= UNDERWRITING_THRESHOLD
-        ):
+        amount = args.get("amount")
+        # An amount that is not a number goes to the underwriter, whose schema names the field.
+        small = isinstance(amount, int | float) and amount <= UNDERWRITING_THRESHOLD
+        if forward is None and (decision == "decline" or small):
             return {"decision": decision, "note": "", "line": ""}
         answer = await super().invoke(tool, args, ctx, forward=forward)
         if isinstance(answer, Mapping) and answer.get("summary"):
@@ -272,14 +273,14 @@ LOAN_SCRIPT = Script(
     ),
 )
 
-INSTRUCTION = """You are a careful loan officer at a retail bank.
+INSTRUCTION = f"""You are a careful loan officer at a retail bank.
 For a loan question: look the applicant up, then in ONE response call the credit bureau's score
 tool, the income verifier's verify tool and calculate_emi (they run in parallel), then call
 apply_lending_policy with their results, then underwriter_review with the applicant, amount,
-months and the policy's decision and reason (above 500,000 it asks a person to approve or
-decline; the decision it returns is the recommendation), and answer with the decision, the score
-and tier, the income verification status, the EMI and the debt-to-income ratio, the reason and
-the underwriter's note when there is one.
+months and the policy's decision and reason (above {UNDERWRITING_THRESHOLD:,.0f} it asks a person
+to approve or decline; the decision it returns is the recommendation), and answer with the
+decision, the score and tier, the income verification status, the EMI and the debt-to-income
+ratio, the reason and the underwriter's note when there is one.
 If a tool reports an error (for example the credit bureau is unavailable), say so plainly and do
 not guess the missing facts. Amounts are in rupees."""
 

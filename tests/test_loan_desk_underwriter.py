@@ -125,6 +125,13 @@ def answer_text(task: Task) -> str:
     return "".join(p.text for a in task.artifacts for p in a.parts if p.HasField("text"))
 
 
+def delegations_to_the_underwriter(desk: Desk) -> int:
+    """The officer's recent calls to the underwriter (its /introspect keeps the last 20)."""
+    doc = httpx.get(f"{desk.officer.url}/introspect", timeout=5, trust_env=False).json()
+    (peer,) = [p for p in doc["peers"] if p["name"] == "underwriter"]
+    return len(peer["recent"])
+
+
 async def waiting_for_the_underwriter(desk: Desk, http: httpx.AsyncClient) -> Task:
     task = await send(await desk.officer.client(http), message(text=BIG))
     assert task.status.state == WAITING, status_texts(task)
@@ -192,6 +199,8 @@ async def test_restarts_of_the_underwriter_and_the_officer_while_pending_lose_no
 async def test_a_small_or_declined_application_never_asks(
     desk: Desk, http: httpx.AsyncClient, question: str
 ) -> None:
+    before = delegations_to_the_underwriter(desk)
     done = await send(await desk.officer.client(http), message(text=question))
     assert done.status.state == COMPLETED, status_texts(done)
     assert "Underwriter" not in answer_text(done)
+    assert delegations_to_the_underwriter(desk) == before  # no hop at all
