@@ -1,4 +1,4 @@
-"""The loan officer: an LLM coordinator that delegates to two specialists.
+"""The loan officer: an LLM coordinator that delegates to three specialists.
 
     mesh up agents/mesh.toml                    # the registry, this agent and its specialists
     mesh chat loan-officer
