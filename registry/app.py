@@ -110,6 +110,7 @@ def create_app(
             ttl_s=settings.ttl_s,
             remove_after_s=settings.remove_after_s,
             concurrency=settings.probe_concurrency,
+            budget=settings.probe_budget,
             warn_at=settings.warn_at,
             holds=min(settings.max_instances, FLEET_LIMIT),
             metrics=metrics,

@@ -72,6 +72,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         metavar="N",
         help="probes in flight at once (default 64; at most 64: the HTTP client's room)",
     )
+    p.add_argument(
+        "--probe-budget",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="probes per round at most (default 1000); with more instances each is probed in "
+        "turn, every few rounds, and its heartbeats speak for it in between",
+    )
     p.add_argument("--ttl", type=float, default=30.0, help="seconds without heartbeat -> critical")
     p.add_argument(
         "--remove-after", type=float, default=300.0, help="seconds critical before removal"
@@ -127,6 +135,8 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
         )
     if args.max_instances < 1:
         problems.append(f"--max-instances {args.max_instances}: give at least 1 (default 10000)")
+    if args.probe_budget < 1:
+        problems.append(f"--probe-budget {args.probe_budget}: give at least 1 (default 1000)")
     if not 1 <= args.probe_concurrency <= 64:
         problems.append(f"--probe-concurrency {args.probe_concurrency}: give 1 to 64 (default 64)")
     if problems or env is None:
@@ -144,6 +154,7 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
         probe_interval_s=args.probe_interval,
         probe_timeout_s=args.probe_timeout,
         probe_concurrency=args.probe_concurrency,
+        probe_budget=args.probe_budget,
         ttl_s=args.ttl,
         remove_after_s=args.remove_after,
         backend=args.backend,

@@ -20,6 +20,11 @@ applied as soon as that probe ends, so one instance answering at a byte a second
 else's status change. Status reasons are fixed texts made by the registry (they are published
 on the page and the API): nothing of an answer is repeated but its status code.
 
+A round probes at most ``budget`` instances (``PROBES_PER_ROUND``): with more, they take turns
+(each is probed every ceil(instances / budget) rounds), while every instance past its TTL is
+found critical in every round (no request needed). Heartbeats are the primary signal; a killed
+node is critical within one TTL at worst, and within a round when its turn comes first.
+
 At most ``concurrency`` probes run at once (``MAX_CONCURRENT_PROBES``, below the client's
 ``max_connections``): the rest wait their turn here, where waiting is cheap, not in the HTTP
 pool, whose bookkeeping costs each arrival a pass over every queued request and connection (a
@@ -79,6 +84,7 @@ __all__ = [
     "HEALTH_PATH",
     "MAX_CONCURRENT_PROBES",
     "MAX_HEALTH_BYTES",
+    "PROBES_PER_ROUND",
     "Prober",
     "RoundInfo",
     "answered_as",
@@ -93,6 +99,10 @@ MAX_HEALTH_BYTES = 64 * 1024
 HEALTH_PATH = "/health?stats=1"
 # Probes in flight at once; the registry's client has room for card fetches beside them.
 MAX_CONCURRENT_PROBES = 64
+# Probes per round at most (``--probe-budget``). A probe costs the registry ~1 ms of CPU (the
+# HTTP client), so 10,000 probes every 5 s would take two cores: past the budget, instances are
+# probed in turn, each every ceil(instances / budget) rounds, and heartbeats cover the rest.
+PROBES_PER_ROUND = 1000
 
 # FetchFailed's fixed reason words, as the status reason says them.
 _FAILED = {
@@ -138,6 +148,8 @@ class RoundInfo:
     started_at: float = 0.0
     duration_s: float = 0.0
     instances: int = 0
+    # Instances probed (the rest waited their turn: see ``PROBES_PER_ROUND``).
+    probed: int = 0
     failed: int = 0
     # Probes that ran out of time while heartbeats were fresh (status kept).
     unknown: int = 0
@@ -176,6 +188,7 @@ class Prober:
         ttl_s: float = 30.0,
         remove_after_s: float = 300.0,
         concurrency: int = MAX_CONCURRENT_PROBES,
+        budget: int = PROBES_PER_ROUND,
         warn_at: int | None = None,
         holds: int = 0,
         metrics: RegistryMetrics | None = None,
@@ -207,6 +220,9 @@ class Prober:
         self._round_deferred = 0
         # Said once as the instances reach warn_at, again only after they fell well below.
         self._warn_at, self._holds = warn_at, holds
+        # Probes per round at most, and where the next round's turn starts.
+        self._budget = budget
+        self._cursor = 0
         self._size_warned = False
 
     def behind(self) -> list[str]:
@@ -287,11 +303,12 @@ class Prober:
         self._round_unknown = self._round_deferred = 0
         try:
             instances = await self._store.instances()
+            todo = self._this_round(instances)
             # Started in groups, a pause between them: thousands of timers cost more than this.
-            pause = spread_s * _GROUP / len(instances) if instances else 0.0
+            pause = spread_s * _GROUP / len(todo) if todo else 0.0
             async with asyncio.TaskGroup() as group:
                 tasks = []
-                for k, inst in enumerate(instances):
+                for k, inst in enumerate(todo):
                     if pause and k and k % _GROUP == 0:
                         await asyncio.sleep(pause)
                     tasks.append(group.create_task(self._probe(inst)))
@@ -305,6 +322,7 @@ class Prober:
             started_at=started,
             duration_s=round(time.perf_counter() - clock0, 4),
             instances=len(instances),
+            probed=sum(1 for inst in todo if not self._silent(inst)),
             failed=sum(1 for answered in seen if not answered),
             unknown=self._round_unknown,
             deferred=self._round_deferred,
@@ -313,6 +331,23 @@ class Prober:
             self._metrics.probe_round.set(self.last_round.duration_s)
             self._metrics.behind.set(1 if self.behind() else 0)
             await self._export()
+
+    def _silent(self, inst: InstanceRecord) -> bool:
+        return self._clock() - max(inst.last_heartbeat_at, self._started_at) > self._ttl_s
+
+    def _this_round(self, instances: list[InstanceRecord]) -> list[InstanceRecord]:
+        """Every instance past its TTL (no request: it is critical) and at most ``budget``
+        others, in turn: with more instances than that, each is probed every few rounds and
+        its heartbeats (the primary signal) speak for it in between."""
+        fresh = [inst for inst in instances if not self._silent(inst)]
+        if len(fresh) <= self._budget:
+            return instances
+        fresh.sort(key=lambda inst: inst.instance_id)
+        start = self._cursor % len(fresh)
+        picked = (fresh[start:] + fresh[:start])[: self._budget]
+        self._cursor = start + self._budget
+        chosen = {inst.instance_id for inst in picked}
+        return [i for i in instances if i.instance_id in chosen or self._silent(i)]
 
     def _warn_size(self, count: int) -> None:
         if self._warn_at is None:

@@ -105,6 +105,8 @@ class RegistrySettings:
     probe_timeout_s: float = 2.0
     # Probes in flight at once (``--probe-concurrency``); the rest wait in a semaphore.
     probe_concurrency: int = 64
+    # Probes per round at most (``--probe-budget``); past it instances are probed in turn.
+    probe_budget: int = 1000
     # An instance with no heartbeat for this long is critical (nodes heartbeat every 5 s).
     ttl_s: float = 30.0
     # A critical instance is removed after this long.

@@ -147,3 +147,16 @@ def test_the_registry_warns_as_it_nears_what_one_process_should_hold(tmp_path: P
 
 def _line(log: str, text: str) -> str:
     return next((line for line in log.splitlines() if text in line), "")
+
+
+def test_past_its_probe_budget_a_round_probes_instances_in_turn(tmp_path: Path) -> None:
+    with (
+        _fleet(tmp_path, delay=0.0) as fleet,
+        registry(tmp_path, probe_interval=0.3, extra=["--probe-budget", "5"]) as reg,
+    ):
+        for n in range(12):
+            _register(reg.url, fleet, n)
+        started = time.time()
+        last = wait_for(lambda: _round_since(reg.url, started), what="a round over 12 instances")
+        assert (last["instances"], last["probed"]) == (12, 5), last
+        assert len(instances(reg.url)) == 12
