@@ -120,20 +120,17 @@ class UnderwriterReview(RemoteAgent):
     """
 
     async def invoke(
-        self,
-        tool: Any,
-        args: Mapping[str, Any],
-        ctx: ToolContext,
-        *,
-        forward: Any = None,
+        self, tool: Any, args: Mapping[str, Any], ctx: ToolContext, **resume: Any
     ) -> Any:
+        # ``resume``: the runtime's way back to a child it already has (forward an answer,
+        # follow a long task); passed on whole, so only a new call is gated.
         decision = str(args.get("policy_decision", ""))
         amount = args.get("amount")
         # An amount that is not a number goes to the underwriter, whose schema names the field.
         small = isinstance(amount, int | float) and amount <= UNDERWRITING_THRESHOLD
-        if forward is None and (decision == "decline" or small):
+        if not any(v is not None for v in resume.values()) and (decision == "decline" or small):
             return {"decision": decision, "note": "", "line": ""}
-        answer = await super().invoke(tool, args, ctx, forward=forward)
+        answer = await super().invoke(tool, args, ctx, **resume)
         if isinstance(answer, Mapping) and answer.get("summary"):
             return {**answer, "line": f"\n- {answer['summary']}."}
         return answer
