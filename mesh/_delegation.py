@@ -19,7 +19,9 @@ holds no request open while the child works: the message goes without waiting
 (``returnImmediately``: the child's task id comes at once) and the child is followed by
 ``SubscribeToTask``; a dropped or stalled stream is read again with backoff (0.2 s doubling to
 5 s, within the deadline), ``GetTask`` deciding each time whether the child ended meanwhile (and
-polling when the peer cannot stream). Its result is the same finished task, so the deadline,
+polling when the peer cannot stream); a subscription is also renewed every 5 s after a
+``GetTask``, since a peer may run a task outside its SDK handler (its fast path) where
+subscribers never see its end. Its result is the same finished task, so the deadline,
 cancel and retry rules above stay as they are.
 
 In a node's LLM turn (``ctx.metadata["durable_children"]``), a long call does not follow the
@@ -103,6 +105,11 @@ _START_S = 10.0
 _STALL_S = 45.0
 # Between two reads of a followed child after its stream dropped: doubling, bounded.
 _FOLLOW_FIRST_S, _FOLLOW_MAX_S = 0.2, 5.0
+# Reads of a followed child in a row its instance does not answer before it is unavailable
+# (about 6 s with the backoff above): a node that is gone is not waited on until the deadline.
+_FOLLOW_TRIES = 5
+# The longest one subscription to a followed child is read before GetTask checks on it.
+_WINDOW_S = 5.0
 _ENDED = frozenset({"completed", "failed", "rejected", "canceled"})
 
 
@@ -213,10 +220,13 @@ class Delegation:
         deadline_s: float,
         caller: str,
         long_running: bool = False,
+        long_after_s: float | None = None,
     ) -> None:
         self.link = link
         #: Follow the child by subscription instead of one blocking request.
         self.long_running = long_running
+        #: A blocking call still open after this long goes long (in a node's turn only).
+        self.long_after_s = long_after_s
         self.tool = tool
         self.ctx = ctx
         self.trace = trace
@@ -348,7 +358,15 @@ class Delegation:
                 # One blocking SendMessage: one JSON body each way, the finished task in the
                 # answer.
                 timeout = max(0.1, self.deadline - time.time())
-                result = await self._message.send(peer, timeout=timeout)
+                after = self.long_after_s
+                if (
+                    after is None
+                    or after >= timeout
+                    or not self.ctx.metadata.get("durable_children")
+                ):
+                    result = await self._message.send(peer, timeout=timeout)
+                else:
+                    result = await self._blocking_or_long(peer, timeout, after)
         except RemoteError as exc:
             if exc.reason == "unavailable":
                 raise RemoteError.unavailable(self.peer, skill, exc.detail) from exc
@@ -408,6 +426,32 @@ class Delegation:
                 reason="deadline",
             ) from None
 
+    async def _blocking_or_long(
+        self,
+        peer: A2APeer,
+        timeout: float,  # noqa: ASYNC109 - the HTTP timeout of the blocking send
+        after: float,
+    ) -> TaskResult:
+        """The blocking send, unless it is still open after ``after`` seconds: then the call
+        goes long. The blocking request is dropped (the child's task goes on) and the same
+        message, re-sent without waiting, gives the child's task as it is now (the peer
+        deduplicates by message id); the call is then pending on it like a declared long one."""
+        assert self._message is not None
+        try:
+            async with asyncio.timeout(after):
+                return await self._message.send(peer, timeout=timeout)
+        except TimeoutError:
+            pass
+        self.long_running = True
+        log.info(
+            "%s %r: still running after %.1fs, followed from here on",
+            self.peer,
+            self.tool.skill_id,
+            after,
+        )
+        remaining = max(0.1, min(_START_S, self.deadline - time.time()))
+        return await self._message.send(peer, timeout=remaining, wait=False)
+
     async def _followed(
         self, peer: A2APeer, child: InFlightChild, relay: ChildRelay | None
     ) -> TaskResult:
@@ -425,15 +469,19 @@ class Delegation:
     async def _follow(
         self, peer: A2APeer, child: InFlightChild, relay: ChildRelay | None
     ) -> TaskResult:
-        """Read the child task ``child.task_id`` at ``peer`` until it ends or waits."""
-        delay = _FOLLOW_FIRST_S
+        """Read the child task ``child.task_id`` at ``peer`` until it ends or waits; an
+        instance that cannot be read ``_FOLLOW_TRIES`` times in a row is ``unavailable``."""
+        delay, unreadable = _FOLLOW_FIRST_S, 0
         while True:
             remaining = self.deadline - time.time()
             if remaining <= 0:
                 raise self._past_deadline()
-            streamed = False
+            streamed = windowed = False
             try:
-                async with asyncio.timeout(remaining):
+                # One window of the subscription at a time: a task the peer ran outside its
+                # SDK handler (its fast path for a blocking send: one that went long past
+                # ``long_after_s``) never shows its end to subscribers; GetTask does.
+                async with asyncio.timeout(min(remaining, _WINDOW_S)):
                     async with contextlib.aclosing(
                         peer.subscribe(child.task_id, timeout=min(remaining, _STALL_S))
                     ) as events:
@@ -442,7 +490,9 @@ class Delegation:
                             if relay is not None:
                                 await relay.forward(update)
             except TimeoutError:
-                raise self._past_deadline() from None
+                if time.time() >= self.deadline:
+                    raise self._past_deadline() from None
+                windowed = True
             except NotImplementedError:
                 pass  # the peer does not stream: GetTask alone follows it
             except RemoteError as exc:
@@ -455,14 +505,18 @@ class Delegation:
             try:
                 now = await peer.get_task(child.task_id)
             except RemoteError as exc:
-                if exc.reason != "unavailable":
+                unreadable += 1
+                if exc.reason != "unavailable" or unreadable >= _FOLLOW_TRIES:
                     raise
                 log.info(
                     "following %s task %s: %s; reading it again", self.peer, child.task_id, exc
                 )
             else:
+                unreadable = 0
                 if now.state in _ENDED or now.waiting:
                     return now
+            if windowed:
+                continue  # nothing failed: the next window at once
             if streamed:
                 delay = _FOLLOW_FIRST_S  # the stream worked for a while: a new drop starts over
             await asyncio.sleep(max(0.0, min(delay, self.deadline - time.time())))

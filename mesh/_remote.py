@@ -160,6 +160,7 @@ class RemoteAgent:
         breakers: BreakerBoard | None = None,
         card_ttl_s: float = 30.0,
         long_running: bool = False,
+        long_after_s: float | None = None,
     ) -> None:
         if agent is None and url is None:
             raise ConfigError("remote(): give an agent name or url=")
@@ -172,7 +173,10 @@ class RemoteAgent:
         self.skill = skill
         self.deadline_s = deadline_s
         self.wait_deadline_s = wait_deadline_s
+        if long_after_s is not None and long_after_s <= 0:
+            raise ConfigError(f"remote({agent or url!r}): long_after_s must be > 0")
         self.long_running = long_running
+        self.long_after_s = long_after_s
         self.policy = policy or RetryPolicy(attempts=4, initial_delay=0.1, max_delay=1.0)
         # A board the caller passed is shared by every copy (and keeps its on_change).
         self._given_breakers = breakers
@@ -214,6 +218,7 @@ class RemoteAgent:
             breakers=self._given_breakers,
             card_ttl_s=self.card_ttl_s,
             long_running=self.long_running,
+            long_after_s=self.long_after_s,
         )
 
     def bind(
@@ -379,6 +384,7 @@ class RemoteAgent:
             deadline_s=self.wait_deadline_s if tool.asks else self.deadline_s,
             caller=self.caller,
             long_running=self.long_running or tool.long_running,
+            long_after_s=self.long_after_s,
         )
 
     def owns(self, child: ChildRef) -> bool:
@@ -417,6 +423,7 @@ class RemoteAgent:
             "deadline_s": self.deadline_s,
             "wait_deadline_s": self.wait_deadline_s,
             "long_running": self.long_running,
+            "long_after_s": self.long_after_s,
             "recent": [asdict(r) for r in self.recent],
         }
 
@@ -434,6 +441,7 @@ def remote(
     policy: RetryPolicy | None = None,
     breakers: BreakerBoard | None = None,
     long_running: bool = False,
+    long_after_s: float | None = None,
 ) -> RemoteAgent:
     """A peer agent's skills as tools: by name through discovery, or at a fixed URL.
 
@@ -451,6 +459,8 @@ def remote(
     ``@skill(long_running=True)``): each call sends without waiting and follows the child
     task by subscription, reconnecting when the stream drops, instead of holding one request
     open for its whole length; give it a ``deadline_s`` that long (docs/delegation.md).
+    ``long_after_s``: in a node's LLM turn, a blocking call still open after that many seconds
+    goes long the same way (default None: never).
     """
     if _is_url(agent_or_url):
         if url is not None:
@@ -467,4 +477,5 @@ def remote(
         policy=policy,
         breakers=breakers,
         long_running=long_running,
+        long_after_s=long_after_s,
     )

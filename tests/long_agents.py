@@ -4,7 +4,8 @@
 
 ``long-child``'s ``crunch`` is declared ``long_running``: it appends ``start JOB`` to
 ``$LONG_TEST_DIR/calls``, waits until the test creates ``$LONG_TEST_DIR/JOB.go`` (at most
-``max_s``), then appends ``done JOB``. ``long-top`` reaches it at ``$LONG_TEST_CHILD_URL`` (the
+``max_s``), then appends ``done JOB``; ``grind`` does the same without the declaration (the
+coordinator's ``long_after_s`` makes it long after 1 s). ``long-top`` reaches it at ``$LONG_TEST_CHILD_URL`` (the
 test's proxy, which can cut a connection under the coordinator).
 """
 
@@ -36,9 +37,7 @@ def _note(line: str) -> None:
         fh.write(line + "\n")
 
 
-@skill(long_running=True)
-async def crunch(req: Job) -> Done:
-    """Work on a job until the test lets it finish."""
+async def _work(req: Job) -> Done:
     _note(f"start {req.job}")
     gate, until = DIR / f"{req.job}.go", time.monotonic() + req.max_s
     # The gate is a file another process creates: polled, bounded by max_s.
@@ -48,7 +47,19 @@ async def crunch(req: Job) -> Done:
     return Done(job=req.job)
 
 
-child = Agent(name="long-child", description="Crunches jobs, slowly.", skills=[crunch])
+@skill(long_running=True)
+async def crunch(req: Job) -> Done:
+    """Work on a job until the test lets it finish."""
+    return await _work(req)
+
+
+@skill
+async def grind(req: Job) -> Done:
+    """The same work, not declared long: the caller's long_after_s makes it long."""
+    return await _work(req)
+
+
+child = Agent(name="long-child", description="Crunches jobs, slowly.", skills=[crunch, grind])
 
 top = Agent(
     name="long-top",
@@ -57,6 +68,7 @@ top = Agent(
         remote(
             os.environ.get("LONG_TEST_CHILD_URL", "http://127.0.0.1:9"),
             deadline_s=120.0,
+            long_after_s=1.0,
             policy=RetryPolicy(attempts=2, initial_delay=0.05, max_delay=0.1),
         )
     ],
@@ -66,6 +78,12 @@ top = Agent(
                 when=r"(?i)crunch (?P<job>\w+)",
                 steps=[[Call("long_child_crunch", {"job": "{job}"})]],
                 answer="top got {long_child_crunch.job}",
+                on_error="top could not: {error}",
+            ),
+            Rule(
+                when=r"(?i)grind (?P<job>\w+)",
+                steps=[[Call("long_child_grind", {"job": "{job}"})]],
+                answer="top got {long_child_grind.job}",
                 on_error="top could not: {error}",
             ),
         ],

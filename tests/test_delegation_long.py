@@ -188,9 +188,10 @@ async def test_a_stream_cut_under_the_coordinator_is_followed_again_and_complete
     top = await client_for(http, pair.top)
     task = await send(top, message(text="crunch j1"), wait=False)
     await eventually(lambda: "start j1" in pair.calls() and pair.proxy.subscribes >= 1, within=20)
+    before = pair.proxy.subscribes
     assert pair.proxy.cut() >= 1
-    # The coordinator reads the child again (a second subscription), not a second run.
-    await eventually(lambda: pair.proxy.subscribes >= 2, within=20, what="a new subscription")
+    # The coordinator reads the child again (a new subscription), not a second run.
+    await eventually(lambda: pair.proxy.subscribes > before, within=20, what="a new subscription")
     pair.release("j1")
     done = await eventually(lambda: ended(top, task.id), within=30)
     assert done.status.state == TaskState.TASK_STATE_COMPLETED, done
@@ -242,11 +243,12 @@ async def test_a_coordinator_killed_while_the_child_works_re_attaches_after_its_
     # The child is in the coordinator's resume point before it is followed.
     assert pair.waits() == [(task.id, "children")]
     assert pair.top_proc is not None
+    before = pair.proxy.subscribes
     pair.top_proc.kill()
     pair.start_top()
     # Recovery rule 4 runs the turn again: it follows the same child task (a new
     # subscription), it does not send the job again.
-    await eventually(lambda: pair.proxy.subscribes >= 2, within=20, what="a re-attach")
+    await eventually(lambda: pair.proxy.subscribes > before, within=20, what="a re-attach")
     pair.release("j4")
     top = await client_for(http, pair.top)
     done = await eventually(lambda: ended(top, task.id), within=30)
@@ -255,3 +257,25 @@ async def test_a_coordinator_killed_while_the_child_works_re_attaches_after_its_
     assert pair.calls() == ["start j4", "done j4"]
     assert len(await child_tasks(child)) == 1
     await eventually(lambda: pair.waits() == [], within=10, what="the resume point dropped")
+
+
+async def test_a_call_past_long_after_s_goes_long_and_survives_a_coordinator_restart(
+    pair: Pair, http: httpx.AsyncClient
+) -> None:
+    top, child = await client_for(http, pair.top), await client_for(http, pair.child)
+    task = await send(top, message(text="grind j5"), wait=False)
+    # Not declared long: a blocking send first, then, 1 s on, followed by subscription.
+    await eventually(lambda: "start j5" in pair.calls() and pair.proxy.subscribes >= 1, within=20)
+    assert pair.waits() == [(task.id, "children")]
+    assert pair.top_proc is not None
+    before = pair.proxy.subscribes
+    pair.top_proc.kill()
+    pair.start_top()
+    await eventually(lambda: pair.proxy.subscribes > before, within=20, what="a re-attach")
+    pair.release("j5")
+    top = await client_for(http, pair.top)
+    done = await eventually(lambda: ended(top, task.id), within=30)
+    assert done.status.state == TaskState.TASK_STATE_COMPLETED, done
+    assert "top got j5" in done.artifacts[-1].parts[0].text
+    assert pair.calls() == ["start j5", "done j5"]
+    assert len(await child_tasks(child)) == 1
