@@ -4,7 +4,7 @@
 
 ``long-child``'s ``crunch`` is declared ``long_running``: it appends ``start JOB`` to
 ``$LONG_TEST_DIR/calls``, waits until the test creates ``$LONG_TEST_DIR/JOB.go`` (at most
-``max_s``), then appends ``done JOB``; ``grind`` does the same without the declaration (the
+``max_s``), reports ``JOB: finishing`` (``ctx.progress``) and appends ``done JOB``; ``grind`` does the same without the declaration (the
 coordinator's ``long_after_s`` makes it long after 1 s). ``long-top`` reaches it at ``$LONG_TEST_CHILD_URL`` (the
 test's proxy, which can cut a connection under the coordinator).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from mesh import Agent, Call, RetryPolicy, Rule, Script, remote, skill
+from mesh import Agent, Call, RetryPolicy, Rule, Script, SkillContext, remote, skill
 
 DIR = Path(os.environ.get("LONG_TEST_DIR", "."))
 
@@ -37,26 +37,27 @@ def _note(line: str) -> None:
         fh.write(line + "\n")
 
 
-async def _work(req: Job) -> Done:
+async def _work(req: Job, ctx: SkillContext) -> Done:
     _note(f"start {req.job}")
     gate, until = DIR / f"{req.job}.go", time.monotonic() + req.max_s
     # The gate is a file another process creates: polled, bounded by max_s.
     while not gate.exists() and time.monotonic() < until:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
+    await ctx.progress(f"{req.job}: finishing")
     _note(f"done {req.job}")
     return Done(job=req.job)
 
 
 @skill(long_running=True)
-async def crunch(req: Job) -> Done:
+async def crunch(req: Job, ctx: SkillContext) -> Done:
     """Work on a job until the test lets it finish."""
-    return await _work(req)
+    return await _work(req, ctx)
 
 
 @skill
-async def grind(req: Job) -> Done:
+async def grind(req: Job, ctx: SkillContext) -> Done:
     """The same work, not declared long: the caller's long_after_s makes it long."""
-    return await _work(req)
+    return await _work(req, ctx)
 
 
 child = Agent(name="long-child", description="Crunches jobs, slowly.", skills=[crunch, grind])

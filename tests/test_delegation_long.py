@@ -16,16 +16,20 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
-from a2a.types import CancelTaskRequest, ListTasksRequest, Task, TaskState
+from a2a.types import CancelTaskRequest, ListTasksRequest, SendMessageRequest, Task, TaskState
+from google.protobuf.json_format import MessageToDict
 
 from tests.support import Proc, clean_env, eventually, free_port, running, wait_until_ok
 from tests.test_node_ask import get, message, send
 
 pytestmark = pytest.mark.integration
+
+EXT = "urn:mesh:tasks:v1"
 
 ENDED = {
     TaskState.TASK_STATE_COMPLETED,
@@ -279,3 +283,32 @@ async def test_a_call_past_long_after_s_goes_long_and_survives_a_coordinator_res
     assert "top got j5" in done.artifacts[-1].parts[0].text
     assert pair.calls() == ["start j5", "done j5"]
     assert len(await child_tasks(child)) == 1
+
+
+async def test_a_streamed_coordinator_relays_the_long_childs_progress(
+    pair: Pair, http: httpx.AsyncClient
+) -> None:
+    card = await A2ACardResolver(http, pair.top).get_agent_card()
+    top = ClientFactory(ClientConfig(streaming=True, httpx_client=http)).create(card)
+    request = SendMessageRequest(message=message(text="crunch j6"))
+
+    async def read() -> list[dict[str, Any]]:
+        return [MessageToDict(e) async for e in top.send_message(request)]
+
+    reading = asyncio.create_task(read())
+    await eventually(lambda: "start j6" in pair.calls() and pair.proxy.subscribes >= 1, within=20)
+    pair.release("j6")
+    events = await asyncio.wait_for(reading, 30)
+    relayed = [
+        (
+            [hop["agent"] for hop in m["metadata"][EXT]["relay"]["from"]],
+            "".join(p.get("text", "") for p in m.get("parts", [])),
+        )
+        for e in events
+        if (m := e.get("statusUpdate", {}).get("status", {}).get("message", {}))
+        and EXT in m.get("metadata", {})
+        and "relay" in m["metadata"][EXT]
+    ]
+    assert (["long-child"], "j6: finishing") in relayed, relayed
+    final = events[-1]["statusUpdate"]["status"]["state"]
+    assert final == "TASK_STATE_COMPLETED", events[-1]
