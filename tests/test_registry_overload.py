@@ -9,6 +9,7 @@ registry says it is behind in ``/health`` and ``/metrics``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import threading
@@ -19,7 +20,13 @@ from typing import Any
 
 import httpx
 import pytest
+from google.protobuf.json_format import MessageToDict
 
+from registry.card import agent_record
+from registry.prober import Prober
+from registry.sqlite_store import SqliteRegistryStore
+from registry.store import InstanceRecord, secret_hash
+from tests.echo_node import build_card
 from tests.registry_support import instances, registry
 from tests.support import Proc, clean_env, free_port, wait_for, wait_until_ok
 
@@ -160,3 +167,41 @@ def test_past_its_probe_budget_a_round_probes_instances_in_turn(tmp_path: Path) 
         last = wait_for(lambda: _round_since(reg.url, started), what="a round over 12 instances")
         assert (last["instances"], last["probed"]) == (12, 5), last
         assert len(instances(reg.url)) == 12
+
+
+async def _put(store: SqliteRegistryStore, url: str) -> None:
+    """One passing instance at ``url``, heartbeating now."""
+    card = MessageToDict(build_card("echo", url, description="Gone.", skill_id="echo"))
+    now = time.time()
+    record = InstanceRecord(instance_id="echo-1", agent="echo", url=url, version="1",
+                            status_changed_at=now, last_heartbeat_at=now, registered_at=now)  # fmt: skip
+    agent = agent_record(card, expected_name="echo", now=now)
+    await store.put(agent, record, secret_hash=secret_hash("s" * 43), presented=None)
+
+
+@pytest.mark.parametrize("late", [False, True])
+async def test_while_its_event_loop_is_late_the_prober_demotes_nobody(
+    tmp_path: Path, late: bool
+) -> None:
+    # A port nobody listens on: the probe is refused, which makes an instance critical; but
+    # not while the registry's own loop runs late (its heartbeats would be waiting too).
+    store = await SqliteRegistryStore.open(tmp_path / "registry.db")
+    async with httpx.AsyncClient() as http:
+        prober = Prober(store, http, interval_s=60, timeout_s=0.5, ttl_s=30)
+        try:
+            await prober.start()  # a first round (of nothing), the loop-lag watch started
+            await _put(store, f"http://127.0.0.1:{free_port()}")
+            if late:
+                await asyncio.sleep(0.15)  # the watch is waiting on its 0.1 s timer
+                time.sleep(0.7)  # noqa: ASYNC251 (the point: the loop blocked, as by CPU-bound work)
+                await asyncio.sleep(0.15)  # the watch sees it
+                assert prober.behind(), "the late loop not seen"
+            await prober.tick()
+            (inst,) = await store.instances()
+        finally:
+            await prober.aclose()
+            await store.aclose()
+    if late:
+        assert (inst.status, prober.last_round.deferred) == ("passing", 1)
+    else:
+        assert (inst.status, inst.status_reason) == ("critical", "health check failed: unreachable")
