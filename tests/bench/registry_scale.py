@@ -13,7 +13,7 @@ console's stats unless ``--stats``). Phases:
 1. registration: N registrations through the API, 32 at once (the registry's fetch slots);
    registrations per second and p99;
 2. steady state for ``--steady`` seconds: every instance heartbeats every 5 s (a node's
-   default), spread evenly, over a few raw keep-alive connections (a cheap client, so the bench
+   default; from its registration on), spread evenly, over 32 raw keep-alive connections (a cheap client, so the bench
    measures the registry, not httpx), while one client looks an agent up in a loop
    (``GET /v1/instances?agent=``): heartbeats sustained vs needed, lookup p50/p99, the
    registry's CPU per second and RSS, the last probe round's duration, whether the registry
@@ -48,7 +48,7 @@ from tests.support import ROOT, Proc, clean_env, free_port, wait_until_ok
 
 HEARTBEAT_S = 5.0
 AGENTS = 100
-CONNECTIONS = 8
+CONNECTIONS = 32
 DEFAULT_JSON = ROOT / "bench-results" / "registry_scale.json"
 
 
@@ -103,9 +103,9 @@ class _Raw:
 
 
 async def _register(
-    reg: str, fleet: str, ids: list[int], prefix: str
+    reg: str, fleet: str, ids: list[int], prefix: str, secrets: dict[str, str] | None = None
 ) -> tuple[dict[str, str], list[float]]:
-    secrets: dict[str, str] = {}
+    secrets = {} if secrets is None else secrets
     took: list[float] = []
     slots = asyncio.Semaphore(32)
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=32)) as http:
@@ -131,11 +131,12 @@ async def _register(
 
 
 class _Heartbeats:
-    """Every instance heartbeats once per ``HEARTBEAT_S``, spread evenly, until stopped."""
+    """Every instance heartbeats once per ``HEARTBEAT_S``, spread evenly, until stopped; an
+    instance from its registration on (``secrets`` grows as they register), as nodes do."""
 
     def __init__(self, port: int, secrets: dict[str, str]) -> None:
         self._port = port
-        self._items = list(secrets.items())
+        self._secrets = secrets
         self.sent = self.ok = self.failed = 0
         self.late: list[float] = []
         self._stop = asyncio.Event()
@@ -143,21 +144,28 @@ class _Heartbeats:
 
     def start(self) -> None:
         for k in range(CONNECTIONS):
-            self._tasks.append(asyncio.create_task(self._lane(self._items[k::CONNECTIONS], k)))
+            self._tasks.append(asyncio.create_task(self._lane(k)))
 
-    async def _lane(self, items: list[tuple[str, str]], k: int) -> None:
+    async def _lane(self, k: int) -> None:
         raw = _Raw(self._port)
-        gap = HEARTBEAT_S / max(1, len(items))
-        due = time.monotonic() + k * gap / CONNECTIONS
+        items: list[tuple[str, str]] = []
+        gap = due = 0.0
         i = 0
         try:
-            while not self._stop.is_set() and items:
+            while not self._stop.is_set():
+                if i >= len(items):  # a new pass, over the instances registered by now
+                    items, i = list(self._secrets.items())[k::CONNECTIONS], 0
+                    if not items:
+                        await asyncio.sleep(0.1)
+                        continue
+                    gap = HEARTBEAT_S / len(items)
+                    due = max(due, time.monotonic())
                 delay = due - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 else:
                     self.late.append(-delay)
-                iid, secret = items[i % len(items)]
+                iid, secret = items[i]
                 self.sent += 1
                 try:
                     status = await asyncio.wait_for(
@@ -267,21 +275,25 @@ async def measure(n: int, *, steady_s: float, stats: bool) -> dict[str, Any]:
             Proc.start(reg_argv, name="registry", tmp=tmp, env=clean_env()) as reg_proc,
         ):
             wait_until_ok(f"{reg}/health", proc=reg_proc)
-            started = time.perf_counter()
-            secrets, took = await _register(reg, fleet, list(range(n)), "fleet")
-            register_s = time.perf_counter() - started
-
+            secrets: dict[str, str] = {}
             beats = _Heartbeats(port, secrets)
+            beats.start()  # each instance heartbeats from its registration on
             stop = asyncio.Event()
-            lookups: list[float] = []
             seen: dict[str, Any] = {}
+            watch = asyncio.create_task(_watch(reg, stop, seen))  # false alarms from the start
+            started = time.perf_counter()
+            _, took = await _register(reg, fleet, list(range(n)), "fleet", secrets)
+            register_s = time.perf_counter() - started
+            # One heartbeat period for the last registered to be heartbeating, then measure.
+            await asyncio.sleep(HEARTBEAT_S)
+            lookups: list[float] = []
             cpu0, clock0 = cpu_seconds(reg_proc.pid), time.perf_counter()
-            beats.start()
-            side = [asyncio.create_task(_lookups(port, stop, lookups)),
-                    asyncio.create_task(_watch(reg, stop, seen))]  # fmt: skip
+            sent0, ok0, failed0 = beats.sent, beats.ok, beats.failed
+            beats.late.clear()
+            side = [asyncio.create_task(_lookups(port, stop, lookups)), watch]
             await asyncio.sleep(steady_s)
             cpu = (cpu_seconds(reg_proc.pid) - cpu0) / (time.perf_counter() - clock0)
-            sent, ok = beats.sent, beats.ok
+            sent, ok, failed = beats.sent - sent0, beats.ok - ok0, beats.failed - failed0
             stop.set()
             await asyncio.gather(*side)
             sd_ms = await asyncio.to_thread(_median_ms, f"{reg}/v1/prometheus/targets")
@@ -297,7 +309,7 @@ async def measure(n: int, *, steady_s: float, stats: bool) -> dict[str, Any]:
         "heartbeats_needed_per_s": n / HEARTBEAT_S,
         "heartbeats_sent_per_s": sent / steady_s,
         "heartbeats_ok_per_s": ok / steady_s,
-        "heartbeats_failed": beats.failed,
+        "heartbeats_failed": failed,
         "heartbeats_late_p99_s": _pct(beats.late, 0.99) if beats.late else 0.0,
         "lookup_p50_ms": _pct(lookups, 0.5) * 1000,
         "lookup_p99_ms": _pct(lookups, 0.99) * 1000,
