@@ -42,11 +42,16 @@ WAITING = TaskState.TASK_STATE_INPUT_REQUIRED
 
 
 class Asker:
-    """One node of tests.ask_agents: its port, data dir and call log; it can be restarted."""
+    """One ``mesh serve`` node of an agent that asks (tests.ask_agents by default;
+    test_node_llm_ask serves tests.llm_ask_agents): its port, data dir, hold file and call log;
+    it can be restarted."""
 
-    def __init__(self, tmp: Path, name: str = "asker") -> None:
+    def __init__(
+        self, tmp: Path, name: str = "asker", target: str = "tests.ask_agents:agent"
+    ) -> None:
         self.tmp = tmp
         self.name = name
+        self.target = target
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data = tmp / f"{name}-data"
@@ -59,7 +64,7 @@ class Asker:
         env.setdefault("NODE_TEST_HOLD", str(self.hold_file))
         self.runs += 1
         argv = [
-            "mesh", "serve", "tests.ask_agents:agent", "--port", str(self.port),
+            "mesh", "serve", self.target, "--port", str(self.port),
             "--data-dir", str(self.data), "--no-register",
         ]  # fmt: skip
         child_env = clean_env(NODE_TEST_CALLS=str(self.calls_file), **env)
@@ -72,16 +77,16 @@ class Asker:
         ) as proc:
             yield proc
 
-    def calls(self, prefix: str) -> list[str]:
+    def calls(self, prefix: str = "") -> list[str]:
         if not self.calls_file.exists():
             return []
         return [x for x in self.calls_file.read_text().splitlines() if x.startswith(prefix)]
 
-    def waits(self) -> list[tuple[str, str]]:
-        """(task id, state) of the resume points on disk, as another process reads them."""
+    def waits(self, columns: str = "task_id, state") -> list[tuple[str, ...]]:
+        """``columns`` of the resume points on disk, as another process reads them."""
         conn = sqlite3.connect(self.data / "node.db", timeout=5)
         try:
-            return list(conn.execute("select task_id, state from mesh_waits").fetchall())
+            return list(conn.execute(f"select {columns} from mesh_waits").fetchall())
         finally:
             conn.close()
 

@@ -7,20 +7,18 @@ frees the context."""
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
 from a2a.types import CancelTaskRequest, Message, Task, TaskState
 from google.protobuf.json_format import MessageToDict
 
-from tests.support import Proc, clean_env, eventually, free_port, running
+from tests.support import eventually
 from tests.test_node_ask import (
+    Asker,
     artifact_data,
     error_of,
     ext_of,
@@ -37,47 +35,9 @@ WAITING = TaskState.TASK_STATE_INPUT_REQUIRED
 COMPLETED = TaskState.TASK_STATE_COMPLETED
 
 
-class Desk:
-    """One node of tests.llm_ask_agents: its port, data dir and call log; restartable."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.data = tmp / "desk-data"
-        self.calls_file = tmp / "desk-calls.txt"
-        self.runs = 0
-
-    @contextlib.contextmanager
-    def serve(self) -> Iterator[Proc]:
-        self.runs += 1
-        argv = [
-            "mesh", "serve", "tests.llm_ask_agents:agent", "--port", str(self.port),
-            "--data-dir", str(self.data), "--no-register",
-        ]  # fmt: skip
-        with running(
-            argv,
-            name=f"desk-{self.runs}",
-            tmp=self.tmp,
-            env=clean_env(NODE_TEST_CALLS=str(self.calls_file)),
-            health=f"{self.url}/health",
-        ) as proc:
-            yield proc
-
-    def calls(self) -> list[str]:
-        return self.calls_file.read_text().splitlines() if self.calls_file.exists() else []
-
-    def waits(self) -> list[tuple[str, str, str]]:
-        """(task id, kind, state) of the resume points on disk."""
-        conn = sqlite3.connect(self.data / "node.db", timeout=5)
-        try:
-            return list(conn.execute("select task_id, kind, state from mesh_waits").fetchall())
-        finally:
-            conn.close()
-
-    async def client(self, http: httpx.AsyncClient, *, streaming: bool = False) -> Client:
-        card = await A2ACardResolver(http, self.url).get_agent_card()
-        return ClientFactory(ClientConfig(streaming=streaming, httpx_client=http)).create(card)
+def desk_node(tmp: Path) -> Asker:
+    """One restartable node of tests.llm_ask_agents."""
+    return Asker(tmp, name="desk", target="tests.llm_ask_agents:agent")
 
 
 @pytest.fixture
@@ -87,8 +47,8 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 
 
 @pytest.fixture(scope="module")
-def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Desk]:
-    node = Desk(tmp_path_factory.mktemp("llm-ask"))
+def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Asker]:
+    node = desk_node(tmp_path_factory.mktemp("llm-ask"))
     with node.serve():
         yield node
 
@@ -109,7 +69,7 @@ def text_of(task: Task) -> str:
 
 
 async def test_a_chat_turn_whose_tool_asks_waits_and_the_answer_completes_it(
-    desk: Desk, http: httpx.AsyncClient
+    desk: Asker, http: httpx.AsyncClient
 ) -> None:
     client = await desk.client(http)
     task = await send(client, chat("pay APP-1 80,000"))
@@ -122,7 +82,7 @@ async def test_a_chat_turn_whose_tool_asks_waits_and_the_answer_completes_it(
     assert entry["id"].startswith("q-")
     assert entry["schema"] is True
     assert ext_of(task.metadata)["questions"] == [entry]
-    assert desk.waits() == [(task.id, "turn", "waiting")]
+    assert desk.waits("task_id, kind, state") == [(task.id, "turn", "waiting")]
 
     # A new turn in the same context, while the task waits: REJECTED, naming it.
     other = await send(client, chat("hello", context=task.context_id))
@@ -147,7 +107,7 @@ async def test_a_chat_turn_whose_tool_asks_waits_and_the_answer_completes_it(
 
 
 async def test_a_typed_llm_skill_asks_an_invalid_answer_names_the_field_and_a_streamed_answer_completes_it(
-    desk: Desk, http: httpx.AsyncClient
+    desk: Asker, http: httpx.AsyncClient
 ) -> None:
     client = await desk.client(http)
     task = await send(
@@ -179,7 +139,7 @@ async def test_a_typed_llm_skill_asks_an_invalid_answer_names_the_field_and_a_st
 async def test_a_turn_waiting_at_a_kill_9_waits_after_the_restart_and_its_answer_completes_it(
     tmp_path: Path, http: httpx.AsyncClient
 ) -> None:
-    node = Desk(tmp_path)
+    node = desk_node(tmp_path)
     with node.serve() as proc:
         client = await node.client(http)
         task = await send(client, chat("pay APP-3 70,000"))
@@ -200,7 +160,7 @@ async def test_a_turn_waiting_at_a_kill_9_waits_after_the_restart_and_its_answer
 
 
 async def test_cancel_of_a_waiting_turn_frees_its_context(
-    desk: Desk, http: httpx.AsyncClient
+    desk: Asker, http: httpx.AsyncClient
 ) -> None:
     client = await desk.client(http)
     task = await send(client, chat("pay APP-4 60,000"))
