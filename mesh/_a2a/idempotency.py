@@ -9,6 +9,11 @@ caller chose. When the executor starts a task it records that key against the ta
 message with the same key gets the existing task back instead of a new run; if the original is
 still running here, a blocking send waits for it to finish first.
 
+A repeated ``messageId`` that names another task or context than the task it started (its
+``taskId`` or ``contextId`` set and different) is not that message again but a client reusing
+an id: ``replay`` refuses it with -32602 naming the task the id belongs to, rather than answer
+with another conversation's task.
+
 Except when the task ended because its node stopped (reason ``interrupted`` or ``shutdown``,
 see ``mesh._a2a.store``): its key is released in the transaction that ends it, so the same
 message sent again runs the work as a new task. Work cut by a crash or a shutdown is thus done
@@ -33,7 +38,7 @@ from a2a.types import (
     SendMessageRequest,
     Task,
 )
-from a2a.utils.errors import TaskNotFoundError
+from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
 from a2a.utils.task import apply_history_length
 
 from mesh._a2a.states import SETTLED_STATES
@@ -289,16 +294,33 @@ class WatchedTaskStore(TaskStore):
         await self.inner.delete(task_id, context)
 
 
+def _check_same_task(task: Task, message: Message) -> None:
+    """``InvalidParamsError`` when ``message`` (a repeat of the one that started ``task``)
+    names another task or context: the id is being reused, not the message retried."""
+    other_task = message.task_id and message.task_id != task.id
+    other_context = message.context_id and message.context_id != task.context_id
+    if not (other_task or other_context):
+        return
+    named = f"taskId {message.task_id!r}" if other_task else f"contextId {message.context_id!r}"
+    raise InvalidParamsError(
+        message=f"messageId {message.message_id!r} already belongs to task {task.id} "
+        f"(context {task.context_id}), not to this message's {named}: a new message needs "
+        "a new messageId"
+    )
+
+
 async def replay(
     store: WatchedTaskStore, task_id: str, params: SendMessageRequest, context: ServerCallContext
 ) -> Task:
     """The task a repeated message started, as the answer to ``params``. A blocking send of a
-    task still running here waits for it to settle first, as the first send does."""
+    task still running here waits for it to settle first, as the first send does.
+    ``InvalidParamsError`` when ``params`` names another task or context (the id reused)."""
     waiter = store.waiter(task_id)
     try:
         task = await store.get(task_id, context)
         if task is None:
             raise TaskNotFoundError(f"Task {task_id} not found")
+        _check_same_task(task, params.message)
         if (
             task.status.state not in SETTLED_STATES
             and store.running(task_id)
