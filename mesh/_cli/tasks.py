@@ -17,7 +17,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
@@ -41,9 +41,11 @@ __all__ = [
     "Listing",
     "Unreachable",
     "add_parsers",
+    "chains",
     "failure",
     "instances",
     "list_tasks",
+    "list_tasks_at",
     "registry_flag",
     "task_client",
 ]
@@ -190,15 +192,32 @@ async def list_tasks(
     """The tasks in ``states`` of every passing instance of ``agents`` (every agent when empty)
     in the registry at ``location``, newest first, at most ``limit`` per agent and state; and
     the instances that did not answer within ``timeout_s``."""
-    from mesh._a2a.client import A2APeer
-
     where = await instances(location, agents)
+    async with task_client(token, timeout_s) as http:
+        return await list_tasks_at(http, where, states=states, limit=limit, timeout_s=timeout_s)
+
+
+async def list_tasks_at(
+    http: httpx.AsyncClient,
+    where: Sequence[tuple[str, str]],
+    *,
+    states: Sequence[str] = ACTIVE_STATES,
+    limit: int = 100,
+    timeout_s: float = 10.0,
+    headers: Mapping[str, str] | None = None,
+    max_answer_bytes: int | None = None,
+) -> Listing:
+    """``list_tasks`` of the (agent, URL) instances ``where``, through ``http`` (``headers``
+    with every call: the registry's console sends the mesh token only to those it trusts)."""
+    from mesh._a2a.client import MAX_ANSWER_BYTES, A2APeer
+
     gate = asyncio.Semaphore(PARALLEL)
     found: list[Listed] = []
     failed: list[Unreachable] = []
+    cap = max_answer_bytes or MAX_ANSWER_BYTES
 
-    async def one(http: httpx.AsyncClient, agent: str, url: str) -> None:
-        peer = A2APeer(http, url)
+    async def one(agent: str, url: str) -> None:
+        peer = A2APeer(http, url, headers=headers, max_answer_bytes=cap)
         try:
             async with gate, asyncio.timeout(timeout_s):
                 for state in states:
@@ -208,8 +227,7 @@ async def list_tasks(
         finally:
             await peer.aclose()
 
-    async with task_client(token, timeout_s) as http:
-        await asyncio.gather(*(one(http, agent, url) for agent, url in where))
+    await asyncio.gather(*(one(agent, url) for agent, url in where))
     # Replicas sharing a store list the same tasks.
     unique = {(t.agent, t.task.task_id): t for t in found}
     tasks = sorted(unique.values(), key=lambda t: (t.task.updated_at, t.task.task_id), reverse=True)
@@ -233,7 +251,7 @@ async def _pages(peer: A2APeer, state: str, limit: int) -> list[TaskResult]:
     return tasks[:limit]
 
 
-def _chains(tasks: list[Listed]) -> list[tuple[int, Listed, bool]]:
+def chains(tasks: list[Listed]) -> list[tuple[int, Listed, bool]]:
     """``tasks`` as (depth, task, folded), each listed task under the task of its caller when
     that is listed too (``caller_task``, or a hop of a relayed question's path); ``folded``
     when that caller's task waits (for the answer this one waits for: answer at the top)."""
@@ -339,7 +357,7 @@ def _tasks(args: argparse.Namespace, out: TextIO | None = None) -> int:
     )
     now = time.time()
     unreachable = listing.unreachable
-    rows = _chains(listing.tasks)
+    rows = chains(listing.tasks)
     shown = [(d, t) for d, t, folded in rows if args.all or not folded]
     folded = len(rows) - len(shown)
     if args.json:
