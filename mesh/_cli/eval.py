@@ -147,7 +147,7 @@ async def _run(args: argparse.Namespace, cases: Any, faults: UpFaults | None) ->
     settings = MeshSettings.from_environment()
     lookup = lookup_location(args.registry, settings)
     discovery = DiscoveryClient(lookup.backend())
-    judge = create_judge() if any(c.expect.rubric for c in cases) else None
+    judge = create_judge() if any(c.rubrics for c in cases) else None
     longest = max(c.timeout_s for c in cases)
     try:
         async with task_client(settings.mesh_token, longest + 5.0) as http:

@@ -149,6 +149,12 @@ class Case(_Strict):
     def target(self) -> str:
         return self.url or self.agent or ""
 
+    @property
+    def rubrics(self) -> list[str]:
+        """Every rubric to judge: the turns' and the case's."""
+        expects = [t.expect for t in self.turns if t.expect is not None] + [self.expect]
+        return [e.rubric for e in expects if e.rubric is not None]
+
 
 class CaseFile(_Strict):
     """A file of cases: ``agent`` / ``url`` / ``timeout_s`` default for each case."""

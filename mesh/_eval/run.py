@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mesh._errors import MeshError
 from mesh._eval.cases import Case, Expect, Turn
+from mesh._eval.judge import NO_KEY
 from mesh._eval.matchers import Answer, check_answer, check_bounds, check_trajectory
 from mesh._eval.trace import Trace, fetch_trace
 from mesh._tracing import TraceParent
@@ -41,9 +42,10 @@ class Faults(Protocol):
 
 
 class Judge(Protocol):
-    """Judges an answer against a rubric: (passed, reason)."""
+    """Judges an answer against a rubric: (passed, reason); passed None: not judged (the
+    reason says why). A ``MeshError`` (the judge's model failed) fails the rubric."""
 
-    async def judge(self, rubric: str, question: str, answer: str) -> tuple[bool, str]: ...
+    async def judge(self, rubric: str, question: str, answer: str) -> tuple[bool | None, str]: ...
 
 
 @dataclass
@@ -97,8 +99,9 @@ def _answer(result: TaskResult) -> Answer:
 class Evaluator:
     """Runs cases. ``http`` carries the mesh token; ``discovery`` finds agents by name and the
     nodes a trace is read from; ``faults`` serves ``without`` (None: such cases fail saying
-    what to do); ``judge`` reads rubrics (None: skipped with a note); ``nodes``: more URLs a
-    trace is read from (nodes no registry lists)."""
+    what to do); ``judge`` reads rubrics (``mesh._eval.judge.create_judge``; None: skipped,
+    noting there is no key); ``nodes``: more URLs a trace is read from (nodes no registry
+    lists)."""
 
     def __init__(
         self,
@@ -219,6 +222,7 @@ class Evaluator:
                     run.failures.extend(
                         f"turn {number}: {f}" for f in check_answer(expect, run.answer)
                     )
+                    await self._rubric(expect, turn, run, f"turn {number}: ")
                 if last:
                     run.failures.extend(check_answer(case.expect, run.answer))
                     await self._rubric(case.expect, turn, run)
@@ -262,13 +266,22 @@ class Evaluator:
         )
         return result
 
-    async def _rubric(self, expect: Expect, turn: Turn, run: RunResult) -> None:
+    async def _rubric(self, expect: Expect, turn: Turn, run: RunResult, label: str = "") -> None:
+        """Judge ``expect.rubric`` against ``turn``'s answer: a failure with the judge's
+        reason, a note when skipped, a failure when the judge itself failed (the case cannot
+        be said to pass, and the rest of it is still checked)."""
         if expect.rubric is None or run.answer is None:
             return
         if self.judge is None:
-            run.notes.append("rubric not judged: no Gemini key (set GOOGLE_API_KEY)")
+            run.notes.append(f"{label}rubric not judged: {NO_KEY}")
             return
         question = turn.text if turn.text is not None else json.dumps(turn.data)
-        passed, reason = await self.judge.judge(expect.rubric, question, run.answer.shown)
-        if not passed:
-            run.failures.append(f"rubric: {reason}")
+        try:
+            passed, reason = await self.judge.judge(expect.rubric, question, run.answer.shown)
+        except MeshError as exc:
+            run.failures.append(f"{label}rubric not judged, the judge failed: {exc}")
+            return
+        if passed is None:
+            run.notes.append(f"{label}rubric not judged: {reason}")
+        elif not passed:
+            run.failures.append(f"{label}rubric: {reason}")
