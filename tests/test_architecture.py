@@ -18,6 +18,7 @@ BREACHES = {
     "the example agents use only mesh's public facade": ("agents/credit_bureau.py", "import mesh._node", "agents.credit_bureau -> mesh._node"),
     "mesh's layers": ("mesh/_errors.py", "import mesh._node", "mesh._errors -> mesh._node"),
     "each SDK in one place": ("mesh/_remote.py", "import a2a.types", "mesh._remote -> a2a"),
+    "import no Google SDK": ("registry/api.py", "import google.adk", "registry.api -> google"),
 }  # fmt: skip
 
 
