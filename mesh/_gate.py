@@ -1,4 +1,5 @@
-"""``RequestGate``: what a node checks on ``POST /`` (A2A JSON-RPC) before the A2A layer runs.
+"""``RequestGate``: what a node checks on an A2A request before the A2A layer runs: ``POST /``
+(JSON-RPC) and every request under ``/a2a/rest/`` (HTTP+JSON), alike.
 
 In order, each refusal answered at once and nothing stored:
 
@@ -16,13 +17,17 @@ In order, each refusal answered at once and nothing stored:
    nested too deeply are a parse error (-32700), a number no double holds (``1e400``) is invalid
    params (-32602), both naming where they are; a body that is not one JSON-RPC 2.0 request
    (an ``id`` that is an object, a fraction or a boolean, no ``method``...) is -32600 naming
-   the member;
+   the member. On REST the JSON body of a method that has one gets the same strict parse, a
+   refusal being 400 ``INVALID_ARGUMENT``;
 4. new sends while the node drains -> 503.
 
 Then the SDK's route answers (its handler is ``mesh._a2a.handler.MeshRequestHandler``), or for
 a send the fast path takes ``mesh._a2a.fastroute`` with this parse, and the request is counted
-in ``mesh_requests_total`` by method (a closed set: see ``mesh._metrics``). Pure ASGI so SSE
-streams pass through unbuffered. Params the SDK cannot parse (``"message": 5``) are the
+in ``mesh_requests_total`` by method (a closed set: see ``mesh._metrics``): the JSON-RPC method
+name, or the REST method as ``POST /message:send`` (``mesh._a2a.server.REST_METHODS``). The
+gate's own refusals on REST are the binding's error shape
+(``{"error": {"code": 401, "status": "UNAUTHENTICATED", "message": ...}}``); on JSON-RPC they
+stay ``{"error": "...", "status": 401}``. Pure ASGI so SSE streams pass through unbuffered. Params the SDK cannot parse (``"message": 5``) are the
 caller's mistake: the SDK's ERROR record with a traceback for them is dropped (its WARNING line
 with the parse error follows), so callers cannot fill the log with tracebacks.
 """
@@ -32,18 +37,33 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mesh._a2a.server import METHODS, SEND_METHODS
+from mesh._a2a import server
+from mesh._a2a.server import REST_METHODS, REST_PREFIX, SEND_METHODS, rest_method
 from mesh._asgi import BodyTimeout, BodyTooLarge, bearer, read_body, replay
-from mesh._rpc_body import RpcRefused, parse_rpc_body
+from mesh._rpc_body import RpcRefused, parse_json, parse_rpc_body
 
 if TYPE_CHECKING:
     from mesh._node import Node
 
 __all__ = ["METHODS", "RequestGate"]
+
+#: The closed set of the request metrics' method label: JSON-RPC methods and REST methods.
+METHODS = server.METHODS | REST_METHODS
+_REST_ROOT = REST_PREFIX + "/"
+# REST methods whose body is JSON the gate parses (the others have none, or it is ignored).
+_REST_BODIES = frozenset({"POST /message:send", "POST /message:stream"})
+# google.rpc status names of the HTTP statuses the gate answers with, for the REST error shape.
+_STATUS_NAMES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    408: "DEADLINE_EXCEEDED",
+    413: "INVALID_ARGUMENT",
+    503: "UNAVAILABLE",
+}
 
 # The SDK dispatcher's records for a request it refuses (logged with a traceback at ERROR).
 _REFUSAL_RECORDS = frozenset(
@@ -83,7 +103,15 @@ class RequestGate:
             _SDK_DISPATCHER_LOG.addFilter(_NoTracebackForRefusals())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/":
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if path == "/" and scope["method"] == "POST":
+            rest = False
+        elif path.startswith(_REST_ROOT):
+            rest = True
+        else:
             await self.app(scope, receive, send)
             return
         node = self.node
@@ -97,6 +125,7 @@ class RequestGate:
                     "this node needs 'Authorization: Bearer <token>' on A2A calls "
                     "(the mesh token, MESH_TOKEN)",
                     [(b"www-authenticate", b'Bearer realm="mesh"')],
+                    rest=rest,
                 )
                 return
         held = 0
@@ -121,15 +150,19 @@ class RequestGate:
                     timeout_s=settings.body_timeout_s,
                 )
             except BodyTooLarge:
-                await self._too_large(send, limit)
+                await self._too_large(send, limit, rest)
                 return
             except _Busy as busy:
-                await self._busy(send, busy.size)
+                await self._busy(send, busy.size, rest)
                 return
             except BodyTimeout:
-                await self._too_slow(send, held)
+                await self._too_slow(send, held, rest)
                 return
-            if body is not None:
+            if body is None:
+                return
+            if rest:
+                await self._serve_rest(scope, body, receive, send)
+            else:
                 await self._serve(scope, body, receive, send)
         finally:
             self.held_bytes -= held
@@ -153,8 +186,7 @@ class RequestGate:
             return
         method: str = parsed["method"]
         if node.draining and method in SEND_METHODS:
-            node.metrics.request(method, ok=False)
-            await _reply(send, 503, f"{node.agent.name} is shutting down; try another instance")
+            await self._shutting_down(send, method, rest=False)
             return
 
         receive = replay(body, receive)
@@ -187,11 +219,61 @@ class RequestGate:
             ok = status < 400 and not (is_json and first_chunk.startswith(b'{"error"'))
             node.metrics.request(method, ok=ok)
 
-    async def _too_large(self, send: Send, limit: int) -> None:
-        self.node.metrics.request("too_large", ok=False)
-        await _reply(send, 413, f"request body over {limit} bytes (the node's MESH_MAX_BODY_BYTES)")
+    async def _serve_rest(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        node = self.node
+        method = rest_method(scope["method"], scope["path"][len(REST_PREFIX) :]) or "other"
+        parsed: Any = None
+        if method in _REST_BODIES:
+            try:
+                parsed = parse_json(body)
+            except RpcRefused as refused:
+                node.metrics.request("invalid", ok=False)
+                await _reply(send, 400, refused.message, rest=True)
+                return
+        if node.draining and method in SEND_METHODS:
+            await self._shutting_down(send, method, rest=True)
+            return
 
-    async def _too_slow(self, send: Send, received: int) -> None:
+        receive = replay(body, receive)
+        del body
+
+        status = 200
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        service = node.service
+        fast = service.fastroute if service is not None and method == "POST /message:send" else None
+        try:
+            with node.exchanges:
+                if fast is None or not await fast.serve_rest(parsed, scope, receive, watch):
+                    del parsed
+                    await self.app(scope, receive, watch)
+        finally:
+            # REST errors are HTTP errors (an error inside a stream is not seen here, as on
+            # JSON-RPC).
+            node.metrics.request(method, ok=status < 400)
+
+    async def _shutting_down(self, send: Send, method: str, *, rest: bool) -> None:
+        node = self.node
+        node.metrics.request(method, ok=False)
+        await _reply(
+            send, 503, f"{node.agent.name} is shutting down; try another instance", rest=rest
+        )
+
+    async def _too_large(self, send: Send, limit: int, rest: bool) -> None:
+        self.node.metrics.request("too_large", ok=False)
+        await _reply(
+            send,
+            413,
+            f"request body over {limit} bytes (the node's MESH_MAX_BODY_BYTES)",
+            rest=rest,
+        )
+
+    async def _too_slow(self, send: Send, received: int, rest: bool) -> None:
         self.node.metrics.request("body_timeout", ok=False)
         timeout = self.node.settings.body_timeout_s
         # Closed: the rest of a body that stalled is not worth reading.
@@ -201,9 +283,10 @@ class RequestGate:
             f"the request body did not arrive within {timeout:g} s ({received} bytes did; the "
             f"node's MESH_BODY_TIMEOUT); send the whole body at once",
             [(b"connection", b"close")],
+            rest=rest,
         )
 
-    async def _busy(self, send: Send, size: int) -> None:
+    async def _busy(self, send: Send, size: int, rest: bool) -> None:
         self.node.metrics.request("busy", ok=False)
         settings = self.node.settings
         await _reply(
@@ -214,17 +297,27 @@ class RequestGate:
             f"{settings.max_inflight_bytes}); "
             "retry shortly or send to another instance",
             [(b"retry-after", b"1")],
+            rest=rest,
         )
 
 
-def _json_error(status: int, message: str) -> bytes:
+def _json_error(status: int, message: str, *, rest: bool) -> bytes:
+    if rest:
+        # The HTTP+JSON binding's error shape (what the SDK's REST routes answer with).
+        error = {"code": status, "status": _STATUS_NAMES.get(status, "UNKNOWN"), "message": message}
+        return json.dumps({"error": error}).encode()
     return json.dumps({"error": message, "status": status}).encode()
 
 
 async def _reply(
-    send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None
+    send: Send,
+    status: int,
+    message: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    *,
+    rest: bool = False,
 ) -> None:
-    await _send(send, status, _json_error(status, message), headers)
+    await _send(send, status, _json_error(status, message, rest=rest), headers)
 
 
 async def _send(

@@ -106,6 +106,16 @@ class NodeMetrics:
             ["agent", "method", "outcome"],
             registry=r,
         )
+        self.fastpath_sends = Counter(
+            "mesh_fastpath_sends_total",
+            "Blocking sends the node's gate answered on the fast path (mesh._a2a.fastroute), "
+            "by A2A binding.",
+            ["agent", "binding"],
+            registry=r,
+        )
+        self._fastpath_sends = {
+            b: self.fastpath_sends.labels(agent, b) for b in ("jsonrpc", "rest")
+        }
         self.tasks = Counter(
             "mesh_tasks_total", "Tasks finished.", ["agent", "skill", "outcome"], registry=r
         )
@@ -189,6 +199,10 @@ class NodeMetrics:
         if self._methods is not None and method not in self._methods:
             method = OTHER
         self.requests.labels(self.agent, method, "ok" if ok else "error").inc()
+
+    def fastpath_send(self, binding: Literal["jsonrpc", "rest"]) -> None:
+        """One blocking send answered on the fast path, over ``binding``."""
+        self._fastpath_sends[binding].inc()
 
     def task_started(self) -> None:
         self.tasks_in_flight.labels(self.agent).inc()

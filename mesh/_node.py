@@ -3,7 +3,8 @@
     node = Node(agent, settings)
     app = node.app          # serve with uvicorn; `mesh serve` does this
 
-Routes: ``/.well-known/agent-card.json`` and ``POST /`` (A2A JSON-RPC, from ``mesh._a2a``),
+Routes: ``/.well-known/agent-card.json``, ``POST /`` (A2A JSON-RPC) and ``/a2a/rest/...`` (A2A
+HTTP+JSON), from ``mesh._a2a``,
 ``/health``, ``/metrics``, ``/introspect``, ``/v1/traces/{trace_id}/tasks`` (the tasks of one trace
 on this node: ``mesh._a2a.traces``). Everything holding a connection (the database, the
 runner's model, the registrar) is opened in the lifespan and closed when it ends.
@@ -129,7 +130,8 @@ class Node:
                 max_text_bytes=self.settings.max_text_bytes,
                 push_networks=self.settings.push_policy,
             )
-            self.service.mount(app)
+            # After the node's own routes (they keep winning over the A2A ones).
+            self.service.mount(app, fixed_url=bool(self.settings.public_url))
             await self._start_registrar()
             self.health.phase = "ready"
             log.info(

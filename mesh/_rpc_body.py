@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["RpcRefused", "parse_rpc_body"]
+__all__ = ["RpcRefused", "parse_json", "parse_rpc_body"]
 
 # An id of a JSON-RPC request is a string, a number or null (bool is an int to Python).
 _RpcId = str | int | None
@@ -71,6 +71,14 @@ def parse_rpc_body(body: bytes) -> dict[str, Any]:
     """The JSON-RPC request in ``body``, or ``RpcRefused`` (-32700 not JSON, -32602 a number no
     double holds, -32600 not a JSON-RPC 2.0 request) naming what and where. One parse, as fast
     as ``json.loads``: the hooks run only on non-integer numbers and on the non-JSON constants."""
+    data = parse_json(body)
+    _check_envelope(data)
+    return data  # type: ignore[no-any-return]
+
+
+def parse_json(body: bytes) -> Any:
+    """The JSON value in ``body``, strictly (``parse_rpc_body`` without the envelope: a REST
+    body), or ``RpcRefused`` (-32700 not JSON, -32602 a number no double holds)."""
     try:
         text = body.decode(json.detect_encoding(body), "surrogatepass")
         data = _STRICT.decode(text)
@@ -87,8 +95,7 @@ def parse_rpc_body(body: bytes) -> dict[str, Any]:
     except ValueError:
         # _NotFinite, or an integer longer than Python converts (4300 digits).
         raise _locate(body) from None
-    _check_envelope(data)
-    return data  # type: ignore[no-any-return]
+    return data
 
 
 _ID_TYPES = (str, int, type(None))  # exact types: a bool is an int to isinstance

@@ -43,12 +43,14 @@ from mesh._skills import Skill
 __all__ = [
     "CARD_CACHE_CONTROL",
     "JSON_MODE",
+    "REST_PREFIX",
     "SKILL_SCHEMA_EXTENSION",
     "TEXT_MODE",
     "agent_tags",
     "build_card",
     "card_from_dict",
     "card_to_dict",
+    "interfaces",
     "skill_schemas",
 ]
 
@@ -57,6 +59,9 @@ CARD_CACHE_CONTROL = "public, max-age=30"
 JSON_MODE = "application/json"
 TEXT_MODE = "text/plain"
 BEARER_SCHEME = "bearer"
+#: Where a node serves A2A's HTTP+JSON (REST) binding: ``{url}/a2a/rest/message:send``...
+#: (JSON-RPC is at ``{url}/``). A prefix, so the REST paths never meet the node's own routes.
+REST_PREFIX = "/a2a/rest"
 
 
 _TASKS = AgentExtension(
@@ -81,8 +86,21 @@ def _agent_skill(skill: Skill) -> AgentSkill:
     )
 
 
+def interfaces(url: str) -> list[AgentInterface]:
+    """The interfaces of a node at base ``url``: JSON-RPC first (the SDK's client takes the
+    first binding it supports, and every client supports JSON-RPC), then HTTP+JSON."""
+    base = url.rstrip("/")
+    return [
+        AgentInterface(url=base, protocol_binding="JSONRPC", protocol_version="1.0"),
+        AgentInterface(
+            url=base + REST_PREFIX, protocol_binding="HTTP+JSON", protocol_version="1.0"
+        ),
+    ]
+
+
 def build_card(agent: Agent, url: str, *, bearer: bool = False) -> AgentCard:
-    """The public card of ``agent`` served at base ``url`` (JSON-RPC at ``url + '/'``).
+    """The public card of ``agent`` served at base ``url`` (JSON-RPC at ``url + '/'``, REST at
+    ``url + REST_PREFIX``).
 
     ``bearer``: the node requires ``Authorization: Bearer <MESH_TOKEN>`` on JSON-RPC calls;
     the card declares it so any A2A client knows what to send (never the token itself).
@@ -112,9 +130,7 @@ def build_card(agent: Agent, url: str, *, bearer: bool = False) -> AgentCard:
         name=agent.name,
         description=agent.description or agent.name,
         version=agent.version,
-        supported_interfaces=[
-            AgentInterface(url=url.rstrip("/"), protocol_binding="JSONRPC", protocol_version="1.0")
-        ],
+        supported_interfaces=interfaces(url),
         capabilities=AgentCapabilities(streaming=True, extensions=[extension, _TASKS]),
         default_input_modes=modes,
         default_output_modes=modes,

@@ -1,4 +1,6 @@
-"""``FastRoute``: the JSON-RPC way in to the fast path, for a body the node's gate has parsed.
+"""``FastRoute``: the way in to the fast path for a body the node's gate has parsed, on both
+bindings: JSON-RPC ``SendMessage`` (``serve``) and HTTP+JSON ``POST /message:send``
+(``serve_rest``).
 
 The SDK's JSON-RPC route reads and parses the body again, validates it and builds the call
 context before it calls the handler: about 0.13 ms of CPU per request, a tenth of what a node
@@ -9,31 +11,36 @@ pieces: ``ParseDict`` into ``SendMessageRequest``, the ``A2A-Version`` check
 ``on_message_send`` (idempotency, then ``FastPath``), and the answer or error body
 (``build_error_response``). Every other request (a malformed one included: it gets the SDK's
 own error) goes on to the SDK's route untouched: ``serve`` returns False before sending
-anything.
+anything. The REST answer is what the SDK's REST route sends: ``application/a2a+json`` with the
+``SendMessageResponse``, or the binding's error payload (``build_rest_error_payload``) with its
+HTTP status. Each request answered here counts in ``mesh_fastpath_sends_total`` by binding.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import build_error_response
 from a2a.server.routes import DefaultServerCallContextBuilder
 from a2a.types import SendMessageRequest, SendMessageResponse, Task
 from a2a.utils import constants
+from a2a.utils.error_handlers import build_rest_error_payload
 from a2a.utils.errors import A2AError, InternalError
 from a2a.utils.version_validator import validate_version
 from google.protobuf.json_format import MessageToDict, ParseDict
 from jsonrpc.jsonrpc2 import JSONRPC20Response  # type: ignore[import-untyped]
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from mesh._a2a.fastpath import TAKEN, FastPath
 from mesh._a2a.handler import MeshRequestHandler
 
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
+
+    from mesh._metrics import NodeMetrics
 
 __all__ = ["FastRoute"]
 
@@ -44,8 +51,11 @@ class FastRoute:
     """Answers the JSON-RPC ``SendMessage`` requests ``fastpath`` takes (see the module
     docstring) through ``handler``."""
 
-    def __init__(self, handler: MeshRequestHandler, fastpath: FastPath) -> None:
+    def __init__(
+        self, handler: MeshRequestHandler, fastpath: FastPath, metrics: NodeMetrics | None = None
+    ) -> None:
         self.fastpath = fastpath
+        self.metrics = metrics
         # The route's version check, as the SDK's route applies it to the same call.
         self._send = validate_version(constants.PROTOCOL_VERSION_1_0)(handler.on_message_send)
         self._contexts = DefaultServerCallContextBuilder()
@@ -59,9 +69,7 @@ class FastRoute:
         request_id, params = prepared
         if not self.fastpath.takes(params):
             return False
-        context = self._contexts.build(Request(scope))
-        context.state[TAKEN] = True  # decided: the handler need not ask again
-        context.tenant = params.tenant
+        context = self._context(scope, params)
         context.state["method"] = "SendMessage"
         context.state["request_id"] = request_id
         try:
@@ -74,7 +82,37 @@ class FastRoute:
             log.exception("SendMessage failed")
             data = build_error_response(request_id, InternalError(message=str(exc)))
         await JSONResponse(data)(scope, receive, send)
+        self._count("jsonrpc")
         return True
+
+    async def serve_rest(self, body: Any, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer ``body`` (the parsed JSON of a REST ``POST /message:send``) when the fast path
+        takes it; False, with nothing sent, when the SDK's REST route must handle it."""
+        params = self._params(body)
+        if params is None or not self.fastpath.takes(params):
+            return False
+        context = self._context(scope, params)
+        response: Response
+        try:
+            response = _A2AJSONResponse(await self._call(params, context))
+        except Exception as exc:
+            if not isinstance(exc, A2AError):
+                log.exception("SendMessage failed")  # as the SDK's REST route logs it
+            payload = build_rest_error_payload(exc)
+            response = JSONResponse(payload, status_code=int(payload["error"]["code"]))
+        await response(scope, receive, send)
+        self._count("rest")
+        return True
+
+    def _context(self, scope: Scope, params: SendMessageRequest) -> ServerCallContext:
+        context = self._contexts.build(Request(scope))
+        context.state[TAKEN] = True  # decided: the handler need not ask again
+        context.tenant = params.tenant
+        return context
+
+    def _count(self, binding: Literal["jsonrpc", "rest"]) -> None:
+        if self.metrics is not None:
+            self.metrics.fastpath_send(binding)
 
     async def _call(self, params: SendMessageRequest, context: ServerCallContext) -> Any:
         answer = await self._send(params, context)
@@ -91,7 +129,13 @@ class FastRoute:
         request_id = body.get("id")
         if isinstance(request_id, bool) or not isinstance(request_id, str | int):
             return None
-        raw = body.get("params")
+        params = self._params(body.get("params"))
+        return None if params is None else (request_id, params)
+
+    @staticmethod
+    def _params(raw: Any) -> SendMessageRequest | None:
+        """``raw`` (the JSON of a ``SendMessageRequest``) parsed, or None when the SDK's route
+        must answer it (a follow-up, or params it refuses with its own error)."""
         if not isinstance(raw, dict):
             return None
         message = raw.get("message")
@@ -103,4 +147,10 @@ class FastRoute:
             ParseDict(raw, params, ignore_unknown_fields=True)
         except Exception:
             return None  # the SDK's route answers with its own error
-        return request_id, params
+        return params
+
+
+class _A2AJSONResponse(JSONResponse):
+    """The SDK's REST answers' media type."""
+
+    media_type = constants.A2A_JSON_MEDIA_TYPE

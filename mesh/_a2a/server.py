@@ -3,7 +3,7 @@
 Built inside the node's lifespan, because the store needs the open database:
 
     service = await A2AService.create(agent, url=..., db=db, runner=runner, metrics=metrics)
-    service.mount(app)                 # GET /.well-known/agent-card.json, POST / (JSON-RPC)
+    service.mount(app)    # GET /.well-known/agent-card.json, POST / (JSON-RPC), /a2a/rest/...
     ...
     await service.drain(20)    # wait for in-flight tasks; past 20 s they end FAILED (shutdown)
     await service.aclose()
@@ -12,23 +12,38 @@ Built inside the node's lifespan, because the store needs the open database:
 ``interrupted``: it crashed or was killed while they ran), before any request is served. With the
 SQLite store it also serves A2A push notifications (``mesh._a2a.push``): the card says
 ``capabilities.pushNotifications``, and the outbox's worker runs from ``create`` to ``aclose``.
+
+Two A2A bindings on the same handler: JSON-RPC at ``POST /`` and HTTP+JSON (REST) under
+``REST_PREFIX`` (``/a2a/rest/message:send``, ``/a2a/rest/tasks/{id}``...), both in the card's
+``supportedInterfaces``, JSON-RPC first. The SDK's REST routes come without their ``/{tenant}``
+mount (a node serves one agent, no tenants; the mount would catch every ``/x/...`` path), and a
+path under the prefix that is no REST method gets the binding's ``MethodNotFoundError`` (404,
+``METHOD_NOT_FOUND``) instead of Starlette's plain 404/405. The card is served per origin
+(``mesh._a2a.card_route``).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING
 
 from a2a.server.routes import (
     add_a2a_routes_to_fastapi,
-    create_agent_card_routes,
     create_jsonrpc_routes,
+    create_rest_routes,
 )
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 from a2a.server.tasks import InMemoryTaskStore, TaskStore
 from a2a.types import AgentCard
+from a2a.utils.error_handlers import build_rest_error_payload
+from a2a.utils.errors import MethodNotFoundError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route
 
-from mesh._a2a.card import CARD_CACHE_CONTROL, build_card
+from mesh._a2a.card import REST_PREFIX, build_card
+from mesh._a2a.card_route import CardRoute
 from mesh._a2a.dispatcher import SkillDispatcher, TurnRunner
 from mesh._a2a.executor import MeshExecutor
 from mesh._a2a.fastroute import FastRoute
@@ -46,15 +61,51 @@ from mesh._sqlite import Database
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["METHODS", "SEND_METHODS", "STOP_WAIT_S", "A2AService"]
+__all__ = [
+    "METHODS",
+    "REST_METHODS",
+    "REST_PREFIX",
+    "SEND_METHODS",
+    "STOP_WAIT_S",
+    "A2AService",
+    "rest_method",
+]
 
 log = logging.getLogger("mesh._a2a")
 
 #: Every JSON-RPC method the SDK's route answers: the closed set of the request metrics' method
 #: label (mesh._gate).
 METHODS = frozenset(JsonRpcDispatcher.METHOD_TO_MODEL)
-#: JSON-RPC methods that start work (refused while a node drains).
-SEND_METHODS = frozenset({"SendMessage", "SendStreamingMessage"})
+#: The REST methods, as the request metrics' method label names them: the HTTP method and the
+#: path template under ``REST_PREFIX`` (``POST /message:send``), in the SDK's route order (a
+#: path matches the first template whose method fits, as Starlette routes it).
+_REST_TEMPLATES = (
+    ("POST", "/message:send"),
+    ("POST", "/message:stream"),
+    ("POST", "/tasks/{id}:cancel"),
+    ("GET", "/tasks/{id}:subscribe"),
+    ("POST", "/tasks/{id}:subscribe"),
+    ("GET", "/tasks/{id}"),
+    ("GET", "/tasks/{id}/pushNotificationConfigs/{push_id}"),
+    ("DELETE", "/tasks/{id}/pushNotificationConfigs/{push_id}"),
+    ("POST", "/tasks/{id}/pushNotificationConfigs"),
+    ("GET", "/tasks/{id}/pushNotificationConfigs"),
+    ("GET", "/tasks"),
+    ("GET", "/extendedAgentCard"),
+)
+_REST_PATTERNS = tuple(
+    (
+        verb,
+        re.compile("^" + re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", re.escape(template)) + "$"),
+        f"{verb} {template}",
+    )
+    for verb, template in _REST_TEMPLATES
+)
+REST_METHODS = frozenset(label for _, _, label in _REST_PATTERNS)
+#: Methods that start work (refused while a node drains), on either binding.
+SEND_METHODS = frozenset(
+    {"SendMessage", "SendStreamingMessage", "POST /message:send", "POST /message:stream"}
+)
 #: How long a drain waits, once the grace ran out, for the cut tasks to write their end.
 STOP_WAIT_S = 5.0
 
@@ -73,6 +124,7 @@ class A2AService:
         *,
         store: SqliteTaskStore | None = None,
         push: PushParts | None = None,
+        metrics: NodeMetrics | None = None,
     ) -> None:
         self.agent = agent
         self.url = url
@@ -86,7 +138,7 @@ class A2AService:
         #: when the handler has no fast path.
         self.fastroute: FastRoute | None = None
         if handler.fastpath is not None:
-            self.fastroute = FastRoute(handler, handler.fastpath)
+            self.fastroute = FastRoute(handler, handler.fastpath, metrics)
 
     @classmethod
     async def create(
@@ -155,13 +207,27 @@ class A2AService:
             await push.outbox.start()
         if recovery is not None:
             _pick_up(recovery, handler)
-        return cls(agent, url, executor, handler, card, store=sqlite_store, push=push)
+        return cls(
+            agent, url, executor, handler, card, store=sqlite_store, push=push, metrics=metrics
+        )
 
-    def mount(self, app: FastAPI) -> None:
+    def mount(self, app: FastAPI, *, fixed_url: bool = False) -> None:
+        """Add the card, JSON-RPC and REST routes to ``app``, after the routes it has (they
+        keep winning). ``fixed_url``: the card always names ``url`` (``MESH_PUBLIC_URL`` is
+        set) instead of following the caller's loopback origin."""
+        app.router.routes.append(CardRoute(self.card, self.url, fixed=fixed_url).route())
+        rest = [
+            r
+            for r in create_rest_routes(self.handler, path_prefix=REST_PREFIX)
+            if not isinstance(r, Mount)  # the /{tenant} mount: no tenants here
+        ]
         add_a2a_routes_to_fastapi(
             app,
-            agent_card_routes=create_agent_card_routes(self.card, cache_control=CARD_CACHE_CONTROL),
             jsonrpc_routes=create_jsonrpc_routes(self.handler, rpc_url="/"),
+            rest_routes=rest,
+        )
+        app.router.routes.append(
+            Route(REST_PREFIX + "/{path:path}", _no_such_rest_method, methods=_EVERY_VERB)
         )
 
     @property
@@ -191,6 +257,31 @@ class A2AService:
             ended = await self.store.end_in_flight(then=IdempotencyKeys.release_ended)
             if ended:
                 log.warning("%d unfinished task(s) saved as FAILED (shutdown)", len(ended))
+
+
+_EVERY_VERB = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def rest_method(verb: str, path: str) -> str | None:
+    """The REST method (a ``REST_METHODS`` label) a request for ``path`` (under
+    ``REST_PREFIX``) with HTTP method ``verb`` calls, or None when it calls none."""
+    if verb == "HEAD":
+        verb = "GET"
+    for method, pattern, label in _REST_PATTERNS:
+        if method == verb and pattern.match(path):
+            return label
+    return None
+
+
+async def _no_such_rest_method(request: Request) -> Response:
+    """The HTTP+JSON binding's answer for a path or HTTP method it does not define."""
+    path = request.url.path.removeprefix(REST_PREFIX)
+    error = MethodNotFoundError(
+        message=f"no A2A method is '{request.method} {path}' on the HTTP+JSON binding; the "
+        f"methods are {', '.join(label for _, _, label in _REST_PATTERNS)} (under {REST_PREFIX})"
+    )
+    payload = build_rest_error_payload(error)
+    return JSONResponse(payload, status_code=int(payload["error"]["code"]))
 
 
 def _pick_up(recovery: Recovery, handler: MeshRequestHandler) -> None:
