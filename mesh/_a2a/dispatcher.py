@@ -18,7 +18,7 @@ import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -28,6 +28,9 @@ from mesh._events import Event
 from mesh._pending import PendingTurn
 from mesh._skills import TEXT_SKILL_ID, Skill, SkillContext
 from mesh._types import Usage
+
+if TYPE_CHECKING:
+    from mesh._a2a.json_text import JsonText
 
 __all__ = [
     "Outcome",
@@ -158,8 +161,20 @@ class SkillDispatcher:
         self._skills = {s.id: s for s in agent.all_skills}
         self._typed = [s for s in agent.all_skills if s.typed]
 
-    def resolve(self, skill_id: str | None, *, has_data: bool, has_text: bool) -> Skill:
-        """Which skill a request names (or implies). Raises ``SkillInputError`` with the fix."""
+    def resolve(
+        self,
+        skill_id: str | None,
+        *,
+        has_data: bool,
+        has_text: bool,
+        text_object: JsonText | None = None,
+    ) -> Skill:
+        """Which skill a request names (or implies). Raises ``SkillInputError`` with the fix.
+
+        ``text_object``: the JSON object the request's text holds (``mesh._a2a.json_text``),
+        None when its text does not look like one. Such text goes to a typed skill: the only
+        one, or the single one whose input schema the object is valid against; other text goes
+        to ``chat``."""
         if skill_id:
             found = self._skills.get(skill_id)
             if found is None:
@@ -177,16 +192,67 @@ class SkillDispatcher:
                 "metadata field 'skill' is required with a data part: "
                 f"{self.agent.name} has typed skills " + ", ".join(s.id for s in self._typed)
             )
+        if text_object is not None and self._typed:
+            if text_object.value is not None:
+                return self._by_schema(text_object.value)
+            if TEXT_SKILL_ID not in self._skills:
+                raise SkillInputError(f"{text_object.problem}: {self._typed_need()}")
         if has_text and TEXT_SKILL_ID in self._skills:
             return self._skills[TEXT_SKILL_ID]
-        if has_text and len(self._typed) == 1:
-            raise SkillInputError(
-                f"skill '{self._typed[0].id}' expects a data part (application/json) "
-                "matching its input schema, not text"
-            )
+        if has_text and self._typed:
+            raise SkillInputError(f"got text that is not a JSON object: {self._typed_need()}")
         raise SkillInputError(
             "the message needs a data part (typed skill) or text parts (chat), and metadata "
             "field 'skill' naming one of: " + ", ".join(sorted(self._skills))
+        )
+
+    def _typed_need(self) -> str:
+        """What a typed skill of this agent takes (the end of a rejection)."""
+        if len(self._typed) == 1:
+            return (
+                f"skill '{self._typed[0].id}' expects a data part (application/json), or one "
+                "text part holding a JSON object, matching its input schema"
+            )
+        return (
+            f"{self.agent.name}'s typed skills ("
+            + ", ".join(s.id for s in self._typed)
+            + ") expect a data part (application/json), or one text part holding a JSON "
+            "object, matching the input schema of the skill named in metadata field 'skill'"
+        )
+
+    def _by_schema(self, value: dict[str, Any]) -> Skill:
+        """The typed skill for a JSON object sent as text: the only typed skill (its input
+        is validated next, naming the field), or the single one whose schema it matches."""
+        if len(self._typed) == 1:
+            return self._typed[0]
+        matched: list[Skill] = []
+        problems: list[str] = []
+        for candidate in self._typed:
+            try:
+                self.validate_input(candidate, value)
+            except SkillInputError as exc:
+                problems.append(f"{candidate.id} ({exc.args[0].split(': ', 1)[-1]})")
+            else:
+                matched.append(candidate)
+        if len(matched) == 1:
+            return matched[0]
+        chat = (
+            f"; for {TEXT_SKILL_ID}, send text that is not a JSON object"
+            if TEXT_SKILL_ID in self._skills
+            else ""
+        )
+        if matched:
+            raise SkillInputError(
+                "the JSON object matches the input schema of several skills: "
+                + ", ".join(s.id for s in matched)
+                + "; name one in metadata field 'skill'"
+                + chat
+            )
+        raise SkillInputError(
+            "the JSON object matches the input schema of none of the typed skills: "
+            + "; ".join(problems)
+            + "; fix the object, or name the skill in metadata field 'skill'"
+            + chat
         )
 
     def validate_input(self, skill: Skill, data: Any) -> BaseModel:

@@ -48,6 +48,7 @@ from pydantic import BaseModel
 from mesh._a2a.card import JSON_MODE, TEXT_MODE
 from mesh._a2a.dispatcher import Outcome, SkillDispatcher, WaitCheck
 from mesh._a2a.idempotency import IdempotencyKeys, MessageKey, message_key
+from mesh._a2a.json_text import json_object
 from mesh._a2a.questions import question_message, question_metadata, waiting_state
 from mesh._a2a.relay import STREAMED, Followers, Relay
 from mesh._a2a.states import INTERRUPTED_STATES
@@ -375,17 +376,29 @@ class MeshExecutor(AgentExecutor):
         parts = list(message.parts) if message is not None else []
         data = get_data_parts(parts)
         texts = get_text_parts(parts)
+        # Text-only clients send a typed skill's input as a JSON object in text.
+        as_text = None if data else json_object(parts)
         skill = self.dispatcher.resolve(
-            req.skill_id or None, has_data=bool(data), has_text=bool(texts)
+            req.skill_id or None,
+            has_data=bool(data),
+            has_text=bool(texts) or as_text is not None,
+            text_object=as_text,
         )
         req.skill_id = skill.id
         if skill.typed:
-            if len(data) != 1:
+            if not data and as_text is not None and as_text.value is not None:
+                value: Any = as_text.value
+            elif len(data) != 1:
+                why = f"got {len(data)} data parts"
+                if not data:
+                    why = as_text.problem if as_text is not None else "got no data part"
                 raise SkillInputError(
-                    f"skill '{skill.id}' expects exactly one data part (application/json) "
-                    f"matching its input schema, got {len(data)}"
+                    f"skill '{skill.id}' expects exactly one data part (application/json), or "
+                    f"one text part holding a JSON object, matching its input schema: {why}"
                 )
-            payload = self.dispatcher.validate_input(skill, data[0])
+            else:
+                value = data[0]
+            payload = self.dispatcher.validate_input(skill, value)
             if skill.llm:
                 # The model's turn is the input as JSON: bounded like a chat message.
                 self._check_turn(skill, payload.model_dump_json())

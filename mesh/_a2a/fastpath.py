@@ -58,6 +58,7 @@ from a2a.utils.errors import (
 from a2a.utils.proto_utils import validate_proto_required_fields
 from a2a.utils.task import validate_history_length
 
+from mesh._a2a.json_text import json_object
 from mesh._a2a.states import TERMINAL_STATES
 from mesh._errors import SkillInputError
 
@@ -190,10 +191,14 @@ class FastPath:
         try:
             req = self.executor.read_request(params.message)
             parts = list(params.message.parts)
+            has_data = bool(get_data_parts(parts))
+            # A typed skill's input as a JSON object in text takes this path too.
+            as_text = None if has_data else json_object(parts)
             skill = self.executor.dispatcher.resolve(
                 req.skill_id or None,
-                has_data=bool(get_data_parts(parts)),
+                has_data=has_data,
                 has_text=bool(get_text_parts(parts)),
+                text_object=as_text,
             )
         except SkillInputError:
             return False
