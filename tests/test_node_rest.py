@@ -5,8 +5,10 @@ unknown methods and unsupported versions on both bindings."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -296,3 +298,53 @@ async def test_a_rest_body_over_the_limit_is_refused(tmp_path: Path) -> None:
             )
             assert r.status_code == 413, r.text
             assert "MESH_MAX_BODY_BYTES" in r.json()["error"]["message"]
+
+
+def test_a_draining_node_refuses_new_rest_sends(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    calls = tmp_path / "calls.txt"
+    env = clean_env(NODE_TEST_CALLS=str(calls))
+    argv = ["mesh", "serve", "tests.node_agents:agent", "--port", str(port)]
+    argv += ["--data-dir", str(tmp_path / "data"), "--grace", "10"]
+    headers = {"A2A-Version": "1.0"}
+
+    def message(data: dict[str, Any], skill: str) -> dict[str, Any]:
+        return {
+            "message": {
+                "role": "ROLE_USER",
+                "messageId": uuid.uuid4().hex,
+                "parts": [{"data": data}],
+                "metadata": {"skill": skill},
+            }
+        }
+
+    with (
+        running(argv, name="draining", tmp=tmp_path, env=env, health=url + "/health") as proc,
+        httpx.Client(timeout=30, trust_env=False) as client,
+        httpx.Client(timeout=30, trust_env=False) as other,
+        ThreadPoolExecutor(max_workers=1) as pool,
+    ):
+        client.get(url + "/health")  # a keep-alive connection, reused after the signal
+        pending = pool.submit(
+            other.post,
+            url + REST + "/message:send",
+            json=message({"seconds": 1.5}, "slow"),
+            headers=headers,
+        )
+        wait_for(lambda: calls.exists() and "slow start" in calls.read_text(), what="task start")
+        proc.popen.send_signal(signal.SIGTERM)
+        wait_for(lambda: client.get(url + "/health").status_code == 503, what="draining")
+        for path in ("/message:send", "/message:stream"):
+            refused = client.post(
+                url + REST + path, json=message({"key": "late"}, "echo"), headers=headers
+            )
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["status"] == "UNAVAILABLE"
+            assert "shutting down" in refused.json()["error"]["message"]
+        # Reads are still answered while the node drains.
+        assert client.get(url + REST + "/tasks", headers=headers).status_code == 200
+        answer = pending.result(timeout=20)
+        assert answer.json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED", answer.text
+        assert proc.popen.wait(20) == 0
+    assert "echo late" not in calls.read_text()
