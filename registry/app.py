@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -24,13 +25,15 @@ from starlette.routing import Match
 
 from mesh._errors import StoreError
 from mesh._netguard import create_http_client
-from registry import api, page
+from registry import api, console, page
 from registry.card import MAX_CONCURRENT_CARD_FETCHES
 from registry.catalog import Catalog
 from registry.gate import Gate
 from registry.introspect import introspect
 from registry.metrics import CountRequests, RegistryMetrics
+from registry.operator import Sessions
 from registry.prober import MAX_CONCURRENT_PROBES, Prober
+from registry.reach import Reach
 from registry.settings import FLEET_LIMIT, RegistrySettings
 from registry.sqlite_store import SqliteRegistryStore
 from registry.state import RegistryState
@@ -115,6 +118,8 @@ def create_app(
             holds=min(settings.max_instances, FLEET_LIMIT),
             metrics=metrics,
         )
+        started_at = time.time()
+        reach = Reach(settings, started_at=started_at)
         app.state.registry = RegistryState(
             settings=settings,
             store=owned_store,
@@ -123,6 +128,9 @@ def create_app(
             prober=prober,
             metrics=metrics,
             fetch_slots=asyncio.Semaphore(MAX_CONCURRENT_CARD_FETCHES),
+            reach=reach,
+            sessions=Sessions(settings.token),
+            started_at=started_at,
         )
         await prober.start()
         log.info(
@@ -146,6 +154,7 @@ def create_app(
             yield
         finally:
             await prober.aclose()
+            await reach.aclose()
             await http.aclose()
             if store is None:
                 await owned_store.aclose()
@@ -247,6 +256,7 @@ def create_app(
 
     app.include_router(api.router)
     app.include_router(page.router)
+    app.include_router(console.router)
     return app
 
 

@@ -4,7 +4,7 @@ alias that runs ``python -m registry`` in its own process).
     mesh-registry --port 8400 --data-dir .mesh/registry
 
 Flags win over the environment (``MESH_REGISTRY_TOKEN``, ``MESH_REGISTRY_ALLOW_NETWORKS``,
-``CONSUL_HTTP_TOKEN``: ``RegistryEnvironment``), which wins over the defaults. Exit codes:
+``CONSUL_HTTP_TOKEN``, ``MESH_TOKEN``: ``RegistryEnvironment``), which wins over the defaults. Exit codes:
 
     0    stopped
     2    a flag argparse refused (usage on stderr)
@@ -166,6 +166,7 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
         ),
         allow_networks=env.allow_networks,
         max_instances=args.max_instances,
+        mesh_token=env.mesh_token.get_secret_value() if env.mesh_token else None,
     )
 
 

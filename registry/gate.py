@@ -6,6 +6,9 @@ Pure ASGI (the node's ``mesh._gate.RequestGate`` is its twin; both read a reques
 - a write (any method but GET, HEAD, OPTIONS) needs ``Authorization: Bearer <token>`` when the
   registry has a token: 401 without it, 403 with a wrong one, answered BEFORE the body is read,
   so an anonymous client cannot make the registry buffer anything;
+- except the console's forms (``/console/...``): a browser cannot send a bearer token, so those
+  routes check the operator's session, its CSRF token and the origin instead
+  (``registry.operator``), and refuse everything when the registry has no token;
 - a body is at most ``max_body_bytes``: a larger declared ``Content-Length`` is refused at once,
   and a streamed (chunked) body as soon as it passes the limit, with 413.
 
@@ -23,9 +26,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mesh._asgi import BodyTooLarge, bearer, read_body, replay
 from registry.metrics import RegistryMetrics
 
-__all__ = ["Gate"]
+__all__ = ["CONSOLE_PREFIX", "Gate"]
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# The console's forms: checked by their routes (``registry.operator``), not with a bearer token.
+CONSOLE_PREFIX = "/console/"
 
 
 class Gate:
@@ -48,7 +53,11 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.token is not None and scope["method"] not in _SAFE_METHODS:
+        if (
+            self.token is not None
+            and scope["method"] not in _SAFE_METHODS
+            and not str(scope.get("path", "")).startswith(CONSOLE_PREFIX)
+        ):
             given = bearer(scope)
             if not given:
                 await self._refuse(

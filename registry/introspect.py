@@ -78,6 +78,7 @@ async def introspect(state: RegistryState) -> dict[str, Any]:
             "data_dir": str(s.data_dir),
             "writes": "need the token" if s.token else "open",
             "consul_token": "set" if s.consul_token else "unset",
+            "mesh_token": "set" if s.mesh_token else "unset",
             "allow_networks": s.network_policy.spec,
             "card_timeout_s": s.card_timeout_s,
             "max_body_bytes": s.max_body_bytes,

@@ -26,11 +26,12 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from mesh._stats import WINDOW_S
 from registry.catalog import AgentView
+from registry.recent import recent_tasks
 from registry.schema_view import schema_rows
 from registry.state import RegistryState, get_state
 from registry.topology import BOX_H, BOX_W, AgentLive, Topology, layout
 
-__all__ = ["REFRESH_S", "router"]
+__all__ = ["REFRESH_S", "render", "router"]
 
 REFRESH_S = 3
 
@@ -99,6 +100,15 @@ def _environment() -> Environment:
 _templates = Jinja2Templates(env=_environment())
 
 
+def render(
+    request: Request, name: str, context: dict[str, Any], *, status: int = 200
+) -> HTMLResponse:
+    """A page of the console (never cached: it is live)."""
+    return _templates.TemplateResponse(
+        request, name, context, status_code=status, headers=_NO_STORE
+    )
+
+
 @router.get("/", response_class=HTMLResponse)
 async def index(
     request: Request, state: State, q: str = "", skill: str = "", tag: str = ""
@@ -144,4 +154,6 @@ async def agent_page(request: Request, name: str, state: State) -> HTMLResponse:
     context["window_s"] = WINDOW_S
     context["title"] = f"{view.agent.name} · mesh registry"
     context["card_json"] = json.dumps(view.agent.card, indent=2, sort_keys=True)
+    # Asked of the agent's nodes now, while its page is open (registry.recent).
+    context["recent"] = await recent_tasks(state, name)
     return _templates.TemplateResponse(request, "agent.html", context, headers=_NO_STORE)

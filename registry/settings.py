@@ -51,7 +51,8 @@ def _network_policy(value: object) -> object:
 
 
 class RegistryEnvironment(BaseSettings):
-    """``MESH_REGISTRY_TOKEN``, ``MESH_REGISTRY_ALLOW_NETWORKS`` and ``CONSUL_HTTP_TOKEN``, read
+    """``MESH_REGISTRY_TOKEN``, ``MESH_REGISTRY_ALLOW_NETWORKS``, ``CONSUL_HTTP_TOKEN`` and
+    ``MESH_TOKEN``, read
     from the environment by pydantic-settings; keyword arguments (the flags) win over them. An
     empty variable counts as unset. A bad value is a ``pydantic.ValidationError`` listing every
     one, located by the variable's name (by the field's name for a keyword)."""
@@ -72,6 +73,9 @@ class RegistryEnvironment(BaseSettings):
         Field(default=None, validation_alias="MESH_REGISTRY_ALLOW_NETWORKS")
     )
     consul_token: SecretStr | None = Field(default=None, validation_alias="CONSUL_HTTP_TOKEN")
+    # The nodes' token, sent only to the instances ``registry.reach`` trusts (the console's
+    # views of tasks ask the nodes with it).
+    mesh_token: SecretStr | None = Field(default=None, validation_alias="MESH_TOKEN")
     # TLS to Consul (consul+https://), as Consul's CLI reads it.
     consul_cacert: Path | None = Field(default=None, validation_alias="CONSUL_CACERT")
     consul_client_cert: Path | None = Field(default=None, validation_alias="CONSUL_CLIENT_CERT")
@@ -125,6 +129,9 @@ class RegistrySettings:
     # Instances held at most (``--max-instances``): a new one beyond is 503 ``registry_full``.
     # It bounds the store, the page and every metric label set.
     max_instances: int = 10_000
+    # The nodes' ``MESH_TOKEN``: the console asks trusted instances for tasks with it
+    # (``registry.reach``).
+    mesh_token: str | None = None
 
     @property
     def network_policy(self) -> NetworkPolicy:

@@ -11,7 +11,9 @@ from starlette.requests import Request
 
 from registry.catalog import Catalog
 from registry.metrics import RegistryMetrics
+from registry.operator import Sessions
 from registry.prober import Prober
+from registry.reach import Reach
 from registry.settings import RegistrySettings
 from registry.store import RegistryStore
 
@@ -28,6 +30,10 @@ class RegistryState:
     metrics: RegistryMetrics
     # Registrations whose fetches (card, /health) may run at once (``registry.api``).
     fetch_slots: asyncio.Semaphore
+    # Which instances the console may ask for tasks, and the client it asks through.
+    reach: Reach
+    # The operator's sessions on the console (its writes: ``registry.operator``).
+    sessions: Sessions
     started_at: float = field(default_factory=time.time)
 
 

@@ -1,0 +1,343 @@
+"""The console's views of tasks on the real loan desk (registry, bureau, verifier, underwriter,
+officer; a write token and a mesh token): one request's path, an agent's recent tasks, the
+approval inbox answered from the page, in real headless Chromium; the writes refused without
+the operator's credential or from another site; the mesh token never sent to an instance the
+registry has no reason to trust."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from mesh._a2a.client import A2APeer
+from mesh._a2a.results import TaskResult
+from mesh._discovery.base import Status
+from mesh._tracing import trace_id_of
+from registry.reach import Reach
+from registry.settings import RegistrySettings
+from registry.store import InstanceRecord
+from tests.registry_support import start_node
+from tests.support import clean_env, free_port, running, wait_for, wait_until_ok
+from tests.test_browser import page  # noqa: F401 - page is the Chromium fixture
+from tests.test_console import shot
+from tests.test_delegation_e2e import QUESTION
+from tests.test_loan_desk_underwriter import BIG
+
+pytestmark = pytest.mark.integration
+
+WRITE = "console-write-token-0123456789abcdef"
+MESH = "console-mesh-token-0123456789abcdef"
+T = TypeVar("T")
+
+
+@dataclass
+class Desk:
+    registry: str
+    urls: dict[str, str] = field(default_factory=dict)  # agent -> its node's URL
+
+
+def _start(stack: contextlib.ExitStack, tmp: Path, env: dict[str, str], desk: Desk) -> None:
+    for name, module in (
+        ("credit-bureau", "agents.credit_bureau:agent"),
+        ("income-verifier", "agents.income_verifier:agent"),
+        ("underwriter", "agents.underwriter:agent"),
+        ("loan-officer", "agents.loan_officer:agent"),
+    ):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        argv = [
+            "mesh", "serve", module, "--port", str(port), "--data-dir", str(tmp / name),
+            "--registry", desk.registry, "--grace", "2",
+        ]  # fmt: skip
+        stack.enter_context(running(argv, name=name, tmp=tmp, env=env, health=f"{url}/health"))
+        desk.urls[name] = url
+
+
+@pytest.fixture(scope="module")
+def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Desk]:
+    tmp = tmp_path_factory.mktemp("console-tasks")
+    port = free_port()
+    desk = Desk(f"http://127.0.0.1:{port}")
+    env = clean_env(
+        MESH_REGISTRY=desk.registry,
+        MESH_REGISTRY_TOKEN=WRITE,
+        MESH_TOKEN=MESH,
+        LOAN_DESK_DEADLINE_S="15",
+    )
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(
+            running(
+                [
+                    "mesh", "registry", "--port", str(port), "--data-dir", str(tmp / "reg"),
+                    "--probe-interval", "0.5", "--probe-timeout", "0.4",
+                ],
+                name="registry", tmp=tmp, health=f"{desk.registry}/health", env=env,
+            )
+        )  # fmt: skip
+        _start(stack, tmp, env, desk)
+        wait_for(
+            lambda: (
+                len(httpx.get(f"{desk.registry}/v1/instances", timeout=5).json()["instances"]) == 4
+            ),
+            what="the four nodes registered",
+            timeout=30,
+        )
+        yield desk
+
+
+async def _send(url: str, text: str) -> TaskResult:
+    async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+        peer = A2APeer(http, url, headers={"Authorization": f"Bearer {MESH}"})
+        try:
+            return await peer.send(text, timeout=60)
+        finally:
+            await peer.aclose()
+
+
+async def _get(url: str, task_id: str) -> TaskResult:
+    async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+        peer = A2APeer(http, url, headers={"Authorization": f"Bearer {MESH}"})
+        try:
+            return await peer.get_task(task_id)
+        finally:
+            await peer.aclose()
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """``coro`` run to its end in a thread of its own: Playwright's sync API keeps an event loop
+    running in the test's thread."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def trace_of(task: TaskResult) -> str:
+    trace = trace_id_of(str(task.metadata.get("traceparent") or ""))
+    assert trace, task.metadata
+    return trace
+
+
+# -- one request's path ---------------------------------------------------------------------
+def test_the_path_of_a_loan_request_has_both_hops_with_durations(desk: Desk) -> None:
+    task = run(_send(desk.urls["loan-officer"], QUESTION))
+    assert task.state == "completed", task.text
+    r = httpx.get(f"{desk.registry}/v1/paths/{trace_of(task)}", timeout=30)
+    assert r.status_code == 200, r.text
+    path = r.json()
+    assert path["not_asked"] == []
+    assert path["unreachable"] == {}
+    hops = path["hops"]
+    (top,) = [h for h in hops if h["depth"] == 0]
+    assert (top["agent"], top["task_id"], top["state"]) == (
+        "loan-officer",
+        task.task_id,
+        "completed",
+    )
+    below = {h["agent"]: h for h in hops if h["depth"] == 1}
+    assert set(below) == {"credit-bureau", "income-verifier"}
+    for hop in below.values():
+        assert hop["caller"] == "loan-officer"
+        assert hop["caller_task"] == task.task_id
+        assert hop["state"] == "completed"
+        assert 0 < hop["duration_s"] < top["duration_s"]
+        assert (hop["attempt"], hop["attempts"]) == (1, 1)
+        assert hop["url"] == desk.urls[hop["agent"]]
+    assert below["credit-bureau"]["skill"] == "score"
+    # Time order: children start after the top did.
+    assert all(h["started_at"] >= top["started_at"] for h in below.values())
+    # Tokens: the officer's (offline) model; rolled up over its subtree.
+    assert top["tokens"]["input"] > 0
+    assert top["tokens_rolled"]["input"] >= top["tokens"]["input"]
+    assert path["tokens"]["input"] == sum(h["tokens"]["input"] for h in hops)
+
+
+def test_a_trace_id_that_is_not_one_is_a_clear_422(desk: Desk) -> None:
+    r = httpx.get(f"{desk.registry}/v1/paths/not-a-trace", timeout=10)
+    assert r.status_code == 422
+    assert "32 lowercase hex digits" in r.json()["message"]
+
+
+# -- who gets the mesh token ----------------------------------------------------------------
+def _instance(heartbeat_at: float, status: Status = "passing") -> InstanceRecord:
+    return InstanceRecord(
+        "i-1", "bureau", "http://127.0.0.1:9", "1", status=status, last_heartbeat_at=heartbeat_at
+    )
+
+
+async def test_the_mesh_token_goes_only_to_registrations_made_with_the_write_token() -> None:
+    started = 1000.0
+    fresh, stale = _instance(started + 1), _instance(started - 1)
+
+    async def verdict(settings: RegistrySettings, inst: InstanceRecord) -> str | None:
+        reach = Reach(settings, started_at=started)
+        try:
+            return reach.refusal(inst)
+        finally:
+            await reach.aclose()
+
+    trusted = RegistrySettings(token=WRITE, mesh_token=MESH)
+    assert await verdict(trusted, fresh) is None
+    # A row from before this process started (a run without the token) is not vouched for.
+    assert "since the registry started" in str(await verdict(trusted, stale))
+    # An open registry: anyone could have registered the URL.
+    assert "writes are open" in str(await verdict(RegistrySettings(mesh_token=MESH), fresh))
+    consul = RegistrySettings(token=WRITE, mesh_token=MESH, backend="consul://127.0.0.1:8500")
+    assert "Consul" in str(await verdict(consul, fresh))
+    assert "critical" in str(await verdict(trusted, _instance(started + 1, "critical")))
+    # No mesh token: nothing secret is sent, every live instance may be asked.
+    assert await verdict(RegistrySettings(), fresh) is None
+
+
+def test_an_open_registry_asks_no_node_with_the_mesh_token(tmp_path: Path) -> None:
+    port = free_port()
+    reg = f"http://127.0.0.1:{port}"
+    env = clean_env(MESH_TOKEN=MESH)  # the mesh token, but open writes
+    argv = ["mesh", "registry", "--port", str(port), "--data-dir", str(tmp_path / "reg")]
+    with running(argv, name="registry", tmp=tmp_path, env=env, health=f"{reg}/health"):
+        # Anyone may register here: an echo node stands for whoever did.
+        node = start_node(tmp_path, reg, name="stranger")
+        with node.proc:
+            wait_until_ok(f"{node.url}/health", proc=node.proc)
+            wait_for(
+                lambda: httpx.get(f"{reg}/v1/instances", timeout=5).json()["instances"],
+                what="the stranger registered",
+            )
+            r = httpx.get(f"{reg}/v1/paths/{'ab' * 16}", timeout=10)
+            assert r.status_code == 200, r.text
+            path = r.json()
+            assert path["asked"] == 0
+            (refused,) = path["not_asked"]
+            assert refused["agent"] == "stranger"
+            assert "writes are open" in refused["why"]
+            # Its console cannot write either: no operator credential to check.
+            answer = httpx.post(f"{reg}/console/answer", data={"csrf": "x"}, timeout=10)
+            assert answer.status_code == 403
+            assert "read-only" in answer.text
+        node.proc.kill()
+
+
+# -- the inbox ------------------------------------------------------------------------------
+def _big_application(desk: Desk) -> TaskResult:
+    task = run(_send(desk.urls["loan-officer"], BIG))
+    assert task.state == "input-required", task.text
+    return task
+
+
+def test_writes_without_the_operators_credential_are_refused(desk: Desk) -> None:
+    task = _big_application(desk)
+    (question,) = task.questions
+    form = {
+        "agent": "loan-officer",
+        "task": task.task_id,
+        "question": question.id,
+        "f.decision": "approve",
+    }
+    with httpx.Client(base_url=desk.registry, timeout=30) as http:
+        # No session at all.
+        r = http.post("/console/answer", data={**form, "csrf": "guess"})
+        assert r.status_code == 403
+        assert "sign in" in r.text
+        # The JSON API's bearer token is not a console session either.
+        r = http.post(
+            "/console/answer",
+            data={**form, "csrf": "guess"},
+            headers={"Authorization": f"Bearer {WRITE}"},
+        )
+        assert r.status_code == 403
+        # A wrong token does not sign in.
+        r = http.post("/console/login", data={"token": "wrong", "next": "/inbox"})
+        assert r.status_code == 403
+        assert "wrong token" in r.text
+        # Another site's login form is refused, even with the right token.
+        r = http.post(
+            "/console/login", data={"token": WRITE}, headers={"Origin": "http://evil.example"}
+        )
+        assert r.status_code == 403
+        assert "another site" in r.text
+        r = http.post("/console/login", data={"token": WRITE, "next": "/inbox"})
+        assert r.status_code == 303
+        assert "samesite=strict" in r.headers["set-cookie"].lower()
+        assert "httponly" in r.headers["set-cookie"].lower()
+        # Signed in, but the form's CSRF token is not the session's.
+        r = http.post("/console/answer", data={**form, "csrf": "guess"})
+        assert r.status_code == 403
+        assert "CSRF" in r.text
+        # Signed in with the right CSRF token, posted from another site.
+        page_html = http.get("/inbox").text
+        csrf = page_html.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        r = http.post(
+            "/console/answer",
+            data={**form, "csrf": csrf},
+            headers={"Origin": "http://127.0.0.1:1"},
+        )
+        assert r.status_code == 403
+        assert "another site" in r.text
+    # Nothing was sent: the task still waits with the same question.
+    still = run(_get(desk.urls["loan-officer"], task.task_id))
+    assert still.state == "input-required"
+    assert [q.id for q in still.questions] == [question.id]
+
+
+@pytest.mark.browser
+def test_the_inbox_answers_a_waiting_approval_in_chromium(desk: Desk, page: Any) -> None:  # noqa: F811
+    task = _big_application(desk)
+    page.goto(desk.registry + "/inbox")
+    card = page.locator(f".waiting[data-task='{task.task_id}']")
+    assert card.count() == 1
+    assert "underwriter asks" in card.locator("h3").inner_text()
+    assert "Approve APP-738 for 600,000" in card.locator(".question").inner_text()
+    # Not signed in: no answer form.
+    assert card.locator("form.answer").count() == 0
+    page.fill("#login input[name=token]", WRITE)
+    page.click("#login button")
+    page.wait_for_url("**/inbox")
+    card = page.locator(f".waiting[data-task='{task.task_id}']")
+    assert card.locator("select[name='f.decision'] option").all_inner_texts() == [
+        "approve",
+        "decline",
+    ]
+    card.locator("select[name='f.decision']").select_option("approve")
+    card.locator("input[name='f.note']").fill("collateral checked")
+    shot(page, "inbox.png")
+    card.locator("form.answer button").click()
+    page.wait_for_selector("#done", timeout=60_000)
+    assert f"task {task.task_id} at loan-officer: completed" in page.locator("#done").inner_text()
+    done = run(_get(desk.urls["loan-officer"], task.task_id))
+    assert done.state == "completed"
+    assert "Underwriter: APPROVE (collateral checked)" in done.text
+    assert page.locator(f".waiting[data-task='{task.task_id}']").count() == 0
+
+
+# -- recent tasks and the path view in the browser --------------------------------------------
+@pytest.mark.browser
+def test_recent_tasks_link_to_the_path_view_in_chromium(desk: Desk, page: Any) -> None:  # noqa: F811
+    task = run(_send(desk.urls["loan-officer"], QUESTION))
+    assert task.state == "completed"
+    page.goto(desk.registry + "/agents/loan-officer")
+    row = page.locator(f"#recent tr[data-task='{task.task_id}']")
+    assert row.count() == 1
+    cells = row.locator("td").all_inner_texts()
+    assert cells[1] == "completed"
+    assert cells[2] == "chat"  # the officer's one skill
+    assert cells[5] != "—"  # a duration
+    shot(page, "recent.png")
+    row.locator("a.path").click()
+    page.wait_for_url("**/paths?trace=*")
+    top = page.locator(f"#path tr[data-task='{task.task_id}']")
+    assert top.get_attribute("data-depth") == "0"
+    for agent in ("credit-bureau", "income-verifier"):
+        hop = page.locator(f"#path tr[data-agent='{agent}'][data-caller='loan-officer']")
+        assert hop.count() == 1
+        assert hop.get_attribute("data-depth") == "1"
+        assert float(hop.locator("td[data-duration]").get_attribute("data-duration") or 0) > 0
+    shot(page, "path.png")
+    # The same path from the task id alone.
+    page.goto(f"{desk.registry}/paths?task={task.task_id}")
+    assert page.locator("#path tr").count() == 1 + 3
