@@ -119,13 +119,14 @@ async def run_adk(agent: BaseAgent, text: str) -> list[Event]:
 
 
 def texts(events: list[Event], author: str) -> list[str]:
-    """The texts ``author``'s complete (not partial) events carried, in order."""
+    """The answer texts ``author``'s complete (not partial) events carried, in order (ADK turns
+    a task's WORKING status messages into ``thought`` parts: not answers)."""
     return [
         part.text
         for event in events
         if event.author == author and not event.partial and event.content
         for part in event.content.parts or ()
-        if part.text
+        if part.text and not part.thought
     ]
 
 
