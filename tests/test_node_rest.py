@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,7 @@ from a2a.utils.constants import TransportProtocol
 from google.protobuf.struct_pb2 import Struct
 from prometheus_client.parser import text_string_to_metric_families
 
+from mesh._a2a.client import A2APeer
 from tests.support import Proc, clean_env, free_port, running, wait_for
 
 pytestmark = pytest.mark.integration
@@ -348,3 +350,56 @@ def test_a_draining_node_refuses_new_rest_sends(tmp_path: Path) -> None:
         assert answer.json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED", answer.text
         assert proc.popen.wait(20) == 0
     assert "echo late" not in calls.read_text()
+
+
+@pytest.fixture(scope="module")
+def rest_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An a2a-sdk node whose card offers HTTP+JSON only (tests.rest_only_node)."""
+    tmp = tmp_path_factory.mktemp("rest-only")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "tests.rest_only_node", "--port", str(port)]
+    with running(argv, name="rest-only", tmp=tmp, health=url + "/health"):
+        yield url
+
+
+async def test_a_peer_offering_only_http_json_is_called_over_it(rest_only: str) -> None:
+    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
+        # The card not read yet: the JSON-RPC send finds nothing (404), the card says REST.
+        fresh = A2APeer(http, rest_only)
+        result = await fresh.send({"text": "hi"}, skill="echo")
+        assert result.state == "completed", result
+        assert result.data == {"echo": "hi"}
+        # The card known (as after a delegation's trust check): straight to REST.
+        known = A2APeer(http, rest_only)
+        await known.card()
+        started = await known.send({"text": "later"}, skill="echo", wait=False)
+        done = await known.get_task(started.task_id)
+        assert done.data == {"echo": "later"}
+        updates = [u async for u in known.stream({"text": "streamed"}, skill="echo")]
+        assert updates[-1].state == "completed", updates
+        page = await known.list_tasks()
+        assert {t.task_id for t in page.tasks} >= {result.task_id, started.task_id}
+        await fresh.aclose()
+        await known.aclose()
+
+
+async def test_a_mesh_node_is_still_called_over_json_rpc(
+    node: Node, http: httpx.AsyncClient
+) -> None:
+    before = (await http.get(node.url + "/metrics")).text
+    peer = A2APeer(http, node.url, headers=AUTH)
+    await peer.card()
+    result = await peer.send({"key": "jr"}, skill="echo")
+    assert result.state == "completed"
+    assert (await peer.get_task(result.task_id)).state == "completed"
+    await peer.aclose()
+    after = (await http.get(node.url + "/metrics")).text
+    for method in ("SendMessage", "GetTask"):
+        grew = _metric(after, "mesh_requests_total", method=method) - _metric(
+            before, "mesh_requests_total", method=method
+        )
+        assert grew == 1, method
+    assert _metric(after, "mesh_requests_total", method="GET /tasks/{id}") == _metric(
+        before, "mesh_requests_total", method="GET /tasks/{id}"
+    )

@@ -11,7 +11,11 @@ One way to send per need: ``send`` is one blocking ``SendMessage`` (one JSON bod
 task in the answer; built and read by ``mesh._a2a.jsonrpc`` without protobuf, lean enough for every
 delegation), ``stream`` a ``SendStreamingMessage`` whose events arrive as they happen (through
 the a2a-sdk's client, as do ``get_task``, ``cancel`` and ``list_tasks``). Every answer is parsed
-by ``mesh._a2a.results``.
+by ``mesh._a2a.results``. A peer whose card offers HTTP+JSON and no JSON-RPC (not a mesh node:
+they offer both, JSON-RPC first) is spoken to over HTTP+JSON: ``send`` goes through the SDK's
+REST client instead (once its card is known: a delegation reads it before the first call; an
+``A2APeer`` that has not read it learns it from the JSON-RPC send's 404/405, and sends again),
+and the SDK's clients take the binding the card lists first among those two.
 
 Transport and protocol errors become ``RemoteError`` here, once (``_translate``; the reason of an
 httpx error is ``mesh._failures.reason_of``'s): ``unavailable`` / ``deadline`` / ``failed`` /
@@ -33,6 +37,7 @@ import uuid
 from collections.abc import AsyncGenerator, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from a2a.client import (
@@ -48,6 +53,7 @@ from a2a.client.card_resolver import parse_agent_card
 from a2a.helpers import new_data_part, new_text_part
 from a2a.types import (
     AgentCard,
+    AgentInterface,
     CancelTaskRequest,
     GetTaskRequest,
     ListTasksRequest,
@@ -59,7 +65,7 @@ from a2a.types import (
     SubscribeToTaskRequest,
     TaskState,
 )
-from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, TransportProtocol
 from a2a.utils.errors import A2AError, InvalidParamsError, MethodNotFoundError, TaskNotFoundError
 from google.protobuf.json_format import ParseError
 from google.protobuf.struct_pb2 import Struct
@@ -91,6 +97,8 @@ MAX_CARD_BYTES = 1_000_000
 CARD_TIMEOUT_S = 5.0
 #: The largest answer (or stream event) read from a peer; a node's is MESH_MAX_ANSWER_BYTES.
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
+# The bindings the SDK's clients may use, the card's order deciding (a mesh node: JSON-RPC).
+_BINDINGS = (TransportProtocol.JSONRPC, TransportProtocol.HTTP_JSON)
 # The states after which a stream has nothing more to say (terminal, or waiting for input).
 _ENDING = frozenset(
     {"completed", "failed", "rejected", "canceled", "input-required", "auth-required"}
@@ -151,6 +159,50 @@ class A2APeer:
         ``message_id`` returns the same task (the node deduplicates). ``timeout`` bounds the
         whole call except connecting, which the client's own connect timeout bounds when
         sooner (a host that never answers is ``unavailable``: another instance may be up)."""
+
+        async def over(rest: bool) -> TaskResult:
+            way = self._send_rest if rest else self._send_jsonrpc
+            return await way(
+                payload,
+                skill=skill,
+                message_id=message_id,
+                context_id=context_id,
+                metadata=metadata,
+                timeout=timeout,
+                wait=wait,
+                task_id=task_id,
+            )
+
+        if self._card is not None and _rest_only(self._card):
+            return await over(rest=True)
+        try:
+            return await over(rest=False)
+        except RemoteError as exc:
+            # No JSON-RPC here (404/405: nothing was run): a peer whose card we have not read
+            # yet may speak HTTP+JSON only.
+            if self._card is not None or status_of(exc.__cause__ or exc) not in NOT_A2A_STATUS:
+                raise
+            try:
+                card = await self.card()
+            except RemoteError:
+                card = None  # nothing there: the JSON-RPC error says so
+            if card is None or not _rest_only(card):
+                raise
+        return await over(rest=True)
+
+    async def _send_jsonrpc(
+        self,
+        payload: dict[str, Any] | str,
+        *,
+        skill: str | None,
+        message_id: str | None,
+        context_id: str | None,
+        metadata: Mapping[str, Any] | None,
+        timeout: float | None,  # noqa: ASYNC109 - the HTTP timeout of this call
+        wait: bool,
+        task_id: str | None,
+    ) -> TaskResult:
+        """``send`` as one JSON-RPC request built and read by ``mesh._a2a.jsonrpc``."""
         with self._errors(skill or ""):
             content = jsonrpc.send_message_body(
                 payload,
@@ -179,6 +231,44 @@ class A2APeer:
             return TaskResult.from_json(task)
         if isinstance(message := result.get("message"), Mapping):
             return TaskResult.from_message(message)
+        raise self._not_a2a(skill)
+
+    async def _send_rest(
+        self,
+        payload: dict[str, Any] | str,
+        *,
+        skill: str | None,
+        message_id: str | None,
+        context_id: str | None,
+        metadata: Mapping[str, Any] | None,
+        timeout: float | None,  # noqa: ASYNC109 - forwarded to the SDK per call
+        wait: bool,
+        task_id: str | None,
+    ) -> TaskResult:
+        """``send`` through the SDK's client (the peer speaks HTTP+JSON only)."""
+        with self._errors(skill or ""):
+            try:
+                message = _message(payload, skill, message_id, context_id, metadata, task_id)
+            except (TypeError, ValueError) as exc:
+                raise InvalidParamsError(f"the payload is not JSON: {exc}") from exc
+            request = SendMessageRequest(
+                message=message,
+                configuration=SendMessageConfiguration(
+                    history_length=0, return_immediately=not wait
+                ),
+            )
+            client = await self._client(streaming=False)
+            answers = cast(
+                "AsyncGenerator[StreamResponse, None]",
+                client.send_message(request, context=self._context(timeout)),
+            )
+            async with contextlib.aclosing(answers):
+                async for answer in answers:  # a blocking send: exactly one answer
+                    found = as_json(answer)
+                    if isinstance(task := found.get("task"), Mapping):
+                        return TaskResult.from_json(task)
+                    if isinstance(reply := found.get("message"), Mapping):
+                        return TaskResult.from_message(reply)
         raise self._not_a2a(skill)
 
     async def stream(
@@ -386,9 +476,10 @@ class A2APeer:
         if streaming not in self._clients:
             card = AgentCard()
             card.CopyFrom(await self.card())
-            # Talk to the address we were given: the card may advertise a bind address.
+            # Talk to the address we were given: the card may advertise a bind address (an
+            # HTTP+JSON interface keeps its path, under our origin).
             for iface in card.supported_interfaces:
-                iface.url = self.base_url
+                iface.url = _rebased(iface, self.base_url)
             if self._bounded is None:
                 self._bounded = httpx.AsyncClient(
                     transport=BoundedTransport(self.http, max_bytes=self.max_answer_bytes),
@@ -397,7 +488,11 @@ class A2APeer:
                     follow_redirects=False,
                     trust_env=False,
                 )
-            config = ClientConfig(streaming=streaming, httpx_client=self._bounded)
+            config = ClientConfig(
+                streaming=streaming,
+                httpx_client=self._bounded,
+                supported_protocol_bindings=list(_BINDINGS),
+            )
             self._clients[streaming] = ClientFactory(config).create(card)
         return self._clients[streaming]
 
@@ -465,6 +560,21 @@ class A2APeer:
             skill=skill or "",
             reason="unavailable",
         )
+
+
+def _rest_only(card: AgentCard) -> bool:
+    """Whether ``card`` offers HTTP+JSON and no JSON-RPC."""
+    bindings = {i.protocol_binding for i in card.supported_interfaces}
+    return TransportProtocol.JSONRPC not in bindings and TransportProtocol.HTTP_JSON in bindings
+
+
+def _rebased(iface: AgentInterface, base_url: str) -> str:
+    """The URL to reach ``iface`` at: ``base_url`` for JSON-RPC (served at the root of the
+    address we were given), the interface's own path under ``base_url``'s origin for others."""
+    if iface.protocol_binding == TransportProtocol.JSONRPC:
+        return base_url
+    base = urlsplit(base_url)
+    return urlunsplit((base.scheme, base.netloc, urlsplit(iface.url).path, "", ""))
 
 
 def _message(
