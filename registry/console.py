@@ -24,7 +24,7 @@ from registry.page import render
 from registry.paths import request_path, trace_of_task
 from registry.state import RegistryState, get_state
 
-__all__ = ["router"]
+__all__ = ["may_read", "operator_context", "router"]
 
 log = logging.getLogger("registry.console")
 router = APIRouter(include_in_schema=False)
@@ -33,7 +33,7 @@ State = Annotated[RegistryState, Depends(get_state)]
 _MAX_ID = 200
 
 
-def _operator(request: Request, state: RegistryState) -> dict[str, Any]:
+def operator_context(request: Request, state: RegistryState) -> dict[str, Any]:
     """What every console page needs to show the sign-in state and post forms."""
     session = state.sessions.of(request)
     return {
@@ -57,6 +57,8 @@ def _local(next_url: str) -> str:
 async def path_page(
     request: Request, state: State, trace: str = "", task: str = "", agent: str = ""
 ) -> HTMLResponse:
+    if not may_read(request, state):
+        return _sign_in(request, state)
     trace, task, agent = trace.strip().lower(), task.strip()[:_MAX_ID], agent.strip()[:_MAX_ID]
     context: dict[str, Any] = {
         "title": "request path · mesh registry",
@@ -90,8 +92,19 @@ async def path_page(
 
 
 @router.get("/v1/paths/{trace_id}", tags=["console"])
-async def path_json(trace_id: str, state: State) -> JSONResponse:
-    """One request's path as JSON (what ``/paths`` shows)."""
+async def path_json(request: Request, trace_id: str, state: State) -> JSONResponse:
+    """One request's path as JSON (what ``/paths`` shows). With a mesh token, the operator's
+    only: the registry's write token as a bearer, or a console session."""
+    if not may_read(request, state):
+        return JSONResponse(
+            {
+                "error": "unauthorized",
+                "message": "this registry shows tasks to its operator only: send "
+                "'Authorization: Bearer <registry write token>'",
+            },
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     try:
         path = await request_path(state, trace_id)
     except ValueError as exc:
@@ -103,6 +116,8 @@ async def path_json(trace_id: str, state: State) -> JSONResponse:
 
 @router.get("/inbox", response_class=HTMLResponse)
 async def inbox_page(request: Request, state: State) -> HTMLResponse:
+    if not may_read(request, state):
+        return _sign_in(request, state)
     return await _inbox(request, state)
 
 
@@ -117,9 +132,22 @@ async def _inbox(
         "done": done,
         "problem": problem,
         "refresh": False,  # a form being filled in is not swapped away
-        **_operator(request, state),
+        **operator_context(request, state),
     }
     return render(request, "inbox.html", context, status=status)
+
+
+def may_read(request: Request, state: RegistryState) -> bool:
+    return state.sessions.may_read_tasks(request, mesh_token=state.reach.mesh_token is not None)
+
+
+def _sign_in(request: Request, state: RegistryState) -> HTMLResponse:
+    """The sign-in page in place of a task view (401): the operator's credential first."""
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    context = {"title": "sign in · mesh registry", "q": "", "next": here, "refresh": False}
+    return render(
+        request, "signin.html", {**context, **operator_context(request, state)}, status=401
+    )
 
 
 def _refused(request: Request, why: str) -> HTMLResponse:
@@ -145,6 +173,7 @@ async def login(request: Request, state: State) -> Response:
             request, "wrong token: give the registry's write token (MESH_REGISTRY_TOKEN)"
         )
     response = RedirectResponse(_local(form.get("next", "/inbox")), status_code=303)
+    log.info("console: the operator signed in")
     sessions.open(response, request)
     return response
 

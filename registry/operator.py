@@ -122,6 +122,20 @@ class Sessions:
             self._by_id.pop(sid, None)
         response.delete_cookie(COOKIE, path="/")
 
+    def may_read_tasks(self, request: Request, *, mesh_token: bool) -> bool:
+        """Whether the request may see the task views. They show what the nodes show only with
+        the mesh token (questions, inputs' traces, errors), so a registry that holds it shows
+        them only to the operator: a session, or the write token as a bearer (API clients).
+        Without a mesh token the nodes show them to anyone, and so does the console; without a
+        write token no node is sent the mesh token (``registry.reach``): nothing to hide."""
+        if not mesh_token or not self.enabled:
+            return True
+        if self.of(request) is not None:
+            return True
+        auth = request.headers.get("authorization", "")
+        scheme, _, given = auth.partition(" ")
+        return scheme.lower() == "bearer" and self.check_token(given)
+
     def refusal(self, request: Request, csrf: str) -> str | None:
         """Why a write from the page is refused (None: it may go on): no operator credential
         configured, another site's form, no session, or a wrong CSRF token."""

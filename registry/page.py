@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -55,6 +56,14 @@ def _stamp(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
+def _since(stamp: str, now: float) -> str:
+    """An RFC 3339 time as an age ("3s ago"), or as given when it is not one."""
+    try:
+        return _age(datetime.fromisoformat(stamp).timestamp(), now)
+    except ValueError:
+        return stamp or "—"
+
+
 def _query(**params: str) -> str:
     return urlencode(params)
 
@@ -91,7 +100,13 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        age=_age, stamp=_stamp, duration=_duration, percent=_percent, number=_number, cost=_cost
+        age=_age,
+        since=_since,
+        stamp=_stamp,
+        duration=_duration,
+        percent=_percent,
+        number=_number,
+        cost=_cost,
     )
     env.globals.update(query=_query, schema_rows=schema_rows, refresh_ms=REFRESH_S * 1000)
     return env
@@ -154,6 +169,8 @@ async def agent_page(request: Request, name: str, state: State) -> HTMLResponse:
     context["window_s"] = WINDOW_S
     context["title"] = f"{view.agent.name} · mesh registry"
     context["card_json"] = json.dumps(view.agent.card, indent=2, sort_keys=True)
-    # Asked of the agent's nodes now, while its page is open (registry.recent).
-    context["recent"] = await recent_tasks(state, name)
+    # Asked of the agent's nodes now, while its page is open (registry.recent); the
+    # operator's only when the registry holds the mesh token (registry.operator).
+    readable = state.sessions.may_read_tasks(request, mesh_token=state.reach.mesh_token is not None)
+    context["recent"] = await recent_tasks(state, name) if readable else None
     return _templates.TemplateResponse(request, "agent.html", context, headers=_NO_STORE)

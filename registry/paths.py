@@ -140,8 +140,9 @@ class Hop:
             "instance_id": self.instance_id,
             "tokens": {"input": self.tokens.input, "output": self.tokens.output},
             "tokens_rolled": {"input": self.rolled.input, "output": self.rolled.output},
-            "error": t.error,
-            "tool_calls": [c.model_dump() for c in t.tool_calls],
+            "error": self.error,
+            # Names only: their arguments are the node's (shown with its mesh token, not here).
+            "tool_calls": [{"name": c.name, "ok": c.ok, "at": c.at} for c in t.tool_calls],
         }
 
 

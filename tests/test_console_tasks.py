@@ -36,6 +36,7 @@ pytestmark = pytest.mark.integration
 WRITE = "console-write-token-0123456789abcdef"
 MESH = "console-mesh-token-0123456789abcdef"
 T = TypeVar("T")
+OPERATOR = {"Authorization": f"Bearer {WRITE}"}
 
 
 @dataclass
@@ -128,7 +129,12 @@ def trace_of(task: TaskResult) -> str:
 def test_the_path_of_a_loan_request_has_both_hops_with_durations(desk: Desk) -> None:
     task = run(_send(desk.urls["loan-officer"], QUESTION))
     assert task.state == "completed", task.text
-    r = httpx.get(f"{desk.registry}/v1/paths/{trace_of(task)}", timeout=30)
+    url = f"{desk.registry}/v1/paths/{trace_of(task)}"
+    # The registry holds the mesh token: the tasks are its operator's to see.
+    anonymous = httpx.get(url, timeout=30)
+    assert anonymous.status_code == 401
+    assert "registry write token" in anonymous.json()["message"]
+    r = httpx.get(url, timeout=30, headers=OPERATOR)
     assert r.status_code == 200, r.text
     path = r.json()
     assert path["not_asked"] == []
@@ -156,10 +162,18 @@ def test_the_path_of_a_loan_request_has_both_hops_with_durations(desk: Desk) -> 
     assert top["tokens"]["input"] > 0
     assert top["tokens_rolled"]["input"] >= top["tokens"]["input"]
     assert path["tokens"]["input"] == sum(h["tokens"]["input"] for h in hops)
+    # What the node shows only with the mesh token stays there: tool names, not arguments;
+    # no inputs or answers.
+    assert {c["name"] for c in top["tool_calls"]} >= {
+        "credit_bureau_score",
+        "income_verifier_verify",
+    }
+    assert all(set(c) == {"name", "ok", "at"} for c in top["tool_calls"])
+    assert not [h for h in hops if {"input", "answer_text", "answer_data"} & set(h)]
 
 
 def test_a_trace_id_that_is_not_one_is_a_clear_422(desk: Desk) -> None:
-    r = httpx.get(f"{desk.registry}/v1/paths/not-a-trace", timeout=10)
+    r = httpx.get(f"{desk.registry}/v1/paths/not-a-trace", timeout=10, headers=OPERATOR)
     assert r.status_code == 422
     assert "32 lowercase hex digits" in r.json()["message"]
 
@@ -289,16 +303,16 @@ def test_writes_without_the_operators_credential_are_refused(desk: Desk) -> None
 def test_the_inbox_answers_a_waiting_approval_in_chromium(desk: Desk, page: Any) -> None:  # noqa: F811
     task = _big_application(desk)
     page.goto(desk.registry + "/inbox")
-    card = page.locator(f".waiting[data-task='{task.task_id}']")
-    assert card.count() == 1
-    assert "underwriter asks" in card.locator("h3").inner_text()
-    assert "Approve APP-738 for 600,000" in card.locator(".question").inner_text()
-    # Not signed in: no answer form.
-    assert card.locator("form.answer").count() == 0
+    # Not signed in: the registry holds the mesh token, so no task is shown before.
+    assert page.locator("#login").count() == 1
+    assert page.locator(".waiting").count() == 0
     page.fill("#login input[name=token]", WRITE)
     page.click("#login button")
     page.wait_for_url("**/inbox")
     card = page.locator(f".waiting[data-task='{task.task_id}']")
+    assert card.count() == 1
+    assert "underwriter asks" in card.locator("h3").inner_text()
+    assert "Approve APP-738 for 600,000" in card.locator(".question").inner_text()
     assert card.locator("select[name='f.decision'] option").all_inner_texts() == [
         "approve",
         "decline",
@@ -321,6 +335,10 @@ def test_recent_tasks_link_to_the_path_view_in_chromium(desk: Desk, page: Any) -
     task = run(_send(desk.urls["loan-officer"], QUESTION))
     assert task.state == "completed"
     page.goto(desk.registry + "/agents/loan-officer")
+    assert page.locator("#recent").count() == 0  # the operator's only
+    page.fill("#recent-sign-in input[name=token]", WRITE)
+    page.click("#recent-sign-in button")
+    page.wait_for_url("**/agents/loan-officer")
     row = page.locator(f"#recent tr[data-task='{task.task_id}']")
     assert row.count() == 1
     cells = row.locator("td").all_inner_texts()
