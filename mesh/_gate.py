@@ -55,7 +55,9 @@ __all__ = ["METHODS", "RequestGate"]
 METHODS = server.METHODS | REST_METHODS
 _REST_ROOT = REST_PREFIX + "/"
 # REST methods whose body is JSON the gate parses (the others have none, or it is ignored).
-_REST_BODIES = frozenset({"POST /message:send", "POST /message:stream"})
+_REST_BODIES = frozenset(
+    {"POST /message:send", "POST /message:stream", "POST /tasks/{id}/pushNotificationConfigs"}
+)
 # google.rpc status names of the HTTP statuses the gate answers with, for the REST error shape.
 _STATUS_NAMES = {
     400: "INVALID_ARGUMENT",

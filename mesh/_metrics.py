@@ -102,7 +102,7 @@ class NodeMetrics:
         self.node_info.labels(agent, version).set(1)
         self.requests = Counter(
             "mesh_requests_total",
-            "A2A JSON-RPC requests by method.",
+            "A2A requests by method (JSON-RPC, and HTTP+JSON as 'POST /message:send'...).",
             ["agent", "method", "outcome"],
             registry=r,
         )
@@ -195,7 +195,8 @@ class NodeMetrics:
 
     # -- node ---------------------------------------------------------------------------------
     def request(self, method: str, ok: bool) -> None:
-        """One JSON-RPC request; ``method`` outside the known methods counts as ``other``."""
+        """One A2A request (either binding); ``method`` outside the known methods counts as
+        ``other``."""
         if self._methods is not None and method not in self._methods:
             method = OTHER
         self.requests.labels(self.agent, method, "ok" if ok else "error").inc()

@@ -273,12 +273,17 @@ async def test_unsupported_versions_are_refused_on_both_bindings(
 
 async def test_rest_bodies_get_the_strict_parse(node: Node, http: httpx.AsyncClient) -> None:
     headers = {"A2A-Version": "1.0", "Content-Type": "application/json"}
-    for raw, what in (
-        (b'{"message": {"parts": [{"data": {"x": NaN}}]}}', "NaN"),
-        (b'{"message": ', "Parse error"),
-        (b'{"message": {"parts": [{"data": {"x": 1e400}}]}}', "1e400"),
+    for path, raw, what in (
+        ("/message:send", b'{"message": {"parts": [{"data": {"x": NaN}}]}}', "NaN"),
+        ("/message:send", b'{"message": ', "Parse error"),
+        ("/message:stream", b'{"message": {"parts": [{"data": {"x": 1e400}}]}}', "1e400"),
+        (
+            "/tasks/t-1/pushNotificationConfigs",
+            b'{"url": "https://x.example", "n": -Infinity}',
+            "Infinity",
+        ),
     ):
-        r = await http.post(node.url + REST + "/message:send", content=raw, headers=headers)
+        r = await http.post(node.url + REST + path, content=raw, headers=headers)
         assert r.status_code == 400, r.text
         assert r.json()["error"]["status"] == "INVALID_ARGUMENT"
         assert what in r.json()["error"]["message"]
