@@ -33,7 +33,7 @@ runner's resume). A coordinator that stopped meanwhile runs the turn again by re
 
 The caller's session keeps one A2A context per peer (session state ``_mesh.contexts.<peer>``),
 so a specialist sees the conversation continue. The child's token usage (its ``usage`` plus its
-own ``children_usage``) goes to ``ctx.metadata["usage_sink"]`` when the caller provides one.
+own ``childrenUsage``) goes to ``ctx.metadata["usage_sink"]`` when the caller provides one.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mesh._a2a.metadata_keys import CALLER_TASK, CHILDREN_USAGE, USAGE, read, usage_counts
 from mesh._asks import TASKS_EXTENSION, ChildRef, ChildWaiting
 from mesh._errors import (
     CircuitOpen,
@@ -532,7 +533,7 @@ class Delegation:
         }
         caller_task = ctx.metadata.get("task_id")
         if isinstance(caller_task, str) and caller_task:
-            metadata["caller_task"] = caller_task  # lets readers fold the hops of a chain
+            metadata[CALLER_TASK] = caller_task  # lets readers fold the hops of a chain
         return metadata
 
     def _child_ref(self, url: str, result: TaskResult) -> ChildRef:
@@ -733,17 +734,16 @@ def turn_trace(ctx: ToolContext) -> TraceParent:
 
 
 def report_usage(ctx: ToolContext, task_metadata: Mapping[str, Any]) -> None:
-    """Pass the child's usage (its own plus its children's) to the caller's usage sink."""
+    """Pass the child's usage (its own plus its children's, by kind in camelCase: a child
+    before the camelCase keys reported ``children_usage`` and ``input_tokens``) to the
+    caller's usage sink."""
     sink = ctx.metadata.get("usage_sink")
     if sink is None:
         return
     total: dict[str, int] = {}
-    for key in ("usage", "children_usage"):
-        usage = task_metadata.get(key)
-        if isinstance(usage, Mapping):
-            for name, value in usage.items():
-                if isinstance(value, int | float):
-                    total[name] = total.get(name, 0) + int(value)
+    for key in (USAGE, CHILDREN_USAGE):
+        for name, value in usage_counts(read(task_metadata, key)).items():
+            total[name] = total.get(name, 0) + value
     if not total:
         return
     if callable(sink):

@@ -15,7 +15,7 @@ What a first message's text makes the task do:
 
 An answer (a message naming the waiting task) completes it with a data artifact
 ``{"answer": ..., "answers": <the urn:mesh:tasks:v1 "answers" id it named, or "">}``; the text
-``again`` asks a second question instead. The message metadata ``caller`` and ``caller_task``
+``again`` asks a second question instead. The message metadata ``caller`` and ``callerTask``
 become the task's metadata, as a mesh node's delegation sets them. ``--mesh`` adds what a mesh
 node says of its questions (``urn:mesh:tasks:v1`` question entries with ids); ``--no-rpc``
 serves the card and ``/health`` but no JSON-RPC endpoint (an agent that does not answer A2A).
@@ -105,7 +105,7 @@ class AskingExecutor(AgentExecutor):
         context_id = current.context_id if current else context.context_id
         if current is None:
             task_meta = Struct()
-            task_meta.update({k: meta[k] for k in ("caller", "caller_task") if k in meta})
+            task_meta.update({k: meta[k] for k in ("caller", "callerTask") if k in meta})
             await event_queue.enqueue_event(
                 Task(
                     id=context.task_id,

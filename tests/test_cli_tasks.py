@@ -107,7 +107,7 @@ def test_tasks_lists_the_waiting_tasks_of_every_agent_topmost_of_a_chain(mesh: M
     consent = _send(mesh.alpha, "auth me")
     top = _send(mesh.beta, "free question")
     # alpha's task as a hop of beta's: the caller's task is beta's waiting one.
-    hop = _send(mesh.alpha, "please decide", {"caller": "beta", "caller_task": top["id"]})
+    hop = _send(mesh.alpha, "please decide", {"caller": "beta", "callerTask": top["id"]})
     assert asks["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
 
     r = _mesh("tasks", "--waiting", "--registry", mesh.registry)
@@ -169,7 +169,7 @@ def test_reply_json_completes_the_task(mesh: Mesh) -> None:
 
 def test_reply_to_a_hop_of_a_chain_names_the_task_above(mesh: Mesh) -> None:
     top = _send(mesh.beta, "free question")
-    hop = _send(mesh.alpha, "please decide", {"caller": "beta", "caller_task": top["id"]})
+    hop = _send(mesh.alpha, "please decide", {"caller": "beta", "callerTask": top["id"]})
     r = _mesh("reply", hop["id"], "--json", '{"decision": "approve"}', "--url", mesh.alpha)
     assert r.returncode == 0, r.stderr
     assert f"mesh: note: task {hop['id']} works for beta's task {top['id']}; " in r.stderr

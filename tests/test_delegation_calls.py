@@ -362,8 +362,8 @@ async def test_child_usage_goes_to_the_callers_sink(tmp_path: Path) -> None:
         async with toolset(remote(officer)) as tools:
             await tools["ask_loan_officer"].call({"text": "hello"}, tool_context(usage_sink=sink))
     assert len(sink) == 1
-    assert sink[0]["input_tokens"] > 0
-    assert sink[0]["output_tokens"] > 0
+    assert sink[0]["inputTokens"] > 0
+    assert sink[0]["outputTokens"] > 0
 
 
 async def test_delegation_metrics_on_the_bound_registry(bureau: str) -> None:

@@ -141,6 +141,15 @@ def peers_of(url: str) -> dict[str, dict[str, Any]]:
     return {p["name"]: p for p in doc["peers"]}
 
 
+def _keys(value: Any) -> list[str]:
+    """Every key of a JSON value, however deep."""
+    if isinstance(value, dict):
+        return [k for key, inner in value.items() for k in (str(key), *_keys(inner))]
+    if isinstance(value, list):
+        return [k for inner in value for k in _keys(inner)]
+    return []
+
+
 def trace_of(result: TaskResult) -> str | None:
     parsed = TraceParent.parse(result.metadata.get("traceparent"))
     return parsed.trace_id if parsed else None
@@ -216,10 +225,16 @@ async def test_a_trace_is_created_when_the_caller_sends_none(desk: Desk) -> None
     trace = trace_of(result)
     assert trace is not None, "the coordinator's task carries the trace it created"
     bureau_tasks = [t for url in desk.bureaus for t in await tasks_of(url)]
-    assert [t for t in bureau_tasks if trace_of(t) == trace], "the child task shares it"
-    # The turn reports its own usage and its children's (deterministic specialists: zero).
-    assert result.metadata["usage"]["output_tokens"] > 0
-    assert result.metadata["children_usage"].get("output_tokens") == 0
+    children = [t for t in bureau_tasks if trace_of(t) == trace]
+    assert children, "the child task shares it"
+    # The turn reports its own usage and its children's (deterministic specialists: zero),
+    # every key in A2A's JSON naming (camelCase), the child's too.
+    assert result.metadata["usage"]["outputTokens"] > 0
+    assert result.metadata["childrenUsage"].get("outputTokens") == 0
+    assert all(t.metadata["callerTask"] == result.task_id for t in children)
+    for task in (result, *children):
+        snake = [k for k in _keys(task.metadata) if "_" in k]
+        assert snake == [], (snake, task.metadata)
 
 
 async def test_the_officer_reports_delegations_in_metrics(desk: Desk) -> None:

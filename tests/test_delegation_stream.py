@@ -146,7 +146,7 @@ async def test_bottom_progress_reaches_the_top_in_order(
     # The bottom's result came up as a relayed artifact chunk, after its progress ...
     artifacts = [tag for tag, _ in from_bottom if tag["kind"] == "artifact"]
     assert len(artifacts) == 1, from_bottom
-    assert artifacts[0]["last_chunk"] is True, from_bottom
+    assert artifacts[0]["lastChunk"] is True, from_bottom
     assert from_bottom[-1][0]["kind"] == "artifact"
     # ... and the hops name real tasks: the bottom's completed with that result.
     bottom_task = from_bottom[0][0]["from"][1]["task"]

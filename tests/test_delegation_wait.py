@@ -169,13 +169,13 @@ async def test_three_hops_restarted_while_waiting_the_answer_at_the_top_is_used_
         # Each hop tells whom it works for.
         middle_task = await get(await chain.middle.client(http), q["path"][0]["task"])
         assert middle_task.status.state == WAITING
-        assert middle_task.metadata["caller_task"] == task.id
+        assert middle_task.metadata["callerTask"] == task.id
         # The card says assess asks: the top gave it remote()'s wait_deadline_s (7 days), not
         # its 30 s deadline_s.
         sent = MessageToDict(middle_task.history[0].metadata)
         assert sent["deadline"] > time.time() + 6 * 24 * 3600
         bottom_task = await get(await chain.bottom.client(http), q["asker"]["task"])
-        assert bottom_task.metadata["caller_task"] == middle_task.id
+        assert bottom_task.metadata["callerTask"] == middle_task.id
 
         chain.kill_all()
         for node in (chain.bottom, chain.middle, chain.top):

@@ -37,7 +37,7 @@ async def test_follow_up_in_the_same_context_remembers(assistant: str) -> None:
         assert follow.context_id == first.context_id
         other = await peer.send("what is my name?")
         assert "Ada" not in other.text
-        assert follow.metadata["usage"]["input_tokens"] > 0
+        assert follow.metadata["usage"]["inputTokens"] > 0
         await peer.aclose()
 
 
@@ -107,7 +107,7 @@ async def test_llm_skill_output_gets_one_repair_attempt(
         assert result.ok, result.error
         assert result.data == {"verdict": "ok", "notes": "repaired"}
         # The task reports the usage of the turn (both model calls).
-        assert result.metadata["usage"]["output_tokens"] > 0
+        assert result.metadata["usage"]["outputTokens"] > 0
     else:
         assert result.state == "failed"
         assert result.error is not None

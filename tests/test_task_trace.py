@@ -46,6 +46,7 @@ def _task(
                 "traceparent": f"00-{meta_trace}-b7ad6b7169203331-01",
                 "skill": "score",
                 "caller": "loan-officer",
+                # As a node before the camelCase keys wrote them: read all the same.
                 "caller_task": "parent-1",
                 "usage": {"total_tokens": 12},
             }
@@ -80,7 +81,7 @@ async def test_the_tasks_of_a_trace_running_or_ended_from_an_index(tmp_path: Pat
             "loan-officer",
             "parent-1",
         )
-        assert (row.state, row.input, row.usage) == ("completed", "hello", {"total_tokens": 12})
+        assert (row.state, row.input, row.usage) == ("completed", "hello", {"totalTokens": 12})
         assert answer.truncated is False
         small = await tasks_of_trace(store, db, "credit-bureau", TRACE, max_bytes=600)
         assert small.truncated

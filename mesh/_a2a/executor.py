@@ -49,6 +49,7 @@ from mesh._a2a.card import JSON_MODE, TEXT_MODE
 from mesh._a2a.dispatcher import Outcome, SkillDispatcher, WaitCheck
 from mesh._a2a.idempotency import IdempotencyKeys, MessageKey, message_key
 from mesh._a2a.json_text import json_object
+from mesh._a2a.metadata_keys import CALLER_TASK, CHILDREN_USAGE, TOOL_CALLS, USAGE, read, usage_json
 from mesh._a2a.questions import question_message, question_metadata, waiting_state
 from mesh._a2a.relay import STREAMED, Followers, Relay
 from mesh._a2a.states import INTERRUPTED_STATES
@@ -721,7 +722,7 @@ class MeshExecutor(AgentExecutor):
             parts, meta = [new_text_part(event.text)], {"partial": True}
         elif event.function_calls:
             names = ", ".join(c.name for c in event.function_calls)
-            parts, meta = [new_text_part(f"calling {names}")], {"tool_calls": True}
+            parts, meta = [new_text_part(f"calling {names}")], {TOOL_CALLS: True}
         else:
             return
         await updater.update_status(
@@ -745,8 +746,8 @@ class MeshExecutor(AgentExecutor):
             TaskState.TASK_STATE_COMPLETED,
             metadata={
                 **self._task_metadata(req),
-                "usage": result.usage.as_dict(),
-                "children_usage": children_usage,
+                USAGE: usage_json(result.usage),
+                CHILDREN_USAGE: children_usage,
             },
         )
 
@@ -758,9 +759,9 @@ class MeshExecutor(AgentExecutor):
             meta["caller"] = req.caller
         if req.traceparent:
             meta["traceparent"] = req.traceparent
-        caller_task = req.metadata.get("caller_task")
+        caller_task = read(req.metadata, CALLER_TASK)
         if isinstance(caller_task, str) and caller_task:
-            meta["caller_task"] = caller_task  # the task above this one in a chain
+            meta[CALLER_TASK] = caller_task  # the task above this one in a chain
         return meta
 
     async def _end(

@@ -16,7 +16,7 @@ request handler marks the call, ``mark_streamed``) or someone subscribes to it
   ``from`` runs from this task's direct child down to where the event happened: a child's own
   event gets ``[child]``, an event the child relayed gets ``[child] + its from``, so progress
   three hops down reaches the top in order with its whole path. An artifact chunk of a child
-  is relayed with ``kind: "artifact"`` (and ``artifact_id``, ``append``, ``last_chunk``): its
+  is relayed with ``kind: "artifact"`` (and ``artifactId``, ``append``, ``lastChunk``): its
   parts become the status message's parts, never an artifact of this task. Partial text is
   coalesced (at most one update per source every ``COALESCE_S``). A child's interrupted and
   final states are not relayed as progress: its question or its answer is the delegation's
@@ -38,6 +38,7 @@ from a2a.server.tasks import TaskUpdater
 from a2a.types import Part, TaskState
 from google.protobuf.json_format import ParseDict, ParseError
 
+from mesh._a2a.metadata_keys import ARTIFACT_ID, LAST_CHUNK, read
 from mesh._a2a.results import TaskUpdate
 from mesh._asks import TASKS_EXTENSION
 
@@ -128,9 +129,9 @@ class ChildRelay:
             await self.flush()
             tag = {
                 "kind": "artifact",
-                "artifact_id": update.artifact_id,
+                ARTIFACT_ID: update.artifact_id,
                 "append": update.append,
-                "last_chunk": update.last_chunk,
+                LAST_CHUNK: update.last_chunk,
             }
             await self._publish(self._tagged(update, tag), list(update.parts))
             return
@@ -142,9 +143,10 @@ class ChildRelay:
             "state": str(relayed.get("state") or _proto_state(update.state)),
             "partial": bool(update.partial or relayed.get("partial")),
         }
-        for key in ("artifact_id", "append", "last_chunk"):
-            if key in relayed:
-                tag[key] = relayed[key]
+        for key in (ARTIFACT_ID, "append", LAST_CHUNK):
+            value = read(relayed, key)  # a node before camelCase: artifact_id, last_chunk
+            if value is not None:
+                tag[key] = value
         tagged = self._tagged(update, tag)
         if not tag["partial"]:
             await self.flush()

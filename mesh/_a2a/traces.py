@@ -26,6 +26,7 @@ from typing import Any
 from a2a.types import Role, Task
 from pydantic import BaseModel, Field
 
+from mesh._a2a.metadata_keys import CALLER_TASK, USAGE, read, usage_counts
 from mesh._a2a.results import TaskResult, as_json
 from mesh._a2a.store import MAX_TRACE_TASKS, SqliteTaskStore
 from mesh._sqlite import Database
@@ -84,7 +85,8 @@ class TraceTaskRow(BaseModel):
     #: the latest status.
     started_at: float | None = None
     ended_at: float | None = None
-    #: This task's own model usage (its children report theirs).
+    #: This task's own model usage by kind, camelCase as in task metadata (``inputTokens``,
+    #: also for a task an older node stored with ``input_tokens``); its children report theirs.
     usage: dict[str, int] = Field(default_factory=dict)
     tool_calls: list[ToolCallRow] = Field(default_factory=list)
 
@@ -170,7 +172,6 @@ def _tool_calls(conn: sqlite3.Connection, user_id: str, row: TraceTaskRow) -> li
 def _row(agent: str, task: Task, created_ns: int | None) -> TraceTaskRow:
     result = TaskResult.from_json(as_json(task))
     meta = result.metadata
-    usage = meta.get("usage")
     return TraceTaskRow(
         agent=agent,
         task_id=result.task_id,
@@ -178,7 +179,7 @@ def _row(agent: str, task: Task, created_ns: int | None) -> TraceTaskRow:
         skill=str(meta.get("skill") or ""),
         state=result.state,
         caller=str(meta.get("caller") or ""),
-        caller_task=str(meta.get("caller_task") or ""),
+        caller_task=str(read(meta, CALLER_TASK) or ""),
         traceparent=str(meta.get("traceparent") or ""),
         input=_input_of(task),
         answer_text=result.text[:MAX_VALUE_BYTES],
@@ -187,7 +188,7 @@ def _row(agent: str, task: Task, created_ns: int | None) -> TraceTaskRow:
         error=result.error,
         started_at=None if created_ns is None else created_ns / 1e9,
         ended_at=_ended_at(result.updated_at),
-        usage={str(k): int(v) for k, v in usage.items()} if isinstance(usage, dict) else {},
+        usage=usage_counts(meta.get(USAGE)),
     )
 
 

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from mesh._a2a.metadata_keys import CALLER_TASK, read
 from mesh._asks import TASKS_EXTENSION, Question
 from mesh._cli.question import (
     EXIT_NOT_FOUND,
@@ -83,7 +84,7 @@ async def reply(
                 if question is not None and question.id
                 else None
             )
-            if parent := str(task.metadata.get("caller_task") or ""):
+            if parent := str(read(task.metadata, CALLER_TASK) or ""):
                 # A hop of a chain: its caller's task learns of this answer only when it runs
                 # again (design: answer at the top, the answer goes down).
                 caller = str(task.metadata.get("caller") or "its caller")

@@ -5,7 +5,7 @@ mesh tasks --waiting                      # every task that waits for an answer,
 mesh tasks loan-officer --state working   # one agent's running tasks
 
 Any A2A agent's tasks are listed (``ListTasks`` on every passing instance); a mesh node's task
-metadata adds the skill, the calling agent and ``caller_task``, the task of its caller: a task
+metadata adds the skill, the calling agent and ``callerTask``, the task of its caller: a task
 whose caller's task is listed too is a hop of a chain and is folded under the topmost one unless
 ``--all`` (answer at the top: the answer goes down the chain).
 """
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
+from mesh._a2a.metadata_keys import CALLER_TASK, read
 from mesh._asks import Question
 from mesh._cli.question import WAITING_STATES, asker_of, first_line, questions_of
 from mesh._cli.serve import Lookup, lookup_location
@@ -85,7 +86,7 @@ class Listed:
 
     @property
     def caller_task(self) -> str:
-        return str(self.task.metadata.get("caller_task") or "")
+        return str(read(self.task.metadata, CALLER_TASK) or "")
 
     @property
     def questions(self) -> list[Question]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
+from mesh._a2a.metadata_keys import total_tokens, usage_counts
 from mesh._a2a.traces import TraceAnswer, TraceTaskRow
 
 if TYPE_CHECKING:
@@ -83,13 +84,8 @@ class Trace:
     @property
     def total_tokens(self) -> int:
         """Model tokens over every hop (each task reports its own turn's)."""
-        total = 0
-        for task in self.tasks:
-            usage = task.usage
-            total += usage.get("total_tokens") or (
-                usage.get("input_tokens", 0) + usage.get("output_tokens", 0)
-            )
-        return total
+        # A row of a node before the camelCase keys says total_tokens: usage_counts reads both.
+        return sum(total_tokens(usage_counts(task.usage)) for task in self.tasks)
 
     def tree(self) -> list[tuple[int, TraceTaskRow]]:
         """(depth, task) in tree order: each task under the task of its caller."""
