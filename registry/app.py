@@ -34,6 +34,7 @@ from registry.metrics import CountRequests, RegistryMetrics
 from registry.operator import Sessions
 from registry.prober import MAX_CONCURRENT_PROBES, Prober
 from registry.reach import Reach
+from registry.recent import RecentTasks
 from registry.settings import FLEET_LIMIT, RegistrySettings
 from registry.sqlite_store import SqliteRegistryStore
 from registry.state import RegistryState
@@ -130,6 +131,7 @@ def create_app(
             fetch_slots=asyncio.Semaphore(MAX_CONCURRENT_CARD_FETCHES),
             reach=reach,
             sessions=Sessions(settings.token),
+            recent=RecentTasks(),
             started_at=started_at,
         )
         await prober.start()

@@ -21,7 +21,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mesh._a2a.client import A2APeer
 from mesh._a2a.results import TaskResult
@@ -30,8 +30,10 @@ from mesh._cli.question import asker_of, check_answer
 from mesh._cli.tasks import WAITING, Listed, Unreachable, chains, list_tasks_at
 from mesh._errors import ConfigError, MeshError
 from registry.reach import PARALLEL, Refusal
-from registry.state import RegistryState
 from registry.store import InstanceRecord
+
+if TYPE_CHECKING:
+    from registry.state import RegistryState
 
 __all__ = [
     "ANSWER_TIMEOUT_S",

@@ -27,7 +27,6 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from mesh._stats import WINDOW_S
 from registry.catalog import AgentView
-from registry.recent import recent_tasks
 from registry.schema_view import schema_rows
 from registry.state import RegistryState, get_state
 from registry.topology import BOX_H, BOX_W, AgentLive, Topology, layout
@@ -172,5 +171,5 @@ async def agent_page(request: Request, name: str, state: State) -> HTMLResponse:
     # Asked of the agent's nodes now, while its page is open (registry.recent); the
     # operator's only when the registry holds the mesh token (registry.operator).
     readable = state.sessions.may_read_tasks(request, mesh_token=state.reach.mesh_token is not None)
-    context["recent"] = await recent_tasks(state, name) if readable else None
+    context["recent"] = await state.recent.of(state, name) if readable else None
     return _templates.TemplateResponse(request, "agent.html", context, headers=_NO_STORE)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -33,8 +33,10 @@ from mesh._eval.trace import Trace
 from mesh._outbound import FetchFailed, bounded_get
 from mesh._tracing import trace_id_of
 from registry.reach import PARALLEL, Reach, Refusal
-from registry.state import RegistryState
 from registry.store import InstanceRecord
+
+if TYPE_CHECKING:
+    from registry.state import RegistryState
 
 __all__ = [
     "DEADLINE_S",

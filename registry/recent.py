@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -25,16 +25,20 @@ from mesh._outbound import FetchFailed
 from mesh._tracing import trace_id_of
 from registry.paths import DEADLINE_S, MAX_NODE_BYTES, fetch_rows
 from registry.reach import PARALLEL, Refusal
-from registry.state import RegistryState
 from registry.store import InstanceRecord
 
-__all__ = ["CACHE_S", "LIMIT", "Recent", "RecentTask", "recent_tasks"]
+if TYPE_CHECKING:
+    from registry.state import RegistryState
+
+__all__ = ["CACHE_S", "LIMIT", "Recent", "RecentTask", "RecentTasks"]
 
 LIMIT = 10
 CACHE_S = 2.0
 MAX_ANSWER_BYTES = MAX_NODE_BYTES
 # Ended tasks' (start, end) kept at most.
 _KEEP = 2048
+# Agents whose last listing is kept at most.
+_AGENTS = 256
 _ENDED = frozenset({"completed", "failed", "canceled", "rejected"})
 
 
@@ -94,51 +98,58 @@ class _Durations:
             self._known.popitem(last=False)
 
 
-_durations = _Durations()
-_cache: dict[str, Recent] = {}
+class RecentTasks:
+    """The agents' recent tasks as last asked, and the durations of ended tasks (see the module
+    docstring); one per registry (``RegistryState.recent``)."""
 
+    def __init__(self) -> None:
+        self._durations = _Durations()
+        self._cache: OrderedDict[str, Recent] = OrderedDict()
 
-async def recent_tasks(state: RegistryState, agent: str) -> Recent:
-    """The agent's latest tasks across the instances the registry may ask, newest first."""
-    now = time.time()
-    cached = _cache.get(agent)
-    if cached is not None and now - cached.at < CACHE_S:
-        return cached
-    reach = state.reach
-    found = [inst for inst, _ in await state.catalog.instances(agent=agent, status="any")]
-    asked, refused = reach.split(found)
-    by_url = {i.url.rstrip("/"): i for i in asked}
-    listing = await list_tasks_at(
-        reach.http,
-        [(agent, url) for url in by_url],
-        states=("",),  # every state
-        limit=LIMIT,
-        timeout_s=DEADLINE_S,
-        headers=reach.headers,
-        max_answer_bytes=MAX_ANSWER_BYTES,
-    )
-    listed = listing.tasks[:LIMIT]
-    gate = asyncio.Semaphore(PARALLEL)
+    async def of(self, state: RegistryState, agent: str) -> Recent:
+        """The agent's latest tasks across the instances the registry may ask, newest first."""
+        now = time.time()
+        cached = self._cache.get(agent)
+        if cached is not None and now - cached.at < CACHE_S:
+            return cached
+        recent = await self._ask(state, agent, now)
+        self._cache[agent] = recent
+        self._cache.move_to_end(agent)
+        while len(self._cache) > _AGENTS:
+            self._cache.popitem(last=False)
+        return recent
 
-    async def timed(item: Listed) -> RecentTask:
-        inst = by_url[item.url]
-        trace = trace_id_of(str(item.task.metadata.get("traceparent") or "")) or ""
-        key = (item.url, item.task.task_id)
-        times = _durations.get(key)
-        if times is None and trace:
-            async with gate:
-                times = await _times(state, inst, trace, item.task.task_id)
-            if times is not None and item.task.state in _ENDED:
-                _durations.keep(key, times)
-        start, end = times or (None, None)
-        return RecentTask(item, trace, inst.instance_id, start, end)
+    async def _ask(self, state: RegistryState, agent: str, now: float) -> Recent:
+        reach = state.reach
+        found = [inst for inst, _ in await state.catalog.instances(agent=agent, status="any")]
+        asked, refused = reach.split(found)
+        by_url = {i.url.rstrip("/"): i for i in asked}
+        listing = await list_tasks_at(
+            reach.http,
+            [(agent, url) for url in by_url],
+            states=("",),  # every state
+            limit=LIMIT,
+            timeout_s=DEADLINE_S,
+            headers=reach.headers,
+            max_answer_bytes=MAX_ANSWER_BYTES,
+        )
+        gate = asyncio.Semaphore(PARALLEL)
 
-    tasks = list(await asyncio.gather(*(timed(t) for t in listed)))
-    recent = Recent(tasks, refused, listing.unreachable, len(asked), now)
-    _cache[agent] = recent
-    if len(_cache) > 256:  # agents come and go: never more entries than a page set
-        _cache.clear()
-    return recent
+        async def timed(item: Listed) -> RecentTask:
+            inst = by_url[item.url]
+            trace = trace_id_of(str(item.task.metadata.get("traceparent") or "")) or ""
+            key = (item.url, item.task.task_id)
+            times = self._durations.get(key)
+            if times is None and trace:
+                async with gate:
+                    times = await _times(state, inst, trace, item.task.task_id)
+                if times is not None and item.task.state in _ENDED:
+                    self._durations.keep(key, times)
+            start, end = times or (None, None)
+            return RecentTask(item, trace, inst.instance_id, start, end)
+
+        tasks = list(await asyncio.gather(*(timed(t) for t in listing.tasks[:LIMIT])))
+        return Recent(tasks, refused, listing.unreachable, len(asked), now)
 
 
 async def _times(

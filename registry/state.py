@@ -14,6 +14,7 @@ from registry.metrics import RegistryMetrics
 from registry.operator import Sessions
 from registry.prober import Prober
 from registry.reach import Reach
+from registry.recent import RecentTasks
 from registry.settings import RegistrySettings
 from registry.store import RegistryStore
 
@@ -34,6 +35,8 @@ class RegistryState:
     reach: Reach
     # The operator's sessions on the console (its writes: ``registry.operator``).
     sessions: Sessions
+    # Agents' recent tasks, asked while their page is open (``registry.recent``).
+    recent: RecentTasks
     started_at: float = field(default_factory=time.time)
 
 

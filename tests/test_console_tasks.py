@@ -359,3 +359,148 @@ def test_recent_tasks_link_to_the_path_view_in_chromium(desk: Desk, page: Any) -
     # The same path from the task id alone.
     page.goto(f"{desk.registry}/paths?task={task.task_id}")
     assert page.locator("#path tr").count() == 1 + 3
+
+
+# -- bounded ---------------------------------------------------------------------------------
+def _row(task_id: str, agent: str, *, caller_task: str = "", skill: str = "s", **kw: Any) -> Any:
+    from mesh._a2a.traces import TraceTaskRow
+
+    return TraceTaskRow(
+        agent=agent,
+        task_id=task_id,
+        context_id="c",
+        skill=skill,
+        state=kw.pop("state", "completed"),
+        caller="top" if caller_task else "",
+        caller_task=caller_task,
+        **kw,
+    )
+
+
+def test_a_retried_call_is_attempts_of_one_hop_and_tokens_roll_up() -> None:
+    from mesh._a2a.traces import TraceAnswer
+    from registry.paths import assemble
+
+    rows = [
+        _row("T", "top", started_at=1.0, ended_at=9.0, usage={"inputTokens": 100}),
+        # The first attempt failed at one instance, the retry went to another.
+        _row(
+            "A1", "child", caller_task="T", started_at=2.0, ended_at=3.0,
+            state="failed", error={"message": "boom"}, usage={"input_tokens": 5},
+        ),
+        _row("A2", "child", caller_task="T", started_at=4.0, ended_at=5.0, usage={"inputTokens": 7}),
+        _row("G", "grandchild", caller_task="A2", started_at=4.2, ended_at=4.8,
+             usage={"outputTokens": 3}),
+    ]  # fmt: skip
+    one = InstanceRecord("i-a", "top", "http://a", "1")
+    two = InstanceRecord("i-b", "child", "http://b", "1")
+    answers = [
+        (one, TraceAnswer(trace_id="t", agent="top", tasks=rows[:1])),
+        (two, TraceAnswer(trace_id="t", agent="child", tasks=rows[1:])),
+        # A replica sharing the store lists the same rows: each once, named after the first.
+        (two, TraceAnswer(trace_id="t", agent="child", tasks=rows[1:])),
+    ]
+    path = assemble("t", answers)
+    shown = [(h.depth, h.task.task_id, h.attempt, h.attempts) for h in path.hops]
+    assert shown == [(0, "T", 1, 1), (1, "A1", 1, 2), (1, "A2", 2, 2), (2, "G", 1, 1)]
+    top, first, retry, grandchild = path.hops
+    assert first.error == "boom"
+    assert first.duration_s == 1.0
+    assert (retry.rolled.input, retry.rolled.output) == (7, 3)
+    assert (top.rolled.input, top.rolled.output) == (112, 3)
+    assert (path.tokens.input, path.tokens.output) == (112, 3)
+    assert grandchild.url == "http://b"
+
+
+class _Server:
+    """A real uvicorn server on loopback, in a thread, serving ``app``."""
+
+    def __init__(self, app: Any, port: int) -> None:
+        import threading
+
+        import uvicorn
+
+        self.port = port
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> _Server:
+        self.thread.start()
+        wait_until_ok(f"{self.url}/health")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def _misbehaving(name: str, port: int, traces: str) -> Any:
+    """A registrable node whose trace route trickles forever or sends too much."""
+    from a2a.server.routes import create_agent_card_routes
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    from tests.echo_node import build_card
+
+    card = build_card(name, f"http://127.0.0.1:{port}", description="Misbehaves.", skill_id="echo")
+
+    async def forever() -> Any:
+        while True:
+            yield b" "
+            await asyncio.sleep(0.1)
+
+    async def huge() -> Any:
+        for _ in range(64):  # 4 MiB
+            yield b"x" * 65536
+
+    async def tasks(request: Any) -> Any:
+        return StreamingResponse(forever() if traces == "trickle" else huge())
+
+    async def health(request: Any) -> Any:
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(
+        routes=[
+            *create_agent_card_routes(card),
+            Route("/health", health),
+            Route("/v1/traces/{trace_id}/tasks", tasks),
+        ]
+    )
+
+
+def test_nodes_that_trickle_or_flood_do_not_hold_the_path_up(tmp_path: Path) -> None:
+    import time
+
+    from registry.paths import DEADLINE_S, MAX_NODE_BYTES
+
+    port = free_port()
+    reg = f"http://127.0.0.1:{port}"
+    argv = ["mesh", "registry", "--port", str(port), "--data-dir", str(tmp_path / "reg")]
+    slow_port, huge_port = free_port(), free_port()
+    with (
+        running(argv, name="registry", tmp=tmp_path, env=clean_env(), health=f"{reg}/health"),
+        _Server(_misbehaving("slow", slow_port, "trickle"), slow_port) as slow,
+        _Server(_misbehaving("huge", huge_port, "huge"), huge_port) as flood,
+    ):
+        for name, server in (("slow", slow), ("huge", flood)):
+            r = httpx.post(
+                f"{reg}/v1/instances",
+                json={"instance_id": f"{name}-1", "url": server.url, "agent": name},
+                timeout=10,
+            )
+            assert r.status_code == 201, r.text
+        began = time.monotonic()
+        r = httpx.get(f"{reg}/v1/paths/{'cd' * 16}", timeout=30)
+        took = time.monotonic() - began
+    assert r.status_code == 200, r.text
+    path = r.json()
+    assert path["asked"] == 2
+    assert path["hops"] == []
+    assert path["unreachable"] == {
+        slow.url: f"no whole answer within {DEADLINE_S:g} s",
+        flood.url: f"answer over {MAX_NODE_BYTES} bytes",
+    }
+    assert took < DEADLINE_S + 3
