@@ -5,6 +5,8 @@ unknown methods and unsupported versions on both bindings."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import signal
 import sys
 import uuid
@@ -408,3 +410,73 @@ async def test_a_mesh_node_is_still_called_over_json_rpc(
     assert _metric(after, "mesh_requests_total", method="GET /tasks/{id}") == _metric(
         before, "mesh_requests_total", method="GET /tasks/{id}"
     )
+
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+_TRACE = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+
+
+def _norm(value: Any) -> Any:
+    """Ids and times each node generates, replaced by placeholders."""
+    if isinstance(value, dict):
+        return {k: _norm(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_norm(v) for v in value]
+    if isinstance(value, str):
+        return _TRACE.sub("<trace>", _TIME.sub("<time>", _UUID.sub("<uuid>", value)))
+    return value
+
+
+async def test_the_rest_fast_path_answers_as_the_sdks_rest_route(tmp_path: Path) -> None:
+    urls = []
+    with contextlib.ExitStack() as stack:
+        for name, flag in (("fast", "1"), ("sdk", "0")):
+            port = free_port()
+            argv = ["mesh", "serve", "tests.node_agents:agent", "--port", str(port)]
+            argv += ["--data-dir", str(tmp_path / name)]
+            url = f"http://127.0.0.1:{port}"
+            env = clean_env(MESH_FASTPATH=flag)
+            stack.enter_context(
+                running(argv, name=name, tmp=tmp_path, env=env, health=url + "/health")
+            )
+            urls.append(url)
+        fast_url, sdk_url = urls
+
+        def send(data: Any, **config: Any) -> dict[str, Any]:
+            body: dict[str, Any] = {
+                "message": {
+                    "role": "ROLE_USER",
+                    "messageId": uuid.uuid4().hex,
+                    "contextId": "ctx-rest",
+                    "parts": [{"data": data}],
+                    "metadata": {"skill": "echo"},
+                }
+            }
+            if config:
+                body["configuration"] = config
+            return body
+
+        async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
+            cases = {
+                "completed": (send({"key": "a", "n": 3}), "1.0"),
+                "history": (send({"key": "b"}, historyLength=5), "1.0"),
+                "rejected": (send({"n": 1}), "1.0"),
+                "negative history": (send({"key": "c"}, historyLength=-1), "1.0"),
+                "version": (send({"key": "d"}), "2.0"),
+            }
+            for what, (body, version) in cases.items():
+                answers = [
+                    await http.post(
+                        url + REST + "/message:send", json=body, headers={"A2A-Version": version}
+                    )
+                    for url in (fast_url, sdk_url)
+                ]
+                fast, sdk = answers
+                assert fast.status_code == sdk.status_code, (what, fast.text, sdk.text)
+                assert fast.headers["content-type"] == sdk.headers["content-type"], what
+                assert _norm(fast.json()) == _norm(sdk.json()), what
+            metrics = [(await http.get(u + "/metrics")).text for u in urls]
+    # The fast node answered the blocking sends it takes itself; the other none.
+    assert _metric(metrics[0], "mesh_fastpath_sends_total", binding="rest") == 5
+    assert _metric(metrics[1], "mesh_fastpath_sends_total", binding="rest") == 0
