@@ -293,6 +293,10 @@ def test_writes_without_the_operators_credential_are_refused(desk: Desk) -> None
         )
         assert r.status_code == 403
         assert "another site" in r.text
+        # Signing out ends the session: the inbox asks for the token again.
+        r = http.post("/console/logout", data={"csrf": csrf})
+        assert r.status_code == 303
+        assert http.get("/inbox").status_code == 401
     # Nothing was sent: the task still waits with the same question.
     still = run(_get(desk.urls["loan-officer"], task.task_id))
     assert still.state == "input-required"
