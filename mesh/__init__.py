@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "A2APeer": "mesh._a2a.client",
     "Agent": "mesh._agent",
+    "Artifact": "mesh._artifacts",
     "Ask": "mesh._tools",
     "AgentNotFound": "mesh._errors",
     "BreakerBoard": "mesh._resilience",
@@ -31,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "DiscoveryError": "mesh._errors",
     "DiscoveryUnreachable": "mesh._errors",
     "Event": "mesh._events",
+    "File": "mesh._artifacts",
     "GeminiModel": "mesh._models.gemini",
     "InMemorySessionStore": "mesh._sessions.memory",
     "Instance": "mesh._discovery.base",
@@ -110,6 +112,7 @@ if TYPE_CHECKING:
     from mesh._a2a.card import agent_tags, skill_schemas
     from mesh._a2a.client import A2APeer, TaskResult
     from mesh._agent import Agent
+    from mesh._artifacts import Artifact, File
     from mesh._asks import Question
     from mesh._discovery import create_backend
     from mesh._discovery.base import DiscoveryBackend, Instance, Registration

@@ -37,6 +37,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mesh._agent import Agent
+from mesh._artifacts import ATTACHMENTS, Artifact
 from mesh._asks import ChildRef, ChildWaiting, Question, relayed
 from mesh._errors import (
     ConfigError,
@@ -148,7 +149,8 @@ class RunResult:
     ``events`` are those the turn produced after the user's message (model and tool events, no
     partial ones); ``usage`` sums the turn's model responses; ``data`` is the answer parsed as
     JSON when a ``response_schema`` was given (None if it did not parse); streaming consumers
-    find the same value in the final event's ``metadata["data"]``.
+    find the same value in the final event's ``metadata["data"]``. ``artifacts``: what the
+    turn's tools attached (``ToolContext.attach``), in order.
     """
 
     text: str
@@ -156,6 +158,7 @@ class RunResult:
     events: list[Event]
     usage: Usage
     session_id: str
+    artifacts: list[Artifact] = field(default_factory=list)
 
 
 @dataclass
@@ -164,6 +167,16 @@ class _Turn:
     usage: Usage = field(default_factory=Usage)
     final: Event | None = None
     session_id: str = ""
+    attached: list[Artifact] = field(default_factory=list)
+
+    def meta(self, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The turn's metadata; the list its tools attach to is the caller's when it gives
+        one (``metadata[ATTACHMENTS]``: a node publishes them), kept out of the tools' view."""
+        meta = dict(metadata or {})
+        sink = meta.pop(ATTACHMENTS, None)
+        if isinstance(sink, list):
+            self.attached = sink
+        return meta
 
 
 class Runner:
@@ -350,7 +363,7 @@ class Runner:
         session_id = session_id or new_id()
         turn.session_id = session_id
         invocation_id = new_id()
-        meta = dict(metadata or {})
+        meta = turn.meta(metadata)
         async with self.locks.hold(user_id, session_id):
             session = await self._load(user_id, session_id)
             cleared = await self._not_waiting(session, waiting)
@@ -382,7 +395,7 @@ class Runner:
         stream: bool,
     ) -> AsyncGenerator[Event, None]:
         turn.session_id = session_id
-        meta = dict(metadata or {})
+        meta = turn.meta(metadata)
         async with self.locks.hold(user_id, session_id):
             session = await self.sessions.get(user_id, session_id)
             if session is None:
@@ -452,6 +465,7 @@ class Runner:
             invocation_id=invocation_id,
             session_state=MappingProxyType(session.state),
             metadata=meta,
+            attachments=turn.attached,
         )
         tools = await self._tools(base_ctx)
         declarations = tuple(
@@ -608,6 +622,7 @@ class Runner:
                 session_state=MappingProxyType(session.state),
                 # A copy per call: tools may add keys without seeing each other's.
                 metadata=dict(base.metadata),
+                attachments=base.attachments,
             )
             target = tools.get(call.name)
             if target is None:
@@ -812,7 +827,12 @@ class Runner:
             turn.final.metadata.get("data") if turn.final and response_schema is not None else None
         )
         return RunResult(
-            text=text, data=data, events=turn.events, usage=turn.usage, session_id=turn.session_id
+            text=text,
+            data=data,
+            events=turn.events,
+            usage=turn.usage,
+            session_id=turn.session_id,
+            artifacts=list(turn.attached),
         )
 
 

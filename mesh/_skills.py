@@ -17,7 +17,10 @@ has neither model: free text in, free text out. Every LLM agent gets the text sk
     summarize = llm_skill("summarize", input=Doc, output=Summary, description="...")
 
 A function skill declared ``@skill(asks=True)`` may ``await ctx.ask(...)`` its caller for input
-(see ``SkillContext.ask`` and ``mesh._asks``); the card says which skills may wait.
+(see ``SkillContext.ask`` and ``mesh._asks``); the card says which skills may wait. A skill may
+attach files and data to its task (``ctx.attach``, see ``mesh._artifacts``), take files of the
+media types it declares (``accepts=``, read as ``ctx.files``), and answer with a direct message
+instead of a task (``reply="message"``).
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ import time
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from mesh._artifacts import ATTACHMENTS, Artifact, File, PartValue, attach_to
 from mesh._asks import ASK_KINDS, AskKind, Question, Recorded, Suspend, validation_errors
 from mesh._errors import ConfigError, ReplayDiverged
 from mesh._schema_order import with_property_order
@@ -40,6 +44,10 @@ __all__ = ["TEXT_SKILL_ID", "Skill", "SkillContext", "llm_skill", "skill"]
 
 TEXT_SKILL_ID = "chat"
 _ID = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_JSON = "application/json"
+_TEXT = "text/plain"
+#: How a skill answers: a task (the default), or one direct message (``reply="message"``).
+Reply = Literal["task", "message"]
 
 
 @dataclass
@@ -60,7 +68,23 @@ class SkillContext:
     replay: list[Recorded] = field(default_factory=list)
     #: Where ``progress`` goes (the node sets it; None: nowhere).
     reporter: Callable[[str], Awaitable[None]] | None = field(default=None, repr=False)
+    #: The file parts of the message, of the media types the skill accepts (``accepts=``).
+    files: list[File] = field(default_factory=list)
     _asked: int = field(default=0, init=False, repr=False)
+
+    def attach(self, *parts: PartValue, name: str = "", description: str = "") -> Artifact:
+        """Publish ``parts`` as one more named artifact of the task, next to the answer::
+
+            ctx.attach(File(pdf, media_type="application/pdf", name="offer.pdf"))
+            ctx.attach({"rate": 1.08}, "EUR/USD 1.08", name="rate")
+
+        A part is text, JSON data (dict, list, pydantic model) or a ``File``; ``name``
+        defaults to the first file's name. The artifacts go out when the run ends (with the
+        answer, or as the task starts waiting for input); a skill that fails publishes none.
+        A direct-message skill (``reply="message"``) has its attachments' parts appended to
+        the message."""
+        sink = self.metadata.setdefault(ATTACHMENTS, [])
+        return attach_to(sink, parts, name, description)
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (may be negative), None without a deadline."""
@@ -155,6 +179,10 @@ class Skill:
     # Whether a call may outlive one request (minutes): callers send without waiting and
     # follow the task by subscription (declared on the card as ``long_running``).
     long_running: bool = False
+    # How the skill answers: a task, or one direct message (no task kept).
+    reply: Reply = "task"
+    # Media types of file parts the skill takes besides its input (they reach ``ctx.files``).
+    accepts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not _ID.match(self.id):
@@ -167,6 +195,21 @@ class Skill:
                 f"skill {self.id!r} is declared asks=True: it must be a function taking "
                 "(input, ctx: SkillContext), which asks through ctx.ask"
             )
+        if self.reply not in ("task", "message"):
+            raise ConfigError(
+                f"skill {self.id!r}: reply is 'task' or 'message', not {self.reply!r}"
+            )
+        if self.reply == "message" and (self.handler is None or self.asks or self.long_running):
+            raise ConfigError(
+                f"skill {self.id!r}: reply='message' is for a function skill that answers at "
+                "once and keeps no state (not asks=True, not long_running, not an LLM skill)"
+            )
+        for mode in self.accepts:
+            if not isinstance(mode, str) or "/" not in mode:
+                raise ConfigError(
+                    f"skill {self.id!r}: accepts takes media types such as 'image/png' or "
+                    f"'image/*', got {mode!r}"
+                )
         if (self.input_model is None) != (self.output_model is None):
             raise ConfigError(
                 f"skill {self.id!r}: give both an input and an output model, or neither"
@@ -189,6 +232,19 @@ class Skill:
     @property
     def llm(self) -> bool:
         return self.handler is None
+
+    @property
+    def input_modes(self) -> list[str]:
+        """The media types of the parts the skill takes (the card's ``inputModes``): a typed
+        skill JSON (a data part, or a text part holding the object), ``chat`` text, plus the
+        file types it ``accepts``."""
+        base = [_JSON, _TEXT] if self.typed else [_TEXT]
+        return [*base, *(m for m in self.accepts if m not in base)]
+
+    @property
+    def output_modes(self) -> list[str]:
+        """The media types of its answer (a typed result is a data part and its JSON text)."""
+        return [_JSON, _TEXT] if self.typed else [_TEXT]
 
     def input_schema(self) -> dict[str, Any] | None:
         return self.input_model.model_json_schema() if self.input_model else None
@@ -216,6 +272,8 @@ def skill(
     examples: typing.Sequence[str] = (),
     asks: bool = False,
     long_running: bool = False,
+    reply: Reply = "task",
+    accepts: typing.Sequence[str] = (),
 ) -> Any:
     """Make a typed skill of a function ``(input: In[, ctx: SkillContext]) -> Out``.
 
@@ -225,7 +283,11 @@ def skill(
     with options (``@skill(id="score", tags=[...])``). ``asks=True``: the skill may
     ``await ctx.ask(...)`` (see ``SkillContext.ask``). ``long_running=True``: a call may take
     minutes; the card says so and mesh callers follow it without holding a request open
-    (docs/delegation.md). docs/guide.md has the reference.
+    (docs/delegation.md). ``reply="message"``: the answer is one direct A2A ``Message`` (its
+    data part and JSON text), no task kept: for an instantaneous, stateless skill.
+    ``accepts=["image/png", ...]``: file parts of those media types come with the input (in
+    ``ctx.files``); a part of any other type is refused (-32005). docs/guide.md has the
+    reference.
     """
 
     def build(f: Handler) -> Skill:
@@ -250,6 +312,8 @@ def skill(
             takes_context=len(params) > 1,
             asks=asks,
             long_running=long_running,
+            reply=reply,
+            accepts=tuple(accepts),
         )
 
     return build(fn) if fn is not None else build

@@ -32,6 +32,7 @@ import pydantic
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mesh._artifacts import Artifact, PartValue, attach_to
 from mesh._asks import ASK_KINDS, AskKind, Question
 from mesh._errors import ConfigError, ToolError
 from mesh._schema_order import with_property_order
@@ -132,10 +133,23 @@ class ToolContext:
     session_state: Mapping[str, Any] = field(default_factory=dict, repr=False)
     state_delta: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: What the turn's tools attached so far (``attach``), shared by the turn's calls.
+    attachments: list[Artifact] = field(default_factory=list, repr=False)
 
     @property
     def state(self) -> Mapping[str, Any]:
         return StateView(self.session_state, self.state_delta)
+
+    def attach(self, *parts: PartValue, name: str = "", description: str = "") -> Artifact:
+        """Attach ``parts`` to the turn's answer as one more named artifact (a file the tool
+        made, data the answer carries)::
+
+            ctx.attach(File(png, media_type="image/png", name="chart.png"))
+            ctx.attach({"rate": 1.08}, name="rate")
+
+        In a node the task publishes it with its answer; ``Runner.run`` returns it in
+        ``RunResult.artifacts``. The model does not see it: return what it should read."""
+        return attach_to(self.attachments, parts, name, description)
 
 
 _current: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(

@@ -86,7 +86,8 @@ async def test_card_publishes_skills_and_schemas_without_instruction(
     assert card["name"] == "credit-bureau"
     assert card["capabilities"]["streaming"] is True
     skill = next(s for s in card["skills"] if s["id"] == "score")
-    assert skill["inputModes"] == ["application/json"]
+    # A typed skill takes its JSON as a data part or as text (issue 14).
+    assert skill["inputModes"] == ["application/json", "text/plain"]
     assert "credit" in skill["tags"]
     uris = [e["uri"] for e in card["capabilities"]["extensions"]]
     assert SKILL_SCHEMA_EXTENSION in uris

@@ -62,8 +62,17 @@ async def test_chat_streams_tool_progress_and_text(assistant: str) -> None:
         peer = A2APeer(http, assistant)
         updates = [u async for u in peer.stream("convert 100 eur to usd")]
         assert any(u.kind == "status" and "convert" in u.text for u in updates)
-        artifact = next(u for u in updates if u.kind == "artifact")
+        # The model's text arrives as chunks of the answer artifact, closed by the whole of it.
+        chunks = [u for u in updates if u.kind == "artifact" and not u.last_chunk]
+        assert len(chunks) >= 2
+        assert chunks[0].append is False
+        assert chunks[1].append is True
+        assert "".join(u.text for u in chunks) == "100 EUR is 108 USD."
+        artifact = next(u for u in updates if u.kind == "artifact" and u.last_chunk)
         assert artifact.text == "100 EUR is 108 USD."
+        assert artifact.artifact_id == chunks[0].artifact_id
+        assert artifact.append is False
+        assert not [u for u in updates if u.kind == "status" and u.partial]
         assert updates[-1].state == "completed"
         await peer.aclose()
 

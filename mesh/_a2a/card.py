@@ -74,15 +74,15 @@ _TASKS = AgentExtension(
 
 
 def _agent_skill(skill: Skill) -> AgentSkill:
-    modes = [JSON_MODE] if skill.typed else [TEXT_MODE]
     return AgentSkill(
         id=skill.id,
         name=skill.name,
         description=skill.description,
         tags=list(skill.tags),
         examples=list(skill.examples),
-        input_modes=modes,
-        output_modes=modes,
+        # What the skill takes and answers (mesh._skills: Skill.input_modes, output_modes).
+        input_modes=skill.input_modes,
+        output_modes=skill.output_modes,
     )
 
 
@@ -125,15 +125,16 @@ def build_card(agent: Agent, url: str, *, bearer: bool = False) -> AgentCard:
         required=False,
         params=params,
     )
-    modes = sorted({m for s in skills for m in ([JSON_MODE] if s.typed else [TEXT_MODE])})
+    inputs = sorted({m for s in skills for m in s.input_modes})
+    outputs = sorted({m for s in skills for m in s.output_modes})
     card = AgentCard(
         name=agent.name,
         description=agent.description or agent.name,
         version=agent.version,
         supported_interfaces=interfaces(url),
         capabilities=AgentCapabilities(streaming=True, extensions=[extension, _TASKS]),
-        default_input_modes=modes,
-        default_output_modes=modes,
+        default_input_modes=inputs,
+        default_output_modes=outputs,
         skills=[_agent_skill(s) for s in skills],
     )
     if bearer:

@@ -32,20 +32,29 @@ import functools
 import logging
 import math
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from a2a.helpers import get_data_parts, get_text_parts, new_data_part, new_text_part
+from a2a.helpers import get_data_parts, get_text_parts, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.tasks import TaskUpdater
-from a2a.types import Message, Part, Task, TaskState, TaskStatus
+from a2a.types import Message, Role, Task, TaskState, TaskStatus
+from a2a.utils.errors import ContentTypeNotSupportedError, InternalError, InvalidParamsError
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel
 
-from mesh._a2a.card import JSON_MODE, TEXT_MODE
+from mesh._a2a.artifacts import (
+    AnswerStream,
+    answer_parts,
+    artifact_parts,
+    files_of,
+    media_type,
+    refused_types,
+)
 from mesh._a2a.dispatcher import Outcome, SkillDispatcher, WaitCheck
 from mesh._a2a.idempotency import IdempotencyKeys, MessageKey, message_key
 from mesh._a2a.json_text import json_object
@@ -55,6 +64,7 @@ from mesh._a2a.relay import STREAMED, Followers, Relay
 from mesh._a2a.states import INTERRUPTED_STATES
 from mesh._a2a.store import DEADLINE, SHUTDOWN, WAIT_DEADLINE_TEXT, stopped_text
 from mesh._a2a.waits import CHILDREN, WaitClock, WaitStore
+from mesh._artifacts import ATTACHMENTS, File
 from mesh._asks import TASKS_EXTENSION, ChildWaiting, Question, Recorded, Suspend, answer_of
 from mesh._errors import MeshError, SchemaViolation, SessionWaiting, SkillInputError
 from mesh._events import Event
@@ -65,7 +75,7 @@ from mesh._settings import NodeSettings
 from mesh._skills import Skill, SkillContext
 from mesh._tracing import ensure_traceparent
 
-__all__ = ["ANSWER", "RESUME", "MeshExecutor", "answers_named"]
+__all__ = ["ANSWER", "DIRECT", "RESUME", "MeshExecutor", "answers_named"]
 
 log = logging.getLogger("mesh.task")
 
@@ -76,6 +86,19 @@ _MAX_SKILL_ID = 128
 RESUME = "mesh.resume"
 #: The resume of a waiting task by a message from its caller (the answer).
 ANSWER = "answer"
+#: Key of ``ServerCallContext.state``: the checked input of a skill that replies with a
+#: message (``check_send``), for its run.
+DIRECT = "mesh.direct"
+
+
+@dataclass(frozen=True)
+class _Direct:
+    """A send to a ``reply="message"`` skill, its input validated before the run."""
+
+    req: _Request
+    skill: Skill
+    payload: BaseModel | str
+    files: list[File]
 
 
 @dataclass
@@ -174,6 +197,12 @@ class MeshExecutor(AgentExecutor):
         self._running: set[asyncio.Timeout] = set()
         # Tasks running here whose long-running children are kept in a resume point.
         self._kept: set[str] = set()
+        skills = dispatcher.agent.all_skills
+        # The media types every skill takes (a message of only those needs no skill lookup to
+        # check), and those some skill takes.
+        self._common = set.intersection(*(set(s.input_modes) for s in skills)) if skills else set()
+        self._some = sorted({m for s in skills for m in s.input_modes})
+        self._replies = any(s.reply == "message" for s in skills)
 
     @property
     def in_flight(self) -> int:
@@ -201,6 +230,11 @@ class MeshExecutor(AgentExecutor):
         # A follow-up naming a task but no context gets a fresh context id from the SDK.
         context_id = current.context_id if current is not None else str(context.context_id)
         resume = self._resume_kind(context, current)
+        call = context.call_context
+        direct = call.state.get(DIRECT) if call is not None and current is None else None
+        if isinstance(direct, _Direct):
+            await self._reply(direct, context_id, event_queue)
+            return
         if current is None:
             await event_queue.enqueue_event(
                 Task(
@@ -348,6 +382,108 @@ class MeshExecutor(AgentExecutor):
         if self.waits is not None:
             self.waits.finish(owner, task_id)
 
+    def check_send(self, message: Message, call: ServerCallContext) -> None:
+        """Refuse a new message before any task exists when its parts are of a media type
+        its skill does not take (``ContentTypeNotSupportedError``, -32005; the skill named in
+        metadata, else any skill of the agent). For a ``reply="message"`` skill, invalid input
+        is ``InvalidParamsError`` naming the field (no task to reject), and the checked input
+        is kept in ``call.state`` for the run."""
+        types = {media_type(p) for p in message.parts}
+        if types <= self._common and not self._replies:
+            return
+        try:
+            req = self.read_request(message)
+        except SkillInputError:
+            return  # the run rejects it, saying what is wrong
+        named = self.dispatcher.agent.skill(req.skill_id) if req.skill_id else None
+        modes = named.input_modes if named is not None else self._some
+        refused = refused_types(types, modes)
+        if refused:
+            who = f"skill '{named.id}'" if named is not None else self.dispatcher.agent.name
+            raise ContentTypeNotSupportedError(
+                message=f"{who} does not take parts of type {', '.join(refused)}; it takes "
+                + ", ".join(modes)
+            )
+        if not self._replies or (named is not None and named.reply != "message"):
+            return
+        try:
+            skill, payload = self._validate(req, message)
+        except SkillInputError as exc:
+            if named is not None:
+                raise InvalidParamsError(message=str(exc)) from None
+            return
+        if skill.reply == "message":
+            files = files_of(message.parts, skill.accepts) if skill.accepts else []
+            call.state[DIRECT] = _Direct(req, skill, payload, files)
+
+    async def _reply(self, direct: _Direct, context_id: str, event_queue: EventQueue) -> None:
+        """Run a ``reply="message"`` skill and answer with one agent ``Message``: the result's
+        parts, then those of what it attached. No task: a failure is the JSON-RPC error
+        -32603 saying what failed (the input was checked by ``check_send``)."""
+        skill, req = direct.skill, direct.req
+        started = time.monotonic()
+        self.running.begin()
+        if self.metrics:
+            self.metrics.task_started()
+        outcome: TaskOutcome = "failed"
+        ctx = SkillContext(
+            skill_id=skill.id,
+            context_id=context_id,
+            deadline=req.deadline,
+            traceparent=req.traceparent,
+            metadata={"caller": req.caller, ATTACHMENTS: []} if req.caller else {ATTACHMENTS: []},
+            files=direct.files,
+        )
+        loop = asyncio.get_running_loop()
+        when = None if req.deadline is None else loop.time() + (req.deadline - time.time())
+        try:
+            if self.stopping:
+                raise InternalError(message=stopped_text(SHUTDOWN))
+            try:
+                async with asyncio.timeout_at(when) as scope:
+                    self._running.add(scope)
+                    try:
+                        result = await self.dispatcher.run(
+                            skill, direct.payload, ctx, user_id=req.caller or "a2a"
+                        )
+                    finally:
+                        self._running.discard(scope)
+            except TimeoutError:
+                raise InternalError(message=f"skill '{skill.id}': deadline exceeded") from None
+            except MeshError as exc:
+                raise InternalError(message=str(exc)) from None
+            except Exception:
+                log.exception("skill %r raised", skill.id)
+                raise InternalError(
+                    message=f"skill '{skill.id}' failed with an internal error (details in the "
+                    "node log)"
+                ) from None
+            parts = answer_parts(result.data, result.text, typed=skill.typed)
+            for artifact in ctx.metadata[ATTACHMENTS]:
+                parts.extend(artifact_parts(artifact))
+            reply = Message(
+                role=Role.ROLE_AGENT,
+                message_id=uuid.uuid4().hex,
+                context_id=context_id,
+                parts=parts,
+            )
+            reply.metadata.update(self._task_metadata(req))
+            await event_queue.enqueue_event(reply)
+            outcome = "completed"
+        finally:
+            self.running.end()
+            seconds = time.monotonic() - started
+            if self.metrics:
+                self.metrics.task_done(skill.id, outcome, seconds)
+            log.info(
+                "message agent=%s skill=%s outcome=%s duration_ms=%.1f traceparent=%s",
+                self.dispatcher.agent.name,
+                skill.id,
+                outcome,
+                seconds * 1000,
+                req.traceparent or "-",
+            )
+
     def read_request(self, message: Message | None) -> _Request:
         """The skill, caller, trace and deadline a message's metadata names
         (``SkillInputError`` for a malformed one)."""
@@ -476,6 +612,11 @@ class MeshExecutor(AgentExecutor):
         )
         ctx.reporter = relay.say
         ctx.metadata["relay"] = relay
+        # What the skill and its tools attach (published with the answer, see _attachments).
+        ctx.metadata[ATTACHMENTS] = []
+        if skill.accepts and context.message is not None and resumed is None:
+            ctx.files = files_of(context.message.parts, skill.accepts)
+        answer = AnswerStream(updater, skill.id, lambda: relay.live)
         if self.waits is not None and skill.llm:
             # A long-running remote call is kept in the resume point (``_keep_children``).
             ctx.metadata["durable_children"] = True
@@ -483,7 +624,7 @@ class MeshExecutor(AgentExecutor):
         user_id = owner or req.caller or "a2a"
 
         async def progress(event: Event) -> None:
-            await self._progress(updater, event)
+            await self._progress(updater, answer, event)
 
         loop = asyncio.get_running_loop()
         when = None if req.deadline is None else loop.time() + (req.deadline - time.time())
@@ -532,6 +673,8 @@ class MeshExecutor(AgentExecutor):
             return await self._suspend(asked, skill, req, context, updater, request)
         except TurnSuspended as paused:
             request = resumed.request if resumed is not None else None
+            # Its tools do not run again on the resume: what they attached goes out now.
+            await self._attachments(updater, ctx)
             return await self._suspend_turn(paused, skill, req, context, updater, request, user_id)
         except ChildWaiting as waiting:
             # A function skill called a remote skill that asks: only an LLM turn relays the
@@ -577,7 +720,8 @@ class MeshExecutor(AgentExecutor):
                 req,
             )
             return "failed"
-        await self._publish(updater, skill, result, req, _sum_usage(children))
+        await self._attachments(updater, ctx)
+        await self._publish(updater, answer, skill, result, req, _sum_usage(children))
         return "completed"
 
     async def _suspend(
@@ -716,11 +860,13 @@ class MeshExecutor(AgentExecutor):
         )
         return await self._waiting(owner, updater, req, questions)
 
-    async def _progress(self, updater: TaskUpdater, event: Event) -> None:
-        """Forward a runner event as a WORKING status update (partial text, tool calls)."""
+    async def _progress(self, updater: TaskUpdater, answer: AnswerStream, event: Event) -> None:
+        """Forward a runner event: partial text as a chunk of the answer artifact (while
+        someone follows the task), a tool call as a WORKING status update."""
         if event.partial and event.text:
-            parts, meta = [new_text_part(event.text)], {"partial": True}
-        elif event.function_calls:
+            await answer.chunk(event.text)
+            return
+        if event.function_calls:
             names = ", ".join(c.name for c in event.function_calls)
             parts, meta = [new_text_part(f"calling {names}")], {TOOL_CALLS: True}
         else:
@@ -729,19 +875,29 @@ class MeshExecutor(AgentExecutor):
             TaskState.TASK_STATE_WORKING, message=updater.new_agent_message(parts, meta)
         )
 
+    async def _attachments(self, updater: TaskUpdater, ctx: SkillContext) -> None:
+        """Publish what the run attached (``ctx.attach``, a tool's ``ctx.attach``), one
+        artifact each, and empty the list."""
+        attached = ctx.metadata.get(ATTACHMENTS) or []
+        for artifact in attached:
+            await updater.add_artifact(
+                artifact_parts(artifact),
+                name=artifact.name,
+                metadata={"description": artifact.description} if artifact.description else None,
+                last_chunk=True,
+            )
+        attached.clear()
+
     async def _publish(
         self,
         updater: TaskUpdater,
+        answer: AnswerStream,
         skill: Skill,
         result: Outcome,
         req: _Request,
         children_usage: dict[str, int],
     ) -> None:
-        if skill.typed:
-            part: Part = new_data_part(result.data or {}, media_type=JSON_MODE)
-        else:
-            part = new_text_part(result.text, media_type=TEXT_MODE)
-        await updater.add_artifact([part], name=skill.id, last_chunk=True)
+        await answer.close(answer_parts(result.data, result.text, typed=skill.typed))
         await updater.update_status(
             TaskState.TASK_STATE_COMPLETED,
             metadata={

@@ -37,13 +37,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, NoReturn
 
-from a2a.helpers import get_data_parts, get_text_parts
+from a2a.helpers import get_data_parts, get_text_parts, new_text_message
 from a2a.server.agent_execution import RequestContext, RequestContextBuilder
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event, EventQueue
 from a2a.server.tasks import TaskManager, TaskStore
 from a2a.types import (
     Message,
+    Role,
     SendMessageRequest,
     Task,
     TaskState,
@@ -51,6 +52,7 @@ from a2a.types import (
     TaskStatusUpdateEvent,
 )
 from a2a.utils.errors import (
+    A2AError,
     InvalidAgentResponseError,
     TaskNotCancelableError,
     TaskNotFoundError,
@@ -69,6 +71,8 @@ __all__ = ["TAKEN", "AppliedEvents", "FastPath"]
 
 log = logging.getLogger("mesh._a2a")
 
+#: The status message of a task whose run raised (the executor's own failures say more).
+FAILED_TEXT = "the agent's run failed with an internal error (details in the node log)"
 #: Key of ``ServerCallContext.state``: whether the fast path takes the call's send.
 TAKEN = "mesh.fastpath"
 
@@ -128,6 +132,15 @@ class AppliedEvents(EventQueue):
         events built, or (``by_agent``: the executor raised before it made one) a new one."""
         failed = TaskStatus(state=TaskState.TASK_STATE_FAILED)
         failed.timestamp.FromDatetime(datetime.now(UTC))
+        # What a client shows as the error (the node log has the details).
+        failed.message.CopyFrom(
+            new_text_message(
+                FAILED_TEXT,
+                role=Role.ROLE_AGENT,
+                task_id=task_id,
+                context_id=self.manager.context_id or None,
+            )
+        )
         task = self.task
         if task is None:
             if not by_agent:
@@ -258,7 +271,10 @@ class FastPath:
                 events.task = await events.manager.save_task_event(update)
         except Exception as exc:
             try:
-                await events.fail(task_id, by_agent=exc is not events.violation)
+                # An A2A error the executor raised before any task (a direct reply's failure)
+                # is the whole answer: no task is made for it.
+                made = not isinstance(exc, A2AError) and exc is not events.violation
+                await events.fail(task_id, by_agent=made)
             except Exception:
                 log.exception("task %s: could not record its failure", task_id)
             raise

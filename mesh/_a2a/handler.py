@@ -285,6 +285,8 @@ class MeshRequestHandler(RequestHandler):
             early = await self._follow_up(params, context)
             if early is not None:
                 return early
+        else:  # -32005 for a part the skill does not take (mesh._a2a.artifacts)
+            self.executor.check_send(params.message, context)
         if not params.configuration.return_immediately:
             mark_blocking_send(context)
         if self.fastpath is not None and self.fastpath.takes(params, context):
@@ -304,6 +306,8 @@ class MeshRequestHandler(RequestHandler):
             if early is not None:
                 yield early
                 return
+            if not params.message.task_id:
+                self.executor.check_send(params.message, context)
             mark_streamed(context)  # the run's progress, and its children's, is relayed
             async for event in self.sdk.on_message_send_stream(params, context):
                 yield event

@@ -17,9 +17,10 @@ request handler marks the call, ``mark_streamed``) or someone subscribes to it
   event gets ``[child]``, an event the child relayed gets ``[child] + its from``, so progress
   three hops down reaches the top in order with its whole path. An artifact chunk of a child
   is relayed with ``kind: "artifact"`` (and ``artifactId``, ``append``, ``lastChunk``): its
-  parts become the status message's parts, never an artifact of this task. Partial text is
-  coalesced (at most one update per source every ``COALESCE_S``). A child's interrupted and
-  final states are not relayed as progress: its question or its answer is the delegation's
+  parts become the status message's parts, never an artifact of this task. A chunk that is
+  not the last (a child's model writing its answer, see ``mesh._a2a.artifacts``) is partial
+  text; partial text is coalesced (at most one update per source every ``COALESCE_S``). A
+  child's interrupted and final states are not relayed as progress: its question or its answer is the delegation's
   result, as on the blocking path.
 
 A task nobody follows pays a flag check: nothing here runs, and a delegation stays one
@@ -125,28 +126,29 @@ class ChildRelay:
         """Relay ``update`` of the child (its task id is learnt from the first event)."""
         if update.task_id and not self.task_id:
             self.task_id = update.task_id
+        tag: dict[str, Any]
         if update.kind == "artifact":
-            await self.flush()
+            # A chunk that is not the last is the child's model writing: partial text.
             tag = {
                 "kind": "artifact",
                 ARTIFACT_ID: update.artifact_id,
                 "append": update.append,
                 LAST_CHUNK: update.last_chunk,
+                "partial": not update.last_chunk,
             }
-            await self._publish(self._tagged(update, tag), list(update.parts))
+        elif update.kind != "status" or update.state in _NOT_PROGRESS or not update.parts:
             return
-        if update.kind != "status" or update.state in _NOT_PROGRESS or not update.parts:
-            return
-        relayed = update.relay or {}
-        tag = {
-            "kind": str(relayed.get("kind") or "status"),
-            "state": str(relayed.get("state") or _proto_state(update.state)),
-            "partial": bool(update.partial or relayed.get("partial")),
-        }
-        for key in (ARTIFACT_ID, "append", LAST_CHUNK):
-            value = read(relayed, key)  # a node before camelCase: artifact_id, last_chunk
-            if value is not None:
-                tag[key] = value
+        else:
+            relayed = update.relay or {}
+            tag = {
+                "kind": str(relayed.get("kind") or "status"),
+                "state": str(relayed.get("state") or _proto_state(update.state)),
+                "partial": bool(update.partial or relayed.get("partial")),
+            }
+            for key in (ARTIFACT_ID, "append", LAST_CHUNK):
+                value = read(relayed, key)  # a node before camelCase: artifact_id, last_chunk
+                if value is not None:
+                    tag[key] = value
         tagged = self._tagged(update, tag)
         if not tag["partial"]:
             await self.flush()

@@ -13,6 +13,8 @@ same whichever way it arrived.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,10 +22,19 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message as ProtoMessage
 
+from mesh._artifacts import Artifact, File
 from mesh._asks import SCHEMA_MEDIA_TYPE, TASKS_EXTENSION, AskKind, Question
 from mesh._schema_order import restore
 
-__all__ = ["FAILED_STATES", "WAITING_STATES", "TaskPage", "TaskResult", "TaskUpdate", "as_json"]
+__all__ = [
+    "FAILED_STATES",
+    "WAITING_STATES",
+    "TaskPage",
+    "TaskResult",
+    "TaskUpdate",
+    "artifact_from_json",
+    "as_json",
+]
 
 #: States of a task that ended without completing.
 FAILED_STATES = frozenset({"failed", "rejected", "canceled"})
@@ -87,6 +98,37 @@ def _question_entry(entry: Any, parts: list[Mapping[str, Any]]) -> Question:
     return Question.from_entry(entry, schema)
 
 
+def artifact_from_json(artifact: Mapping[str, Any]) -> Artifact:
+    """An artifact in its JSON form (as the wire carries it) as ``mesh.Artifact``."""
+    parts: list[Any] = []
+    for part in artifact.get("parts") or ():
+        if not isinstance(part, Mapping):
+            continue
+        kind = part.get("mediaType") or ""
+        if "text" in part:
+            parts.append(str(part["text"]))
+        elif "data" in part:
+            parts.append(part["data"])
+        elif "raw" in part or "url" in part:
+            try:
+                data = base64.b64decode(str(part["raw"])) if "raw" in part else None
+                parts.append(
+                    File(
+                        data=data,
+                        url=str(part["url"]) if "url" in part else None,
+                        media_type=kind if "/" in kind else "application/octet-stream",
+                        name=str(part.get("filename") or ""),
+                    )
+                )
+            except (binascii.Error, ValueError):
+                continue  # not a file this side can read: left out
+    return Artifact(
+        name=str(artifact.get("name") or ""),
+        parts=tuple(parts),
+        description=str(artifact.get("description") or ""),
+    )
+
+
 def _whole(value: Any) -> Any:
     """Undo protobuf's numbers-are-doubles for whole numbers (``712.0`` -> ``712``)."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
@@ -100,8 +142,11 @@ def _whole(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class TaskResult:
-    """A task as the caller sees it. ``data``: the first JSON artifact part; ``text``: the text
-    artifact parts (or the status message when there is no artifact); ``error``: for a task
+    """A task as the caller sees it. ``data``: the first JSON part of its answer; ``text``: the
+    answer's text parts (or the status message when there is no artifact). A mesh node's answer
+    is the artifact named after the skill (a typed result's text is its JSON); any other
+    agent's is all its artifacts. ``artifacts``: every artifact (attachments too: files as
+    ``mesh.File``, JSON data, text), in order; ``error``: for a task
     that ended without completing, ``{"reason", "message"}`` (the node's ``metadata.error``);
     ``status_message``: the status message in its JSON form (a waiting task's question: its
     text and schema parts); ``updated_at``: the status timestamp as the wire spells it (RFC 3339,
@@ -116,6 +161,7 @@ class TaskResult:
     error: dict[str, Any] | None = None
     status_message: Mapping[str, Any] | None = None
     updated_at: str = ""
+    artifacts: tuple[Artifact, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -155,7 +201,12 @@ class TaskResult:
         """The task in its JSON form (a JSON-RPC result's ``task``, or ``as_json(task)``)."""
         data: dict[str, Any] | None = None
         texts: list[str] = []
-        for artifact in task.get("artifacts") or ():
+        metadata = _mapping(task.get("metadata"))
+        artifacts = [a for a in task.get("artifacts") or () if isinstance(a, Mapping)]
+        # A mesh node's answer is the artifact named after its skill; the rest are attachments.
+        skill = metadata.get("skill")
+        answer = [a for a in artifacts if skill and a.get("name") == skill] or artifacts
+        for artifact in answer:
             if data is None:
                 data = _first_data(artifact)
             texts.extend(_texts(artifact))
@@ -163,7 +214,6 @@ class TaskResult:
         message = status.get("message")
         status_text = "\n".join(_texts(message))
         state = _state(status.get("state"))
-        metadata = _mapping(task.get("metadata"))
         error: dict[str, Any] | None = None
         if state in FAILED_STATES:
             found = metadata.get("error")
@@ -182,13 +232,23 @@ class TaskResult:
             error=error,
             status_message=message if isinstance(message, Mapping) else None,
             updated_at=str(status.get("timestamp") or ""),
+            artifacts=tuple(artifact_from_json(a) for a in artifacts),
         )
 
     @classmethod
     def from_message(cls, message: Mapping[str, Any]) -> TaskResult:
-        """A direct message answer (no task): completed, with the message's text."""
+        """A direct message answer (no task): completed, with the message's text and data,
+        and its parts as one artifact (named after the skill it names, if any)."""
+        metadata = _mapping(message.get("metadata"))
+        named = {"name": metadata.get("skill") or "", "parts": message.get("parts") or []}
         return cls(
-            "", str(message.get("contextId") or ""), "completed", text="\n".join(_texts(message))
+            "",
+            str(message.get("contextId") or ""),
+            "completed",
+            data=_first_data(message),
+            text="".join(_texts(message)),
+            metadata=metadata,
+            artifacts=(artifact_from_json(named),),
         )
 
 
@@ -201,7 +261,8 @@ class TaskUpdate:
     (``metadata["urn:mesh:tasks:v1"]["relay"]`` of its message: ``from``, the hops from the
     node's direct child down to the source, and ``kind``; see ``mesh._a2a.relay``), and
     ``data`` then holds its first JSON part, as for an artifact. An artifact event says
-    ``artifact_id``, ``append`` and ``last_chunk``."""
+    ``artifact_id``, ``append`` and ``last_chunk``; a chunk that is not the last one is
+    ``partial`` (a model's text as it is written: ``text`` is the new piece)."""
 
     kind: str
     task_id: str
@@ -261,10 +322,19 @@ class TaskUpdate:
                 artifact_id=str(artifact.get("artifactId") or ""),
                 append=bool(update.get("append")),
                 last_chunk=bool(update.get("lastChunk")),
+                partial=not update.get("lastChunk"),
             )
         if isinstance(message := event.get("message"), Mapping):
-            text = "\n".join(_texts(message))
-            return cls("message", str(message.get("taskId") or ""), _context(message), text=text)
+            # A direct reply (no task): the whole answer, its text and data.
+            return cls(
+                "message",
+                str(message.get("taskId") or ""),
+                _context(message),
+                text="".join(_texts(message)),
+                data=_first_data(message),
+                metadata=_mapping(message.get("metadata")),
+                parts=tuple(_parts(message)),
+            )
         return None
 
 

@@ -293,7 +293,7 @@ def _print_result(result: Any, shown: str = "", where: list[str] | None = None) 
             print(json.dumps(result.data, indent=2))
         elif result.text.strip() != shown.strip():  # already streamed as it arrived
             print(result.text)
-        if result.context_id:
+        if result.task_id:
             print(f"(task {result.task_id}, context {result.context_id})", file=sys.stderr)
         return 0
     error = result.error or {}
@@ -302,6 +302,15 @@ def _print_result(result: Any, shown: str = "", where: list[str] | None = None) 
         file=sys.stderr,
     )
     return 1
+
+
+def _replied(update: Any) -> Any:
+    """A streamed direct reply (a ``message`` event) as the result ``mesh call`` prints."""
+    from mesh._a2a.results import TaskResult
+
+    return TaskResult.from_message(
+        {"contextId": update.context_id, "parts": list(update.parts), "metadata": update.metadata}
+    )
 
 
 async def in_declared_order(peer: Any, result: Any) -> Any:
@@ -344,6 +353,8 @@ async def _call_async(
                 payload, skill=args.skill, context_id=args.context_id, timeout=args.timeout
             ):
                 task_id = update.task_id or task_id
+                if update.kind == "message":  # a direct reply: the whole answer, no task
+                    return _print_result(await in_declared_order(peer, _replied(update)))
                 if update.partial:
                     print(update.text, end="", flush=True)
                     shown += update.text

@@ -485,6 +485,10 @@ async def _turn(
     async for update in stream:
         task_id = update.task_id or task_id
         context_id = update.context_id or context_id
+        if update.kind == "message":  # a direct reply, no task
+            shown = json.dumps(update.data) if update.data is not None else update.text
+            print(f"agent> {shown}", file=out, flush=True)
+            return context_id, None
         if update.partial and update.text:
             if not streamed:
                 print("agent> ", end="", file=out)
