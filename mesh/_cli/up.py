@@ -292,7 +292,9 @@ async def _first_command(supervisor: Supervisor, flag: str) -> str:
             if isinstance(card, dict) and isinstance(card.get("name"), str):
                 cards.append(card)
     for card in cards:
-        if any("text/plain" in _input_modes(card, skill) for skill in _skills(card)):
+        # A text skill (chat): text in, no JSON (a typed skill takes JSON text too).
+        modes = [_input_modes(card, skill) for skill in _skills(card)]
+        if any("text/plain" in m and "application/json" not in m for m in modes):
             return f"chat {card['name']}{flag}"
     for card in cards:
         for skill in _skills(card):
