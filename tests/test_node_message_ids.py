@@ -102,3 +102,42 @@ def test_message_id_reused_for_another_context_or_task_is_an_error(
     streamed = _stream_first(worker, _message(message_id, key, contextId=first["contextId"]))
     assert "result" in streamed, streamed
     assert streamed["result"]["task"]["id"] == first["id"]
+
+
+@pytest.fixture(scope="module")
+def asker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("ids-ask")
+    port = free_port()
+    argv = ["mesh", "serve", "tests.ask_agents:agent", "--port", str(port)]
+    argv += ["--data-dir", str(tmp / "data")]
+    health = f"http://127.0.0.1:{port}/health"
+    with running(argv, name="ids-asker", tmp=tmp, env=clean_env(), health=health):
+        yield f"http://127.0.0.1:{port}"
+
+
+def test_the_id_of_an_answer_reused_for_a_new_message_is_an_error(asker: str) -> None:
+    start = {
+        "role": "ROLE_USER",
+        "messageId": f"m-{uuid.uuid4().hex}",
+        "parts": [{"data": {"applicant_id": "APP-9", "amount": 1000}}],
+        "metadata": {"skill": "review"},
+    }
+    task = _task(_send(asker, start))
+    assert task["status"]["state"] == "TASK_STATE_INPUT_REQUIRED", task
+    answer_id = f"m-{uuid.uuid4().hex}"
+    answer = {
+        "role": "ROLE_USER",
+        "messageId": answer_id,
+        "taskId": task["id"],
+        "contextId": task["contextId"],
+        "parts": [{"data": {"decision": "approve"}}],
+    }
+    asked_again = _task(_send(asker, answer))
+    assert asked_again["id"] == task["id"]
+    assert asked_again["status"]["state"] == "TASK_STATE_INPUT_REQUIRED", asked_again
+
+    # The answer's id on a new message (no taskId): not a retry of the answer.
+    reused = {**start, "messageId": answer_id}
+    _assert_names(_send(asker, reused), task, answer_id)
+    # The answer itself again: its task, as before.
+    assert _task(_send(asker, answer))["id"] == task["id"]

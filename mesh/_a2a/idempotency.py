@@ -295,18 +295,35 @@ class WatchedTaskStore(TaskStore):
 
 
 def _check_same_task(task: Task, message: Message) -> None:
-    """``InvalidParamsError`` when ``message`` (a repeat of the one that started ``task``)
-    names another task or context: the id is being reused, not the message retried."""
-    other_task = message.task_id and message.task_id != task.id
-    other_context = message.context_id and message.context_id != task.context_id
+    """``InvalidParamsError`` when ``message`` (a repeat of one ``task`` took) names another
+    task or context, or names no task where the original went to an existing one (it is in
+    the task's history after its first message): the id is being reused, not the message
+    retried."""
+    other_task = bool(message.task_id) and message.task_id != task.id
+    other_context = bool(message.context_id) and message.context_id != task.context_id
+    if not (other_task or other_context or message.task_id):
+        other_task = _joined(task, message.message_id)
     if not (other_task or other_context):
         return
-    named = f"taskId {message.task_id!r}" if other_task else f"contextId {message.context_id!r}"
+    if other_context:
+        why = f"not to this message's contextId {message.context_id!r}"
+    elif message.task_id:
+        why = f"not to this message's taskId {message.task_id!r}"
+    else:
+        why = "which it was sent to by taskId, and this message names no task"
     raise InvalidParamsError(
         message=f"messageId {message.message_id!r} already belongs to task {task.id} "
-        f"(context {task.context_id}), not to this message's {named}: a new message needs "
-        "a new messageId"
+        f"(context {task.context_id}), {why}: a new message needs a new messageId"
     )
+
+
+def _joined(task: Task, message_id: str) -> bool:
+    """Whether message ``message_id`` went to ``task`` once it existed (a follow-up naming it),
+    rather than starting it."""
+    history = task.history
+    if not history or history[0].message_id == message_id:
+        return False
+    return any(m.message_id == message_id for m in history)
 
 
 async def replay(
