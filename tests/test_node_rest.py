@@ -27,6 +27,7 @@ from a2a.types import (
     Role,
     SendMessageRequest,
     StreamResponse,
+    SubscribeToTaskRequest,
     Task,
     TaskState,
 )
@@ -103,6 +104,10 @@ async def _one(responses: AsyncIterator[StreamResponse]) -> Task:
     return found[0].task
 
 
+async def _drain(events: AsyncIterator[StreamResponse]) -> list[StreamResponse]:
+    return [e async for e in events]
+
+
 def _metric(text: str, name: str, **labels: str) -> float:
     total = 0.0
     for family in text_string_to_metric_families(text):
@@ -145,19 +150,25 @@ async def test_a_rest_round_trip_with_the_sdk_client(node: Node, http: httpx.Asy
     page = await client.list_tasks(ListTasksRequest(context_id=context_id))
     assert [t.id for t in page.tasks] == [task.id]
 
-    # CancelTask: a slow task, sent without waiting.
+    # CancelTask: a slow task, sent without waiting, followed by SubscribeToTask.
+    streaming = _client(card, http, streaming=True)
     slow = _request(_message({"seconds": 30}, "slow", context_id))
     slow.configuration.return_immediately = True
     started = await _one(client.send_message(slow))
     await asyncio.to_thread(
         wait_for, lambda: node.called(f"slow start {started.id}"), what="slow task to start"
     )
+
+    subscription = streaming.subscribe(SubscribeToTaskRequest(id=started.id))
+    first = await anext(subscription)  # the task as it is now: the subscription is open
+    assert first.task.status.state == TaskState.TASK_STATE_WORKING, first
     canceled = await client.cancel_task(CancelTaskRequest(id=started.id))
     assert canceled.status.state == TaskState.TASK_STATE_CANCELED
     assert node.called(f"slow end {started.id}") == []
+    followed = await asyncio.wait_for(_drain(subscription), 20)
+    assert followed[-1].status_update.status.state == TaskState.TASK_STATE_CANCELED, followed
 
     # SendStreamingMessage: the task's events, ending COMPLETED.
-    streaming = _client(card, http, streaming=True)
     events = [
         e
         async for e in streaming.send_message(_request(_message({"key": "r2"}, "echo", context_id)))
