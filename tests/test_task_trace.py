@@ -12,7 +12,8 @@ from a2a.server.context import ServerCallContext
 from a2a.types import Message, Role, Task, TaskState, TaskStatus
 
 from mesh._a2a.store import SqliteTaskStore
-from mesh._a2a.traces import MAX_VALUE_BYTES, tasks_of_trace
+from mesh._a2a.traces import MAX_VALUE_BYTES, TraceTaskRow, tasks_of_trace
+from mesh._eval.trace import Trace
 from mesh._sqlite import Database
 
 CTX = ServerCallContext()
@@ -115,3 +116,15 @@ async def test_long_inputs_are_cut(tmp_path: Path) -> None:
         assert len(json.dumps(row.input)) < MAX_VALUE_BYTES + 100
     finally:
         await db.aclose()
+
+
+def test_the_token_total_of_a_trace_reads_both_spellings_of_usage() -> None:
+    """A row of an upgraded node (camelCase) and one of an older node (snake_case) count alike."""
+
+    def row(task_id: str, usage: dict[str, int]) -> TraceTaskRow:
+        return TraceTaskRow(
+            agent="a", task_id=task_id, context_id="c", state="completed", usage=usage
+        )
+
+    rows = [row("new", {"totalTokens": 5}), row("old", {"input_tokens": 2, "output_tokens": 3})]
+    assert Trace("t", rows).total_tokens == 10
