@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh._a2a import server
-from mesh._a2a.server import REST_METHODS, REST_PREFIX, SEND_METHODS, rest_method
+from mesh._a2a.server import REST_METHODS, REST_PREFIX, SEND_METHODS, rest_invalid, rest_method
 from mesh._asgi import BodyTimeout, BodyTooLarge, bearer, read_body, replay
 from mesh._rpc_body import RpcRefused, parse_json, parse_rpc_body
 
@@ -58,6 +58,7 @@ _REST_ROOT = REST_PREFIX + "/"
 _REST_BODIES = frozenset(
     {"POST /message:send", "POST /message:stream", "POST /tasks/{id}/pushNotificationConfigs"}
 )
+_INVALID_PARAMS = -32602
 # google.rpc status names of the HTTP statuses the gate answers with, for the REST error shape.
 _STATUS_NAMES = {
     400: "INVALID_ARGUMENT",
@@ -230,7 +231,8 @@ class RequestGate:
                 parsed = parse_json(body)
             except RpcRefused as refused:
                 node.metrics.request("invalid", ok=False)
-                await _reply(send, 400, refused.message, rest=True)
+                body = rest_invalid(refused.message, params=refused.code == _INVALID_PARAMS)
+                await _send(send, 400, body)
                 return
         if node.draining and method in SEND_METHODS:
             await self._shutting_down(send, method, rest=True)

@@ -286,20 +286,29 @@ async def test_unsupported_versions_are_refused_on_both_bindings(
 
 async def test_rest_bodies_get_the_strict_parse(node: Node, http: httpx.AsyncClient) -> None:
     headers = {"A2A-Version": "1.0", "Content-Type": "application/json"}
-    for path, raw, what in (
-        ("/message:send", b'{"message": {"parts": [{"data": {"x": NaN}}]}}', "NaN"),
-        ("/message:send", b'{"message": ', "Parse error"),
-        ("/message:stream", b'{"message": {"parts": [{"data": {"x": 1e400}}]}}', "1e400"),
+    for path, raw, what, reason in (
+        ("/message:send", b'{"message": {"parts": [{"data": {"x": NaN}}]}}', "NaN", "REQUEST"),
+        ("/message:send", b'{"message": ', "Parse error", "REQUEST"),
+        (
+            "/message:stream",
+            b'{"message": {"parts": [{"data": {"x": 1e400}}]}}',
+            "1e400",
+            "PARAMS",
+        ),
         (
             "/tasks/t-1/pushNotificationConfigs",
             b'{"url": "https://x.example", "n": -Infinity}',
             "Infinity",
+            "REQUEST",
         ),
     ):
         r = await http.post(node.url + REST + path, content=raw, headers=headers)
         assert r.status_code == 400, r.text
-        assert r.json()["error"]["status"] == "INVALID_ARGUMENT"
-        assert what in r.json()["error"]["message"]
+        error = r.json()["error"]
+        assert error["status"] == "INVALID_ARGUMENT"
+        assert what in error["message"]
+        # The A2A reason, which the SDK's client maps to InvalidRequestError/InvalidParamsError.
+        assert error["details"][0]["reason"] == f"INVALID_{reason}", error
 
 
 async def test_a_rest_body_over_the_limit_is_refused(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ path under the prefix that is no REST method gets the binding's ``MethodNotFound
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import TYPE_CHECKING
@@ -37,7 +38,7 @@ from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 from a2a.server.tasks import InMemoryTaskStore, TaskStore
 from a2a.types import AgentCard
 from a2a.utils.error_handlers import build_rest_error_payload
-from a2a.utils.errors import MethodNotFoundError
+from a2a.utils.errors import InvalidParamsError, InvalidRequestError, MethodNotFoundError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -68,6 +69,7 @@ __all__ = [
     "SEND_METHODS",
     "STOP_WAIT_S",
     "A2AService",
+    "rest_invalid",
     "rest_method",
 ]
 
@@ -271,6 +273,14 @@ def rest_method(verb: str, path: str) -> str | None:
         if method == verb and pattern.match(path):
             return label
     return None
+
+
+def rest_invalid(message: str, *, params: bool) -> bytes:
+    """The HTTP+JSON binding's 400 body for a request body refused as ``message``, with the A2A
+    reason (``INVALID_PARAMS`` when ``params``, else ``INVALID_REQUEST``) a client maps to its
+    error, as for the SDK's own refusals."""
+    error = InvalidParamsError(message) if params else InvalidRequestError(message)
+    return json.dumps(build_rest_error_payload(error)).encode()
 
 
 async def _no_such_rest_method(request: Request) -> Response:
