@@ -64,9 +64,14 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-async def client_for(http: httpx.AsyncClient, url: str, *, streaming: bool) -> Client:
+async def client_for(
+    http: httpx.AsyncClient, url: str, *, streaming: bool, binding: str = "JSONRPC"
+) -> Client:
     card = await A2ACardResolver(http, url).get_agent_card()
-    return ClientFactory(ClientConfig(streaming=streaming, httpx_client=http)).create(card)
+    config = ClientConfig(
+        streaming=streaming, httpx_client=http, supported_protocol_bindings=[binding]
+    )
+    return ClientFactory(config).create(card)
 
 
 def message(*parts: Part, skill: str | None = None) -> Message:
@@ -77,10 +82,15 @@ def message(*parts: Part, skill: str | None = None) -> Message:
 
 
 async def send(
-    http: httpx.AsyncClient, url: str, sent: Message, *, streaming: bool = False
+    http: httpx.AsyncClient,
+    url: str,
+    sent: Message,
+    *,
+    streaming: bool = False,
+    binding: str = "JSONRPC",
 ) -> list[dict[str, Any]]:
-    """Every answer (blocking: one) of a send, in its JSON form."""
-    client = await client_for(http, url, streaming=streaming)
+    """Every answer (blocking: one) of a send, in its JSON form, over ``binding``."""
+    client = await client_for(http, url, streaming=streaming, binding=binding)
     try:
         return [
             MessageToDict(a) async for a in client.send_message(SendMessageRequest(message=sent))
@@ -90,6 +100,8 @@ async def send(
 
 
 CHART = {"title": "q3", "points": [1.5, 2.5, 4.0]}
+#: Both bindings a node serves (JSON-RPC, HTTP+JSON): the same handler checks both.
+BINDINGS = ["JSONRPC", "HTTP+JSON"]
 
 
 async def test_a_typed_skill_attaches_files_and_data_next_to_its_result(
@@ -219,18 +231,23 @@ def test_mesh_call_stream_prints_the_streamed_text_once(nodes: Nodes) -> None:
     assert "[working] calling export_rates" in r.stderr
 
 
+@pytest.mark.parametrize("binding", BINDINGS)
 async def test_a_message_skill_replies_with_a_message_and_keeps_no_task(
-    nodes: Nodes, http: httpx.AsyncClient
+    nodes: Nodes, http: httpx.AsyncClient, binding: str
 ) -> None:
     sent = message(new_data_part({"a": 2, "b": 3}), skill="add")
-    (blocking,) = await send(http, nodes.desk, sent)
+    (blocking,) = await send(http, nodes.desk, sent, binding=binding)
     assert set(blocking) == {"message"}, blocking
     reply = blocking["message"]
     assert reply["role"] == "ROLE_AGENT"
     assert reply["parts"][0]["data"] == {"sum": 5.0}
     assert json.loads(reply["parts"][1]["text"]) == {"sum": 5}
     streamed = await send(
-        http, nodes.desk, message(new_data_part({"a": 4, "b": 5}), skill="add"), streaming=True
+        http,
+        nodes.desk,
+        message(new_data_part({"a": 4, "b": 5}), skill="add"),
+        streaming=True,
+        binding=binding,
     )
     assert [list(e) for e in streamed] == [["message"]], streamed
     assert streamed[0]["message"]["parts"][0]["data"] == {"sum": 9.0}
@@ -241,7 +258,7 @@ async def test_a_message_skill_replies_with_a_message_and_keeps_no_task(
 
     # Invalid input has no task to be rejected in: the JSON-RPC error names the field.
     with pytest.raises(InvalidParamsError, match="field 'b'"):
-        await send(http, nodes.desk, message(new_data_part({"a": 1}), skill="add"))
+        await send(http, nodes.desk, message(new_data_part({"a": 1}), skill="add"), binding=binding)
 
     peer = A2APeer(http, nodes.desk)
     result = await peer.send({"a": 20, "b": 22}, skill="add")
@@ -258,8 +275,9 @@ def png_part(name: str, data: bytes = PNG, media_type: str = "image/png") -> Par
     return Part(raw=data, media_type=media_type, filename=name)
 
 
+@pytest.mark.parametrize("binding", BINDINGS)
 async def test_a_part_of_a_type_the_skill_does_not_take_is_32005(
-    nodes: Nodes, http: httpx.AsyncClient
+    nodes: Nodes, http: httpx.AsyncClient, binding: str
 ) -> None:
     label = new_data_part({"label": "scan"})
     (ok,) = await send(http, nodes.desk, message(label, png_part("a.png"), skill="measure"))
@@ -269,7 +287,13 @@ async def test_a_part_of_a_type_the_skill_does_not_take_is_32005(
     jpeg = png_part("b.jpg", b"\xff\xd8\xff", "image/jpeg")
     for streaming in (False, True):
         with pytest.raises(ContentTypeNotSupportedError, match="image/jpeg"):
-            await send(http, nodes.desk, message(label, jpeg, skill="measure"), streaming=streaming)
+            await send(
+                http,
+                nodes.desk,
+                message(label, jpeg, skill="measure"),
+                streaming=streaming,
+                binding=binding,
+            )
     # A typed skill that declares no files takes none; a chat agent takes no data part.
     with pytest.raises(ContentTypeNotSupportedError, match="skill 'chart'"):
         await send(
