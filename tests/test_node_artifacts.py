@@ -326,3 +326,21 @@ async def test_rejected_and_failed_tasks_carry_an_agent_status_message(
     assert "internal error" in status["message"]["parts"][0]["text"]
     # No attachment of a failed run is published.
     assert "artifacts" not in failed["task"]
+
+
+def test_mesh_call_and_mesh_chat_list_the_attachments(nodes: Nodes) -> None:
+    r = mesh_cli("call", nodes.desk, "--skill", "chart", "--json", json.dumps(CHART))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"title": "q3", "count": 3, "total": 8.0}
+    attached = [line for line in r.stderr.splitlines() if line.startswith("attached: ")]
+    assert attached == [
+        f"attached: chart.png (image/png, {len(PNG)} bytes)",
+        f"attached: print (application/pdf, {PDF_URL})",
+        'attached: range (data {"max": 4.0, "min": 1.5}; text "min and max")',
+    ]
+    r = mesh_cli("chat", nodes.chat, "-m", "export eur")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert "agent> Exported 2 rates against EUR." in lines, r.stdout
+    assert "  attached: rates.csv (text/csv, 25 bytes)" in lines, r.stdout
+    assert '  attached: rates (data {"GBP": 0.85, "USD": 1.08})' in lines, r.stdout

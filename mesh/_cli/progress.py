@@ -14,6 +14,11 @@ indented two spaces per hop and naming the agent where it happened::
 
 Relayed partial text (a model's answer as it is written, three hops down) is not shown: it
 reaches the caller as the delegation's result, and a line per chunk would flood the terminal.
+
+What a task attached besides its answer (``ctx.attach``) is one line each (``attached_lines``)::
+
+    attached: chart.png (image/png, 72 bytes)
+    attached: range (data {"max": 4.0, "min": 1.5})
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mesh._a2a.results import TaskUpdate
+    from mesh._a2a.results import TaskResult, TaskUpdate
 
-__all__ = ["relayed_line"]
+__all__ = ["attached_lines", "relayed_line"]
 
 # The longest line shown for one relayed event (an artifact's JSON can be large).
 _MAX_CHARS = 160
@@ -51,3 +56,27 @@ def relayed_line(update: TaskUpdate, *, state: bool = True, mark: str = "") -> s
     if len(what) > _MAX_CHARS:
         what = what[: _MAX_CHARS - 1] + "…"
     return f"{'  ' * len(hops)}{mark}{source}: {what}"
+
+
+def attached_lines(result: TaskResult) -> list[str]:
+    """One line per artifact of ``result`` besides its answer (the artifact named after the
+    skill): its name, and its files (media type, size or URL), data and text, cut to a line."""
+    from mesh._artifacts import File
+
+    skill = result.metadata.get("skill")
+    lines = []
+    for artifact in result.artifacts:
+        if skill and artifact.name == skill:
+            continue
+        said = []
+        for part in artifact.parts:
+            if isinstance(part, File):
+                size = f"{len(part.data)} bytes" if part.data is not None else part.url
+                said.append(f"{part.media_type}, {size}")
+            elif isinstance(part, str):
+                said.append(f"text {json.dumps(part)}")
+            else:
+                said.append(f"data {json.dumps(part, sort_keys=True)}")
+        line = f"attached: {artifact.name} ({'; '.join(said)})"
+        lines.append(line if len(line) <= _MAX_CHARS else line[: _MAX_CHARS - 1] + "…")
+    return lines

@@ -289,10 +289,14 @@ def _print_result(result: Any, shown: str = "", where: list[str] | None = None) 
             print(line)
         return EXIT_WAITING
     if result.ok:
+        from mesh._cli.progress import attached_lines
+
         if result.data is not None:
             print(json.dumps(result.data, indent=2))
         elif result.text.strip() != shown.strip():  # already streamed as it arrived
             print(result.text)
+        for line in attached_lines(result):
+            print(line, file=sys.stderr)
         if result.task_id:
             print(f"(task {result.task_id}, context {result.context_id})", file=sys.stderr)
         return 0

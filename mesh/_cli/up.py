@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from mesh._asks import TASKS_EXTENSION
-from mesh._cli.progress import relayed_line
+from mesh._cli.progress import attached_lines, relayed_line
 from mesh._cli.question import (
     WAITING_STATES,
     parse_answer,
@@ -514,6 +514,8 @@ async def _turn(
             print(f"agent> {json.dumps(result.data)}", file=out, flush=True)
         elif result.text.strip() != streamed.strip():
             print(f"agent> {result.text}", file=out, flush=True)
+        for line in attached_lines(result):
+            print(f"  {line}", file=out, flush=True)
         return result.context_id or context_id, result
     error = result.error or {}
     print(f"agent> ({result.state}: {error.get('message', result.text)})", file=out, flush=True)
