@@ -201,7 +201,7 @@ async def answer(request: Request, state: State) -> Response:
         done = await send_answer(state, agent, task_id, question, form)
     except ConfigError as exc:
         return await _inbox(request, state, problem=str(exc), status=422)
-    except MeshError as exc:
+    except (MeshError, ValueError) as exc:  # ValueError: the SDK found no interface to call
         text = f"{agent} did not take the answer: {exc}"
         return await _inbox(request, state, problem=text, status=502)
     result = done.result

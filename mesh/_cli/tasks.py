@@ -225,6 +225,8 @@ async def list_tasks_at(
                     found.extend(Listed(agent, url, t) for t in await _pages(peer, state, limit))
         except (MeshError, TimeoutError) as exc:
             failed.append(Unreachable(agent, url, failure(exc, url)))
+        except ValueError as exc:  # the SDK: a card with no interface it can talk to
+            failed.append(Unreachable(agent, url, f"not an A2A agent this client can call: {exc}"))
         finally:
             await peer.aclose()
 
