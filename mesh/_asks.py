@@ -28,7 +28,7 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 from pydantic import ValidationError
 
@@ -44,6 +44,7 @@ __all__ = [
     "Question",
     "Recorded",
     "Suspend",
+    "TextObject",
     "answer_of",
     "relay_id",
     "relayed",
@@ -172,22 +173,45 @@ class Suspend(BaseException):
         self.seq = seq
 
 
-def answer_of(question: Question, data: Sequence[Any], texts: Sequence[str]) -> Any:
-    """The answer a message's parts give ``question``: the one data part (an object) when the
-    question has a schema, else the text. Raises ``SchemaViolation`` naming what is wrong (the
-    caller checks the value against the schema itself: ``mesh._schema_check``)."""
+class TextObject(Protocol):
+    """What a message's text holds when it may be a JSON object (``mesh._a2a.json_text``'s
+    ``JsonText``): the object, or why the text is none."""
+
+    @property
+    def value(self) -> dict[str, Any] | None: ...
+
+    @property
+    def problem(self) -> str: ...
+
+
+def answer_of(
+    question: Question,
+    data: Sequence[Any],
+    texts: Sequence[str],
+    text_object: TextObject | None = None,
+) -> Any:
+    """The answer a message's parts give ``question``. With a schema: the one data part (an
+    object), else the JSON object the text holds (``text_object``: what a text-only client
+    such as Google ADK sends, read by the rules of a typed skill's input); without one: the
+    text. Raises ``SchemaViolation`` naming what is wrong (the caller checks the value
+    against the schema itself: ``mesh._schema_check``)."""
     if question.schema is not None:
-        if len(data) != 1:
-            raise SchemaViolation(
-                [
-                    {
-                        "field": "(answer)",
-                        "message": f"question {question.id} takes exactly one data part "
-                        f"(application/json) matching its schema, got {len(data)}",
-                    }
-                ]
-            )
-        return data[0]
+        if len(data) == 1:
+            return data[0]
+        if not data and text_object is not None:
+            if text_object.value is not None:
+                return text_object.value
+            raise SchemaViolation([{"field": "(answer)", "message": text_object.problem}])
+        raise SchemaViolation(
+            [
+                {
+                    "field": "(answer)",
+                    "message": f"question {question.id} takes exactly one data part "
+                    "(application/json), or one text part holding a JSON object, matching "
+                    f"its schema, got {len(data)} data parts",
+                }
+            ]
+        )
     text = "\n".join(texts).strip()
     if not text:
         raise SchemaViolation(

@@ -349,7 +349,9 @@ class MeshExecutor(AgentExecutor):
             if chosen:
                 parts = list(context.message.parts) if context.message is not None else []
                 try:
-                    value = answer_of(chosen[0], get_data_parts(parts), get_text_parts(parts))
+                    value = answer_of(
+                        chosen[0], get_data_parts(parts), get_text_parts(parts), json_object(parts)
+                    )
                 except SchemaViolation:
                     value = None  # the handler checked it; the replay asks again
                 if value is not None:

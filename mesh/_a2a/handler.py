@@ -76,6 +76,7 @@ from mesh._a2a.idempotency import (
     replay,
     send_answer,
 )
+from mesh._a2a.json_text import json_object
 from mesh._a2a.push import PushParts
 from mesh._a2a.questions import question_message, question_metadata, questions_of
 from mesh._a2a.relay import mark_streamed
@@ -227,7 +228,9 @@ class MeshRequestHandler(RequestHandler):
         question = chosen[0]
         parts = list(message.parts)
         try:
-            value = answer_of(question, get_data_parts(parts), get_text_parts(parts))
+            value = answer_of(
+                question, get_data_parts(parts), get_text_parts(parts), json_object(parts)
+            )
             if question.schema is not None:
                 # Loaded on the first answer: jsonschema costs a node ~3 MB and 50 ms at start.
                 from mesh._schema_check import check
