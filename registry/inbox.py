@@ -29,7 +29,7 @@ from mesh._asks import TASKS_EXTENSION, Question
 from mesh._cli.question import asker_of, check_answer
 from mesh._cli.tasks import WAITING, Listed, Unreachable, chains, list_tasks_at
 from mesh._errors import ConfigError, MeshError
-from registry.reach import PARALLEL, Refusal
+from registry.reach import PARALLEL, VIEW_DEADLINE_S, Refusal
 from registry.store import InstanceRecord
 
 if TYPE_CHECKING:
@@ -126,6 +126,8 @@ async def waiting(state: RegistryState) -> Inbox:
         timeout_s=DEADLINE_S,
         headers=reach.headers,
         max_answer_bytes=MAX_ANSWER_BYTES,
+        parallel=PARALLEL,
+        deadline_s=VIEW_DEADLINE_S,
     )
     now = time.time()
     rows = chains(listing.tasks)

@@ -32,7 +32,7 @@ from mesh._errors import MeshError
 from mesh._eval.trace import Trace
 from mesh._outbound import FetchFailed, bounded_get
 from mesh._tracing import trace_id_of
-from registry.reach import PARALLEL, Reach, Refusal
+from registry.reach import PARALLEL, VIEW_DEADLINE_S, Reach, Refusal
 from registry.store import InstanceRecord
 
 if TYPE_CHECKING:
@@ -270,7 +270,13 @@ async def request_path(state: RegistryState, trace_id: str) -> RequestPath:
             except ValidationError as exc:
                 unreachable[inst.url] = f"not a trace answer ({exc.error_count()} invalid fields)"
 
-    await asyncio.gather(*(one(i) for i in asked))
+    jobs = {asyncio.ensure_future(one(i)): i for i in asked}
+    if jobs:
+        _, late = await asyncio.wait(jobs, timeout=VIEW_DEADLINE_S)
+        for job in late:
+            job.cancel()
+            unreachable[jobs[job].url] = f"not asked within the view's {VIEW_DEADLINE_S:g} s"
+        await asyncio.gather(*late, return_exceptions=True)
     # In the order the instances were listed, so a shared store's rows name the same one.
     order = {inst.instance_id: n for n, inst in enumerate(asked)}
     answers.sort(key=lambda a: order[a[0].instance_id])
@@ -301,5 +307,9 @@ async def trace_of_task(
             return None
         return trace_id_of(str(task.metadata.get("traceparent") or "")) or None
 
-    found = [t for t in await asyncio.gather(*(one(i) for i in asked)) if t]
+    try:
+        async with asyncio.timeout(VIEW_DEADLINE_S):
+            found = [t for t in await asyncio.gather(*(one(i) for i in asked)) if t]
+    except TimeoutError:
+        found = []
     return (found[0] if found else None), refused

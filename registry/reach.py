@@ -37,10 +37,13 @@ from mesh._trust import PLAIN_HTTP_NETWORKS
 from registry.settings import RegistrySettings
 from registry.store import InstanceRecord
 
-__all__ = ["Reach", "Refusal"]
+__all__ = ["PARALLEL", "VIEW_DEADLINE_S", "Reach", "Refusal"]
 
 #: Nodes asked at once by one view, each within its own deadline and byte cap.
 PARALLEL = 8
+#: A view's whole asking: the nodes not done by then are named, the others' answers shown (a
+#: mesh of many slow nodes costs one view this long, not nodes / PARALLEL deadlines).
+VIEW_DEADLINE_S = 15.0
 
 
 @dataclass(frozen=True)

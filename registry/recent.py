@@ -24,7 +24,7 @@ from mesh._cli.tasks import Listed, Unreachable, list_tasks_at
 from mesh._outbound import FetchFailed
 from mesh._tracing import trace_id_of
 from registry.paths import DEADLINE_S, MAX_NODE_BYTES, fetch_rows
-from registry.reach import PARALLEL, Refusal
+from registry.reach import PARALLEL, VIEW_DEADLINE_S, Refusal
 from registry.store import InstanceRecord
 
 if TYPE_CHECKING:
@@ -132,6 +132,8 @@ class RecentTasks:
             timeout_s=DEADLINE_S,
             headers=reach.headers,
             max_answer_bytes=MAX_ANSWER_BYTES,
+            parallel=PARALLEL,
+            deadline_s=VIEW_DEADLINE_S,
         )
         gate = asyncio.Semaphore(PARALLEL)
 

@@ -426,7 +426,9 @@ class _Server:
 
         self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=1
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -466,11 +468,15 @@ def _misbehaving(name: str, port: int, traces: str) -> Any:
     async def health(request: Any) -> Any:
         return JSONResponse({"status": "ok"})
 
+    async def hang(request: Any) -> Any:  # every A2A call: no answer, ever
+        await asyncio.Event().wait()
+
     return Starlette(
         routes=[
             *create_agent_card_routes(card),
             Route("/health", health),
             Route("/v1/traces/{trace_id}/tasks", tasks),
+            Route("/", hang, methods=["POST"]),
         ]
     )
 
@@ -508,3 +514,33 @@ def test_nodes_that_trickle_or_flood_do_not_hold_the_path_up(tmp_path: Path) -> 
         flood.url: f"answer over {MAX_NODE_BYTES} bytes",
     }
     assert took < DEADLINE_S + 3
+
+
+async def test_a_listing_of_hanging_nodes_ends_at_its_deadline() -> None:
+    """The inbox's and recent tasks' listing: one deadline for all the nodes together, past
+    which the ones not done are named and the rest shown (a view of many slow nodes would
+    otherwise take nodes / PARALLEL per-node deadlines)."""
+    import time
+
+    from mesh._cli.tasks import list_tasks_at
+
+    ports = [free_port() for _ in range(3)]
+    with contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(_Server(_misbehaving(f"hang-{p}", p, "trickle"), p)) for p in ports
+        ]
+        async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+            began = time.monotonic()
+            listing = await list_tasks_at(
+                http,
+                [("hang", s.url) for s in servers],
+                states=("input-required",),
+                timeout_s=30,
+                parallel=1,  # one at a time: without the deadline, 3 x 30 s
+                deadline_s=1.0,
+            )
+            took = time.monotonic() - began
+    assert took < 5
+    assert listing.tasks == []
+    assert sorted(u.url for u in listing.unreachable) == sorted(s.url for s in servers)
+    assert {u.error for u in listing.unreachable} == {"not done within the listing's 1 s"}

@@ -207,12 +207,16 @@ async def list_tasks_at(
     timeout_s: float = 10.0,
     headers: Mapping[str, str] | None = None,
     max_answer_bytes: int | None = None,
+    parallel: int = PARALLEL,
+    deadline_s: float | None = None,
 ) -> Listing:
     """``list_tasks`` of the (agent, URL) instances ``where``, through ``http`` (``headers``
-    with every call: the registry's console sends the mesh token only to those it trusts)."""
+    with every call: the registry's console sends the mesh token only to those it trusts),
+    ``parallel`` at once; an instance not done within ``deadline_s`` of the start (all of them
+    together) is named unreachable, the others' tasks listed."""
     from mesh._a2a.client import MAX_ANSWER_BYTES, A2APeer
 
-    gate = asyncio.Semaphore(PARALLEL)
+    gate = asyncio.Semaphore(parallel)
     found: list[Listed] = []
     failed: list[Unreachable] = []
     cap = max_answer_bytes or MAX_ANSWER_BYTES
@@ -230,7 +234,16 @@ async def list_tasks_at(
         finally:
             await peer.aclose()
 
-    await asyncio.gather(*(one(agent, url) for agent, url in where))
+    jobs = {asyncio.ensure_future(one(agent, url)): (agent, url) for agent, url in where}
+    if jobs:
+        _, late = await asyncio.wait(jobs, timeout=deadline_s)
+        for job in late:
+            job.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        failed.extend(
+            Unreachable(*jobs[job], f"not done within the listing's {deadline_s:g} s")
+            for job in late
+        )
     # Replicas sharing a store list the same tasks.
     unique = {(t.agent, t.task.task_id): t for t in found}
     tasks = sorted(unique.values(), key=lambda t: (t.task.updated_at, t.task.task_id), reverse=True)
