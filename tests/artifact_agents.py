@@ -2,7 +2,8 @@
 
 ``artifact-desk`` has function skills only: ``chart`` attaches a PNG (bytes), a PDF (URL) and
 data next to its typed result; ``add`` answers with a direct message (``reply="message"``);
-``measure`` takes PNG files besides its input (``accepts=``) and says what it got.
+``measure`` takes PNG files besides its input (``accepts=``) and says what it got; ``stamp``
+does too, after asking (its files are there again when the answer resumes it).
 ``artifact-chat`` is an LLM agent whose tool attaches a CSV file and the data of its answer.
 """
 
@@ -71,10 +72,21 @@ def measure(req: Measure, ctx: SkillContext) -> Measured:
     )
 
 
+@skill(accepts=["image/png"], asks=True)
+async def stamp(req: Measure, ctx: SkillContext) -> Measured:
+    """Ask before stamping the PNG files that came with the request."""
+    await ctx.ask(f"Stamp {len(ctx.files)} file(s) as {req.label}?")
+    return Measured(
+        label=req.label,
+        files=[f.name for f in ctx.files],
+        sizes=[len(f.data or b"") for f in ctx.files],
+    )
+
+
 desk = Agent(
     name="artifact-desk",
-    description="Charts, sums and measures.",
-    skills=[chart, add, measure],
+    description="Charts, sums, measures and stamps.",
+    skills=[chart, add, measure, stamp],
 )
 
 

@@ -344,3 +344,19 @@ def test_mesh_call_and_mesh_chat_list_the_attachments(nodes: Nodes) -> None:
     assert "agent> Exported 2 rates against EUR." in lines, r.stdout
     assert "  attached: rates.csv (text/csv, 25 bytes)" in lines, r.stdout
     assert '  attached: rates (data {"GBP": 0.85, "USD": 1.08})' in lines, r.stdout
+
+
+async def test_the_files_are_there_again_when_an_answer_resumes_the_skill(
+    nodes: Nodes, http: httpx.AsyncClient
+) -> None:
+    sent = message(new_data_part({"label": "paid"}), png_part("scan.png"), skill="stamp")
+    (waiting,) = await send(http, nodes.desk, sent)
+    task = waiting["task"]
+    assert task["status"]["state"] == "TASK_STATE_INPUT_REQUIRED", task["status"]
+    assert task["status"]["message"]["parts"][0]["text"] == "Stamp 1 file(s) as paid?"
+    answer = message(new_text_part("yes"))
+    answer.task_id, answer.context_id = task["id"], task["contextId"]
+    (done,) = await send(http, nodes.desk, answer)
+    assert done["task"]["status"]["state"] == "TASK_STATE_COMPLETED", done["task"]["status"]
+    stamped = done["task"]["artifacts"][0]["parts"][0]["data"]
+    assert stamped == {"label": "paid", "files": ["scan.png"], "sizes": [float(len(PNG))]}

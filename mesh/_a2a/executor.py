@@ -616,8 +616,13 @@ class MeshExecutor(AgentExecutor):
         ctx.metadata["relay"] = relay
         # What the skill and its tools attach (published with the answer, see _attachments).
         ctx.metadata[ATTACHMENTS] = []
-        if skill.accepts and context.message is not None and resumed is None:
-            ctx.files = files_of(context.message.parts, skill.accepts)
+        if skill.accepts:
+            # The files of the task's first message (a resumed run reads it from the point).
+            sent = context.message
+            if resumed is not None:
+                sent = Message()
+                sent.ParseFromString(resumed.request)
+            ctx.files = files_of(sent.parts, skill.accepts) if sent is not None else []
         answer = AnswerStream(updater, skill.id, lambda: relay.live)
         if self.waits is not None and skill.llm:
             # A long-running remote call is kept in the resume point (``_keep_children``).
