@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from a2a.types import Message, Part, Role, TaskState
 
+from tests.test_delegation_wait import Chain
 from tests.test_node_ask import (
     EXT,
     WAITING,
@@ -150,3 +152,27 @@ async def test_adk_wrapped_answers_are_taken_and_its_context_parts_are_not(
     done = await send(client, parts_answer(picked, [user, context, later]))
     assert done.status.state == TaskState.TASK_STATE_COMPLETED, status_texts(done)
     assert artifact_data(await get(client, picked.id)) == {"n": 2}
+
+
+async def test_a_json_text_answer_at_the_top_of_a_chain_is_checked_there_and_used_at_the_bottom(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    """A relayed question (top -> middle -> bottom, tests.delegation_wait_agents) answered at
+    the top with JSON text: checked against the bottom's schema at the top (an invalid one
+    names the field and goes nowhere), then forwarded down as a data part."""
+    with Chain(tmp_path).serve() as chain:
+        top = await chain.top.client(http)
+        task = await send(top, message(text="assess APP-551 600,000"))
+        assert task.status.state == WAITING
+        (q,) = ext_of(task.status.message.metadata)["questions"]
+        assert q["schema"] is True
+        named = {EXT: {"answers": q["id"]}}
+        bad = await send(top, message(text='{"decision": "maybe"}', task=task, metadata=named))
+        assert bad.status.state == WAITING
+        assert status_texts(bad)[0].startswith(f"invalid answer to {q['id']}: field 'decision'")
+        done = await send(
+            top,
+            message(text='{"decision": "approve", "note": "ok"}', task=task, metadata=named),
+        )
+        assert done.status.state == TaskState.TASK_STATE_COMPLETED, status_texts(done)
+        assert "APP-551: approve (ok)" in done.artifacts[-1].parts[0].text
