@@ -93,3 +93,23 @@ async def test_runner_returns_what_the_turns_tools_attached() -> None:
     ]
     # The tools' view of the turn's metadata stays the caller's.
     assert "attachments" not in result.events[0].metadata
+
+
+def test_media_types_match_like_the_card_says() -> None:
+    from a2a.helpers import new_data_part, new_text_part
+    from a2a.types import Part
+
+    from mesh._a2a.artifacts import media_type, refused_types
+
+    typed = ["application/json", "text/plain", "image/*"]
+    parts = [
+        new_data_part({"a": 1}),
+        new_text_part("hi"),
+        Part(text="# md", media_type="text/markdown; charset=utf-8"),
+        Part(data=new_data_part({}).data, media_type="application/vnd.mesh+json"),
+        Part(raw=b"x", media_type="IMAGE/PNG"),
+    ]
+    assert refused_types({media_type(p) for p in parts}, typed) == []
+    assert media_type(Part(raw=b"x")) == "application/octet-stream"
+    assert refused_types({"application/pdf", "image/png"}, typed) == ["application/pdf"]
+    assert refused_types({"application/json"}, ["text/plain"]) == ["application/json"]

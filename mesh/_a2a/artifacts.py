@@ -18,7 +18,8 @@ a client that missed chunks (a subscription opened mid-turn) still ends with all
 
 **Media types** (``media_type``, ``accepted``): a part's type is its ``mediaType``, else what its
 kind implies (text ``text/plain``, data ``application/json``, a file
-``application/octet-stream``); a skill's ``input_modes`` may name ``type/*``.
+``application/octet-stream``); a skill's ``input_modes`` may name ``type/*``. Any ``text/*``
+is text, any ``*+json`` JSON.
 """
 
 from __future__ import annotations
@@ -91,8 +92,11 @@ def _accepted(mode: str, modes: Iterable[str]) -> bool:
             return True
         if accepted.endswith("/*") and mode.startswith(accepted[:-1]):
             return True
-        # Text in another flavour (markdown, csv) is still text to a skill that reads text.
+        # Text in another flavour (markdown, csv) is still text to a skill that reads text;
+        # JSON under a vendor type (application/vnd.x+json) still JSON to one that reads JSON.
         if accepted == _TEXT and mode.startswith("text/"):
+            return True
+        if accepted == _JSON and mode.endswith("+json"):
             return True
     return False
 
