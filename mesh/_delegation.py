@@ -373,6 +373,9 @@ class Delegation:
                 raise RemoteError.unavailable(self.peer, skill, exc.detail) from exc
             raise
         child.task_id = record.task_id = result.task_id
+        if result.replied:  # a direct Message (reply="message"): the whole answer, no task
+            self.child = None
+            return result
         if not result.task_id:
             detail = f"the instance at {url} answered without a task"
             raise RemoteError.unavailable(self.peer, skill, detail)
@@ -410,6 +413,8 @@ class Delegation:
                     self._message.stream(peer, timeout=remaining)
                 ) as events:
                     async for update in events:
+                        if update.kind == "message":  # a direct reply: the whole answer
+                            return update.reply()
                         if update.task_id and not child.task_id:
                             child.task_id = update.task_id  # a cancel from here on reaches it
                         await relay.forward(update)

@@ -5,13 +5,28 @@ data next to its typed result; ``add`` answers with a direct message (``reply="m
 ``measure`` takes PNG files besides its input (``accepts=``) and says what it got; ``stamp``
 does too, after asking (its files are there again when the answer resumes it).
 ``artifact-chat`` is an LLM agent whose tool attaches a CSV file and the data of its answer.
+``artifact-coord`` delegates ``add`` to the desk (at ``ARTIFACT_TEST_DESK``): a remote skill
+that answers with a direct message, blocking and streamed.
 """
 
 from __future__ import annotations
 
+import os
+
 from pydantic import BaseModel
 
-from mesh import Agent, Call, File, Rule, Script, SkillContext, ToolContext, skill
+from mesh import (
+    Agent,
+    Call,
+    File,
+    RetryPolicy,
+    Rule,
+    Script,
+    SkillContext,
+    ToolContext,
+    remote,
+    skill,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))
 PDF_URL = "https://files.example/chart.pdf"
@@ -112,5 +127,28 @@ chat = Agent(
             ),
         ],
         fallback="Ask: export CUR",
+    ),
+)
+
+
+coord = Agent(
+    name="artifact-coord",
+    instruction="You add numbers with artifact-desk.",
+    tools=[
+        remote(
+            os.environ.get("ARTIFACT_TEST_DESK", "http://127.0.0.1:9"),
+            policy=RetryPolicy(attempts=1),
+        )
+    ],
+    script=Script(
+        rules=[
+            Rule(
+                when=r"(?i)add (?P<a>\d+) and (?P<b>\d+)",
+                steps=[Call("artifact_desk_add", {"a": "{a|number}", "b": "{b|number}"})],
+                answer="the desk says {artifact_desk_add.sum}",
+                on_error="the desk failed: {error}",
+            ),
+        ],
+        fallback="Ask: add A and B",
     ),
 )

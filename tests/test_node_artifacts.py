@@ -42,19 +42,19 @@ pytestmark = pytest.mark.integration
 class Nodes:
     desk: str
     chat: str
+    coord: str
 
 
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     tmp = tmp_path_factory.mktemp("artifacts")
-    urls = {name: f"http://127.0.0.1:{free_port()}" for name in ("desk", "chat")}
+    urls = {name: f"http://127.0.0.1:{free_port()}" for name in ("desk", "chat", "coord")}
+    env = clean_env(ARTIFACT_TEST_DESK=urls["desk"])
     with contextlib.ExitStack() as stack:
         for name, url in urls.items():
             argv = ["mesh", "serve", f"tests.artifact_agents:{name}", "--port", url.rsplit(":")[2]]
             argv += ["--data-dir", str(tmp / name), "--no-register", "--grace", "1"]
-            stack.enter_context(
-                running(argv, name=name, tmp=tmp, env=clean_env(), health=f"{url}/health")
-            )
+            stack.enter_context(running(argv, name=name, tmp=tmp, env=env, health=f"{url}/health"))
         yield Nodes(**urls)
 
 
@@ -360,3 +360,19 @@ async def test_the_files_are_there_again_when_an_answer_resumes_the_skill(
     assert done["task"]["status"]["state"] == "TASK_STATE_COMPLETED", done["task"]["status"]
     stamped = done["task"]["artifacts"][0]["parts"][0]["data"]
     assert stamped == {"label": "paid", "files": ["scan.png"], "sizes": [float(len(PNG))]}
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_a_coordinator_delegates_to_a_skill_that_replies_with_a_message(
+    nodes: Nodes, http: httpx.AsyncClient, streaming: bool
+) -> None:
+    # Streamed at the top, the delegation streams too: the child's one event is its message.
+    events = await send(
+        http, nodes.coord, message(new_text_part("add 19 and 23")), streaming=streaming
+    )
+    final = events[-1]["task"] if "task" in events[-1] else events[-1]["statusUpdate"]
+    assert final["status"]["state"] == "TASK_STATE_COMPLETED", final["status"]
+    peer = A2APeer(http, nodes.coord)
+    task = await peer.get_task(final.get("id") or final["taskId"])
+    await peer.aclose()
+    assert task.text == "the desk says 42"

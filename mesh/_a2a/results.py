@@ -162,6 +162,8 @@ class TaskResult:
     status_message: Mapping[str, Any] | None = None
     updated_at: str = ""
     artifacts: tuple[Artifact, ...] = ()
+    #: A direct ``Message`` answer (a ``reply="message"`` skill): no task, nothing to follow.
+    replied: bool = False
 
     @property
     def ok(self) -> bool:
@@ -249,6 +251,7 @@ class TaskResult:
             text="".join(_texts(message)),
             metadata=metadata,
             artifacts=(artifact_from_json(named),),
+            replied=True,
         )
 
 
@@ -277,6 +280,12 @@ class TaskUpdate:
     artifact_id: str = ""
     append: bool = False
     last_chunk: bool = False
+
+    def reply(self) -> TaskResult:
+        """A ``message`` event (a direct reply, the whole answer) as ``TaskResult``."""
+        return TaskResult.from_message(
+            {"contextId": self.context_id, "parts": list(self.parts), "metadata": self.metadata}
+        )
 
     @property
     def hops(self) -> list[Mapping[str, Any]]:

@@ -40,6 +40,7 @@ _COMMAND_MODULES = (
     "mesh._cli.reply",  # reply (a task that waits for an answer)
     "mesh._cli.control",  # ps, restart, stop, logs (the running `mesh up`)
     "mesh._cli.eval",  # eval (test the composed mesh: mesh._eval)
+    "mesh._cli.keys",  # keys init, keys issue (signed cards: mesh._keys)
 )
 
 

@@ -167,6 +167,7 @@ def _serve(args: argparse.Namespace) -> int:
         store=args.store,
         grace_seconds=args.grace,
         offline=args.offline,
+        keys=args.keys,
     )
     logging.basicConfig(
         level=settings.log_level,
@@ -358,7 +359,7 @@ async def _call_async(
             ):
                 task_id = update.task_id or task_id
                 if update.kind == "message":  # a direct reply: the whole answer, no task
-                    return _print_result(await in_declared_order(peer, _replied(update)))
+                    return _print_result(await in_declared_order(peer, update.reply()))
                 if update.partial:
                     print(update.text, end="", flush=True)
                     shown += update.text
@@ -426,6 +427,12 @@ def add_parsers(sub: Any) -> None:
     )
     p.add_argument(
         "--grace", type=float, default=None, help="seconds running tasks get on SIGTERM (20)"
+    )
+    p.add_argument(
+        "--keys",
+        default=None,
+        help="the agent's key folder (`mesh keys issue`): sign the card, verify peers' cards "
+        "(default $MESH_KEYS)",
     )
     # Benchmark baseline: the SDK's in-memory task store instead of SQLite.
     p.add_argument("--store", choices=["sqlite", "memory"], default=None, help=argparse.SUPPRESS)

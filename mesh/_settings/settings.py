@@ -131,6 +131,8 @@ class MeshSettings(BaseSettings):
     registry_token: SecretStr | None = _var("MESH_REGISTRY_TOKEN")
     public_url: str | None = _var("MESH_PUBLIC_URL")
     token: SecretStr | None = _var("MESH_TOKEN")
+    #: The agent's key folder (``mesh keys issue``) or the mesh's: signed cards (``mesh._keys``).
+    keys: Path | None = _var("MESH_KEYS")
     fastpath: bool = _var("MESH_FASTPATH", True)
     introspect_instruction: bool = _var("MESH_INTROSPECT_INSTRUCTION", False)
     max_body_bytes: int = _var("MESH_MAX_BODY_BYTES", 10 * _MIB)
@@ -213,6 +215,15 @@ class MeshSettings(BaseSettings):
     def _file(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
             raise ValueError("no such file: name the PEM file, or unset it")
+        return value
+
+    @field_validator("keys", mode="after")
+    @classmethod
+    def _keys_folder(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(
+                "no such folder: give the folder `mesh keys issue DIR AGENT` wrote, or unset it"
+            )
         return value
 
     @field_validator("consul_capath", mode="after")
@@ -407,6 +418,9 @@ class NodeSettings:
     # When set, A2A calls (POST /) need ``Authorization: Bearer <token>``, and the node sends it
     # to its peers. The card, /health, /metrics and /introspect stay public.
     token: str | None = field(default=None, repr=False)
+    # The agent's key material (``MESH_KEYS`` / ``--keys``): a node with keys signs its card and
+    # verifies its peers' cards against the mesh root (``mesh._keys``). A path, never the keys.
+    keys: Path | None = None
     store: StoreKind = "sqlite"
     # Serve typed function skills' blocking sends without the SDK's task machinery
     # (mesh._a2a.fastpath); MESH_FASTPATH=0 sends everything through the SDK.
@@ -514,6 +528,7 @@ class NodeSettings:
         store: str | None = None,
         grace_seconds: float | None = None,
         offline: bool = False,
+        keys: str | Path | None = None,
     ) -> NodeSettings:
         """Settings from flags (given values) over ``mesh`` (the variables) over defaults."""
         problems = []
@@ -526,6 +541,8 @@ class NodeSettings:
         models = mesh.models
         if offline:
             models = models.model_copy(update={"offline": True})
+        if keys is not None and not Path(keys).is_dir():
+            problems.append(f"--keys {str(keys)!r}: no such folder (see `mesh keys issue`)")
         if models.offline and models.require:
             problems.append(
                 "MESH_REQUIRE_MODEL=1 and the offline model (MESH_MODEL=scripted or --offline) "
@@ -547,6 +564,7 @@ class NodeSettings:
             registry=reg,
             registry_token=_reveal(mesh.registry_token),
             token=mesh.mesh_token,
+            keys=Path(keys) if keys is not None else mesh.keys,
             fastpath=mesh.fastpath,
             consul=consul,
             consul_token=_reveal(mesh.consul_token),
