@@ -309,15 +309,6 @@ def _print_result(result: Any, shown: str = "", where: list[str] | None = None) 
     return 1
 
 
-def _replied(update: Any) -> Any:
-    """A streamed direct reply (a ``message`` event) as the result ``mesh call`` prints."""
-    from mesh._a2a.results import TaskResult
-
-    return TaskResult.from_message(
-        {"contextId": update.context_id, "parts": list(update.parts), "metadata": update.metadata}
-    )
-
-
 async def in_declared_order(peer: Any, result: Any) -> Any:
     """The result with its data in the order the skill's output model declares (the wire's
     protobuf Struct scrambles it), read from the node's card."""
