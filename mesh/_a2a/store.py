@@ -57,6 +57,7 @@ from a2a.types import ListTasksRequest, ListTasksResponse, Message, Role, Task, 
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 from a2a.utils.errors import InvalidParamsError
 from a2a.utils.task import ListTasksCursor, decode_list_tasks_cursor, encode_list_tasks_cursor
+from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from mesh._a2a.states import INTERRUPTED_STATES, SETTLED_STATES, TERMINAL_STATES
@@ -164,13 +165,19 @@ def _row(owner: str, task: Task, data: bytes) -> tuple[Any, ...]:
 def _trace_id(task: Task) -> str | None:
     """The trace id of the task's ``traceparent``: its metadata's (set with its final or
     waiting state), else the request message's (a running task, when its caller sent one)."""
-    for holder in (task.metadata, *(m.metadata for m in task.history[:1])):
-        # Struct has no .get()
-        header = holder["traceparent"] if "traceparent" in holder else None  # noqa: SIM401
-        found = trace_id_of(header if isinstance(header, str) else None)
-        if found is not None:
-            return found
-    return None
+    # Every save runs this: read the Struct's raw ``fields`` map. Its Python-level ``in`` and
+    # ``[]`` cost a typed fast-path request ~17,000 instructions (docs/performance.md).
+    found = _trace_id_in(task.metadata)
+    if found is None and task.history:
+        found = _trace_id_in(task.history[0].metadata)
+    return found
+
+
+def _trace_id_in(metadata: Struct) -> str | None:
+    value = metadata.fields.get("traceparent")
+    if value is None or not value.HasField("string_value"):
+        return None
+    return trace_id_of(value.string_value)
 
 
 def _timestamp_ns(task: Task) -> int:
