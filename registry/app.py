@@ -25,7 +25,7 @@ from starlette.routing import Match
 
 from mesh._errors import StoreError
 from mesh._netguard import create_http_client
-from registry import api, console, page
+from registry import api, chat, console, page
 from registry.card import MAX_CONCURRENT_CARD_FETCHES
 from registry.catalog import Catalog
 from registry.gate import Gate
@@ -259,6 +259,7 @@ def create_app(
     app.include_router(api.router)
     app.include_router(page.router)
     app.include_router(console.router)
+    app.include_router(chat.router)
     return app
 
 

@@ -24,7 +24,7 @@ from registry.page import render
 from registry.paths import request_path, trace_of_task
 from registry.state import RegistryState, get_state
 
-__all__ = ["may_read", "operator_context", "router"]
+__all__ = ["may_read", "operator_context", "read_form", "router"]
 
 log = logging.getLogger("registry.console")
 router = APIRouter(include_in_schema=False)
@@ -43,7 +43,7 @@ def operator_context(request: Request, state: RegistryState) -> dict[str, Any]:
     }
 
 
-async def _form(request: Request) -> dict[str, str]:
+async def read_form(request: Request) -> dict[str, str]:
     body = (await request.body()).decode("utf-8", errors="replace")
     return dict(parse_qsl(body, keep_blank_values=True))
 
@@ -161,7 +161,7 @@ def _refused(request: Request, why: str) -> HTMLResponse:
 
 @router.post("/console/login")
 async def login(request: Request, state: State) -> Response:
-    form = await _form(request)
+    form = await read_form(request)
     sessions = state.sessions
     if not sessions.enabled:
         return _refused(request, sessions.refusal(request, "") or "")
@@ -180,7 +180,7 @@ async def login(request: Request, state: State) -> Response:
 
 @router.post("/console/logout")
 async def logout(request: Request, state: State) -> Response:
-    form = await _form(request)
+    form = await read_form(request)
     why = state.sessions.refusal(request, form.get("csrf", ""))
     if why is not None:
         return _refused(request, why)
@@ -191,7 +191,7 @@ async def logout(request: Request, state: State) -> Response:
 
 @router.post("/console/answer")
 async def answer(request: Request, state: State) -> Response:
-    form = await _form(request)
+    form = await read_form(request)
     why = state.sessions.refusal(request, form.get("csrf", ""))
     if why is not None:
         log.warning("console answer refused: %s", why)

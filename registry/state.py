@@ -10,6 +10,7 @@ import httpx
 from starlette.requests import Request
 
 from registry.catalog import Catalog
+from registry.chats import Chats
 from registry.metrics import RegistryMetrics
 from registry.operator import Sessions
 from registry.prober import Prober
@@ -38,6 +39,8 @@ class RegistryState:
     # Agents' recent tasks, asked while their page is open (``registry.recent``).
     recent: RecentTasks
     started_at: float = field(default_factory=time.time)
+    # The console's chat turns and streams (``registry.chat``).
+    chats: Chats = field(default_factory=Chats)
 
 
 async def get_state(request: Request) -> RegistryState:

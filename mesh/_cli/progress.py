@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from mesh._a2a.results import TaskResult, TaskUpdate
 
-__all__ = ["attached_lines", "relayed_line"]
+__all__ = ["attached_lines", "chat_progress_line", "relayed_line", "turn_answer"]
 
 # The longest line shown for one relayed event (an artifact's JSON can be large).
 _MAX_CHARS = 160
@@ -56,6 +56,30 @@ def relayed_line(update: TaskUpdate, *, state: bool = True, mark: str = "") -> s
     if len(what) > _MAX_CHARS:
         what = what[: _MAX_CHARS - 1] + "…"
     return f"{'  ' * len(hops)}{mark}{source}: {what}"
+
+
+def chat_progress_line(update: TaskUpdate) -> str | None:
+    """The progress line ``mesh chat`` (and the registry's chat page) shows for a streamed
+    event: a call the agent makes (its own ``calling …`` status) or another agent's progress
+    relayed up, indented per hop; None for any other event (partial text is the caller's to
+    show as it comes, the answer is ``turn_answer``'s)."""
+    if update.relay is not None:  # another agent's progress, a hop or more down
+        line = relayed_line(update, state=False, mark="… ")
+        return None if line is None else f"  {line}"
+    if update.kind == "status" and update.text.startswith("calling "):
+        return f"  … {update.text}"
+    return None
+
+
+def turn_answer(result: TaskResult, streamed: str = "") -> str:
+    """What a chat shows for the task a turn ended with (not a waiting one): its data as JSON,
+    its text unless ``streamed`` showed it already (then ""), or why it ended, in brackets."""
+    if result.ok:
+        if result.data is not None:
+            return json.dumps(result.data)
+        return result.text if result.text.strip() != streamed.strip() else ""
+    error = result.error or {}
+    return f"({result.state}: {error.get('message', result.text)})"
 
 
 def attached_lines(result: TaskResult) -> list[str]:

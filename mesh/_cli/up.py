@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from mesh._asks import TASKS_EXTENSION
-from mesh._cli.progress import attached_lines, relayed_line
+from mesh._cli.progress import attached_lines, chat_progress_line, turn_answer
 from mesh._cli.question import (
     WAITING_STATES,
     parse_answer,
@@ -496,11 +496,8 @@ async def _turn(
                 print("agent> ", end="", file=out)
             streamed += update.text
             print(update.text, end="", file=out, flush=True)
-        elif update.relay is not None:  # another agent's progress, a hop or more down
-            if (line := relayed_line(update, state=False, mark="… ")) is not None:
-                print(f"  {line}", file=out, flush=True)
-        elif update.kind == "status" and update.text.startswith("calling "):
-            print(f"  … {update.text}", file=out, flush=True)
+        elif (line := chat_progress_line(update)) is not None:
+            print(line, file=out, flush=True)
     if streamed:
         print(file=out)
     if not task_id:
@@ -509,14 +506,9 @@ async def _turn(
     result = await peer.get_task(task_id)
     if result.state in WAITING_STATES:
         return result.context_id or context_id, result
+    if said := turn_answer(result, streamed):
+        print(f"agent> {said}", file=out, flush=True)
     if result.ok:
-        if result.data is not None:
-            print(f"agent> {json.dumps(result.data)}", file=out, flush=True)
-        elif result.text.strip() != streamed.strip():
-            print(f"agent> {result.text}", file=out, flush=True)
         for line in attached_lines(result):
             print(f"  {line}", file=out, flush=True)
-        return result.context_id or context_id, result
-    error = result.error or {}
-    print(f"agent> ({result.state}: {error.get('message', result.text)})", file=out, flush=True)
     return result.context_id or context_id, result
