@@ -33,14 +33,13 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 
-from mesh._errors import ConfigError
+from mesh._errors import ConfigError, PeerRefused
 
 __all__ = [
     "AGENT_FOLDER",
     "ALGORITHM",
     "CERT_TYPE",
     "AgentKeys",
-    "CertificateInvalid",
     "Certified",
     "TrustRoot",
     "init_mesh",
@@ -59,11 +58,6 @@ AGENT_FOLDER = "agents"
 DEFAULT_DAYS = 365
 # The agent names mesh.Agent accepts (they become folder names here).
 _AGENT = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
-
-
-class CertificateInvalid(Exception):
-    """An agent certificate this root does not vouch for; the message is the reason, in words
-    a log or a 4xx can carry (``verify`` callers turn it into their own error)."""
 
 
 def thumbprint(jwk: dict[str, Any]) -> str:
@@ -199,15 +193,15 @@ class TrustRoot:
 
     def check(self, certificate: str, *, now: float | None = None) -> Certified:
         """The agent and key ``certificate`` binds, if this root signed it and it has not
-        expired; else ``CertificateInvalid`` saying which."""
+        expired; else ``PeerRefused`` whose message is the reason (a log or a 4xx carries it)."""
         try:
             header = jwt.get_unverified_header(certificate)
         except jwt.exceptions.PyJWTError:
-            raise CertificateInvalid("its certificate is not a JWT") from None
+            raise PeerRefused("its certificate is not a JWT") from None
         if header.get("typ") != CERT_TYPE:
-            raise CertificateInvalid("its certificate is not a mesh agent certificate")
+            raise PeerRefused("its certificate is not a mesh agent certificate")
         if header.get("kid") != self.kid:
-            raise CertificateInvalid("its certificate is signed by another mesh's root")
+            raise PeerRefused("its certificate is signed by another mesh's root")
         try:
             claims = jwt.decode(
                 certificate,
@@ -216,12 +210,12 @@ class TrustRoot:
                 options={"require": ["sub", "exp", "cnf"], "verify_exp": False},
             )
         except jwt.exceptions.PyJWTError:
-            raise CertificateInvalid(
+            raise PeerRefused(
                 "its certificate is not signed by this mesh's root (forged or altered)"
             ) from None
         expires = int(claims["exp"])
         if expires <= (time.time() if now is None else now):
-            raise CertificateInvalid(
+            raise PeerRefused(
                 f"its certificate for {claims['sub']!r} expired; issue a new one with "
                 "`mesh keys issue`"
             )
@@ -229,9 +223,9 @@ class TrustRoot:
         try:
             key = ECAlgorithm.from_jwk({k: jwk[k] for k in ("kty", "crv", "x", "y")})  # type: ignore[index]
         except (KeyError, TypeError, jwt.exceptions.PyJWTError):
-            raise CertificateInvalid("its certificate holds no usable key") from None
+            raise PeerRefused("its certificate holds no usable key") from None
         if not isinstance(key, ec.EllipticCurvePublicKey):
-            raise CertificateInvalid("its certificate holds no usable key")
+            raise PeerRefused("its certificate holds no usable key")
         return Certified(str(claims["sub"]), thumbprint(jwk), key, expires)  # type: ignore[arg-type]
 
 
@@ -273,7 +267,7 @@ class AgentKeys:
         root = TrustRoot.load(folder)
         try:
             certified = root.check(certificate)
-        except CertificateInvalid as exc:
+        except PeerRefused as exc:
             raise ConfigError(f"{folder / AGENT_CERT}: {exc}") from None
         kid = thumbprint(_public_jwk(key))
         if certified.agent != agent:

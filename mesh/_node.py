@@ -37,6 +37,7 @@ from mesh._gate import METHODS, RequestGate
 from mesh._health import Health
 from mesh._inflight import InFlight
 from mesh._introspect import introspect
+from mesh._keys import AgentKeys
 from mesh._metrics import NodeMetrics, render
 from mesh._models import check_model_choice
 from mesh._models.base import Model
@@ -75,6 +76,10 @@ class Node:
         self.models = settings.models.model_copy(update={"require": settings.model_required})
         if agent.is_llm and model is None:
             check_model_choice(agent, self.models)
+        # Signed cards (MESH_KEYS): read and checked before the node listens, a bad folder
+        # stops the start saying what to fix. Only the private key object lives here, never
+        # in a log, a card, /introspect or a metric.
+        self.keys = AgentKeys.load(settings.keys, agent.name) if settings.keys else None
         self.registry = registry or CollectorRegistry()
         # Label values are closed sets: callers choose methods and skill ids (see mesh._metrics).
         self.metrics = NodeMetrics(
@@ -131,7 +136,17 @@ class Node:
                 push_networks=self.settings.push_policy,
             )
             # After the node's own routes (they keep winning over the A2A ones).
-            self.service.mount(app, fixed_url=bool(self.settings.public_url))
+            signer = None
+            if self.keys is not None:
+                from mesh._a2a.signing import CardSigner
+
+                signer = CardSigner(self.keys)
+                log.info(
+                    "card signed with key %s, certified by the mesh root %s",
+                    self.keys.kid,
+                    self.keys.root.kid,
+                )
+            self.service.mount(app, fixed_url=bool(self.settings.public_url), signer=signer)
             await self._start_registrar()
             self.health.phase = "ready"
             log.info(
@@ -243,7 +258,16 @@ class Node:
         longest = max(float(getattr(t, "deadline_s", 30.0)) for t in bindable)
         # One token per mesh: the node presents the token it requires of its own callers.
         networks = self.settings.peer_policy
-        trust = PeerTrust(token=self.settings.token, networks=networks)
+        verifier = None
+        if self.keys is not None:
+            from mesh._a2a.signing import verify_card
+
+            root = self.keys.root
+
+            def verifier(card: Any) -> str:
+                return verify_card(card, root)
+
+        trust = PeerTrust(token=self.settings.token, networks=networks, verifier=verifier)
         # Connections only to addresses PeerTrust would admit, checked as each one is made:
         # its verdict lasts ttl_s, a DNS answer may not. Bounded pool, every connection kept
         # alive: httpcore scans each pooled connection on every request (O(pool) per call),

@@ -29,9 +29,15 @@ connects only to an address it checked. A name that rebinds after the check to a
 outside them reaches nothing. The card is read within a byte cap and one deadline
 (``A2APeer.fetch_card_dict``).
 
-This is the minimum that keeps the token inside the operator's networks and off impostors that
-do not even claim the right name; an impostor serving a copy of a member's card from an allowed
-network still passes (signed cards are what close that).
+Without keys this is the minimum that keeps the token inside the operator's networks and off
+impostors that do not even claim the right name; an impostor serving a copy of a member's card
+from an allowed network still passes. With keys (``verifier``: the node has ``MESH_KEYS``, and so
+the mesh's root), before any credential is sent or any answer believed, also:
+
+5. the card is signed by a key the mesh's root certifies for the agent the card names
+   (``mesh._a2a.signing.verify_card``: unsigned, another root's, altered or expired: refused);
+6. the URL about to be called is one of that verified card's interface URLs (exactly: scheme,
+   host, port and path), so a genuine signed card copied to another address is refused there.
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ _MAX_ENTRIES = 1024
 
 #: Reads the card at the URL being checked (its JSON form), without the token.
 CardFetcher = Callable[[], Awaitable[Mapping[str, Any]]]
+#: The agent a card's signature certifies (``PeerRefused`` saying why none): rule 5.
+CardVerifier = Callable[[Mapping[str, Any]], str]
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,22 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     return parts.scheme, (parts.hostname or "").lower(), port
 
 
+def _interface_urls(card: Mapping[str, Any]) -> list[str]:
+    interfaces = card.get("supportedInterfaces")
+    return [
+        str(i["url"])
+        for i in (interfaces if isinstance(interfaces, list) else [])
+        if isinstance(i, Mapping) and i.get("url")
+    ]
+
+
+def _normal(url: str) -> tuple[tuple[str, str, int | None], str]:
+    try:
+        return _origin(url), urlsplit(url).path.rstrip("/")
+    except ValueError:  # a port that is no number: matches nothing
+        return ("", "", None), url
+
+
 @dataclass
 class PeerTrust:
     """The checks of the module docstring, for one node (or one script's ``remote()``, which
@@ -82,6 +106,7 @@ class PeerTrust:
     token: str | None = None
     networks: NetworkPolicy | None = None
     ttl_s: float = 30.0
+    verifier: CardVerifier | None = None
     clock: Callable[[], float] = time.monotonic
     _verdicts: dict[tuple[str, str | None], tuple[float, Admitted | PeerRefused]] = field(
         default_factory=dict, repr=False
@@ -119,6 +144,11 @@ class PeerTrust:
         if self.networks is not None or self.token is not None:
             await self._check_network(url, parts.scheme)
         card = await fetch_card()
+        if self.verifier is not None:
+            try:
+                self.verifier(card)
+            except PeerRefused as exc:
+                raise PeerRefused(f"{url} is not a verified member of this mesh: {exc}") from None
         name = card.get("name")
         if agent is not None and name != agent:
             raise PeerRefused(
@@ -126,7 +156,16 @@ class PeerTrust:
                 f"{name!r}, not {agent!r}; something else is registered under that name "
                 f"(see: mesh show {agent})"
             )
-        if self.token is not None:
+        if self.verifier is not None:
+            listed = _interface_urls(card)
+            if _normal(url) not in {_normal(u) for u in listed}:
+                raise PeerRefused(
+                    f"{url} is not a verified member of this mesh: its signed card is that of "
+                    f"the instance at {', '.join(sorted(set(listed))) or 'no address'}, not "
+                    f"{url} (a copied card); if that node is yours, set its MESH_PUBLIC_URL to "
+                    "the address it is registered under"
+                )
+        elif self.token is not None:
             interfaces = card.get("supportedInterfaces")
             listed = [
                 str(i["url"])

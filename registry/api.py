@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.responses import JSONResponse
 
 from mesh._outbound import FetchFailed, bounded_get
-from registry.card import CardRejected, agent_record, fetch_card
+from registry.card import CardRejected, agent_record, check_signature, fetch_card
 from registry.prober import MAX_HEALTH_BYTES, answered_as
 from registry.state import RegistryState, get_state
 from registry.store import (
@@ -170,6 +170,8 @@ async def register(body: RegisterBody, state: State, secret: Secret = None) -> R
             card = await fetch_card(state.http, body.url, body.card_path)
             now = time.time()
             agent = agent_record(card, expected_name=body.agent, now=now)
+            if state.settings.trust_root is not None:
+                check_signature(card, state.settings.trust_root, body.url)
             supersede = await _proven_ghosts(state, body)
     except CardRejected as exc:
         raise ApiError(422, exc.code, str(exc)) from exc

@@ -3,6 +3,9 @@
 The registry never trusts what a node says about itself beyond its URL and agent name: it reads
 the card from the instance, parses it with the A2A card parser (``mesh._a2a.card``), checks the
 name, and derives skills, tags and the typed-skill schemas (extension ``urn:mesh:skill-schemas:v1``).
+With the mesh's trust root (``MESH_KEYS``), the card must also be signed by a key the root
+certifies for the agent it names, and name the registered URL among its interfaces
+(``check_signature``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from typing import Any
 import httpx
 
 from mesh._a2a.card import agent_tags, card_from_dict, card_to_dict, skill_schemas
+from mesh._a2a.signing import verify_card
+from mesh._errors import PeerRefused
+from mesh._keys import TrustRoot
 from mesh._netguard import AddressRefused
 from mesh._outbound import FetchFailed, bounded_get
 from registry.store import AgentRecord, SkillRecord
@@ -22,8 +28,10 @@ from registry.wire import card_path_problem
 __all__ = [
     "MAX_CONCURRENT_CARD_FETCHES",
     "CardRejected",
+    "CardUntrusted",
     "UrlRefused",
     "agent_record",
+    "check_signature",
     "fetch_card",
 ]
 
@@ -47,6 +55,38 @@ class UrlRefused(CardRejected):
     ``url`` field, the allowed networks and how to widen them."""
 
     code = "url_refused"
+
+
+class CardUntrusted(CardRejected):
+    """The card is not signed under this registry's trust root (unsigned, another mesh's root,
+    altered, expired, signed for another agent) or its signature vouches for another URL."""
+
+    code = "untrusted_card"
+
+
+def check_signature(data: dict[str, Any], root: TrustRoot, url: str) -> None:
+    """``CardUntrusted`` unless the card JSON ``data`` is signed by a key ``root`` certifies for
+    the agent it names, and lists ``url`` (the registered URL) among its interfaces."""
+    try:
+        verify_card(data, root)
+    except PeerRefused as exc:
+        log.info("card at %s refused: %s", url, exc)
+        raise CardUntrusted(
+            f"{exc}; this registry accepts only cards signed under the mesh's root: give the "
+            "node its keys (`mesh keys issue DIR AGENT`, then MESH_KEYS)"
+        ) from None
+    interfaces = data.get("supportedInterfaces")
+    listed = {
+        str(i.get("url", "")).rstrip("/")
+        for i in (interfaces if isinstance(interfaces, list) else [])
+        if isinstance(i, dict)
+    }
+    if url.rstrip("/") not in listed:
+        raise CardUntrusted(
+            f"its signed agent card is that of the instance at "
+            f"{', '.join(sorted(listed)) or 'no address'}, not {url}: register the URL the "
+            "card names (the node's MESH_PUBLIC_URL)"
+        )
 
 
 async def fetch_card(

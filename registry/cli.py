@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from mesh._errors import ConfigError, MeshError
+from mesh._keys import TrustRoot
 from mesh._settings import CONSUL_SCHEMES, ConsulTLS
 from registry.settings import RegistryEnvironment, RegistrySettings
 
@@ -106,6 +107,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="instances held at most; a new one beyond is refused with 503 registry_full "
         "(default 10000): bounds the store, the page and every metric label set",
     )
+    p.add_argument(
+        "--keys",
+        default=None,
+        metavar="DIR",
+        help="the mesh's key folder (`mesh keys init`) or any folder holding its root.jwk: "
+        "registered cards must be signed under that root (default: $MESH_KEYS)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -120,7 +128,11 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
     variable, is in the one ``ConfigError`` raised, named as the operator wrote it."""
     flags = {
         name: value
-        for name, value in (("token", args.token), ("allow_networks", args.allow_networks))
+        for name, value in (
+            ("token", args.token),
+            ("allow_networks", args.allow_networks),
+            ("keys", args.keys),
+        )
         if value is not None
     }
     problems: list[str] = []
@@ -139,6 +151,12 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
         problems.append(f"--probe-budget {args.probe_budget}: give at least 1 (default 1000)")
     if not 1 <= args.probe_concurrency <= 64:
         problems.append(f"--probe-concurrency {args.probe_concurrency}: give 1 to 64 (default 64)")
+    trust_root = None
+    if env is not None and env.keys is not None:
+        try:
+            trust_root = TrustRoot.load(env.keys)
+        except ConfigError as exc:
+            problems.append(f"--keys / MESH_KEYS: {exc}")
     if problems or env is None:
         raise ConfigError(
             problems[0]
@@ -167,6 +185,7 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
         allow_networks=env.allow_networks,
         max_instances=args.max_instances,
         mesh_token=env.mesh_token.get_secret_value() if env.mesh_token else None,
+        trust_root=trust_root,
     )
 
 

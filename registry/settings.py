@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from mesh._errors import ConfigError
+from mesh._keys import TrustRoot
 from mesh._netpolicy import NetworkPolicy
 from mesh._settings import ConsulTLS
 
@@ -80,6 +81,8 @@ class RegistryEnvironment(BaseSettings):
     consul_cacert: Path | None = Field(default=None, validation_alias="CONSUL_CACERT")
     consul_client_cert: Path | None = Field(default=None, validation_alias="CONSUL_CLIENT_CERT")
     consul_client_key: Path | None = Field(default=None, validation_alias="CONSUL_CLIENT_KEY")
+    # The mesh's keys (``mesh keys``): the registry reads only the trust root (root.jwk) there.
+    keys: Path | None = Field(default=None, validation_alias="MESH_KEYS")
 
     @field_validator("consul_cacert", "consul_client_cert", "consul_client_key")
     @classmethod
@@ -132,6 +135,9 @@ class RegistrySettings:
     # The nodes' ``MESH_TOKEN``: the console asks trusted instances for tasks with it
     # (``registry.reach``).
     mesh_token: str | None = None
+    # The mesh's trust root (``MESH_KEYS`` / ``--keys``): a registering card must be signed by a
+    # key it certifies for the agent the card names (``registry.card.check_signature``).
+    trust_root: TrustRoot | None = None
 
     @property
     def network_policy(self) -> NetworkPolicy:

@@ -13,8 +13,8 @@ import jwt
 import pytest
 
 from mesh._cli.main import main
-from mesh._errors import ConfigError
-from mesh._keys import AgentKeys, CertificateInvalid, TrustRoot, init_mesh, issue_agent
+from mesh._errors import ConfigError, PeerRefused
+from mesh._keys import AgentKeys, TrustRoot, init_mesh, issue_agent
 from mesh._settings import MeshSettings, NodeSettings
 
 
@@ -81,7 +81,7 @@ def test_the_certificate_binds_name_and_key_to_this_root(tmp_path: Path) -> None
     certified = root.check(cert)
     assert certified.agent == "credit-bureau"
     assert certified.kid == AgentKeys.load(folder, "credit-bureau").kid
-    with pytest.raises(CertificateInvalid, match="another mesh's root"):
+    with pytest.raises(PeerRefused, match="another mesh's root"):
         root.check((foreign / "cert.jwt").read_text().strip())
     # Claiming our root's kid does not make another root's signature ours.
     forged = jwt.encode(
@@ -90,11 +90,11 @@ def test_the_certificate_binds_name_and_key_to_this_root(tmp_path: Path) -> None
         algorithm="ES256",
         headers={"typ": "mesh-cert+jwt", "kid": root.kid},
     )
-    with pytest.raises(CertificateInvalid, match="not signed by this mesh's root"):
+    with pytest.raises(PeerRefused, match="not signed by this mesh's root"):
         root.check(forged)
-    with pytest.raises(CertificateInvalid, match="expired"):
+    with pytest.raises(PeerRefused, match="expired"):
         root.check(cert, now=certified.expires_at + 1)
-    with pytest.raises(CertificateInvalid, match="not a JWT"):
+    with pytest.raises(PeerRefused, match="not a JWT"):
         root.check("not-a-certificate")
 
 

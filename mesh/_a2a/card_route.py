@@ -15,6 +15,12 @@ whatever it said could be cached by a proxy and served to someone else (cache po
 loopback URL means "this machine" to whoever reads it, so reflecting one sends nobody elsewhere.
 Responses that depend on ``Host`` say ``Vary: Host``.
 
+With a ``signer`` (the node has keys: ``mesh._a2a.signing``) each distinct card is signed once,
+when first built, and a loopback origin is reflected only when it is the socket the request
+came in on (its address, or ``localhost``, and its port): the signature vouches for the
+interface URLs, and a node must not sign a card naming another process's loopback port (an
+impostor there could ask for one and serve it).
+
 Caching headers: the SDK's weak ``ETag`` (same computation: the card without its signatures,
 keys sorted, SHA-256) with ``If-None-Match`` -> 304, ``Cache-Control``, and ``Last-Modified``
 (when this process built the card: a node's card changes only when it restarts) with
@@ -41,6 +47,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from mesh._a2a.card import CARD_CACHE_CONTROL, interfaces
+from mesh._a2a.signing import CardSigner
 
 __all__ = ["CardRoute", "loopback_origin"]
 
@@ -100,8 +107,11 @@ class CardRoute:
     """Serves ``card`` (built for ``url``), its interface URLs following the caller's origin
     unless ``fixed`` (``MESH_PUBLIC_URL`` is set). See the module docstring."""
 
-    def __init__(self, card: AgentCard, url: str, *, fixed: bool) -> None:
+    def __init__(
+        self, card: AgentCard, url: str, *, fixed: bool, signer: CardSigner | None = None
+    ) -> None:
         self.card = card
+        self.signer = signer
         self.url = url.rstrip("/")
         self.fixed = fixed
         self.built_at = int(time.time())
@@ -117,6 +127,8 @@ class CardRoute:
         if self.fixed:
             return self.url
         reflected = loopback_origin(request.url.scheme, request.headers.get("host"))
+        if reflected is not None and self.signer is not None:
+            reflected = reflected if _own_socket(reflected, request) else None
         return reflected or self.url
 
     def served(self, origin: str) -> _Served:
@@ -127,6 +139,8 @@ class CardRoute:
             card.CopyFrom(self.card)
             del card.supported_interfaces[:]
             card.supported_interfaces.extend(interfaces(origin))
+            if self.signer is not None:
+                card = self.signer.sign(card)
             data = agent_card_to_dict(card)
             if len(self._served) >= _MAX_ORIGINS:
                 self._served.clear()
@@ -163,6 +177,17 @@ class CardRoute:
         if when.tzinfo is None:
             return False
         return self.built_at <= when.timestamp()
+
+
+def _own_socket(origin: str, request: Request) -> bool:
+    """Whether ``origin`` (a loopback form) names the socket ``request`` came in on."""
+    server = request.scope.get("server")
+    if not server:
+        return False
+    host, _, port = origin.split("://", 1)[1].rpartition(":")
+    if not port.isdigit() or int(port) != server[1]:
+        return False
+    return host == "localhost" or host.strip("[]") == str(server[0])
 
 
 def _etag(data: dict[str, Any]) -> str:

@@ -51,6 +51,7 @@ from mesh._a2a.fastroute import FastRoute
 from mesh._a2a.handler import MeshRequestHandler
 from mesh._a2a.idempotency import IdempotencyKeys
 from mesh._a2a.push import PushParts
+from mesh._a2a.signing import CardSigner
 from mesh._a2a.store import Recovery, SqliteTaskStore
 from mesh._a2a.waits import WaitStore
 from mesh._agent import Agent
@@ -213,11 +214,15 @@ class A2AService:
             agent, url, executor, handler, card, store=sqlite_store, push=push, metrics=metrics
         )
 
-    def mount(self, app: FastAPI, *, fixed_url: bool = False) -> None:
+    def mount(
+        self, app: FastAPI, *, fixed_url: bool = False, signer: CardSigner | None = None
+    ) -> None:
         """Add the card, JSON-RPC and REST routes to ``app``, after the routes it has (they
         keep winning). ``fixed_url``: the card always names ``url`` (``MESH_PUBLIC_URL`` is
-        set) instead of following the caller's loopback origin."""
-        app.router.routes.append(CardRoute(self.card, self.url, fixed=fixed_url).route())
+        set) instead of following the caller's loopback origin. ``signer``: the card is
+        signed (the node has keys)."""
+        route = CardRoute(self.card, self.url, fixed=fixed_url, signer=signer)
+        app.router.routes.append(route.route())
         rest = [
             r
             for r in create_rest_routes(self.handler, path_prefix=REST_PREFIX)
