@@ -180,6 +180,9 @@ def test_a_chat_is_bounded(desk: Desk) -> None:  # noqa: F811
         events = re.findall(r"^event: (\w+)$", r.text, re.M)
         assert events[-1] == "end", r.text
         assert "answer" in events, r.text
+        # The officer's model text came as the answer's artifact chunks, forwarded as written.
+        assert events.index("text") < events.index("answer"), r.text
+        assert events.index("progress") < events.index("text"), r.text
         http.post("/console/logout", data={"csrf": csrf})
 
 

@@ -53,7 +53,11 @@
       writing.textContent += d.chunk;
     });
     on("answer", (d) => {
-      if (d.text) add(d.state && d.state !== "completed" ? "agent failed" : "agent", d.text);
+      const failed = d.state && d.state !== "completed";
+      // The whole answer, where the streamed pieces were not all of it (a node whose last
+      // chunk carries text): it replaces them rather than saying it twice.
+      if (d.text && writing && !failed) writing.textContent = d.text;
+      else if (d.text) add(failed ? "agent failed" : "agent", d.text);
       for (const line of d.attached || []) add("progress", "  " + line);
     });
     on("question", (d) => {
