@@ -266,9 +266,10 @@ async def test_a_message_skill_replies_with_a_message_and_keeps_no_task(
     assert result.ok
     assert result.data == {"sum": 42}
     assert result.task_id == ""
-    r = mesh_cli("call", nodes.desk, "--skill", "add", "--json", '{"a": 1, "b": 2}')
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {"sum": 3}
+    for stream in ([], ["--stream"]):
+        r = mesh_cli("call", nodes.desk, "--skill", "add", "--json", '{"a": 1, "b": 2}', *stream)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == {"sum": 3}
 
 
 def png_part(name: str, data: bytes = PNG, media_type: str = "image/png") -> Part:
