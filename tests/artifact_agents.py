@@ -23,6 +23,7 @@ from mesh import (
     Rule,
     Script,
     SkillContext,
+    SkillInputError,
     ToolContext,
     remote,
     skill,
@@ -63,7 +64,11 @@ class Sum(BaseModel):
 
 @skill(reply="message")
 def add(req: Pair) -> Sum:
-    """Add two numbers, at once."""
+    """Add two numbers, at once (not negative ones; 13 breaks it)."""
+    if req.a < 0 or req.b < 0:
+        raise SkillInputError("field 'a' and 'b' must not be negative")
+    if 13 in (req.a, req.b):
+        raise RuntimeError("unlucky")
     return Sum(sum=req.a + req.b)
 
 

@@ -22,6 +22,7 @@ from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
 from a2a.helpers import new_data_part, new_text_part
 from a2a.types import (
     ContentTypeNotSupportedError,
+    InternalError,
     InvalidParamsError,
     ListTasksRequest,
     Message,
@@ -259,6 +260,18 @@ async def test_a_message_skill_replies_with_a_message_and_keeps_no_task(
     # Invalid input has no task to be rejected in: the JSON-RPC error names the field.
     with pytest.raises(InvalidParamsError, match="field 'b'"):
         await send(http, nodes.desk, message(new_data_part({"a": 1}), skill="add"), binding=binding)
+    # Nor has a rejection by the skill, or its failure (no task is left behind either).
+    negative = message(new_data_part({"a": -1, "b": 1}), skill="add")
+    with pytest.raises(InvalidParamsError, match="must not be negative"):
+        await send(http, nodes.desk, negative, binding=binding)
+    broken = message(new_data_part({"a": 13, "b": 1}), skill="add")
+    broken.context_id = uuid.uuid4().hex
+    with pytest.raises(InternalError, match="skill 'add' failed with an internal error"):
+        await send(http, nodes.desk, broken, binding=binding)
+    client = await client_for(http, nodes.desk, streaming=False)
+    listed = await client.list_tasks(ListTasksRequest(context_id=broken.context_id))
+    await client.close()
+    assert list(listed.tasks) == []
 
     peer = A2APeer(http, nodes.desk)
     result = await peer.send({"a": 20, "b": 22}, skill="add")

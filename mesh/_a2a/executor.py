@@ -421,7 +421,8 @@ class MeshExecutor(AgentExecutor):
     async def _reply(self, direct: _Direct, context_id: str, event_queue: EventQueue) -> None:
         """Run a ``reply="message"`` skill and answer with one agent ``Message``: the result's
         parts, then those of what it attached. No task: a failure is the JSON-RPC error
-        -32603 saying what failed (the input was checked by ``check_send``)."""
+        -32603 saying what failed, a ``SkillInputError`` the skill raised -32602 (the input
+        was checked by ``check_send``)."""
         skill, req = direct.skill, direct.req
         started = time.monotonic()
         self.running.begin()
@@ -452,6 +453,8 @@ class MeshExecutor(AgentExecutor):
                         self._running.discard(scope)
             except TimeoutError:
                 raise InternalError(message=f"skill '{skill.id}': deadline exceeded") from None
+            except SkillInputError as exc:  # the skill rejected its input: the caller's to fix
+                raise InvalidParamsError(message=str(exc)) from None
             except MeshError as exc:
                 raise InternalError(message=str(exc)) from None
             except Exception:
