@@ -21,7 +21,13 @@ console's stats unless ``--stats``). Phases:
 3. with the heartbeats still running: Prometheus SD (``/v1/prometheus/targets``) and the
    operator page (``/``), median of 3; one more instance on a fleet process of its own is
    killed (-9) and stops heartbeating: seconds until the registry lists it critical;
-4. the database's size (``registry.db`` and its WAL).
+4. the database's size (``registry.db`` and its WAL);
+5. the console's gathering (what the probes bring back for ``/topology``; with ``--stats``
+   each answer carries a node's window stats, as a mesh node's does): the bytes of one
+   ``/health?stats=1`` answer (mean over the agents) times the instances a round probes, the
+   registry's CPU per probe interval (the steady state's, heartbeats included: compare a run
+   without ``--stats``), the instances the gathering holds stats for, and ``GET /v1/topology``
+   over the whole fleet (median of 3).
 
 Prints one table (a column per size) and writes every figure to
 ``bench-results/registry_scale.json``.
@@ -47,6 +53,7 @@ from tests.bench.procstat import cpu_seconds, rss_bytes
 from tests.support import ROOT, Proc, clean_env, free_port, wait_until_ok
 
 HEARTBEAT_S = 5.0
+PROBE_INTERVAL_S = 5.0  # the registry's default, which the bench runs it at
 AGENTS = 100
 CONNECTIONS = 32
 DEFAULT_JSON = ROOT / "bench-results" / "registry_scale.json"
@@ -230,6 +237,16 @@ async def _watch(reg: str, stop: asyncio.Event, seen: dict[str, Any]) -> None:
             stopped.cancel()
 
 
+def _answer_bytes(fleet: str, instances: int) -> float:
+    """The mean body of ``/health?stats=1`` over the first instances (one per agent: each agent's
+    stats differ), what the registry reads per probe."""
+    sizes = [
+        len(httpx.get(f"{fleet}/i/{k}/health", params={"stats": "1"}, timeout=30).content)
+        for k in range(instances)
+    ]
+    return statistics.fmean(sizes)
+
+
 def _median_ms(url: str) -> float:
     times = []
     for _ in range(3):
@@ -300,6 +317,11 @@ async def measure(n: int, *, steady_s: float, stats: bool) -> dict[str, Any]:
             page_ms = await asyncio.to_thread(_median_ms, f"{reg}/")
             dead_s = await _dead_marked(reg, tmp, stats, port)
             rss = rss_bytes(reg_proc.pid)
+            gathering = (
+                await asyncio.to_thread(httpx.get, f"{reg}/introspect", timeout=30)
+            ).json()["gathering"]
+            topology_ms = await asyncio.to_thread(_median_ms, f"{reg}/v1/topology")
+            answer_bytes = await asyncio.to_thread(_answer_bytes, fleet, min(n, AGENTS))
             await beats.stop()
         db = sum(p.stat().st_size for p in data.glob("registry.db*"))
     return {
@@ -324,6 +346,12 @@ async def measure(n: int, *, steady_s: float, stats: bool) -> dict[str, Any]:
         "dead_marked_s": dead_s,
         "registry_cpu": cpu,
         "registry_rss_mb": rss / 2**20,
+        "stats": stats,
+        "health_answer_bytes": answer_bytes,
+        "gathered_bytes_per_round": answer_bytes * seen.get("probed", 0),
+        "registry_cpu_ms_per_interval": cpu * PROBE_INTERVAL_S * 1000,
+        "instances_with_stats": gathering["instances_with_stats"],
+        "topology_ms": topology_ms,
         "db_mb": db / 2**20,
     }
 
@@ -342,6 +370,11 @@ ROWS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("registry CPU (cores)", lambda r: f"{r['registry_cpu']:.2f}"),
     ("registry RSS MB", lambda r: f"{r['registry_rss_mb']:.0f}"),
     ("database MB", lambda r: f"{r['db_mb']:.1f}"),
+    ("/health?stats=1 answer bytes (stats?)", lambda r: f"{r['health_answer_bytes']:,.0f} ({'yes' if r['stats'] else 'no'})"),
+    ("gathered per round KB", lambda r: f"{r['gathered_bytes_per_round'] / 1000:,.0f}"),
+    ("registry CPU ms per 5 s interval", lambda r: f"{r['registry_cpu_ms_per_interval']:,.0f}"),
+    ("instances with stats", lambda r: f"{r['instances_with_stats']:,}"),
+    ("GET /v1/topology ms", lambda r: f"{r['topology_ms']:.0f}"),
 ]  # fmt: skip
 
 
