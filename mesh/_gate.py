@@ -4,7 +4,8 @@
 In order, each refusal answered at once and nothing stored:
 
 1. the mesh token, when the node has one (``Authorization: Bearer``, scheme case-insensitive
-   as RFC 7235 says) -> 401;
+   as RFC 7235 says), or with keys (``MESH_KEYS``) a caller's call token (``mesh._identity``:
+   the caller named, verified against the mesh's root, once) -> 401 saying why;
 2. the body size (``max_body_bytes``) -> 413 (a declared ``Content-Length`` over it at once),
    the bytes of all bodies held at once (``max_inflight_bytes``) -> 503 ``busy, retry`` with
    ``Retry-After``, and the time the body takes to arrive (``body_timeout_s``) -> 408 and the
@@ -44,6 +45,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mesh._a2a import server
 from mesh._a2a.server import REST_METHODS, REST_PREFIX, SEND_METHODS, rest_invalid, rest_method
 from mesh._asgi import BodyTimeout, BodyTooLarge, bearer, read_body, replay
+from mesh._errors import PeerRefused
+from mesh._identity import CallerCheck
 from mesh._rpc_body import RpcRefused, parse_json, parse_rpc_body
 
 if TYPE_CHECKING:
@@ -83,6 +86,7 @@ class _NoTracebackForRefusals(logging.Filter):
 
 
 _SDK_DISPATCHER_LOG = logging.getLogger("a2a.server.routes.jsonrpc_dispatcher")
+_log = logging.getLogger("mesh._gate")
 
 
 class _Busy(Exception):
@@ -102,8 +106,40 @@ class RequestGate:
         self.held_bytes = 0
         token = node.settings.token
         self._token = None if token is None else token.encode()
+        # With keys, a caller's own call token (mesh._identity) is a credential too, and some
+        # credential is required: a node with keys is never open.
+        self._callers: CallerCheck | None = None
+        if node.keys is not None:
+            self._callers = CallerCheck(node.keys.root, node.agent.name)
+        self._known_callers: set[str] = set()
         if not any(isinstance(f, _NoTracebackForRefusals) for f in _SDK_DISPATCHER_LOG.filters):
             _SDK_DISPATCHER_LOG.addFilter(_NoTracebackForRefusals())
+
+    def _unauthorized(self, given: bytes | None, scope: Scope) -> str | None:
+        """Why ``given`` (the bearer credentials) is no credential here, else None; a verified
+        caller identity goes in ``scope["state"]["mesh_caller"]``."""
+        if (
+            given is not None
+            and self._token is not None
+            and hmac.compare_digest(given, self._token)
+        ):
+            return None
+        if given is not None and self._callers is not None and given.count(b".") == 2:
+            try:
+                caller = self._callers.verify(given.decode("ascii", "replace"))
+            except PeerRefused as exc:
+                return f"call token refused: {exc}"
+            scope.setdefault("state", {})["mesh_caller"] = caller.agent
+            if caller.kid not in self._known_callers and len(self._known_callers) < 1024:
+                self._known_callers.add(caller.kid)
+                _log.info("caller %s verified by its call token (key %s)", caller.agent, caller.kid)
+            return None
+        wanted = "the mesh token, MESH_TOKEN"
+        if self._callers is not None:
+            wanted = "a call token of an agent of this mesh" + (
+                ", or the mesh token (MESH_TOKEN)" if self._token is not None else ""
+            )
+        return f"this node needs 'Authorization: Bearer <token>' on A2A calls ({wanted})"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -118,17 +154,12 @@ class RequestGate:
             await self.app(scope, receive, send)
             return
         node = self.node
-        if self._token is not None:
-            given = bearer(scope)
-            if given is None or not hmac.compare_digest(given, self._token):
+        if self._token is not None or self._callers is not None:
+            problem = self._unauthorized(bearer(scope), scope)
+            if problem is not None:
                 node.metrics.request("unauthorized", ok=False)
                 await _reply(
-                    send,
-                    401,
-                    "this node needs 'Authorization: Bearer <token>' on A2A calls "
-                    "(the mesh token, MESH_TOKEN)",
-                    [(b"www-authenticate", b'Bearer realm="mesh"')],
-                    rest=rest,
+                    send, 401, problem, [(b"www-authenticate", b'Bearer realm="mesh"')], rest=rest
                 )
                 return
         held = 0

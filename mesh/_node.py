@@ -258,16 +258,21 @@ class Node:
         longest = max(float(getattr(t, "deadline_s", 30.0)) for t in bindable)
         # One token per mesh: the node presents the token it requires of its own callers.
         networks = self.settings.peer_policy
-        verifier = None
+        verifier = identity = None
         if self.keys is not None:
             from mesh._a2a.signing import verify_card
+            from mesh._identity import CallerIdentity
 
             root = self.keys.root
 
             def verifier(card: Any) -> str:
                 return verify_card(card, root)
 
-        trust = PeerTrust(token=self.settings.token, networks=networks, verifier=verifier)
+            # Verified peers get this node's own call token, not the shared mesh token.
+            identity = CallerIdentity(self.keys).token
+        trust = PeerTrust(
+            token=self.settings.token, networks=networks, verifier=verifier, identity=identity
+        )
         # Connections only to addresses PeerTrust would admit, checked as each one is made:
         # its verdict lasts ttl_s, a DNS answer may not. Bounded pool, every connection kept
         # alive: httpcore scans each pooled connection on every request (O(pool) per call),
@@ -280,7 +285,7 @@ class Node:
             limits=httpx.Limits(
                 max_connections=PEER_CONNECTIONS, max_keepalive_connections=PEER_CONNECTIONS
             ),
-            plain_http=PLAIN_HTTP_NETWORKS if self.settings.token else None,
+            plain_http=PLAIN_HTTP_NETWORKS if self.settings.token or self.keys else None,
         )
         discovery = DiscoveryClient(
             create_backend(location, token=token, consul_tls=self.settings.consul_tls)

@@ -258,10 +258,12 @@ class PeerLink:
             )
         except PeerRefused as exc:
             peer.headers = {}
+            peer.credential = None
             raise RemoteError.unavailable(self.peer, skill, str(exc)) from exc
         except RemoteError as exc:
             raise RemoteError.unavailable(self.peer, skill, str(exc)) from exc
         peer.headers = dict(admitted.headers)
+        peer.credential = admitted.credential
         return peer, admitted
 
     # -- visibility -------------------------------------------------------------------------

@@ -38,6 +38,10 @@ the mesh's root), before any credential is sent or any answer believed, also:
    (``mesh._a2a.signing.verify_card``: unsigned, another root's, altered or expired: refused);
 6. the URL about to be called is one of that verified card's interface URLs (exactly: scheme,
    host, port and path), so a genuine signed card copied to another address is refused there.
+
+With keys, the credential of an admitted peer is the node's own call token, minted fresh for
+each call and addressed to the verified agent (``identity``; ``mesh._identity``), instead of the
+shared mesh token.
 """
 
 from __future__ import annotations
@@ -74,6 +78,8 @@ class Admitted:
 
     headers: dict[str, str]
     card: Mapping[str, Any]
+    #: Headers made fresh for each call (the caller identity token), over ``headers``.
+    credential: Callable[[], dict[str, str]] | None = None
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
@@ -107,11 +113,18 @@ class PeerTrust:
     networks: NetworkPolicy | None = None
     ttl_s: float = 30.0
     verifier: CardVerifier | None = None
+    #: Mints this node's call token for an audience (the verified peer's name).
+    identity: Callable[[str], str] | None = None
     clock: Callable[[], float] = time.monotonic
     _verdicts: dict[tuple[str, str | None], tuple[float, Admitted | PeerRefused]] = field(
         default_factory=dict, repr=False
     )
     _logged: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def _credentials(self) -> bool:
+        """Whether admitted peers get a credential (the token, or call tokens)."""
+        return self.token is not None or self.identity is not None
 
     async def admit(self, url: str, agent: str | None, fetch_card: CardFetcher) -> Admitted:
         """``Admitted`` for ``url`` as an instance of ``agent`` (None: any agent), else
@@ -141,7 +154,7 @@ class PeerTrust:
 
     async def _check(self, url: str, agent: str | None, fetch_card: CardFetcher) -> Admitted:
         parts = urlsplit(url)
-        if self.networks is not None or self.token is not None:
+        if self.networks is not None or self._credentials:
             await self._check_network(url, parts.scheme)
         card = await fetch_card()
         if self.verifier is not None:
@@ -179,6 +192,13 @@ class PeerTrust:
                     "sent there; if that node is yours, set its MESH_PUBLIC_URL to the address "
                     "it is registered under"
                 )
+        if self.identity is not None:
+            mint, audience = self.identity, str(name)
+
+            def credential() -> dict[str, str]:
+                return {"Authorization": f"Bearer {mint(audience)}"}
+
+            return Admitted({}, card, credential)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         return Admitted(headers, card)
 
@@ -200,7 +220,7 @@ class PeerTrust:
                 f"{url} is not a verified member of this mesh: {exc}; if that peer is yours, "
                 f"add its network to MESH_PEER_NETWORKS (now {policy.spec})"
             ) from exc
-        if self.token is not None and scheme == "http":
+        if self._credentials and scheme == "http":
             public = [a for a in addresses if not PLAIN_HTTP_NETWORKS.allows(a)]
             if public:
                 raise PeerRefused(

@@ -34,7 +34,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
@@ -112,7 +112,9 @@ class A2APeer:
     mesh token here once the peer is verified (``mesh._trust``). The ``http`` client's own
     headers go everywhere (the CLI puts the token the user gave it there). The card is read
     whole within ``card_timeout_s`` and ``MAX_CARD_BYTES``, or not at all; every other answer
-    within ``max_answer_bytes`` (each event, for a stream)."""
+    within ``max_answer_bytes`` (each event, for a stream). ``credential``, when set, gives
+    headers made fresh for each call (a node with keys: its caller identity token,
+    ``mesh._identity``), over ``headers``."""
 
     def __init__(
         self,
@@ -127,6 +129,7 @@ class A2APeer:
         self.http = http
         self.base_url = base_url.rstrip("/")
         self.headers: dict[str, str] = dict(headers or {})
+        self.credential: Callable[[], Mapping[str, str]] | None = None
         self.card_timeout_s = card_timeout_s
         self.max_answer_bytes = max_answer_bytes
         self._card = card
@@ -217,7 +220,7 @@ class A2APeer:
                 "POST",
                 self.base_url,
                 content=content,
-                headers={**jsonrpc.HEADERS, **self.headers} if self.headers else jsonrpc.HEADERS,
+                headers={**jsonrpc.HEADERS, **self._call_headers()},
                 timeout=self._timeout(timeout),
             )
             response = await self.http.send(request, stream=True)
@@ -468,9 +471,16 @@ class A2APeer:
 
     def _context(self, timeout: float | None = None) -> ClientCallContext | None:
         """The SDK call context: the per-call timeout and this peer's headers."""
-        if timeout is None and not self.headers:
+        headers = self._call_headers()
+        if timeout is None and not headers:
             return None
-        return ClientCallContext(timeout=timeout, service_parameters=dict(self.headers) or None)
+        return ClientCallContext(timeout=timeout, service_parameters=headers or None)
+
+    def _call_headers(self) -> dict[str, str]:
+        """The headers of one call: ``headers``, and a fresh ``credential`` over them."""
+        if self.credential is None:
+            return dict(self.headers)
+        return {**self.headers, **self.credential()}
 
     async def _client(self, streaming: bool) -> Client:
         if streaming not in self._clients:

@@ -1,0 +1,159 @@
+"""Caller identity on every call: a short-lived token, signed by the calling agent's key.
+
+A node with keys (``mesh._keys.AgentKeys``) presents, on every A2A call to a verified peer,
+``Authorization: Bearer <token>`` where the token is a JWT (ES256) signed with its own key:
+
+    header  {"alg": "ES256", "typ": "mesh-call+jwt", "kid": <its key's thumbprint>,
+             "mesh_cert": <the root's certificate of that key>}
+    claims  {"iss": <calling agent>, "aud": <called agent>, "iat", "exp": iat + 5 min,
+             "jti": <unique id>}
+
+The callee (``CallerCheck``) needs only the mesh's root: the certificate gives the key and the
+agent it belongs to; it accepts the token when that root signed the certificate, the token
+verifies with the certified key, ``iss`` is the certified agent, ``aud`` is the callee's own
+name, it has not expired (and lives at most ``MAX_LIFETIME_S``), and its ``jti`` was not seen
+before. So a token taken from one call opens nothing else: not another agent (``aud``), not a
+second call (``jti``), not later (``exp``); and the key that could mint new ones never travels.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jwt
+
+from mesh._errors import PeerRefused
+from mesh._keys import ALGORITHM, AgentKeys, Certified, TrustRoot
+
+__all__ = ["CALL_TOKEN_S", "Caller", "CallerCheck", "CallerIdentity"]
+
+CALL_TOKEN_TYPE = "mesh-call+jwt"
+#: Seconds a call token is valid for (minutes: long enough for clock skew, short if stolen).
+CALL_TOKEN_S = 300
+#: The longest lifetime a callee accepts (a token valid for hours is a leak waiting to happen).
+MAX_LIFETIME_S = 900
+# Seconds of clock skew tolerated between nodes.
+_LEEWAY_S = 30
+# Certificates whose check is remembered (one per calling agent key), and token ids remembered
+# until they expire; past the cap the oldest go (they are the first to expire).
+_MAX_CERTS = 1024
+_MAX_SEEN = 200_000
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The verified caller of one request."""
+
+    agent: str
+    kid: str
+
+
+class CallerIdentity:
+    """Mints the call tokens of one agent (``token(audience)``), one per call."""
+
+    def __init__(
+        self,
+        keys: AgentKeys,
+        *,
+        ttl_s: int = CALL_TOKEN_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.agent = keys.agent
+        self._keys = keys
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._header = {"typ": CALL_TOKEN_TYPE, "kid": keys.kid, "mesh_cert": keys.certificate}
+
+    def __repr__(self) -> str:
+        return f"CallerIdentity(agent={self.agent!r}, kid={self._keys.kid!r})"
+
+    def token(self, audience: str) -> str:
+        """A fresh token naming this agent as the caller of ``audience``."""
+        now = int(self.clock())
+        claims = {
+            "iss": self.agent,
+            "aud": audience,
+            "iat": now,
+            "exp": now + self.ttl_s,
+            "jti": uuid.uuid4().hex,
+        }
+        return jwt.encode(claims, self._keys.key, algorithm=ALGORITHM, headers=self._header)
+
+
+class CallerCheck:
+    """Verifies the call tokens presented to the agent ``audience`` (see the module docstring).
+    ``verify`` returns the ``Caller`` or raises ``PeerRefused`` saying why."""
+
+    def __init__(
+        self, root: TrustRoot, audience: str, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.root = root
+        self.audience = audience
+        self.clock = clock
+        self._certs: dict[str, Certified] = {}
+        self._seen: dict[str, float] = {}
+
+    def verify(self, token: str) -> Caller:
+        now = self.clock()
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.exceptions.PyJWTError:
+            raise PeerRefused("not a mesh call token (a JWT)") from None
+        certificate = header.get("mesh_cert")
+        if header.get("typ") != CALL_TOKEN_TYPE or not isinstance(certificate, str):
+            raise PeerRefused("not a mesh call token")
+        certified = self._certified(certificate, now)
+        if header.get("kid") != certified.kid:
+            raise PeerRefused("the token's key is not the one its certificate certifies")
+        try:
+            claims = jwt.decode(
+                token,
+                certified.key,
+                algorithms=[ALGORITHM],
+                audience=self.audience,
+                leeway=_LEEWAY_S,
+                options={"require": ["iss", "aud", "iat", "exp", "jti"]},
+            )
+        except jwt.exceptions.ExpiredSignatureError:
+            raise PeerRefused(f"the call token of {certified.agent!r} has expired") from None
+        except jwt.exceptions.InvalidAudienceError:
+            raise PeerRefused(
+                f"the call token of {certified.agent!r} is for another agent, not {self.audience!r}"
+            ) from None
+        except jwt.exceptions.PyJWTError as exc:
+            raise PeerRefused(f"the call token does not verify ({exc})") from None
+        if claims["iss"] != certified.agent:
+            raise PeerRefused(
+                f"the call token names {claims['iss']!r} but is signed by {certified.agent!r}"
+            )
+        if float(claims["exp"]) - float(claims["iat"]) > MAX_LIFETIME_S:
+            raise PeerRefused(f"the call token lives longer than {MAX_LIFETIME_S} s")
+        jti = str(claims["jti"])
+        self._forget_expired(now)
+        if jti in self._seen:
+            raise PeerRefused(f"the call token of {certified.agent!r} was used before (replayed)")
+        if len(self._seen) >= _MAX_SEEN:
+            self._seen.pop(next(iter(self._seen)))
+        self._seen[jti] = float(claims["exp"]) + _LEEWAY_S
+        return Caller(certified.agent, certified.kid)
+
+    def _certified(self, certificate: str, now: float) -> Certified:
+        found = self._certs.get(certificate)
+        if found is None:
+            found = self.root.check(certificate, now=now)
+            if len(self._certs) >= _MAX_CERTS:
+                self._certs.pop(next(iter(self._certs)))
+            self._certs[certificate] = found
+        elif found.expires_at <= now:
+            raise PeerRefused(f"the certificate of {found.agent!r} has expired")
+        return found
+
+    def _forget_expired(self, now: float) -> None:
+        while self._seen:
+            jti, until = next(iter(self._seen.items()))
+            if until > now:
+                return
+            del self._seen[jti]
