@@ -164,6 +164,7 @@ async def _stream(state: RegistryState, turn: Turn) -> AsyncIterator[str]:
         peer = A2APeer(
             reach.http, inst.url, headers=reach.headers, max_answer_bytes=_MAX_ANSWER_BYTES
         )
+        log.info("console chat: a turn to %s at %s", turn.agent, inst.instance_id)
         events = _turn(peer, turn)
         deadline = asyncio.get_running_loop().time() + TURN_DEADLINE_S
         try:
