@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	@test -d $(VENV) || { echo "creating $(VENV)"; $(PY) -m venv $(VENV); }
 	@echo "installing mesh and its dev dependencies into $(VENV) (first run takes a minute)"
 	@$(BIN)/pip install -q --upgrade pip
-	@$(BIN)/pip install -q -e '.[dev,bench]'
+	@$(BIN)/pip install -q -e '.[dev,bench,postgres]'
 	@touch $(STAMP)
 
 run: $(STAMP)

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Iterator
 
 import pytest
 
+# The PostgreSQL server fixtures (tests marked `postgres`), for every module that asks.
+from tests.postgres_support import pg_database, postgres_server  # noqa: F401
 from tests.support import ISOLATED_PREFIXES
 
 
