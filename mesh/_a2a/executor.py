@@ -63,7 +63,7 @@ from mesh._a2a.questions import question_message, question_metadata, waiting_sta
 from mesh._a2a.relay import STREAMED, Followers, Relay
 from mesh._a2a.states import INTERRUPTED_STATES
 from mesh._a2a.store import DEADLINE, SHUTDOWN, WAIT_DEADLINE_TEXT, stopped_text
-from mesh._a2a.waits import CHILDREN, WaitClock, WaitStore
+from mesh._a2a.waits import CHILDREN, WAITING, WaitClock, WaitStore
 from mesh._artifacts import ATTACHMENTS, File
 from mesh._asks import TASKS_EXTENSION, ChildWaiting, Question, Recorded, Suspend, answer_of
 from mesh._errors import MeshError, SchemaViolation, SessionWaiting, SkillInputError
@@ -756,15 +756,12 @@ class MeshExecutor(AgentExecutor):
             )
             return "failed"
         owner = _owner(context.call_context)
-        if request is None:
-            assert context.message is not None
-            request = context.message.SerializeToString()
         await self.waits.suspend(
             owner=owner,
             task_id=updater.task_id,
             context_id=updater.context_id,
             skill=skill.id,
-            request=request,
+            request=_first_request(context, request),
             deadline=req.deadline,
             question=asked.question,
             seq=asked.seq,
@@ -805,26 +802,7 @@ class MeshExecutor(AgentExecutor):
         resume point (state ``children``, the ``PendingTurn`` with each child's task id) is
         written before anyone waits on them. The task stays WORKING; after a stop, recovery
         rule 4 runs it again and the runner re-attaches to the children by task id."""
-        assert self.waits is not None
-        owner = _owner(context.call_context)
-        if request is None:
-            assert context.message is not None
-            request = context.message.SerializeToString()
-        await self.waits.suspend_turn(
-            owner=owner,
-            task_id=updater.task_id,
-            context_id=updater.context_id,
-            skill=skill.id,
-            request=request,
-            deadline=req.deadline,
-            user_id=user_id,
-            session_id=updater.context_id,
-            turn=paused.turn.to_json(),
-            questions=[],
-            caller=req.caller,
-            traceparent=req.traceparent or "",
-            state=CHILDREN,
-        )
+        await self._write_turn(paused, skill, req, context, updater, request, user_id, CHILDREN)
         self._kept.add(updater.task_id)
 
     async def _suspend_turn(
@@ -849,26 +827,42 @@ class MeshExecutor(AgentExecutor):
                 req,
             )
             return "failed"
+        owner = await self._write_turn(
+            paused, skill, req, context, updater, request, user_id, WAITING
+        )
+        return await self._waiting(owner, updater, req, paused.questions)
+
+    async def _write_turn(
+        self,
+        paused: TurnSuspended,
+        skill: Skill,
+        req: _Request,
+        context: RequestContext,
+        updater: TaskUpdater,
+        request: bytes | None,
+        user_id: str,
+        state: str,
+    ) -> str:
+        """Write a stopped LLM turn's resume point (the ``PendingTurn``, its questions, in
+        ``state``: ``waiting`` on them or following ``children``); the owner it is under."""
+        assert self.waits is not None
         owner = _owner(context.call_context)
-        if request is None:
-            assert context.message is not None
-            request = context.message.SerializeToString()
-        questions = paused.questions
         await self.waits.suspend_turn(
             owner=owner,
             task_id=updater.task_id,
             context_id=updater.context_id,
             skill=skill.id,
-            request=request,
+            request=_first_request(context, request),
             deadline=req.deadline,
             user_id=user_id,
             session_id=updater.context_id,
             turn=paused.turn.to_json(),
-            questions=questions,
+            questions=paused.questions,
             caller=req.caller,
             traceparent=req.traceparent or "",
+            state=state,
         )
-        return await self._waiting(owner, updater, req, questions)
+        return owner
 
     async def _progress(self, updater: TaskUpdater, answer: AnswerStream, event: Event) -> None:
         """Forward a runner event: partial text as a chunk of the answer artifact (while
@@ -963,6 +957,16 @@ class MeshExecutor(AgentExecutor):
 
 async def _never(task_id: str) -> bool:
     return False
+
+
+def _first_request(context: RequestContext, request: bytes | None) -> bytes:
+    """The task's first message as stored in its resume point: ``request`` when the run
+    resumed (read from the point), else the message that started it."""
+    if request is not None:
+        return request
+    assert context.message is not None
+    first: bytes = context.message.SerializeToString()
+    return first
 
 
 def _owner(call: ServerCallContext | None) -> str:
