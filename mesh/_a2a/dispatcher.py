@@ -14,6 +14,7 @@ forwarded to the caller as it happens. A turn whose tool asked (``mesh.Ask``) ra
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -135,6 +136,30 @@ def skill_agent(agent: Agent, skill: Skill) -> Agent:
     if skill.instruction:
         lines.append(skill.instruction)
     return replace(agent, instruction="\n\n".join(line for line in lines if line))
+
+
+def _stream(
+    user_id: str,
+    session_id: str,
+    *,
+    message: str = "",
+    waiting: WaitCheck | None = None,
+    resume: tuple[PendingTurn, Mapping[str, Any]] | None = None,
+) -> TurnStream:
+    """A turn's events from a runner: a new turn on ``message``, or the suspended turn of
+    ``resume`` going on with its answers."""
+
+    def turn(
+        runner: TurnRunner, schema: dict[str, Any] | None, meta: dict[str, Any]
+    ) -> AsyncIterator[Event]:
+        if resume is not None:
+            pending, answers = resume
+            events = functools.partial(runner.resume_stream, turn=pending, answers=answers)
+        else:
+            events = functools.partial(runner.run_stream, message=message, waiting=waiting)
+        return events(user_id=user_id, session_id=session_id, response_schema=schema, metadata=meta)
+
+    return turn
 
 
 def _parse_json(text: str) -> Any:
@@ -299,19 +324,7 @@ class SkillDispatcher:
         if not skill.llm:
             return await self._call_handler(skill, payload, ctx)
         text = payload if isinstance(payload, str) else payload.model_dump_json()
-
-        def turn(
-            runner: TurnRunner, schema: dict[str, Any] | None, meta: dict[str, Any]
-        ) -> AsyncIterator[Event]:
-            return runner.run_stream(
-                user_id=user_id,
-                session_id=ctx.context_id,
-                message=text,
-                response_schema=schema,
-                metadata=meta,
-                waiting=waiting,
-            )
-
+        turn = _stream(user_id, ctx.context_id, message=text, waiting=waiting)
         return await self._llm(skill, turn, ctx, user_id, progress)
 
     async def cancel_children(self, pending: PendingTurn) -> None:
@@ -333,19 +346,7 @@ class SkillDispatcher:
     ) -> Outcome:
         """Go on with an LLM skill's turn that stopped because a tool asked (``TurnSuspended``),
         with the answers recorded so far (by question id); the same checks as ``run``."""
-
-        def turn(
-            runner: TurnRunner, schema: dict[str, Any] | None, meta: dict[str, Any]
-        ) -> AsyncIterator[Event]:
-            return runner.resume_stream(
-                user_id=user_id,
-                session_id=ctx.context_id,
-                turn=pending,
-                answers=answers,
-                response_schema=schema,
-                metadata=meta,
-            )
-
+        turn = _stream(user_id, ctx.context_id, resume=(pending, answers))
         return await self._llm(skill, turn, ctx, user_id, progress)
 
     async def _llm(
@@ -387,18 +388,7 @@ class SkillDispatcher:
                 f"Your answer did not validate: {first}. Answer again with only one JSON "
                 "object that matches the output schema."
             )
-
-            def again(
-                runner: TurnRunner, schema: dict[str, Any] | None, meta: dict[str, Any]
-            ) -> AsyncIterator[Event]:
-                return runner.run_stream(
-                    user_id=user_id,
-                    session_id=ctx.context_id,
-                    message=repair,
-                    response_schema=schema,
-                    metadata=meta,
-                )
-
+            again = _stream(user_id, ctx.context_id, message=repair)
             second = await self._turn(runner, again, schema, ctx, progress)
             second.usage = outcome.usage + second.usage
             try:
