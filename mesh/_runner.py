@@ -243,12 +243,9 @@ class Runner:
         steps = self._turn(
             turn, user_id, session_id, message, response_schema, metadata, waiting, stream=False
         )
-        async with contextlib.aclosing(steps):
-            async for _ in steps:
-                pass
-        return self._result(turn, response_schema)
+        return await self._collect(turn, steps, response_schema)
 
-    async def run_stream(
+    def run_stream(
         self,
         *,
         user_id: str,
@@ -270,14 +267,10 @@ class Runner:
         waits (a node asks its task store: a task canceled meanwhile does not block its
         context); without it the session's mark alone decides.
         """
-        turn = _Turn()
-        steps = self._turn(
-            turn, user_id, session_id, message, response_schema, metadata, waiting, stream=True
+        # The turn's own generator: closing it promptly releases the session lock.
+        return self._turn(
+            _Turn(), user_id, session_id, message, response_schema, metadata, waiting, stream=True
         )
-        # Closing promptly releases the session lock when a consumer stops early.
-        async with contextlib.aclosing(steps):
-            async for event in steps:
-                yield event
 
     async def resume(
         self,
@@ -303,12 +296,9 @@ class Runner:
         steps = self._resume(
             result, user_id, session_id, turn, answers, response_schema, metadata, stream=False
         )
-        async with contextlib.aclosing(steps):
-            async for _ in steps:
-                pass
-        return self._result(result, response_schema)
+        return await self._collect(result, steps, response_schema)
 
-    async def resume_stream(
+    def resume_stream(
         self,
         *,
         user_id: str,
@@ -319,13 +309,9 @@ class Runner:
         metadata: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[Event]:
         """``resume`` with a streaming model, yielding events as ``run_stream`` does."""
-        result = _Turn()
-        steps = self._resume(
-            result, user_id, session_id, turn, answers, response_schema, metadata, stream=True
+        return self._resume(
+            _Turn(), user_id, session_id, turn, answers, response_schema, metadata, stream=True
         )
-        async with contextlib.aclosing(steps):
-            async for event in steps:
-                yield event
 
     async def cancel_children(self, turn: PendingTurn) -> None:
         """CancelTask for every child task ``turn`` still waits on (its task was canceled, or
@@ -821,7 +807,14 @@ class Runner:
         except Exception:
             log.exception("run observer %s failed", hook)
 
-    def _result(self, turn: _Turn, response_schema: dict[str, Any] | None) -> RunResult:
+    @staticmethod
+    async def _collect(
+        turn: _Turn, steps: AsyncGenerator[Event, None], response_schema: dict[str, Any] | None
+    ) -> RunResult:
+        """Run a turn's steps to the end (``run``, ``resume``): its result."""
+        async with contextlib.aclosing(steps):
+            async for _ in steps:
+                pass
         text = turn.final.text if turn.final else ""
         data = (
             turn.final.metadata.get("data") if turn.final and response_schema is not None else None
