@@ -58,6 +58,11 @@ _Outcome = tuple[bool, Any]
 
 
 class Database:
+    #: Which SQL the connection speaks (``mesh._pg.PgDatabase``: "postgresql"; the stores
+    #: write SQLite's, translated there) and the driver's error class.
+    dialect = "sqlite"
+    driver_error: type[Exception] = sqlite3.Error
+
     def __init__(self, conn: sqlite3.Connection, executor: ThreadPoolExecutor, path: str) -> None:
         self._conn = conn
         self._executor = executor
@@ -166,7 +171,7 @@ class Database:
                         continue
                     if ok:
                         op.future.set_result(value)
-                    elif isinstance(value, sqlite3.Error):
+                    elif isinstance(value, self.driver_error):
                         op.future.set_exception(StoreError(f"database {self.path}: {value}"))
                     else:
                         op.future.set_exception(value)
@@ -182,7 +187,7 @@ class Database:
         if writes:
             try:
                 conn.execute("begin immediate")
-            except sqlite3.Error as exc:
+            except self.driver_error as exc:
                 return [(False, exc)] * len(batch)
         outcomes: list[_Outcome] = []
         for op in batch:
@@ -206,7 +211,7 @@ class Database:
             try:
                 conn.execute("commit")
                 self.commits += 1
-            except sqlite3.Error as exc:
+            except self.driver_error as exc:
                 if conn.in_transaction:
                     conn.execute("rollback")
                 return [

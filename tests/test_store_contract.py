@@ -1,9 +1,206 @@
-"""The store contract, one suite over both backends: the node's SQL stores behave the same on
-SQLite (the default) and on PostgreSQL (``--store postgresql://...``)."""
+"""The store contract, one suite over both backends: the node's SQL stores (tasks, idempotency
+keys, sessions, migrations) behave the same on SQLite (the default) and on PostgreSQL
+(``--store postgresql://...``, mesh._pg). Every test opens two handles on one database, as two
+processes (replicas) would: what one writes, the other reads."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
 import pytest
+from a2a.server.context import ServerCallContext
+from a2a.types import ListTasksRequest, Task, TaskState, TaskStatus
+
+from mesh._a2a.idempotency import IdempotencyKeys
+from mesh._a2a.store import SqliteTaskStore
+from mesh._errors import StoreError
+from mesh._events import Event
+from mesh._sessions.sqlite import SqliteSessionStore
+from mesh._sqlite import Database
+from mesh._types import Content
+
+CTX = ServerCallContext()
+Opener = Callable[[], Awaitable[Database]]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def opener(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Opener]:
+    """Opens handles on one fresh database of the backend (closed after the test)."""
+    opened: list[Database] = []
+    if request.param == "sqlite":
+        path = str(tmp_path / "node.db")
+
+        async def open_sqlite() -> Database:
+            opened.append(await Database.open(path))
+            return opened[-1]
+
+        yield open_sqlite
+    else:
+        from mesh._pg import PgDatabase
+
+        url = request.getfixturevalue("pg_database")
+
+        async def open_pg() -> Database:
+            opened.append(await PgDatabase.open(url))
+            return opened[-1]
+
+        yield open_pg
+    for db in opened:
+        await db.aclose()
+
+
+async def _tasks(opener: Opener) -> SqliteTaskStore:
+    store = SqliteTaskStore(await opener())
+    await store.initialize()
+    return store
+
+
+def _task(task_id: str, state: TaskState, context_id: str = "ctx-1", at: int = 0) -> Task:
+    task = Task(id=task_id, context_id=context_id, status=TaskStatus(state=state))
+    if at:
+        task.status.timestamp.FromNanoseconds(at)
+    # Characters a dialect translation must leave alone in data.
+    task.metadata["note"] = "100% sure? '%s' ; --"
+    return task
+
+
+async def test_a_task_saved_on_one_handle_is_read_on_the_other(opener: Opener) -> None:
+    a, b = await _tasks(opener), await _tasks(opener)
+    await a.save(_task("t1", TaskState.TASK_STATE_SUBMITTED), CTX)
+    found = await b.get("t1", CTX)
+    assert found is not None
+    assert found.status.state == TaskState.TASK_STATE_SUBMITTED
+    assert found.metadata["note"] == "100% sure? '%s' ; --"
+    await a.save(_task("t1", TaskState.TASK_STATE_COMPLETED), CTX)
+    found = await b.get("t1", CTX)
+    assert found is not None
+    assert found.status.state == TaskState.TASK_STATE_COMPLETED
+    assert await b.get("nope", CTX) is None
+    await b.delete("t1", CTX)
+    assert await a.get("t1", CTX) is None
+
+
+async def test_listing_filters_orders_and_pages_the_same(opener: Opener) -> None:
+    a, b = await _tasks(opener), await _tasks(opener)
+    base = 1_700_000_000_000_000_000  # ns: past 32 bits, as status timestamps are
+    for i in range(5):
+        ctx = "ctx-?" if i % 2 else "ctx-%"
+        await a.save(_task(f"t{i}", TaskState.TASK_STATE_COMPLETED, ctx, base + i), CTX)
+    await a.save(_task("t9", TaskState.TASK_STATE_FAILED, "ctx-?", base + 9), CTX)
+    page = await b.list(ListTasksRequest(page_size=2), CTX)
+    assert [t.id for t in page.tasks] == ["t9", "t4"]
+    assert page.total_size == 6
+    rest = await b.list(ListTasksRequest(page_size=10, page_token=page.next_page_token), CTX)
+    assert [t.id for t in rest.tasks] == ["t3", "t2", "t1", "t0"]
+    assert rest.next_page_token == ""
+    odd = await b.list(ListTasksRequest(context_id="ctx-?"), CTX)
+    assert [t.id for t in odd.tasks] == ["t9", "t3", "t1"]
+    failed = await b.list(ListTasksRequest(status=TaskState.TASK_STATE_FAILED), CTX)
+    assert [t.id for t in failed.tasks] == ["t9"]
+
+
+async def test_a_terminal_state_is_final(opener: Opener) -> None:
+    # Replica B cancels a task replica A still runs: A's own end later does not undo it.
+    a, b = await _tasks(opener), await _tasks(opener)
+    await a.save(_task("t1", TaskState.TASK_STATE_WORKING), CTX)
+    await b.save(_task("t1", TaskState.TASK_STATE_CANCELED), CTX)
+    await a.save(_task("t1", TaskState.TASK_STATE_COMPLETED), CTX)
+    found = await b.get("t1", CTX)
+    assert found is not None
+    assert found.status.state == TaskState.TASK_STATE_CANCELED
+    # The same state may be written again (a reason added to a cancel).
+    again = _task("t1", TaskState.TASK_STATE_CANCELED)
+    again.metadata["error"] = {"reason": "canceled"}
+    await b.save(again, CTX)
+    found = await a.get("t1", CTX)
+    assert found is not None
+    assert found.metadata["error"]["reason"] == "canceled"
+
+
+async def test_a_message_key_recorded_on_one_handle_is_a_duplicate_on_the_other(
+    opener: Opener,
+) -> None:
+    store_a = await _tasks(opener)
+    keys_a = IdempotencyKeys(store_a._db, store=store_a)
+    await keys_a.initialize()
+    db_b = await opener()
+    keys_b = IdempotencyKeys(db_b)
+    await keys_b.initialize()
+    key = ("", "caller", "msg-1")
+    assert await keys_a.claim(key) is None
+    await keys_a.record(key, "t1")
+    await store_a.save(_task("t1", TaskState.TASK_STATE_SUBMITTED), CTX)  # the key rides here
+    assert await keys_b.claim(key) == "t1"
+    keys_b.end(key)
+    # First writer wins: the same key recorded for another task keeps the first.
+    other = ("", "caller", "msg-2")
+    await keys_b.record(other, "t2")
+    await keys_b.record(other, "t3")
+    assert await keys_a.claim(other) == "t2"
+
+
+async def test_a_session_continues_on_the_other_handle(opener: Opener) -> None:
+    a, b = SqliteSessionStore(await opener()), SqliteSessionStore(await opener())
+    session = await a.create("u1", "s1", state={"lang": "en", "n": 1})
+    with pytest.raises(StoreError, match="already exists"):
+        await b.create("u1", "s1")
+    await a.append_event(session, _event("one", n=2, city="Lyon"))
+    on_b = await b.get("u1", "s1")
+    assert on_b is not None
+    assert on_b.state == {"lang": "en", "n": 2, "city": "Lyon"}
+    on_b = await b.append_event(on_b, _event("two", lang=None))
+    again = await a.get("u1", "s1")
+    assert again is not None
+    assert [e.text for e in again.events] == ["one", "two"]
+    assert again.state == {"lang": None, "n": 2, "city": "Lyon"}
+    assert isinstance(again.created_at, float)
+    listed = await b.list_sessions("u1")
+    assert [(s.id, s.event_count) for s in listed] == [("s1", 2)]
+    assert await b.count() == 1
+    assert await b.delete("u1", "s1") is True
+    assert await a.get("u1", "s1") is None
+    assert await a.delete("u1", "s1") is False
+
+
+def _event(text: str, **delta: object) -> Event:
+    return Event(author="user", content=Content.user(text), state_delta=dict(delta))
+
+
+async def test_migrations_are_versioned_and_a_newer_database_is_refused(opener: Opener) -> None:
+    a, b = await opener(), await opener()
+    steps = ["create table contract_t (id text primary key, n integer not null) without rowid"]
+    assert await a.migrate("contract", steps) == 1
+    await a.write(lambda conn: conn.execute("insert into contract_t values (?, ?)", ("x", 2**40)))
+    two = [*steps, "alter table contract_t add column note text"]
+    assert await b.migrate("contract", two) == 2
+    await b.write(
+        lambda conn: conn.execute("update contract_t set note = ? where id = ?", ("hi", "x"))
+    )
+    row = await b.read(lambda conn: conn.execute("select n, note from contract_t").fetchone())
+    assert (row[0], row["note"]) == (2**40, "hi")
+    c = await opener()
+    with pytest.raises(StoreError, match="newer than this mesh knows"):
+        await c.migrate("contract", steps)
+
+
+async def test_a_failing_write_is_rolled_back_alone(opener: Opener) -> None:
+    db = await opener()
+    await db.migrate("contract", ["create table contract_u (id text primary key)"])
+
+    def bad(conn: object) -> None:
+        conn.execute("insert into contract_u values (?)", ("b",))  # type: ignore[attr-defined]
+        conn.execute("insert into contract_u values (?)", ("a",))  # type: ignore[attr-defined]
+
+    await db.write(lambda conn: conn.execute("insert into contract_u values (?)", ("a",)))
+    good = db.write_soon(lambda conn: conn.execute("insert into contract_u values (?)", ("c",)))
+    with pytest.raises(StoreError):
+        await db.write(bad)
+    await good
+    rows = await db.read(
+        lambda conn: conn.execute("select id from contract_u order by id").fetchall()
+    )
+    assert [r[0] for r in rows] == ["a", "c"]
 
 
 @pytest.mark.postgres
@@ -15,3 +212,12 @@ def test_the_suite_runs_its_own_postgres(pg_database: str) -> None:
     assert row is not None
     assert row[0] == "127.0.0.1"
     assert row[1].startswith("PostgreSQL")
+
+
+def test_a_password_never_shows() -> None:
+    pytest.importorskip("psycopg")
+    from mesh._pg import redacted
+
+    url = "postgresql://mesh:s3cr%40t@db.example:5432/mesh?sslmode=require"
+    assert redacted(url) == "postgresql://mesh:***@db.example:5432/mesh?sslmode=require"
+    assert redacted("postgresql://db/mesh") == "postgresql://db/mesh"

@@ -134,7 +134,12 @@ _UPSERT = (
     "values (?, ?, ?, ?, ?, ?, ?, ?) on conflict (owner, id) do update set "
     "context_id = excluded.context_id, state = excluded.state, "
     "updated_at = excluded.updated_at, data = excluded.data, "
-    "trace_id = coalesce(excluded.trace_id, a2a_tasks.trace_id)"
+    "trace_id = coalesce(excluded.trace_id, a2a_tasks.trace_id) "
+    # A terminal state is final: a replica still running a task another replica canceled
+    # (shared PostgreSQL) does not overwrite the cancel with its own end. The same state may
+    # be written again (a canceled waiting task gets its reason added).
+    f"where a2a_tasks.state not in ({', '.join(str(int(s)) for s in sorted(TERMINAL_STATES))}) "
+    "or a2a_tasks.state = excluded.state"
 )
 #: What ``trace`` returns: (owner, task, first save in ns or None), oldest first.
 TraceRows = list[tuple[str, Task, int | None]]
@@ -521,6 +526,11 @@ class SqliteTaskStore(TaskStore):
            (``Recovery.resume``).
 
         The resume points of tasks that ended (or are gone) are deleted."""
+        if self._db.dialect != "sqlite":
+            # Replicas share the rows (PostgreSQL): a replica starting cannot tell a task
+            # another replica runs now from one whose replica died, so it decides none (a
+            # lease per running task is the next step: docs/production.md).
+            return Recovery(ended=[])
         at = Timestamp()
         at.GetCurrentTime()
         now = time.time()
