@@ -19,7 +19,7 @@ How it is delivered, off the task's path: ``send_notification`` (awaited inside 
 consumer) only notes the task id for a background worker, and only for a task that has a config
 and an event that settles it (a set lookup; tasks without a config, and the fast path, which
 takes no push config, pay nothing else). The worker, started and stopped with the node's
-lifespan (``A2AService``):
+lifespan (``A2AService``; what it does to the outbox table is ``mesh._a2a.push_queue``):
 
 * queues one ``a2a_push_outbox`` row per config (one transaction), the body built from the
   task's stored row; a newer state replaces a pending one. Each config remembers the last state
@@ -48,28 +48,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from a2a.server.tasks import PushNotificationSender
 from a2a.types import (
-    StreamResponse,
     Task,
     TaskArtifactUpdateEvent,
-    TaskPushNotificationConfig,
     TaskStatusUpdateEvent,
 )
-from google.protobuf.json_format import MessageToDict
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
-from mesh._a2a.push_configs import PushConfigStore, PushUrlCheck, config_from_bytes
-from mesh._a2a.states import SETTLED_STATES, TERMINAL_STATES
+from mesh._a2a.push_configs import PushConfigStore, PushUrlCheck
+from mesh._a2a.push_queue import Delivery, claim, delete_sent, queue_settled, reschedule
+from mesh._a2a.states import SETTLED_STATES
 from mesh._metrics import NodeMetrics, PushOutcome
 from mesh._netguard import AddressRefused, create_http_client
 from mesh._netpolicy import NetworkPolicy
@@ -92,37 +88,6 @@ CONCURRENCY = 8
 SWEEP_S = 5.0
 #: Rows claimed per pass at most.
 _CLAIM_BATCH = 64
-
-_SETTLED_SQL = ", ".join(str(int(s)) for s in sorted(SETTLED_STATES))
-
-
-def _body(task_data: bytes) -> bytes:
-    """The JSON POSTed for a stored task: ``{"task": {...}}`` without its history."""
-    task = Task()
-    task.ParseFromString(task_data)
-    del task.history[:]
-    return json.dumps(MessageToDict(StreamResponse(task=task)), separators=(",", ":")).encode()
-
-
-@dataclass(frozen=True, slots=True)
-class _Delivery:
-    owner: str
-    task_id: str
-    config_id: str
-    version: int
-    attempts: int
-    expires_at: float
-    body: bytes
-    config: TaskPushNotificationConfig
-
-
-@dataclass(slots=True)
-class _Claimed:
-    deliveries: list[_Delivery]
-    dropped: int
-    expired: int
-    pending: int
-    next_at: float | None
 
 
 class PushOutbox(PushNotificationSender):
@@ -244,19 +209,25 @@ class PushOutbox(PushNotificationSender):
         now = self._clock()
         sweep = everything or (bool(self._watched) and now >= self._next_sweep)
         due, self._due = self._due, set()
+        expires = now + self._retry_for_s
         if sweep:
             self._recent = set()
             self._next_sweep = now + SWEEP_S
-            finished, still_open = await self._db.write(lambda conn: self._queue(conn, None, now))
+            finished, still_open = await self._db.write(
+                lambda conn: queue_settled(conn, None, now, expires)
+            )
             self._watched = still_open | self._recent
         elif due:
-            finished, _ = await self._db.write(lambda conn: self._queue(conn, due, now))
+            finished, _ = await self._db.write(lambda conn: queue_settled(conn, due, now, expires))
             self._watched -= finished - self._recent
         free = CONCURRENCY - len(self._inflight)
         if free <= 0:
             self._next_due = None  # a delivery that ends wakes the worker
             return
-        claimed = await self._db.write(lambda conn: self._claim(conn, now, min(free, _CLAIM_BATCH)))
+        # Past the attempt's own deadline: a process killed mid-POST leaves it due soon after.
+        claim_until = now + self._timeout_s + 1.0
+        limit = min(free, _CLAIM_BATCH)
+        claimed = await self._db.write(lambda conn: claim(conn, now, limit, claim_until))
         self.count("dropped", claimed.dropped)
         self.count("expired", claimed.expired)
         if claimed.expired:
@@ -279,110 +250,7 @@ class PushOutbox(PushNotificationSender):
             log.error("push delivery crashed", exc_info=task.exception())
         self._wake.set()
 
-    def _queue(
-        self, conn: sqlite3.Connection, task_ids: Iterable[str] | None, now: float
-    ) -> tuple[set[str], set[str]]:
-        """Queue the settled states not queued yet for each open config (of ``task_ids``, or
-        all). Returns the tasks now finished, and (for a sweep) those still open."""
-        where = (
-            f"c.done = 0 and t.state in ({_SETTLED_SQL}) "
-            "and (t.state != c.notified_state or t.updated_at != c.notified_at)"
-        )
-        args: list[Any] = []
-        if task_ids is not None:
-            ids = list(task_ids)
-            where += f" and c.task_id in ({', '.join('?' * len(ids))})"
-            args += ids
-        rows = conn.execute(
-            "select c.owner, c.task_id, c.config_id, t.state, t.updated_at, t.data "
-            "from a2a_push_configs c join a2a_tasks t on t.owner = c.owner and t.id = c.task_id "
-            f"where {where}",
-            args,
-        ).fetchall()
-        bodies: dict[tuple[str, str], bytes] = {}
-        finished: set[str] = set()
-        expires = now + self._retry_for_s
-        for owner, task_id, config_id, state, updated_at, data in rows:
-            body = bodies.get((owner, task_id))
-            if body is None:
-                body = bodies[(owner, task_id)] = _body(data)
-            conn.execute(
-                "insert into a2a_push_outbox (owner, task_id, config_id, version, state, body, "
-                "next_at, expires_at) values (?, ?, ?, 1, ?, ?, ?, ?) "
-                "on conflict (owner, task_id, config_id) do update set "
-                "version = version + 1, state = excluded.state, body = excluded.body, "
-                "attempts = 0, next_at = excluded.next_at, expires_at = excluded.expires_at, "
-                "last_error = ''",
-                (owner, task_id, config_id, state, body, now, expires),
-            )
-            terminal = state in TERMINAL_STATES
-            conn.execute(
-                "update a2a_push_configs set notified_state = ?, notified_at = ?, done = ? "
-                "where owner = ? and task_id = ? and config_id = ?",
-                (state, updated_at, int(terminal), owner, task_id, config_id),
-            )
-            if terminal:
-                finished.add(task_id)
-        still_open: set[str] = set()
-        if task_ids is None:
-            still_open = {
-                row[0]
-                for row in conn.execute(
-                    "select distinct task_id from a2a_push_configs where done = 0"
-                ).fetchall()
-            }
-        return finished, still_open
-
-    def _claim(self, conn: sqlite3.Connection, now: float, limit: int) -> _Claimed:
-        """Take up to ``limit`` due rows for sending (their ``next_at`` moves past the attempt);
-        drop rows whose config is gone and rows past their retry time."""
-        rows = conn.execute(
-            "select o.owner, o.task_id, o.config_id, o.version, o.attempts, o.expires_at, "
-            "o.body, c.data from a2a_push_outbox o left join a2a_push_configs c "
-            "on c.owner = o.owner and c.task_id = o.task_id and c.config_id = o.config_id "
-            "where o.next_at <= ? order by o.next_at limit ?",
-            (now, limit),
-        ).fetchall()
-        claimed = _Claimed([], 0, 0, 0, None)
-        # Past the attempt's own deadline: a process killed mid-POST leaves it due soon after.
-        claim_until = now + self._timeout_s + 1.0
-        for owner, task_id, config_id, version, attempts, expires_at, body, data in rows:
-            key = (owner, task_id, config_id)
-            if data is None or now >= expires_at:
-                conn.execute(
-                    "delete from a2a_push_outbox where owner = ? and task_id = ? and config_id = ?",
-                    key,
-                )
-                if data is None:
-                    claimed.dropped += 1
-                else:
-                    claimed.expired += 1
-                continue
-            conn.execute(
-                "update a2a_push_outbox set next_at = ?, attempts = attempts + 1 "
-                "where owner = ? and task_id = ? and config_id = ?",
-                (claim_until, *key),
-            )
-            claimed.deliveries.append(
-                _Delivery(
-                    owner,
-                    task_id,
-                    config_id,
-                    version,
-                    attempts + 1,
-                    expires_at,
-                    body,
-                    config_from_bytes(data),
-                )
-            )
-        pending, next_at = conn.execute(
-            "select count(*), min(next_at) from a2a_push_outbox"
-        ).fetchone()
-        claimed.pending = int(pending)
-        claimed.next_at = None if next_at is None else float(next_at)
-        return claimed
-
-    async def _deliver(self, d: _Delivery) -> None:
+    async def _deliver(self, d: Delivery) -> None:
         assert self._http is not None
         config = d.config
         headers = {"Content-Type": "application/json"}
@@ -418,15 +286,11 @@ class PushOutbox(PushNotificationSender):
             error = f"{type(exc).__name__}: {exc}"
         await self._settle(d, delivered=False, error=error)
 
-    async def _settle(self, d: _Delivery, *, delivered: bool, error: str = "") -> None:
+    async def _settle(self, d: Delivery, *, delivered: bool, error: str = "") -> None:
         """Delete a row that was sent (or refused), or schedule its next attempt; either only
         if no newer state replaced its body meanwhile."""
-        key = (d.owner, d.task_id, d.config_id, d.version)
-        where = "owner = ? and task_id = ? and config_id = ? and version = ?"
         if delivered:
-            await self._db.write(
-                lambda conn: conn.execute(f"delete from a2a_push_outbox where {where}", key)
-            )
+            await self._db.write(lambda conn: delete_sent(conn, d))
             return
         now = self._clock()
         retry = RetryCallState(self._retrying, fn=None, args=(), kwargs={})
@@ -439,12 +303,7 @@ class PushOutbox(PushNotificationSender):
             error,
             next_at - now,
         )
-        await self._db.write(
-            lambda conn: conn.execute(
-                f"update a2a_push_outbox set next_at = ?, last_error = ? where {where}",
-                (next_at, error[:500], *key),
-            )
-        )
+        await self._db.write(lambda conn: reschedule(conn, d, next_at, error))
         self.count("failed")
 
 
