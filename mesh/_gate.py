@@ -20,7 +20,12 @@ In order, each refusal answered at once and nothing stored:
    (an ``id`` that is an object, a fraction or a boolean, no ``method``...) is -32600 naming
    the member. On REST the JSON body of a method that has one gets the same strict parse, a
    refusal being 400 ``INVALID_ARGUMENT``;
-4. new sends while the node drains -> 503.
+4. the call policy, when the node has one (``MESH_ALLOW``, ``mesh._policy``): a caller (the
+   agent its call token names, else ``@token``) no rule allows to call the skill its message
+   names -> 403 naming the caller, the skill and the rules for this agent, counted in
+   ``mesh_calls_denied_total``; a JSON-RPC error object (code ``POLICY_DENIED``) on JSON-RPC,
+   the binding's error shape (``PERMISSION_DENIED``) on REST;
+5. new sends while the node drains -> 503.
 
 Then the SDK's route answers (its handler is ``mesh._a2a.handler.MeshRequestHandler``), or for
 a send the fast path takes ``mesh._a2a.fastroute`` with this parse, and the request is counted
@@ -47,12 +52,17 @@ from mesh._a2a.server import REST_METHODS, REST_PREFIX, SEND_METHODS, rest_inval
 from mesh._asgi import BodyTimeout, BodyTooLarge, bearer, read_body, replay
 from mesh._errors import PeerRefused
 from mesh._identity import CallerCheck
+from mesh._policy import ANY, UNIDENTIFIED
 from mesh._rpc_body import RpcRefused, parse_json, parse_rpc_body
 
 if TYPE_CHECKING:
     from mesh._node import Node
 
-__all__ = ["METHODS", "RequestGate"]
+__all__ = ["METHODS", "POLICY_DENIED", "RequestGate"]
+
+#: The JSON-RPC error code of a call the call policy refuses (HTTP 403; an implementation-defined
+#: server error, outside the codes A2A defines).
+POLICY_DENIED = -32050
 
 #: The closed set of the request metrics' method label: JSON-RPC methods and REST methods.
 METHODS = server.METHODS | REST_METHODS
@@ -66,6 +76,7 @@ _INVALID_PARAMS = -32602
 _STATUS_NAMES = {
     400: "INVALID_ARGUMENT",
     401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
     408: "DEADLINE_EXCEEDED",
     413: "INVALID_ARGUMENT",
     503: "UNAVAILABLE",
@@ -112,6 +123,7 @@ class RequestGate:
         if node.keys is not None:
             self._callers = CallerCheck(node.keys.root, node.agent.name)
         self._known_callers: set[str] = set()
+        self._skills = tuple(s.id for s in node.agent.all_skills)
         if not any(isinstance(f, _NoTracebackForRefusals) for f in _SDK_DISPATCHER_LOG.filters):
             _SDK_DISPATCHER_LOG.addFilter(_NoTracebackForRefusals())
 
@@ -219,6 +231,14 @@ class RequestGate:
             await _send(send, 200, refused.body())
             return
         method: str = parsed["method"]
+        if node.policy is not None:
+            denied = self._denied(scope, method, parsed.get("params"))
+            if denied is not None:
+                node.metrics.request(method, ok=False)
+                error = {"code": POLICY_DENIED, "message": denied}
+                answer = {"jsonrpc": "2.0", "id": parsed.get("id"), "error": error}
+                await _send(send, 403, json.dumps(answer).encode())
+                return
         if node.draining and method in SEND_METHODS:
             await self._shutting_down(send, method, rest=False)
             return
@@ -265,6 +285,12 @@ class RequestGate:
                 body = rest_invalid(refused.message, params=refused.code == _INVALID_PARAMS)
                 await _send(send, 400, body)
                 return
+        if node.policy is not None:
+            denied = self._denied(scope, method, parsed)
+            if denied is not None:
+                node.metrics.request(method, ok=False)
+                await _reply(send, 403, denied, rest=True)
+                return
         if node.draining and method in SEND_METHODS:
             await self._shutting_down(send, method, rest=True)
             return
@@ -291,6 +317,35 @@ class RequestGate:
             # REST errors are HTTP errors (an error inside a stream is not seen here, as on
             # JSON-RPC).
             node.metrics.request(method, ok=status < 400)
+
+    def _denied(self, scope: Scope, method: str, params: Any) -> str | None:
+        """Why the call policy refuses this request (``params``: a send's JSON params, or
+        None), else None. The skill is the one the message names; naming none, the agent's
+        only skill, else all of them (the node picks one later, from the parts)."""
+        policy = self.node.policy
+        assert policy is not None
+        agent = self.node.agent.name
+        caller = scope.get("state", {}).get("mesh_caller") or UNIDENTIFIED
+        if method in SEND_METHODS:
+            skill = _named_skill(params)
+            if skill is None and len(self._skills) == 1:
+                skill = self._skills[0]
+            if skill is not None:
+                if policy.allows(caller, skill):
+                    return None
+                what = f"{agent}:{skill}"
+            else:
+                if policy.allows_all(caller, self._skills):
+                    return None
+                skill = ANY
+                what = f"{agent} without naming a skill (that needs {agent}:*)"
+        else:
+            if policy.allows(caller, None):
+                return None
+            skill = ANY
+            what = f"{agent} ({method})"
+        self.node.metrics.call_denied(caller, skill)
+        return policy.refusal(caller, agent, what)
 
     async def _shutting_down(self, send: Send, method: str, *, rest: bool) -> None:
         node = self.node
@@ -334,6 +389,14 @@ class RequestGate:
             [(b"retry-after", b"1")],
             rest=rest,
         )
+
+
+def _named_skill(params: Any) -> str | None:
+    """The skill a send's JSON params name (``message.metadata.skill``), else None."""
+    message = params.get("message") if isinstance(params, dict) else None
+    metadata = message.get("metadata") if isinstance(message, dict) else None
+    skill = metadata.get("skill") if isinstance(metadata, dict) else None
+    return skill if isinstance(skill, str) and skill else None
 
 
 def _json_error(status: int, message: str, *, rest: bool) -> bytes:

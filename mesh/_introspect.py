@@ -2,9 +2,10 @@
 
     {"agent": {name, description, version, model, tools: [...], skills: [...]},
      "runtime": {mesh_version, python, pid, uptime_s, url, data_dir, store},
-     "peers": [...]}
+     "peers": [...], "policy": {"allow": [...], "otherwise": ...} or null}
 
-Never secrets: no keys, no environment. The instruction only with
+``policy`` is the call policy in force for this agent (``MESH_ALLOW``, ``mesh._policy``): its
+rules, or null when every admitted caller may call every skill. Never secrets: no keys, no environment. The instruction only with
 ``MESH_INTROSPECT_INSTRUCTION=1``. A toolset that stands for a peer agent (e.g. ``remote(...)``)
 describes itself through ``describe() -> dict`` and is listed under ``peers``.
 """
@@ -18,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from mesh._agent import Agent
 from mesh._errors import ConfigError
 from mesh._models.base import Model
+from mesh._policy import CallPolicy
 from mesh._tools import Tool, Toolset, as_tool
 
 __all__ = ["Describable", "describe_agent", "describe_tool", "introspect"]
@@ -79,6 +81,7 @@ def introspect(
     runtime: dict[str, Any],
     *,
     show_instruction: bool = False,
+    policy: CallPolicy | None = None,
 ) -> dict[str, Any]:
     """The whole /introspect document."""
     peers: list[dict[str, Any]] = []
@@ -96,4 +99,5 @@ def introspect(
             **runtime,
         },
         "peers": peers,
+        "policy": policy.describe() if policy is not None else None,
     }

@@ -35,6 +35,7 @@ from mesh._types import Usage
 __all__ = [
     "DURATION_BUCKETS",
     "MAX_BREAKER_TARGETS",
+    "MAX_DENIED_CALLERS",
     "OTHER",
     "PUSH_OUTCOMES",
     "BreakerState",
@@ -57,6 +58,8 @@ _BREAKER_VALUE = {"closed": 0, "half-open": 1, "open": 2}
 OTHER = "other"
 #: Breaker series per peer; the targets beyond are one ``other`` series (their worst state).
 MAX_BREAKER_TARGETS = 32
+#: Caller labels of ``mesh_calls_denied_total``; callers beyond are ``other``.
+MAX_DENIED_CALLERS = 64
 # Requests refused before their method is known (401, 413, 503 busy, 408 a body that did not
 # arrive in time, a body that is not a JSON-RPC request).
 _REFUSED = frozenset({"unauthorized", "too_large", "busy", "body_timeout", "invalid"})
@@ -116,6 +119,13 @@ class NodeMetrics:
         self._fastpath_sends = {
             b: self.fastpath_sends.labels(agent, b) for b in ("jsonrpc", "rest")
         }
+        self.calls_denied = Counter(
+            "mesh_calls_denied_total",
+            "A2A calls the call policy (MESH_ALLOW) refused with 403, by caller and skill.",
+            ["agent", "caller", "skill"],
+            registry=r,
+        )
+        self._denied_callers: set[str] = set()
         self.tasks = Counter(
             "mesh_tasks_total", "Tasks finished.", ["agent", "skill", "outcome"], registry=r
         )
@@ -200,6 +210,20 @@ class NodeMetrics:
         if self._methods is not None and method not in self._methods:
             method = OTHER
         self.requests.labels(self.agent, method, "ok" if ok else "error").inc()
+
+    def call_denied(self, caller: str, skill: str) -> None:
+        """A call the policy refused. ``caller`` is a verified agent (certified by the mesh's
+        root, so the operator bounds them) or ``@token``, capped all the same at
+        ``MAX_DENIED_CALLERS`` labels; ``skill`` a declared skill, ``*`` (a call naming none,
+        or about tasks) or ``other``."""
+        if caller not in self._denied_callers:
+            if len(self._denied_callers) >= MAX_DENIED_CALLERS:
+                caller = OTHER
+            else:
+                self._denied_callers.add(caller)
+        if skill != "*" and self._skills is not None and skill not in self._skills:
+            skill = OTHER
+        self.calls_denied.labels(self.agent, caller, skill).inc()
 
     def fastpath_send(self, binding: Literal["jsonrpc", "rest"]) -> None:
         """One blocking send answered on the fast path, over ``binding``."""

@@ -33,6 +33,7 @@ from starlette.requests import Request
 from mesh import __version__
 from mesh._a2a.server import A2AService
 from mesh._agent import Agent
+from mesh._errors import ConfigError
 from mesh._gate import METHODS, RequestGate
 from mesh._health import Health
 from mesh._inflight import InFlight
@@ -80,6 +81,11 @@ class Node:
         # stops the start saying what to fix. Only the private key object lives here, never
         # in a log, a card, /introspect or a metric.
         self.keys = AgentKeys.load(settings.keys, agent.name) if settings.keys else None
+        # The call policy's rules for this agent (MESH_ALLOW): a rule naming a skill it does
+        # not have stops the start (a typo would refuse every call it meant to allow).
+        self.policy = settings.policy.for_agent(agent.name) if settings.policy else None
+        if self.policy is not None:
+            self.policy.check(agent.name, (s.id for s in agent.all_skills))
         self.registry = registry or CollectorRegistry()
         # Label values are closed sets: callers choose methods and skill ids (see mesh._metrics).
         self.metrics = NodeMetrics(
@@ -111,7 +117,7 @@ class Node:
         # A drain and its waits belong to one run (one event loop).
         self._drain = None
         self.exchanges = InFlight()
-        db = await Database.open(self.settings.db_path)
+        db = await _open_store(self.settings)
         self._db = db
         runner: Any = None
         skill_runners: dict[str, Any] = {}
@@ -411,6 +417,7 @@ class Node:
                     self.model,
                     self._runtime(),
                     show_instruction=self.settings.introspect_instruction,
+                    policy=self.policy,
                 )
             )
 
@@ -452,6 +459,20 @@ class Node:
             service.store, self._db, self.agent.name, trace_id, limit=int(raw)
         )
         return Response(answer.model_dump_json(), media_type="application/json")
+
+
+async def _open_store(settings: NodeSettings) -> Database:
+    """The node's database: its SQLite file, or the PostgreSQL its replicas share."""
+    if settings.store_url is None:
+        return await Database.open(settings.db_path)
+    try:
+        from mesh._pg import PgDatabase
+    except ImportError as exc:
+        raise ConfigError(
+            "--store postgresql://... needs the PostgreSQL driver: "
+            "pip install 'mesh-agents[postgres]'"
+        ) from exc
+    return await PgDatabase.open(settings.store_url)
 
 
 async def _db_check(db: Database) -> tuple[bool, str]:
