@@ -136,8 +136,9 @@ def create_app(
         )
         await prober.start()
         log.info(
-            "registry on %s (data %s, writes %s)",
-            settings.url,
+            "registry on http://%s:%d (data %s, writes %s)",
+            settings.host,
+            settings.port,
             settings.db_path,
             "need a token" if settings.token else "open",
         )
