@@ -241,7 +241,7 @@ class PeerRefused(MeshError):
 class FetchFailed(MeshError):
     """A bounded GET (``mesh._outbound``) did not produce a whole answer. ``reason`` is one of a
     fixed few words (``unreachable``, ``timeout``, ``too_large``, ``refused``: the host is
-    outside the allowed networks), never text from the answer; ``detail`` is for the fetcher's
+    outside the allowed networks; ``tls``: its certificate did not verify), never text from the answer; ``detail`` is for the fetcher's
     own log only (it may name resolved addresses)."""
 
     def __init__(self, reason: str, detail: str = "") -> None:

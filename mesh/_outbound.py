@@ -6,7 +6,8 @@ trickle in one byte a second: httpx's timeout is per read and its ``.content`` b
 everything. Here a request has ONE deadline for connect, headers and body together, and the body
 is read in chunks and abandoned as soon as it passes ``max_bytes``. With a guarded client
 (``mesh._netguard.create_http_client``) a host outside the allowed networks fails as ``refused``
-before any connection is made.
+before any connection is made; a server whose certificate does not verify
+(``mesh._tls.client_context``) fails as ``tls``, before any request is sent.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import httpx
 
 from mesh._errors import FetchFailed
 from mesh._netguard import AddressRefused
+from mesh._tls import verify_failure
 
 __all__ = ["BoundedResponse", "FetchFailed", "bounded_get"]
 
@@ -68,6 +70,11 @@ async def bounded_get(
         if isinstance(exc.__cause__, AddressRefused):
             # Chained to the refusal itself: callers read its ``allowed`` networks.
             raise FetchFailed("refused", str(exc.__cause__)) from exc.__cause__
+        failure = verify_failure(exc)
+        if failure is not None:
+            # Refused at the handshake: the request (and any header) was never sent.
+            why = failure.verify_message or failure.reason or "certificate verify failed"
+            raise FetchFailed("tls", f"TLS verification failed: {why}") from exc
         raise FetchFailed("unreachable", f"{type(exc).__name__}: {exc}") from exc
     except httpx.InvalidURL as exc:  # stored before the URL rules existed: fail, never crash
         raise FetchFailed("unreachable", f"InvalidURL: {exc}") from exc

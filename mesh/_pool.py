@@ -47,6 +47,8 @@ from typing import Any
 import httpcore
 import httpx
 
+from mesh._tls import client_context
+
 __all__ = ["CancelSafePool", "create_transport"]
 
 _LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
@@ -115,13 +117,14 @@ def create_transport(
     limits: httpx.Limits = _LIMITS,
     network_backend: httpcore.AsyncNetworkBackend | None = None,
 ) -> httpx.AsyncHTTPTransport:
-    """An httpx transport over a ``CancelSafePool`` (HTTP/1.1, certificates verified, nothing
-    taken from the environment), connecting through ``network_backend`` if given."""
+    """An httpx transport over a ``CancelSafePool`` (HTTP/1.1, certificates verified against
+    ``mesh._tls.client_context()``, nothing taken from the environment), connecting through
+    ``network_backend`` if given."""
     transport = httpx.AsyncHTTPTransport(trust_env=False, limits=limits)
     # httpx has no public seam for the pool: replace the one it built with ours, same
     # settings. httpx is pinned below 1.0, where this is stable.
     transport._pool = CancelSafePool(
-        ssl_context=httpx.create_ssl_context(trust_env=False),
+        ssl_context=client_context(),
         max_connections=limits.max_connections,
         max_keepalive_connections=limits.max_keepalive_connections,
         keepalive_expiry=limits.keepalive_expiry,

@@ -136,9 +136,8 @@ def create_app(
         )
         await prober.start()
         log.info(
-            "registry on http://%s:%d (data %s, writes %s)",
-            settings.host,
-            settings.port,
+            "registry on %s (data %s, writes %s)",
+            settings.url,
             settings.db_path,
             "need a token" if settings.token else "open",
         )

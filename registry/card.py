@@ -121,6 +121,11 @@ async def fetch_card(
                 f"({allowed}); the operator can widen them with --allow-networks or "
                 "MESH_REGISTRY_ALLOW_NETWORKS (link-local addresses are never allowed)"
             ) from exc
+        if exc.reason == "tls":
+            raise CardRejected(
+                f"could not fetch the agent card from {url}: {exc.detail}; the registry trusts "
+                "the CAs of MESH_TLS_CA (else the system's store): serve a certificate from one"
+            ) from exc
         raise _unfetchable(url, budget) from exc
     if response.status_code != 200:
         log.info("card fetch from %s failed: HTTP %d", url, response.status_code)

@@ -28,6 +28,7 @@ from pydantic_core import ErrorDetails
 from mesh._errors import ConfigError, MeshError
 from mesh._keys import TrustRoot
 from mesh._settings import CONSUL_SCHEMES, ConsulTLS
+from mesh._tls import ServerTLS, trust
 from registry.settings import RegistryEnvironment, RegistrySettings
 
 __all__ = ["EX_CONFIG", "build_parser", "main", "settings_from"]
@@ -39,6 +40,8 @@ _FLAGS = {
     "token": "--token",
     "allow_networks": "--allow-networks",
     "consul_token": "CONSUL_HTTP_TOKEN",
+    "tls_cert": "--tls-cert",
+    "tls_key": "--tls-key",
 }
 
 
@@ -114,6 +117,19 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="the mesh's key folder (`mesh keys init`) or any folder holding its root.jwk: "
         "registered cards must be signed under that root (default: $MESH_KEYS)",
     )
+    p.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="PEM",
+        help="serve HTTPS with this certificate (chain); needs --tls-key (default $MESH_TLS_CERT); "
+        "nodes are verified against $MESH_TLS_CA (else the system's trust store)",
+    )
+    p.add_argument(
+        "--tls-key",
+        default=None,
+        metavar="PEM",
+        help="the private key of --tls-cert (default $MESH_TLS_KEY)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -132,6 +148,8 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
             ("token", args.token),
             ("allow_networks", args.allow_networks),
             ("keys", args.keys),
+            ("tls_cert", args.tls_cert),
+            ("tls_key", args.tls_key),
         )
         if value is not None
     }
@@ -157,6 +175,16 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
             trust_root = TrustRoot.load(env.keys)
         except ConfigError as exc:
             problems.append(f"--keys / MESH_KEYS: {exc}")
+    tls = None
+    if env is not None:
+        try:
+            tls = ServerTLS.of(
+                env.tls_cert,
+                env.tls_key,
+                names=("--tls-cert / MESH_TLS_CERT", "--tls-key / MESH_TLS_KEY"),
+            )
+        except ConfigError as exc:
+            problems.append(str(exc))
     if problems or env is None:
         raise ConfigError(
             problems[0]
@@ -186,6 +214,8 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
         max_instances=args.max_instances,
         mesh_token=env.mesh_token.get_secret_value() if env.mesh_token else None,
         trust_root=trust_root,
+        tls=tls,
+        tls_ca=env.tls_ca,
     )
 
 
@@ -201,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = settings_from(args)
+        # Before any client is built: probes, card fetches and the console verify with it.
+        trust(settings.tls_ca)
         # Loaded after the flags are read: --help and a refused flag answer without the app.
         from registry.server import run
 

@@ -55,7 +55,7 @@ async def introspect(state: RegistryState) -> dict[str, Any]:
             "python": platform.python_version(),
             "pid": os.getpid(),
             "uptime_s": round(time.time() - state.started_at, 3),
-            "url": f"http://{s.host}:{s.port}",
+            "url": s.url,
         },
         "store": store,
         "agents": len(await state.store.agents()),

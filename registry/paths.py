@@ -61,6 +61,7 @@ _FAILED = {
     "timeout": f"no whole answer within {DEADLINE_S:g} s",
     "too_large": f"answer over {MAX_NODE_BYTES} bytes",
     "refused": "address outside the allowed networks",
+    "tls": "TLS verification failed (its certificate is not from MESH_TLS_CA's CAs)",
 }
 
 

@@ -110,6 +110,7 @@ _FAILED = {
     "timeout": "no whole answer in time",
     "too_large": f"answer over {MAX_HEALTH_BYTES} bytes",
     "refused": "address outside the allowed networks",
+    "tls": "TLS verification failed (its certificate is not from MESH_TLS_CA's CAs)",
 }
 
 

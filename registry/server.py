@@ -58,6 +58,8 @@ def run(settings: RegistrySettings, *, log_level: str = "info") -> int:
         access_log=False,
         lifespan="on",
         timeout_keep_alive=KEEP_ALIVE_S,
+        ssl_certfile=settings.tls.cert_file if settings.tls else None,
+        ssl_keyfile=settings.tls.key_file if settings.tls else None,
     )
     # Bound here, not by uvicorn: a busy port is one ConfigError line (exit code EX_CONFIG,
     # which `mesh up` does not restart) instead of uvicorn's log and exit 1.

@@ -16,6 +16,7 @@ from mesh._errors import ConfigError
 from mesh._keys import TrustRoot
 from mesh._netpolicy import NetworkPolicy
 from mesh._settings import ConsulTLS
+from mesh._tls import ServerTLS
 
 __all__ = ["FLEET_LIMIT", "RegistryEnvironment", "RegistrySettings", "token_problem"]
 
@@ -83,8 +84,15 @@ class RegistryEnvironment(BaseSettings):
     consul_client_key: Path | None = Field(default=None, validation_alias="CONSUL_CLIENT_KEY")
     # The mesh's keys (``mesh keys``): the registry reads only the trust root (root.jwk) there.
     keys: Path | None = Field(default=None, validation_alias="MESH_KEYS")
+    # HTTPS (``mesh._tls``): the certificate and key served, the CA bundle probes, card fetches
+    # and the console's gathering verify the nodes with.
+    tls_cert: Path | None = Field(default=None, validation_alias="MESH_TLS_CERT")
+    tls_key: Path | None = Field(default=None, validation_alias="MESH_TLS_KEY")
+    tls_ca: Path | None = Field(default=None, validation_alias="MESH_TLS_CA")
 
-    @field_validator("consul_cacert", "consul_client_cert", "consul_client_key")
+    @field_validator(
+        "consul_cacert", "consul_client_cert", "consul_client_key", "tls_cert", "tls_key", "tls_ca"
+    )
     @classmethod
     def _file(cls, path: Path | None) -> Path | None:
         if path is not None and not path.is_file():
@@ -138,6 +146,16 @@ class RegistrySettings:
     # The mesh's trust root (``MESH_KEYS`` / ``--keys``): a registering card must be signed by a
     # key it certifies for the agent the card names (``registry.card.check_signature``).
     trust_root: TrustRoot | None = None
+    # HTTPS: the certificate and key served (``--tls-cert``/``MESH_TLS_CERT``); None: HTTP.
+    tls: ServerTLS | None = None
+    # The CA bundle the registry verifies HTTPS nodes with (``MESH_TLS_CA``); None: the
+    # system's trust store (``mesh._tls.trust``).
+    tls_ca: Path | None = None
+
+    @property
+    def url(self) -> str:
+        """Where the registry listens (its own scheme, host and port)."""
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def network_policy(self) -> NetworkPolicy:

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,6 +77,25 @@ def wait_for(
     raise AssertionError(
         f"timed out after {timeout}s waiting for {what or predicate}: {last_exc!r}"
     )
+
+
+@contextlib.asynccontextmanager
+async def uvicorn_serving(
+    app: Any, port: int, *, host: str = "127.0.0.1", what: str = "the server", **options: Any
+) -> AsyncIterator[Any]:
+    """``app`` served by a real uvicorn in this event loop on ``host:port`` (``options`` go to
+    ``uvicorn.Config``) until the block ends; yields the ``uvicorn.Server``."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
+    task = asyncio.create_task(server.serve())
+    try:
+        await eventually(lambda: server.started or task.done(), what=f"{what} to start")
+        assert not task.done(), f"{what} did not start"
+        yield server
+    finally:
+        server.should_exit = True
+        await task
 
 
 async def eventually(

@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -32,7 +31,15 @@ from mesh._resilience import RetryPolicy
 from mesh._runner import Runner
 from mesh._tools import ToolContext
 from mesh._tracing import TraceParent
-from tests.support import BUREAU_SCORES, StaticDiscovery, clean_env, eventually, free_port, running
+from tests.support import (
+    BUREAU_SCORES,
+    StaticDiscovery,
+    clean_env,
+    eventually,
+    free_port,
+    running,
+    uvicorn_serving,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -134,17 +141,13 @@ async def flaky_proxy(upstream: str, *, lose: int = 1) -> AsyncIterator[dict[str
 
     app = Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    task = asyncio.create_task(server.serve())
     try:
-        await eventually(lambda: server.started, what="the proxy to start")
-        state["url"] = f"http://127.0.0.1:{port}"
-        yield state
+        async with uvicorn_serving(
+            app, port, what="the proxy", log_level="warning", lifespan="off"
+        ):
+            state["url"] = f"http://127.0.0.1:{port}"
+            yield state
     finally:
-        server.should_exit = True
-        await task
         await http.aclose()
 
 
@@ -502,8 +505,6 @@ async def test_a_node_runs_its_own_copy_of_the_agents_remote_toolsets(
 ) -> None:
     """The node bound (and recorded calls on) the toolset stored in the user's ``Agent``: after
     the node stopped, that toolset still held the node's closed HTTP client."""
-    import uvicorn
-
     from mesh._a2a.client import A2APeer
     from mesh._node import Node
     from mesh._settings import NodeSettings
@@ -525,19 +526,11 @@ async def test_a_node_runs_its_own_copy_of_the_agents_remote_toolsets(
     )
     port = free_port()
     node = Node(agent, NodeSettings(port=port, data_dir=tmp_path / "node", grace_seconds=1))
-    server = uvicorn.Server(
-        uvicorn.Config(node.app, host="127.0.0.1", port=port, log_level="warning")
-    )
-    serving = asyncio.create_task(server.serve())
-    try:
-        await eventually(lambda: server.started or serving.done(), what="the node to start")
+    async with uvicorn_serving(node.app, port, what="the node", log_level="warning"):
         async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
             peer = A2APeer(http, f"http://127.0.0.1:{port}")
             answer = await peer.send("score APP-501")
         ran = node.agent.tools[0]
-    finally:
-        server.should_exit = True
-        await serving
     assert answer.text == f"score {BUREAU_SCORES['APP-501']}", answer
     assert agent.tools == [rem]
     assert isinstance(ran, RemoteAgent)

@@ -10,7 +10,6 @@ Before: a 100 MB answer was read whole (the loan officer's RSS 76 -> 442 MB) and
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 from collections.abc import AsyncIterator, Iterator
@@ -18,7 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -30,7 +28,14 @@ from mesh._remote import RemoteAgent, remote
 from mesh._resilience import BreakerBoard, RetryPolicy
 from mesh._tools import ToolContext
 from mesh._tracing import TraceParent
-from tests.support import BUREAU_SCORES, StaticDiscovery, clean_env, eventually, free_port, running
+from tests.support import (
+    BUREAU_SCORES,
+    StaticDiscovery,
+    clean_env,
+    free_port,
+    running,
+    uvicorn_serving,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -113,16 +118,10 @@ async def hostile(genuine: str, mode: str) -> AsyncIterator[dict[str, Any]]:
             Route("/", rpc, methods=["POST"]),
         ]
     )
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", lifespan="off")
-    )
-    task = asyncio.create_task(server.serve())
-    try:
-        await eventually(lambda: server.started, what="the hostile peer to start")
+    async with uvicorn_serving(
+        app, port, what="the hostile peer", log_level="critical", lifespan="off"
+    ):
         yield state
-    finally:
-        server.should_exit = True
-        await task
 
 
 def _remote() -> RemoteAgent:

@@ -26,7 +26,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from agents.credit_bureau import agent as bureau_agent
 from mesh import Agent, Rule, Script, remote
@@ -41,7 +40,7 @@ from mesh._resilience import RetryPolicy
 from mesh._settings import NodeSettings
 from mesh._tools import ToolContext
 from tests.raw_http import Handler, answer, raw_server, trickle
-from tests.support import eventually, free_port
+from tests.support import free_port, uvicorn_serving
 
 pytestmark = pytest.mark.integration
 
@@ -113,18 +112,10 @@ async def serving(agent: Agent, tmp: Path) -> AsyncIterator[str]:
         grace_seconds=1,
     )
     node = Node(agent, settings)
-    config = uvicorn.Config(
-        node.app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        await eventually(lambda: server.started or task.done(), what="the node to start")
-        assert not task.done(), "the node did not start"
+    async with uvicorn_serving(
+        node.app, port, what="the node", log_level="warning", timeout_graceful_shutdown=2
+    ):
         yield settings.url
-    finally:
-        server.should_exit = True
-        await task
 
 
 async def ask(node_url: str, text: str) -> str:

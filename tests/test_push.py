@@ -9,7 +9,6 @@ with ``MESH_PUSH_NETWORKS=loopback`` (the default, public addresses only, refuse
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import sqlite3
@@ -21,7 +20,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
 from a2a.types import (
     AgentCard,
@@ -37,7 +35,7 @@ from a2a.types import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.holder_support import HEADERS, Holder, message, rpc
-from tests.support import eventually, free_port
+from tests.support import eventually, free_port, uvicorn_serving
 
 pytestmark = pytest.mark.integration
 
@@ -76,16 +74,8 @@ async def webhook(*answers: int, default: int = 200) -> AsyncIterator[Hook]:
         await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", lifespan="off")
-    )
-    task = asyncio.create_task(server.serve())
-    try:
-        await eventually(lambda: server.started, what="the webhook to start")
+    async with uvicorn_serving(app, port, what="the webhook", log_level="critical", lifespan="off"):
         yield hook
-    finally:
-        server.should_exit = True
-        await task
 
 
 def _push_send(

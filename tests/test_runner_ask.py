@@ -22,14 +22,14 @@ from mesh._errors import (
     SchemaViolation,
     SessionWaiting,
 )
-from mesh._models.base import ModelRequest, ModelResponse
-from mesh._models.scripted import Call, Rule, Script, ScriptedModel
+from mesh._models.scripted import Call, Rule, Script
 from mesh._pending import WAITING_KEY, PendingTurn, TurnSuspended
 from mesh._runner import Runner
 from mesh._sessions.sqlite import SqliteSessionStore
 from mesh._sqlite import Database
 from mesh._tools import ToolContext, tool
 from mesh._types import Content
+from tests.test_runner import RecordingModel
 
 
 class Approval(BaseModel):
@@ -57,18 +57,6 @@ def approval(applicant_id: str, amount: float, ctx: ToolContext) -> Ask | dict[s
 def reviewer(applicant_id: str) -> Ask:
     """Ask who reviews (a text answer)."""
     return Ask(f"Who reviews {applicant_id}?")
-
-
-class RecordingModel(ScriptedModel):
-    """The scripted model, keeping every request it was sent."""
-
-    def __init__(self, script: Script) -> None:
-        super().__init__(script)
-        self.requests: list[ModelRequest] = []
-
-    async def generate(self, request: ModelRequest) -> ModelResponse:
-        self.requests.append(request)
-        return await super().generate(request)
 
 
 ASK_RULE = Rule(

@@ -221,3 +221,23 @@ def test_a_password_never_shows() -> None:
     url = "postgresql://mesh:s3cr%40t@db.example:5432/mesh?sslmode=require"
     assert redacted(url) == "postgresql://mesh:***@db.example:5432/mesh?sslmode=require"
     assert redacted("postgresql://db/mesh") == "postgresql://db/mesh"
+
+
+def test_the_store_setting_takes_a_postgresql_url_and_hides_it() -> None:
+    from mesh._errors import ConfigError
+    from mesh._settings import MeshSettings, NodeSettings
+
+    url = "postgresql://mesh:hunter2@db:5432/bureau"
+    env = MeshSettings.from_env({"MESH_STORE": url})
+    assert "hunter2" not in repr(env)
+    for settings in (
+        NodeSettings.build(env, agent_name="a", no_register=True),
+        NodeSettings.build(MeshSettings.from_env({}), agent_name="a", store=url, no_register=True),
+    ):
+        assert (settings.store, settings.store_url) == ("postgresql", url)
+        assert "hunter2" not in repr(settings)
+    plain = NodeSettings.build(MeshSettings.from_env({}), agent_name="a", no_register=True)
+    assert (plain.store, plain.store_url) == ("sqlite", None)
+    with pytest.raises(ConfigError, match="use 'sqlite' or a postgresql://") as bad:
+        NodeSettings.build(env, agent_name="a", store="mysql://u:hunter2@db/x")
+    assert "hunter2" not in str(bad.value)

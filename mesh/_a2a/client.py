@@ -77,6 +77,7 @@ from mesh._a2a.results import TaskPage, TaskResult, TaskUpdate, as_json
 from mesh._errors import FetchFailed, RemoteError, RemoteReason
 from mesh._failures import NOT_A2A_STATUS, reason_of, status_of
 from mesh._outbound import bounded_get
+from mesh._tls import describe_failure, verify_failure
 
 log = logging.getLogger("mesh._a2a.client")
 
@@ -433,6 +434,9 @@ class A2APeer:
             }.get(exc.reason, exc.detail)
             if exc.reason == "unreachable":
                 problem += "; is the node running?"
+            failure = verify_failure(exc)
+            if failure is not None:
+                problem = describe_failure(url, failure)
         else:
             if answer.status_code != 200:
                 problem = f"HTTP {answer.status_code}"
@@ -540,6 +544,10 @@ class A2APeer:
             return "failed", f"{name}: task not found"
         if isinstance(exc, A2AError) and not isinstance(exc, A2AClientError):
             return "failed", f"{name} answered with an error: {type(exc).__name__}: {exc}"
+        failure = verify_failure(exc)
+        if failure is not None:
+            # Another instance may hold a certificate this process trusts.
+            return "unavailable", describe_failure(url, failure)
         transport = exc if isinstance(exc, httpx.HTTPError) else exc.__cause__
         if not isinstance(transport, httpx.HTTPError):
             if isinstance(exc, A2AClientTimeoutError):

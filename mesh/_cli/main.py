@@ -70,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        _trust()
         result = handler(args)
     except MeshError as exc:
         print(f"mesh: error: {exc}", file=sys.stderr)
@@ -79,6 +80,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return int(result or 0)
+
+
+def _trust() -> None:
+    """Every command verifies HTTPS against ``MESH_TLS_CA`` (else the system's store)."""
+    from mesh._settings import MeshSettings
+    from mesh._tls import trust
+
+    try:
+        settings = MeshSettings.from_environment()
+    except ConfigError:
+        return  # the command reads its settings itself, and says what is wrong its own way
+    trust(settings.tls_ca)
 
 
 if __name__ == "__main__":

@@ -168,6 +168,8 @@ def _serve(args: argparse.Namespace) -> int:
         grace_seconds=args.grace,
         offline=args.offline,
         keys=args.keys,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
     )
     logging.basicConfig(
         level=settings.log_level,
@@ -221,6 +223,8 @@ def _serve(args: argparse.Namespace) -> int:
         lifespan="on",
         timeout_graceful_shutdown=5,
         log_level=settings.log_level.lower(),
+        ssl_certfile=settings.tls.cert_file if settings.tls else None,
+        ssl_keyfile=settings.tls.key_file if settings.tls else None,
     )
     server = _Server(config)
     try:
@@ -243,9 +247,12 @@ async def _card_async(url: str, token: str | None) -> int:
     import httpx
 
     from mesh._a2a.client import A2APeer, auth_headers
+    from mesh._tls import client_context
 
     headers = auth_headers(token)
-    async with httpx.AsyncClient(timeout=10.0, headers=headers, trust_env=False) as http:
+    async with httpx.AsyncClient(
+        timeout=10.0, headers=headers, trust_env=False, verify=client_context()
+    ) as http:
         peer = A2APeer(http, url)
         print(json.dumps(await peer.card_dict(), indent=2))
     return 0
@@ -330,11 +337,14 @@ async def _call_async(
 
     from mesh._a2a.client import A2APeer, auth_headers
     from mesh._cli.progress import relayed_line
+    from mesh._tls import client_context
 
     timeout = httpx.Timeout(10.0, read=args.timeout)
     headers = auth_headers(token)
     where = _reply_flags(args.target, url, args.registry)
-    async with httpx.AsyncClient(timeout=timeout, headers=headers, trust_env=False) as http:
+    async with httpx.AsyncClient(
+        timeout=timeout, headers=headers, trust_env=False, verify=client_context()
+    ) as http:
         peer = A2APeer(http, url)
         try:
             if not args.stream:
@@ -425,8 +435,27 @@ def add_parsers(sub: Any) -> None:
         help="the agent's key folder (`mesh keys issue`): sign the card, verify peers' cards "
         "(default $MESH_KEYS)",
     )
-    # Benchmark baseline: the SDK's in-memory task store instead of SQLite.
-    p.add_argument("--store", choices=["sqlite", "memory"], default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="PEM",
+        help="serve HTTPS with this certificate (chain); needs --tls-key (default $MESH_TLS_CERT)",
+    )
+    p.add_argument(
+        "--tls-key",
+        default=None,
+        metavar="PEM",
+        help="the private key of --tls-cert (default $MESH_TLS_KEY)",
+    )
+    # "memory" (the SDK's in-memory task store) is the benchmark baseline, not documented.
+    p.add_argument(
+        "--store",
+        default=None,
+        metavar="STORE",
+        help="where tasks and sessions live: sqlite (DATA_DIR/node.db, the default) or a "
+        "postgresql://user@host/db URL the agent's replicas share (default $MESH_STORE; "
+        "prefer the variable for a URL with a password)",
+    )
     p.set_defaults(handler=_serve)
 
     c = sub.add_parser(

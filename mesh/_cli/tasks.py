@@ -163,11 +163,13 @@ def task_client(token: str | None, read_timeout_s: float) -> httpx.AsyncClient:
     import httpx
 
     from mesh._a2a.client import auth_headers
+    from mesh._tls import client_context
 
     return httpx.AsyncClient(
         timeout=httpx.Timeout(10.0, read=read_timeout_s),
         headers=auth_headers(token),
         trust_env=False,
+        verify=client_context(),
     )
 
 

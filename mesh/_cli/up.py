@@ -34,6 +34,7 @@ from mesh._cli.question import (
 from mesh._cli.serve import Lookup, find_agent_url, lookup_location
 from mesh._cli.table import format_table
 from mesh._settings import DEFAULT_REGISTRY_URL
+from mesh._tls import client_context
 
 if TYPE_CHECKING:
     from mesh._a2a.client import A2APeer
@@ -376,7 +377,9 @@ async def chat(
     where = ["--url", url] if agent.startswith(("http://", "https://")) else ["--agent", agent]
     timeout = httpx.Timeout(10.0, read=answer_timeout_s)
     headers = auth_headers(token)
-    async with httpx.AsyncClient(timeout=timeout, headers=headers, trust_env=False) as http:
+    async with httpx.AsyncClient(
+        timeout=timeout, headers=headers, trust_env=False, verify=client_context()
+    ) as http:
         peer = A2APeer(http, url)
         try:
             card = await peer.card_dict()

@@ -32,6 +32,7 @@ from mesh._errors import ConfigError
 from mesh._netpolicy import NetworkPolicy
 from mesh._policy import CallPolicy
 from mesh._settings import CONSUL_SCHEMES, DEFAULT_REGISTRY_URL
+from mesh._tls import ServerTLS
 
 __all__ = [
     "ConsulTLS",
@@ -42,7 +43,7 @@ __all__ = [
     "environment",
 ]
 
-StoreKind = Literal["sqlite", "memory"]
+StoreKind = Literal["sqlite", "memory", "postgresql"]
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _MIB = 1024 * 1024
 
@@ -126,6 +127,9 @@ class MeshSettings(BaseSettings):
 
     log_level: str = _var("MESH_LOG_LEVEL", "INFO")
     data_dir: Path | None = _var("MESH_DATA_DIR")
+    #: Where a node keeps tasks and sessions: ``sqlite`` (default), or a ``postgresql://`` URL
+    #: its replicas share (``mesh._pg``). A secret: the URL may hold a password.
+    store: SecretStr | None = _var("MESH_STORE")
     #: ``consul://host:port`` (or ``consul+https://``); None: the registry.
     discovery: str | None = _var("MESH_DISCOVERY")
     registry: str | None = _var("MESH_REGISTRY")
@@ -152,6 +156,11 @@ class MeshSettings(BaseSettings):
     consul_client_cert: Path | None = _var("CONSUL_CLIENT_CERT")
     consul_client_key: Path | None = _var("CONSUL_CLIENT_KEY")
     consul_ssl_verify: bool = _var("CONSUL_HTTP_SSL_VERIFY", True)
+    #: HTTPS (``mesh._tls``): the certificate and key this process serves with, and the CA
+    #: bundle it verifies the servers it calls with (unset: the system's trust store).
+    tls_cert: Path | None = _var("MESH_TLS_CERT")
+    tls_key: Path | None = _var("MESH_TLS_KEY")
+    tls_ca: Path | None = _var("MESH_TLS_CA")
     google_api_key: SecretStr | None = _var("GOOGLE_API_KEY")
     gemini_api_key: SecretStr | None = _var("GEMINI_API_KEY")
     use_vertex: bool = _var("GOOGLE_GENAI_USE_VERTEXAI", False)
@@ -213,7 +222,15 @@ class MeshSettings(BaseSettings):
             )
         return where
 
-    @field_validator("consul_cacert", "consul_client_cert", "consul_client_key", mode="after")
+    @field_validator(
+        "consul_cacert",
+        "consul_client_cert",
+        "consul_client_key",
+        "tls_cert",
+        "tls_key",
+        "tls_ca",
+        mode="after",
+    )
     @classmethod
     def _file(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
@@ -343,6 +360,18 @@ class MeshSettings(BaseSettings):
             verify=self.consul_ssl_verify,
         )
 
+    def server_tls(
+        self, cert: str | Path | None = None, key: str | Path | None = None
+    ) -> ServerTLS | None:
+        """What this process serves HTTPS with: the flags given (``--tls-cert``/``--tls-key``)
+        over ``MESH_TLS_CERT``/``MESH_TLS_KEY``; None: plain HTTP. ``ConfigError`` when only one
+        is given or they do not make a pair."""
+        return ServerTLS.of(
+            cert or self.tls_cert,
+            key or self.tls_key,
+            names=("--tls-cert / MESH_TLS_CERT", "--tls-key / MESH_TLS_KEY"),
+        )
+
     @property
     def mesh_token(self) -> str | None:
         """``MESH_TOKEN``, to send as a bearer token."""
@@ -428,6 +457,8 @@ class NodeSettings:
     consul: str | None = None
     consul_token: str | None = field(default=None, repr=False)
     consul_tls: ConsulTLS = field(default_factory=ConsulTLS)
+    # HTTPS: the certificate and key served (``--tls-cert``/``MESH_TLS_CERT``); None: HTTP.
+    tls: ServerTLS | None = None
     # When set, A2A calls (POST /) need ``Authorization: Bearer <token>``, and the node sends it
     # to its peers. The card, /health, /metrics and /introspect stay public.
     token: str | None = field(default=None, repr=False)
@@ -435,6 +466,8 @@ class NodeSettings:
     # verifies its peers' cards against the mesh root (``mesh._keys``). A path, never the keys.
     keys: Path | None = None
     store: StoreKind = "sqlite"
+    # With store "postgresql": the database URL (``--store`` / ``MESH_STORE``), never shown.
+    store_url: str | None = field(default=None, repr=False)
     # Serve typed function skills' blocking sends without the SDK's task machinery
     # (mesh._a2a.fastpath); MESH_FASTPATH=0 sends everything through the SDK.
     fastpath: bool = True
@@ -473,7 +506,7 @@ class NodeSettings:
         if self.public_url:
             return self.public_url.rstrip("/")
         host = "127.0.0.1" if self.host in {"0.0.0.0", "::", ""} else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     @property
     def exposed(self) -> bool:
@@ -545,12 +578,20 @@ class NodeSettings:
         grace_seconds: float | None = None,
         offline: bool = False,
         keys: str | Path | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
     ) -> NodeSettings:
         """Settings from flags (given values) over ``mesh`` (the variables) over defaults."""
         problems = []
-        store_kind = store or "sqlite"
-        if store_kind not in ("sqlite", "memory"):
-            problems.append(f"--store {store_kind!r}: use 'sqlite' or 'memory'")
+        store_kind = store or _reveal(mesh.store) or "sqlite"
+        store_url = None
+        if store_kind.startswith(("postgresql://", "postgres://")):
+            store_kind, store_url = "postgresql", store_kind
+        elif store_kind not in ("sqlite", "memory"):
+            shown = repr(store_kind) if "@" not in store_kind else "(a URL, not shown)"
+            problems.append(
+                f"--store / MESH_STORE {shown}: use 'sqlite' or a postgresql://user@host/db URL"
+            )
         chosen_port = 8000 if port is None else port
         if not 0 < chosen_port < 65536:
             problems.append(f"--port {chosen_port}: use a port between 1 and 65535")
@@ -564,6 +605,11 @@ class NodeSettings:
                 "MESH_REQUIRE_MODEL=1 and the offline model (MESH_MODEL=scripted or --offline) "
                 "contradict each other: unset one"
             )
+        tls = None
+        try:
+            tls = mesh.server_tls(tls_cert, tls_key)
+        except ConfigError as exc:
+            problems.append(str(exc))
         if problems:
             raise ConfigError("\n  ".join(problems))
         consul = None if no_register else mesh.discovery
@@ -577,6 +623,7 @@ class NodeSettings:
             port=chosen_port,
             data_dir=Path(data_dir or mesh.data_dir or Path(".mesh") / agent_name),
             public_url=mesh.public_url,
+            tls=tls,
             registry=reg,
             registry_token=_reveal(mesh.registry_token),
             token=mesh.mesh_token,
@@ -586,6 +633,7 @@ class NodeSettings:
             consul_token=_reveal(mesh.consul_token),
             consul_tls=mesh.consul_tls,
             store=store_kind,  # type: ignore[arg-type]
+            store_url=store_url,
             log_level=mesh.log_level,
             introspect_instruction=mesh.introspect_instruction,
             grace_seconds=20.0 if grace_seconds is None else grace_seconds,

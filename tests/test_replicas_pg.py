@@ -1,0 +1,169 @@
+"""Two replicas of one agent on one PostgreSQL database (issue 17): real ``mesh serve``
+processes, one given ``--store postgresql://...``, the other ``MESH_STORE``. A task created on
+replica A is read, listed and canceled on replica B; a message id accepted by A is a duplicate
+on B (the skill runs once); a follow-up in the same context on B continues A's conversation.
+The database URL carries a password that no log, /health or /introspect shows."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.postgres_support import PostgresServer
+from tests.support import clean_env, free_port, running, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.postgres]
+
+_HEADERS = {"A2A-Version": "1.0"}
+_PASSWORD = "pw-never-shown-3f9a"
+
+
+@dataclass
+class Replicas:
+    a: str
+    b: str
+    dir: Path
+    logs: list[Any]
+
+    def calls(self) -> list[str]:
+        path = self.dir / "calls"
+        return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Replicas]:
+    import psycopg
+
+    tmp = tmp_path_factory.mktemp("replicas")
+    name = f"r_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+        conn.execute(f"create database {name}")
+    # Trust authentication ignores the password: it is there to be hidden.
+    url = f"postgresql://postgres:{_PASSWORD}@127.0.0.1:{postgres_server.port}/{name}"
+    ports = free_port(), free_port()
+    env = clean_env(REPLICA_TEST_DIR=str(tmp))
+    with contextlib.ExitStack() as stack:
+        procs = []
+        for label, port in zip("ab", ports, strict=True):
+            argv = ["mesh", "serve", "tests.replica_agents:agent", "--port", str(port)]
+            argv += ["--data-dir", str(tmp / label), "--no-register", "--grace", "1"]
+            if label == "a":
+                argv += ["--store", url]
+                proc_env = env
+            else:
+                proc_env = {**env, "MESH_STORE": url}
+            health = f"http://127.0.0.1:{port}/health"
+            procs.append(
+                stack.enter_context(
+                    running(argv, name=f"replica-{label}", tmp=tmp, env=proc_env, health=health)
+                )
+            )
+        yield Replicas(f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}", tmp, procs)
+    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+        conn.execute(f"drop database if exists {name} with (force)")
+
+
+def _rpc(url: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+    r = httpx.post(url + "/", json=body, headers=_HEADERS, timeout=30)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert "error" not in answer, answer
+    return dict(answer["result"])
+
+
+def _crunch(job: str, message_id: str | None = None) -> dict[str, Any]:
+    return {
+        "role": "ROLE_USER",
+        "messageId": message_id or str(uuid.uuid4()),
+        "parts": [{"data": {"job": job}}],
+        "metadata": {"skill": "crunch"},
+    }
+
+
+def _texts(value: Any) -> list[str]:
+    """Every text part anywhere in an answer."""
+    if isinstance(value, dict):
+        found = [value["text"]] if isinstance(value.get("text"), str) else []
+        return found + [t for v in value.values() for t in _texts(v)]
+    if isinstance(value, list):
+        return [t for v in value for t in _texts(v)]
+    return []
+
+
+def test_a_task_of_replica_a_is_read_listed_and_canceled_on_replica_b(replicas: Replicas) -> None:
+    sent = _rpc(
+        replicas.a,
+        "SendMessage",
+        {"message": _crunch("j1"), "configuration": {"returnImmediately": True}},
+    )
+    task_id = sent["task"]["id"]
+    wait_for(lambda: any(c.startswith("start j1") for c in replicas.calls()), what="j1 started")
+    on_b = _rpc(replicas.b, "GetTask", {"id": task_id})
+    assert on_b["id"] == task_id
+    assert on_b["status"]["state"] in {"TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"}
+    listed = _rpc(replicas.b, "ListTasks", {"pageSize": 100})
+    assert task_id in [t["id"] for t in listed["tasks"]]
+    canceled = _rpc(replicas.b, "CancelTask", {"id": task_id})
+    assert canceled["status"]["state"] == "TASK_STATE_CANCELED"
+    # A's run goes on to its end; its COMPLETED does not undo B's cancel.
+    (replicas.dir / "j1.go").touch()
+    wait_for(lambda: any(c.startswith("done j1") for c in replicas.calls()), what="j1 done")
+    for url in (replicas.a, replicas.b):
+        task = wait_for(
+            lambda url=url: _rpc(url, "GetTask", {"id": task_id}),
+            what=f"task {task_id} on {url}",
+        )
+        assert task["status"]["state"] == "TASK_STATE_CANCELED"
+
+
+def test_a_message_id_accepted_by_a_is_a_duplicate_on_b(replicas: Replicas) -> None:
+    (replicas.dir / "j2.go").touch()
+    message = _crunch("j2")
+    first = _rpc(replicas.a, "SendMessage", {"message": message})
+    again = _rpc(replicas.b, "SendMessage", {"message": message})
+    assert first["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert again["task"]["id"] == first["task"]["id"]
+    assert again["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert len([c for c in replicas.calls() if c.startswith("start j2")]) == 1
+    # B answered with A's run (the same artifacts), not a run of its own.
+    assert again["task"]["artifacts"] == first["task"]["artifacts"]
+
+
+def test_a_follow_up_on_b_continues_the_conversation_of_a(replicas: Replicas) -> None:
+    context_id = str(uuid.uuid4())
+
+    def say(url: str, text: str) -> list[str]:
+        message = {
+            "role": "ROLE_USER",
+            "messageId": str(uuid.uuid4()),
+            "contextId": context_id,
+            "parts": [{"text": text}],
+        }
+        return _texts(_rpc(url, "SendMessage", {"message": message}))
+
+    assert "Noted, Ada." in say(replicas.a, "my name is Ada")
+    assert "You are Ada." in say(replicas.b, "who am I?")
+    # Another context knows no name, on either replica.
+    context_id = str(uuid.uuid4())
+    assert "I do not know you yet." in say(replicas.b, "who am I?")
+
+
+def test_the_database_password_is_never_shown(replicas: Replicas) -> None:
+    for url in (replicas.a, replicas.b):
+        for path in ("/health", "/introspect"):
+            r = httpx.get(url + path, timeout=10)
+            assert r.status_code == 200
+            assert _PASSWORD not in r.text
+        assert "postgresql" in httpx.get(url + "/introspect", timeout=10).text
+    for proc in replicas.logs:
+        assert _PASSWORD not in proc.output()
