@@ -8,6 +8,7 @@ CA refused at the handshake, before any request (so no credential) reaches it.""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 import ssl
 import subprocess
@@ -27,6 +28,7 @@ from mesh._errors import ConfigError, RemoteError
 from mesh._settings import MeshSettings, NodeSettings
 from mesh._tls import client_context, trust, trusted_ca
 from tests.support import BUREAU_SCORES, ROOT, Proc, clean_env, free_port, wait_for
+from tests.test_browser import ARGS, find_chromium
 
 TOKEN = "tls-mesh-token-5d1e"
 
@@ -312,3 +314,52 @@ def test_the_registry_refuses_to_register_a_peer_whose_certificate_is_not_from_t
     assert "MESH_TLS_CA" in answer.json()["message"]
     assert impostor.received == b""
     assert "credit-bureau-rogue" not in {i["instance_id"] for i in listed(desk, pki)}
+
+
+# -- the operator page in Chromium ----------------------------------------------------------
+def browser_home(tmp: Path, ca: Path | None) -> Path:
+    """A HOME whose NSS database (where Chromium on Linux keeps the CAs a user trusts) holds
+    ``ca``: the browser trusts the mesh's CA the way an operator's would, no flag ignoring
+    certificate errors."""
+    certutil = shutil.which("certutil")
+    if certutil is None:
+        pytest.skip("needs certutil: apt-get install libnss3-tools (.ci/system-deps installs it)")
+    db = tmp / ".pki" / "nssdb"
+    db.mkdir(parents=True)
+    subprocess.run([certutil, "-d", f"sql:{db}", "-N", "--empty-password"], check=True)
+    if ca is not None:
+        trusted = [certutil, "-d", f"sql:{db}", "-A", "-t", "C,,", "-n", "mesh CA", "-i", str(ca)]
+        subprocess.run(trusted, check=True)
+    return tmp
+
+
+@pytest.mark.browser
+@pytest.mark.integration
+def test_the_operator_page_loads_over_https_in_chromium(
+    desk: Desk, pki: Pki, tmp_path: Path
+) -> None:
+    chromium = find_chromium()
+    from playwright.sync_api import Error, sync_playwright
+
+    wait_for(lambda: len(listed(desk, pki)) >= 3, timeout=30, what="three instances")
+    with sync_playwright() as pw:
+        for home, trusted in ((tmp_path / "without", False), (tmp_path / "with", True)):
+            env = {**clean_env(), "HOME": str(browser_home(home, pki.ca if trusted else None))}
+            browser = pw.chromium.launch(executable_path=chromium, args=ARGS, env=env)
+            try:
+                page = browser.new_page()
+                if not trusted:
+                    # The same page from a browser that does not know the mesh's CA: refused.
+                    with pytest.raises(Error, match="ERR_CERT_AUTHORITY_INVALID"):
+                        page.goto(desk.registry + "/")
+                    continue
+                answer = page.goto(desk.registry + "/")
+                assert answer is not None
+                assert answer.ok
+                assert page.url.startswith("https://")
+                assert page.locator("tr[data-agent='credit-bureau']").count() == 1
+                page.click("a[href='/agents/credit-bureau']")
+                page.wait_for_url("**/agents/credit-bureau")
+                assert page.locator(f"tr[data-instance] a[href='{desk.bureau}']").count() == 1
+            finally:
+                browser.close()
