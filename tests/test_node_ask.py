@@ -470,3 +470,29 @@ async def test_a_task_killed_while_it_resumes_runs_again_with_its_answer_after_t
         history = [MessageToDict(m.metadata).get(EXT, {}) for m in done.history if m.metadata]
         assert {"resume": "restart"} in history
     assert asker.calls("careful done") == ["careful done yes"]
+
+
+@pytest.mark.parametrize(
+    ("target", "who"),
+    [
+        ("tests.ask_agents:agent", "skill 'review'"),
+        ("tests.llm_ask_agents:agent", "a tool of skill 'chat'"),
+    ],
+)
+async def test_an_ask_on_a_node_that_keeps_no_tasks_fails_saying_how_to_serve_it(
+    tmp_path: Path, http: httpx.AsyncClient, target: str, who: str
+) -> None:
+    asker = Asker(tmp_path, target=target)
+    with asker.serve(MESH_STORE="memory"):
+        client = await asker.client(http)
+        asked = (
+            review("APP-1") if target.startswith("tests.ask_") else message(text="pay APP-1 80,000")
+        )
+        task = await send(client, asked)
+    assert task.status.state == TaskState.TASK_STATE_FAILED, task
+    text = (
+        f"{who} asked for input, but this node keeps no tasks (store=memory): serve it with "
+        "the SQLite store"
+    )
+    assert status_texts(task) == [text]
+    assert error_of(task) == {"reason": "failed", "message": text}

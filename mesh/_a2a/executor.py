@@ -746,15 +746,7 @@ class MeshExecutor(AgentExecutor):
         """End the run waiting on ``asked.question``: the resume point first (one
         transaction), then the waiting state (the store commits it before answering)."""
         if self.waits is None:
-            await self._end(
-                updater,
-                TaskState.TASK_STATE_FAILED,
-                "failed",
-                f"skill '{skill.id}' asked for input, but this node keeps no tasks "
-                "(store=memory): serve it with the SQLite store",
-                req,
-            )
-            return "failed"
+            return await self._cannot_wait(updater, req, f"skill '{skill.id}'")
         owner = _owner(context.call_context)
         await self.waits.suspend(
             owner=owner,
@@ -769,6 +761,18 @@ class MeshExecutor(AgentExecutor):
             traceparent=req.traceparent or "",
         )
         return await self._waiting(owner, updater, req, [asked.question])
+
+    async def _cannot_wait(self, updater: TaskUpdater, req: _Request, who: str) -> TaskOutcome:
+        """``who`` asked, but without a task store no task can wait: the task FAILS."""
+        await self._end(
+            updater,
+            TaskState.TASK_STATE_FAILED,
+            "failed",
+            f"{who} asked for input, but this node keeps no tasks (store=memory): serve it "
+            "with the SQLite store",
+            req,
+        )
+        return "failed"
 
     async def _waiting(
         self, owner: str, updater: TaskUpdater, req: _Request, questions: list[Question]
@@ -818,15 +822,7 @@ class MeshExecutor(AgentExecutor):
         """End an LLM turn's run waiting on its tools' questions: the resume point with the
         ``PendingTurn`` first (one transaction), then the waiting state, as ``_suspend``."""
         if self.waits is None:
-            await self._end(
-                updater,
-                TaskState.TASK_STATE_FAILED,
-                "failed",
-                f"a tool of skill '{skill.id}' asked for input, but this node keeps no tasks "
-                "(store=memory): serve it with the SQLite store",
-                req,
-            )
-            return "failed"
+            return await self._cannot_wait(updater, req, f"a tool of skill '{skill.id}'")
         owner = await self._write_turn(
             paused, skill, req, context, updater, request, user_id, WAITING
         )
