@@ -25,7 +25,8 @@ Driver: psycopg 3 (the ``postgres`` extra), because the stores' statements are s
 functions of a connection run on the database thread, and psycopg 3 is the driver that offers a
 synchronous DB-API connection (asyncpg is asyncio-only and would mean a second copy of every
 store). One connection per process: its writes share commits as on SQLite, so a pool would
-only add round trips to the write path; a lost connection is opened again at the next batch.
+only add round trips to the write path; a connection the server dropped is opened again
+(``PgConnection``).
 
 The URL's password is never in a log line, an error or ``path`` (``redacted``).
 """
@@ -33,6 +34,7 @@ The URL's password is never in a log line, an error or ``path`` (``redacted``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -44,7 +46,7 @@ import psycopg
 from psycopg import pq
 
 from mesh._errors import StoreError
-from mesh._sqlite import _COMPONENT, Database, _Op, _Outcome
+from mesh._sqlite import _COMPONENT, Database
 
 __all__ = ["PgDatabase", "is_postgres_url", "redacted"]
 
@@ -128,18 +130,54 @@ def _row_factory(cursor: psycopg.Cursor[Any]) -> Callable[[Sequence[Any]], _Row]
 
 class PgConnection:
     """The part of ``sqlite3.Connection`` the stores use, over a psycopg connection in
-    autocommit mode (``Database`` runs ``begin`` / savepoints / ``commit`` itself)."""
+    autocommit mode (``Database`` runs ``begin`` / savepoints / ``commit`` itself).
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.raw = conn
+    A connection the server dropped (a restart, a failover, an idle timeout) is opened again
+    when a statement outside a transaction finds it gone, and that statement is sent once more:
+    outside a transaction nothing was done (the stores write only between ``begin`` and
+    ``commit``). Lost inside a transaction, the transaction fails: its writes are not retried.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self.raw = _open(url)
+        self._tx = False
+        #: Connections opened again after a loss (tests).
+        self.reconnects = 0
 
     def execute(self, sql: str, params: Iterable[Any] = ()) -> psycopg.Cursor[Any]:
         if sql == "begin immediate":  # SQLite's write lock up front; PostgreSQL locks rows
             sql = "begin"
+        query, args = translate(sql), tuple(params) or None
+        if sql in ("commit", "rollback"):
+            self._tx = False
+        elif sql == "begin":
+            self._tx = True
+        fresh = sql == "begin" or not self._tx
+        if self.raw.closed:
+            if not fresh:
+                raise psycopg.OperationalError(
+                    "the connection to PostgreSQL was lost mid-transaction"
+                )
+            self._reopen()
+        try:
+            return self._run(query, args)
+        except psycopg.OperationalError:
+            if not (fresh and self.raw.closed):
+                raise
+            self._reopen()
+            return self._run(query, args)
+
+    def _run(self, query: str, args: tuple[Any, ...] | None) -> psycopg.Cursor[Any]:
         cur = self.raw.cursor(row_factory=_row_factory)
-        args = tuple(params)
-        cur.execute(translate(sql), args if args else None)
+        cur.execute(query, args)
         return cur
+
+    def _reopen(self) -> None:
+        with contextlib.suppress(psycopg.Error):
+            self.raw.close()
+        self.raw = _open(self._url)
+        self.reconnects += 1
 
     def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> psycopg.Cursor[Any]:
         cur = self.raw.cursor(row_factory=_row_factory)
@@ -148,7 +186,7 @@ class PgConnection:
 
     @property
     def in_transaction(self) -> bool:
-        return self.raw.info.transaction_status != pq.TransactionStatus.IDLE
+        return not self.raw.closed and self.raw.info.transaction_status != pq.TransactionStatus.IDLE
 
     def close(self) -> None:
         self.raw.close()
@@ -164,7 +202,6 @@ class PgDatabase(Database):
         self, conn: PgConnection, executor: ThreadPoolExecutor, path: str, url: str
     ) -> None:
         super().__init__(cast(Any, conn), executor, path)
-        self._pg: PgConnection = conn
         self._url = url
 
     @classmethod
@@ -180,15 +217,6 @@ class PgDatabase(Database):
             executor.shutdown(wait=False)
             raise StoreError(f"cannot open database {shown}: {_said(exc, url)}") from exc
         return cls(conn, executor, shown, url)
-
-    def _run_batch(self, batch: list[_Op]) -> list[_Outcome]:
-        if self._pg.raw.closed:  # the server went away: one new connection per batch at most
-            try:
-                self._pg = _connect(self._url)
-                self._conn = cast(Any, self._pg)
-            except psycopg.Error as exc:
-                return [(False, exc)] * len(batch)
-        return super()._run_batch(batch)
 
     async def migrate(self, component: str, steps: Sequence[str]) -> int:
         """``Database.migrate`` on PostgreSQL: each step (translated) in its own transaction
@@ -245,7 +273,11 @@ class PgDatabase(Database):
 
 
 def _connect(url: str) -> PgConnection:
-    return PgConnection(psycopg.connect(url, autocommit=True, connect_timeout=10))
+    return PgConnection(url)
+
+
+def _open(url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=True, connect_timeout=10)
 
 
 def _said(exc: psycopg.Error, url: str) -> str:

@@ -241,3 +241,33 @@ def test_the_store_setting_takes_a_postgresql_url_and_hides_it() -> None:
     with pytest.raises(ConfigError, match="use 'sqlite' or a postgresql://") as bad:
         NodeSettings.build(env, agent_name="a", store="mysql://u:hunter2@db/x")
     assert "hunter2" not in str(bad.value)
+
+
+@pytest.mark.postgres
+async def test_a_connection_the_server_dropped_is_opened_again(pg_database: str) -> None:
+    # A restart, a failover or an idle timeout: the next request works, on a new connection.
+    import psycopg
+
+    from mesh._pg import PgDatabase
+
+    db = await PgDatabase.open(pg_database)
+    try:
+        store = SqliteTaskStore(db)
+        await store.initialize()
+        await store.save(_task("t1", TaskState.TASK_STATE_SUBMITTED), CTX)
+        for step in ("read", "write"):
+            pid = await db.read(lambda conn: conn.execute("select pg_backend_pid()").fetchone()[0])
+            with psycopg.connect(pg_database, autocommit=True) as admin:
+                admin.execute("select pg_terminate_backend(%s)", (pid,))
+            if step == "read":
+                found = await store.get("t1", CTX)
+                assert found is not None
+                assert found.status.state == TaskState.TASK_STATE_SUBMITTED
+            else:
+                await store.save(_task("t1", TaskState.TASK_STATE_COMPLETED), CTX)
+        assert db._conn.reconnects == 2  # type: ignore[attr-defined]
+        found = await SqliteTaskStore(db).get("t1", CTX)
+        assert found is not None
+        assert found.status.state == TaskState.TASK_STATE_COMPLETED
+    finally:
+        await db.aclose()
