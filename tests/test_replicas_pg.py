@@ -37,30 +37,28 @@ class Replicas:
         return path.read_text().splitlines() if path.exists() else []
 
 
-@pytest.fixture(scope="module")
-def replicas(
-    postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Replicas]:
+@contextlib.contextmanager
+def _pair(server: PostgresServer, tmp: Path, target: str, **env: str) -> Iterator[Replicas]:
+    """Replicas A and B of ``target`` on a new database of ``server`` (dropped after)."""
     import psycopg
 
-    tmp = tmp_path_factory.mktemp("replicas")
     name = f"r_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+    with psycopg.connect(server.url(), autocommit=True) as conn:
         conn.execute(f"create database {name}")
     # Trust authentication ignores the password: it is there to be hidden.
-    url = f"postgresql://postgres:{_PASSWORD}@127.0.0.1:{postgres_server.port}/{name}"
+    url = f"postgresql://postgres:{_PASSWORD}@127.0.0.1:{server.port}/{name}"
     ports = free_port(), free_port()
-    env = clean_env(REPLICA_TEST_DIR=str(tmp))
+    child_env = clean_env(REPLICA_TEST_DIR=str(tmp), **env)
     with contextlib.ExitStack() as stack:
         procs = []
         for label, port in zip("ab", ports, strict=True):
-            argv = ["mesh", "serve", "tests.replica_agents:agent", "--port", str(port)]
+            argv = ["mesh", "serve", target, "--port", str(port)]
             argv += ["--data-dir", str(tmp / label), "--no-register", "--grace", "1"]
             if label == "a":
                 argv += ["--store", url]
-                proc_env = env
+                proc_env = child_env
             else:
-                proc_env = {**env, "MESH_STORE": url}
+                proc_env = {**child_env, "MESH_STORE": url}
             health = f"http://127.0.0.1:{port}/health"
             procs.append(
                 stack.enter_context(
@@ -68,8 +66,18 @@ def replicas(
                 )
             )
         yield Replicas(f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}", tmp, procs)
-    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+    with psycopg.connect(server.url(), autocommit=True) as conn:
         conn.execute(f"drop database if exists {name} with (force)")
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Replicas]:
+    with _pair(
+        postgres_server, tmp_path_factory.mktemp("replicas"), "tests.replica_agents:agent"
+    ) as pair:
+        yield pair
 
 
 def _rpc(url: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -167,3 +175,42 @@ def test_the_database_password_is_never_shown(replicas: Replicas) -> None:
         assert "postgresql" in httpx.get(url + "/introspect", timeout=10).text
     for proc in replicas.logs:
         assert _PASSWORD not in proc.output()
+
+
+def test_a_task_waiting_on_a_is_answered_on_b(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls.txt"
+    with _pair(
+        postgres_server, tmp_path, "tests.ask_agents:agent", NODE_TEST_CALLS=str(calls)
+    ) as pair:
+        started = _rpc(
+            pair.a,
+            "SendMessage",
+            {
+                "message": {
+                    "role": "ROLE_USER",
+                    "messageId": str(uuid.uuid4()),
+                    "parts": [{"data": {"applicant_id": "APP-7", "amount": 1000}}],
+                    "metadata": {"skill": "review"},
+                }
+            },
+        )["task"]
+        assert started["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+
+        def answer(url: str, part: dict[str, Any]) -> dict[str, Any]:
+            message = {
+                "role": "ROLE_USER",
+                "messageId": str(uuid.uuid4()),
+                "taskId": started["id"],
+                "contextId": started["contextId"],
+                "parts": [part],
+            }
+            return dict(_rpc(url, "SendMessage", {"message": message})["task"])
+
+        second = answer(pair.b, {"data": {"decision": "approve", "note": "fine"}})
+        assert second["status"]["state"] == "TASK_STATE_INPUT_REQUIRED", second
+        assert "Who approves?" in _texts(second["status"])
+        done = answer(pair.a, {"text": "Grace"})
+        assert done["status"]["state"] == "TASK_STATE_COMPLETED", done
+        assert "review decided APP-7 approve" in calls.read_text().splitlines()
