@@ -148,6 +148,40 @@ def test_secrets_are_passed_through_never_written(compose: dict[str, Any]) -> No
             assert env.get(secret, None) is None, f"{name}: {secret} must come from the host"
 
 
+def test_each_node_mounts_its_agents_keys_as_file_secrets(compose: dict[str, Any]) -> None:
+    # Issue 16: the key, the certificate and the root's public key are Compose secrets (files
+    # mounted where MESH_KEYS points), never environment values; the root's private key is
+    # never mounted.
+    files = {name: Path(spec["file"]) for name, spec in compose["secrets"].items()}
+    assert all(not str(f).endswith("root.key.jwk") for f in files.values())
+    for name, module in NODES.items():
+        agent = module.split(".")[1].split(":")[0].replace("_", "-")
+        svc = compose["services"][name]
+        folder = svc["environment"]["MESH_KEYS"]
+        mounted = {s["target"]: files[s["source"]] for s in svc["secrets"]}
+        assert mounted == {
+            f"{folder}/key.jwk": ROOT / "mesh-keys" / "agents" / agent / "key.jwk",
+            f"{folder}/cert.jwt": ROOT / "mesh-keys" / "agents" / agent / "cert.jwt",
+            f"{folder}/root.jwk": ROOT / "mesh-keys" / "root.jwk",
+        }, name
+
+
+def test_the_call_policy_names_what_the_desk_calls(compose: dict[str, Any]) -> None:
+    # MESH_ALLOW parses, and every rule names a skill its agent has (a node would refuse to
+    # start otherwise).
+    import importlib
+
+    from mesh._policy import CallPolicy
+
+    policy = CallPolicy.parse(compose["services"]["loan-officer"]["environment"]["MESH_ALLOW"])
+    for module in set(NODES.values()):
+        path, _, attr = module.partition(":")
+        agent = getattr(importlib.import_module(path), attr)
+        policy.check(agent.name, [s.id for s in agent.all_skills])
+    assert policy.for_agent("credit-bureau").allows("loan-officer", "score")
+    assert not policy.for_agent("credit-bureau").allows("underwriter", "score")
+
+
 def test_monitoring_mounts_the_files_in_deploy(compose: dict[str, Any]) -> None:
     mounts = {
         name: [

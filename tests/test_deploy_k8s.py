@@ -142,6 +142,43 @@ def test_every_agent_gets_the_mesh_token_from_the_secret() -> None:
             assert "MESH_TOKEN" in names, doc["metadata"]["name"]
 
 
+def test_every_agent_mounts_its_key_and_the_root_from_secrets() -> None:
+    # Issue 16: a Secret per agent key (key.jwk, cert.jwt) and one for the root's public key,
+    # projected read-only into the folder MESH_KEYS names; never the root's private key.
+    for agent in AGENTS:
+        spec = find("Deployment", agent)["spec"]["template"]["spec"]
+        container = spec["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        folder = env["MESH_KEYS"]["value"]
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == folder)
+        assert mount["readOnly"] is True
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        sources = {
+            s["secret"]["name"]: {i["key"]: i["path"] for i in s["secret"]["items"]}
+            for s in volume["projected"]["sources"]
+        }
+        assert sources == {
+            f"mesh-key-{agent}": {"key.jwk": "key.jwk", "cert.jwt": "cert.jwt"},
+            "mesh-root": {"root.jwk": "root.jwk"},
+        }
+        # Readable by the node's group (fsGroup 10001), by nobody else.
+        assert volume["projected"]["defaultMode"] == 0o440
+        assert spec["securityContext"]["fsGroup"] == 10001
+
+
+def test_the_call_policy_names_skills_the_desk_has() -> None:
+    import importlib
+
+    from mesh._policy import CallPolicy
+
+    policy = CallPolicy.parse(find("ConfigMap", "mesh-config")["data"]["MESH_ALLOW"])
+    for module, _ in AGENTS.values():
+        path, _, attr = module.partition(":")
+        agent = getattr(importlib.import_module(path), attr)
+        policy.check(agent.name, [s.id for s in agent.all_skills])
+    assert policy.for_agent("underwriter").allows("loan-officer", "review")
+
+
 def test_config_map_holds_a_valid_mesh_file_matching_the_deployments() -> None:
     config = find("ConfigMap", "mesh-config")
     text = config["data"]["mesh.toml"]
