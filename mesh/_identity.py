@@ -18,12 +18,18 @@ second call (``jti``), not later (``exp``); and the key that could mint new ones
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jwt
+from jwt.algorithms import ECAlgorithm
+from jwt.utils import base64url_encode
 
 from mesh._errors import PeerRefused
 from mesh._keys import ALGORITHM, AgentKeys, Certified, TrustRoot
@@ -41,6 +47,13 @@ _LEEWAY_S = 30
 # until they expire; past the cap the oldest go (they are the first to expire).
 _MAX_CERTS = 1024
 _MAX_SEEN = 200_000
+# PyJWT's ES256 (sign and verify over the JWS signing input, raw r||s signatures). The tokens
+# are made and read with it directly: a caller's header is the same on every token (its key
+# and certificate, most of the token's bytes), so it is encoded once by the minter and checked
+# once per distinct header by the callee; jwt.encode/decode redid both on every call, which
+# cost more than the signature itself (docs/performance.md, "Signed identity").
+_ES256 = ECAlgorithm(ECAlgorithm.SHA256)
+_REQUIRED = ("iss", "aud", "iat", "exp", "jti")
 
 
 @dataclass(frozen=True)
@@ -65,7 +78,13 @@ class CallerIdentity:
         self._keys = keys
         self.ttl_s = ttl_s
         self.clock = clock
-        self._header = {"typ": CALL_TOKEN_TYPE, "kid": keys.kid, "mesh_cert": keys.certificate}
+        header = {
+            "alg": ALGORITHM,
+            "typ": CALL_TOKEN_TYPE,
+            "kid": keys.kid,
+            "mesh_cert": keys.certificate,
+        }
+        self._header = base64url_encode(json.dumps(header, separators=(",", ":")).encode())
 
     def __repr__(self) -> str:
         return f"CallerIdentity(agent={self.agent!r}, kid={self._keys.kid!r})"
@@ -80,7 +99,10 @@ class CallerIdentity:
             "exp": now + self.ttl_s,
             "jti": uuid.uuid4().hex,
         }
-        return jwt.encode(claims, self._keys.key, algorithm=ALGORITHM, headers=self._header)
+        payload = base64url_encode(json.dumps(claims, separators=(",", ":")).encode())
+        signing_input = self._header + b"." + payload
+        signature = _ES256.sign(signing_input, self._keys.key)
+        return (signing_input + b"." + base64url_encode(signature)).decode("ascii")
 
 
 class CallerCheck:
@@ -94,37 +116,20 @@ class CallerCheck:
         self.audience = audience
         self.clock = clock
         self._certs: dict[str, Certified] = {}
+        # A caller's tokens all have the same header (its key's kid and certificate): each
+        # distinct header is read and checked once. PyJWT's parse of a token this size (the
+        # certificate is most of it) costs as much as the signature's check.
+        self._headers: dict[str, Certified] = {}
         self._seen: dict[str, float] = {}
 
     def verify(self, token: str) -> Caller:
         now = self.clock()
-        try:
-            header = jwt.get_unverified_header(token)
-        except jwt.exceptions.PyJWTError:
-            raise PeerRefused("not a mesh call token (a JWT)") from None
-        certificate = header.get("mesh_cert")
-        if header.get("typ") != CALL_TOKEN_TYPE or not isinstance(certificate, str):
-            raise PeerRefused("not a mesh call token")
-        certified = self._certified(certificate, now)
-        if header.get("kid") != certified.kid:
-            raise PeerRefused("the token's key is not the one its certificate certifies")
-        try:
-            claims = jwt.decode(
-                token,
-                certified.key,
-                algorithms=[ALGORITHM],
-                audience=self.audience,
-                leeway=_LEEWAY_S,
-                options={"require": ["iss", "aud", "iat", "exp", "jti"]},
-            )
-        except jwt.exceptions.ExpiredSignatureError:
-            raise PeerRefused(f"the call token of {certified.agent!r} has expired") from None
-        except jwt.exceptions.InvalidAudienceError:
-            raise PeerRefused(
-                f"the call token of {certified.agent!r} is for another agent, not {self.audience!r}"
-            ) from None
-        except jwt.exceptions.PyJWTError as exc:
-            raise PeerRefused(f"the call token does not verify ({exc})") from None
+        certified = self._headers.get(token.partition(".")[0])
+        if certified is None:
+            certified = self._header(token, now)
+        elif certified.expires_at <= now:
+            raise PeerRefused(f"the certificate of {certified.agent!r} has expired")
+        claims = self._claims(token, certified, now)
         if claims["iss"] != certified.agent:
             raise PeerRefused(
                 f"the call token names {claims['iss']!r} but is signed by {certified.agent!r}"
@@ -139,6 +144,56 @@ class CallerCheck:
             self._seen.pop(next(iter(self._seen)))
         self._seen[jti] = float(claims["exp"]) + _LEEWAY_S
         return Caller(certified.agent, certified.kid)
+
+    def _claims(self, token: str, certified: Certified, now: float) -> dict[str, Any]:
+        """The token's claims once its signature verifies with the certified key and they are
+        complete, for this audience, and current (what jwt.decode checked, minus re-parsing
+        the header)."""
+        header, _, rest = token.partition(".")
+        payload, _, signature = rest.partition(".")
+        try:
+            raw = _b64(signature)
+            valid = _ES256.verify(f"{header}.{payload}".encode("ascii"), certified.key, raw)
+            claims = json.loads(_b64(payload)) if valid else None
+        except (ValueError, binascii.Error, UnicodeError):
+            valid, claims = False, None
+        if not valid:
+            raise PeerRefused("the call token does not verify (Signature verification failed)")
+        if not isinstance(claims, dict) or any(k not in claims for k in _REQUIRED):
+            raise PeerRefused(f"the call token does not verify (it needs {', '.join(_REQUIRED)})")
+        exp, iat = claims["exp"], claims["iat"]
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (exp, iat)):
+            raise PeerRefused("the call token does not verify (exp and iat must be numbers)")
+        if exp + _LEEWAY_S <= now:
+            raise PeerRefused(f"the call token of {certified.agent!r} has expired")
+        if iat > now + _LEEWAY_S:
+            raise PeerRefused("the call token does not verify (issued in the future)")
+        if claims["aud"] != self.audience:
+            raise PeerRefused(
+                f"the call token of {certified.agent!r} is for another agent, not {self.audience!r}"
+            )
+        return claims
+
+    def _header(self, token: str, now: float) -> Certified:
+        """The certified key a token's header names, checked (and remembered by header)."""
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.exceptions.PyJWTError:
+            raise PeerRefused("not a mesh call token (a JWT)") from None
+        certificate = header.get("mesh_cert")
+        if (
+            header.get("typ") != CALL_TOKEN_TYPE
+            or header.get("alg") != ALGORITHM
+            or not isinstance(certificate, str)
+        ):
+            raise PeerRefused("not a mesh call token")
+        certified = self._certified(certificate, now)
+        if header.get("kid") != certified.kid:
+            raise PeerRefused("the token's key is not the one its certificate certifies")
+        if len(self._headers) >= _MAX_CERTS:
+            self._headers.pop(next(iter(self._headers)))
+        self._headers[token.partition(".")[0]] = certified
+        return certified
 
     def _certified(self, certificate: str, now: float) -> Certified:
         found = self._certs.get(certificate)
@@ -157,3 +212,8 @@ class CallerCheck:
             if until > now:
                 return
             del self._seen[jti]
+
+
+def _b64(segment: str) -> bytes:
+    """A base64url segment (no padding) decoded strictly: other characters are an error."""
+    return base64.b64decode(segment + "=" * (-len(segment) % 4), altchars=b"-_", validate=True)

@@ -184,3 +184,36 @@ async def test_nodes_with_keys_call_each_other_as_themselves(keys: Keys, mesh: M
     assert "another mesh's root" in foreign.text
     # The bureau knows who called: the officer, by its certified key.
     assert "caller test-officer verified by its call token" in mesh.bureau_log.read_text()
+
+
+def test_a_token_read_without_jwt_decode_is_checked_as_strictly(keys: Keys) -> None:
+    # The callee checks a caller's header once and then the signature and claims itself
+    # (mesh._identity._claims): a payload swapped in, a missing claim, another algorithm in
+    # the header and junk in a segment are each refused.
+    mint = CallerIdentity(keys.officer)
+    check = CallerCheck(keys.root, "credit-bureau")
+    first, second = mint.token("credit-bureau"), mint.token("credit-bureau")
+    head, _, sig = first.split(".")
+    swapped = f"{head}.{second.split('.')[1]}.{sig}"
+    with pytest.raises(PeerRefused, match="does not verify"):
+        check.verify(swapped)
+    with pytest.raises(PeerRefused, match="does not verify"):
+        check.verify(f"{head}.{second.split('.')[1]}!.{sig}")
+    header = {
+        "typ": "mesh-call+jwt",
+        "kid": keys.officer.kid,
+        "mesh_cert": keys.officer.certificate,
+    }
+    now = int(time.time())
+    partial = jwt.encode(
+        {"iss": "test-officer", "aud": "credit-bureau", "iat": now, "exp": now + 60},
+        keys.officer.key,
+        algorithm="ES256",
+        headers=header,
+    )
+    with pytest.raises(PeerRefused, match="needs iss, aud, iat, exp, jti"):
+        check.verify(partial)
+    hs = jwt.encode({"iss": "test-officer"}, "k" * 32, algorithm="HS256", headers=header)
+    with pytest.raises(PeerRefused, match="not a mesh call token"):
+        check.verify(hs)
+    assert check.verify(first).agent == "test-officer"
