@@ -180,8 +180,14 @@ class PeerLink:
         from mesh._discovery.client import DiscoveryClient
         from mesh._netguard import create_http_client
         from mesh._settings import environment
+        from mesh._tls import trust
 
-        setup = standalone_setup(environment())
+        settings = environment()
+        if settings.tls_ca is not None:
+            # A script is its own edge: its HTTPS peers verify against its MESH_TLS_CA (a
+            # node's entry point has set the same already).
+            trust(settings.tls_ca)
+        setup = standalone_setup(settings)
         if self._http is None:
             # Checked before each URL is used (PeerTrust, for a clear refusal) and as each
             # connection is made (the client), like a node's.

@@ -363,3 +363,31 @@ def test_the_operator_page_loads_over_https_in_chromium(
                 assert page.locator(f"tr[data-instance] a[href='{desk.bureau}']").count() == 1
             finally:
                 browser.close()
+
+
+@pytest.mark.integration
+async def test_a_scripts_remote_toolset_verifies_with_mesh_tls_ca(
+    pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A script is its own edge: its remote() toolset reads MESH_TLS_CA as it opens its clients
+    # (and sends no mesh token: this bureau is open, on loopback).
+    from mesh._remote import remote
+    from tests.test_delegation_calls import tool_context, toolset
+
+    port = free_port()
+    env = clean_env(MESH_TLS_CERT=str(pki.cert), MESH_TLS_KEY=str(pki.key))
+    argv = ["mesh", "serve", "agents.credit_bureau:agent", "--port", str(port), "--no-register",
+            "--data-dir", str(tmp_path / "bureau")]  # fmt: skip
+    with Proc.start(argv, name="bureau", tmp=tmp_path, env=env) as bureau:
+        url = f"https://127.0.0.1:{port}"
+        wait_https(f"{url}/health", pki, bureau)
+        monkeypatch.setenv("MESH_TLS_CA", str(pki.ca))
+        before = trusted_ca()
+        try:
+            async with toolset(remote(url)) as tools:
+                score = tools["credit_bureau_score"]
+                answer = {"applicant_id": "APP-738", "amount": 1000}
+                result = await score.call(answer, tool_context())
+        finally:
+            trust(before)
+    assert result["score"] == BUREAU_SCORES["APP-738"]
