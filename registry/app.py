@@ -275,4 +275,6 @@ async def _open_store(settings: RegistrySettings) -> RegistryStore:
             card_timeout_s=settings.card_timeout_s,
             policy=settings.network_policy,
         )
+    if settings.store_url:
+        return await SqliteRegistryStore.open_postgres(settings.store_url)
     return await SqliteRegistryStore.open(settings.db_path)

@@ -91,8 +91,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--backend",
         default=None,
-        metavar="consul://HOST:PORT",
-        help="keep instances in Consul (token: $CONSUL_HTTP_TOKEN) instead of SQLite",
+        metavar="URL",
+        help="keep instances in Consul (consul://HOST:PORT; token: $CONSUL_HTTP_TOKEN) or in a "
+        "PostgreSQL database registry replicas share (postgresql://user@host/db; password: "
+        "$PGPASSWORD) instead of SQLite",
     )
     p.add_argument(
         "--allow-networks",
@@ -159,9 +161,14 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
         env = RegistryEnvironment(**flags)
     except ValidationError as exc:
         problems += [_problem(error) for error in exc.errors()]
-    if args.backend is not None and not args.backend.startswith(CONSUL_SCHEMES):
+    store_url = None
+    if args.backend is not None and args.backend.startswith(("postgresql://", "postgres://")):
+        store_url, args.backend = args.backend, None
+    elif args.backend is not None and not args.backend.startswith(CONSUL_SCHEMES):
+        shown = repr(args.backend) if "@" not in args.backend else "(a URL, not shown)"
         problems.append(
-            f"--backend {args.backend!r}: use consul://host:8500 (or leave it out for SQLite)"
+            f"--backend {shown}: use consul://host:8500 or postgresql://user@host/db "
+            "(or leave it out for SQLite)"
         )
     if args.max_instances < 1:
         problems.append(f"--max-instances {args.max_instances}: give at least 1 (default 10000)")
@@ -204,6 +211,7 @@ def settings_from(args: argparse.Namespace) -> RegistrySettings:
         ttl_s=args.ttl,
         remove_after_s=args.remove_after,
         backend=args.backend,
+        store_url=store_url,
         consul_token=env.consul_token.get_secret_value() if env.consul_token else None,
         consul_tls=ConsulTLS(
             ca_file=env.consul_cacert,

@@ -5,7 +5,7 @@ read; the flags given on the command line override them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -133,6 +133,9 @@ class RegistrySettings:
     allow_networks: NetworkPolicy | None = None
     # ``consul://host:8500``: keep instances in Consul instead of SQLite (None: SQLite).
     backend: str | None = None
+    # ``postgresql://...``: keep instances in PostgreSQL, shared by registry replicas (None:
+    # SQLite or Consul). Never shown: the URL may hold a password.
+    store_url: str | None = field(default=None, repr=False)
     consul_token: str | None = None
     consul_tls: ConsulTLS | None = None
     # Largest request body read; a registration is a few hundred bytes (``registry.gate``).

@@ -149,6 +149,16 @@ class SqliteRegistryStore:
             )
         return cls(db)
 
+    @classmethod
+    async def open_postgres(cls, url: str) -> SqliteRegistryStore:
+        """The same store on PostgreSQL (``mesh._pg``), shared by registry replicas: its
+        tables are created at their current shape, so there is nothing to migrate."""
+        from mesh._pg import PgDatabase
+
+        db = await PgDatabase.open(url)
+        await db.ensure_schema("registry", _SCHEMA)
+        return cls(db)
+
     async def put(
         self,
         agent: AgentRecord,

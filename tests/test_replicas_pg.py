@@ -214,3 +214,40 @@ def test_a_task_waiting_on_a_is_answered_on_b(
         done = answer(pair.a, {"text": "Grace"})
         assert done["status"]["state"] == "TASK_STATE_COMPLETED", done
         assert "review decided APP-7 approve" in calls.read_text().splitlines()
+
+
+def test_two_registry_replicas_serve_one_view(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    import psycopg
+
+    from tests.registry_support import instances, registry, start_node
+
+    name = f"g_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+        conn.execute(f"create database {name}")
+    store = ["--backend", postgres_server.url(name)]
+    try:
+        with (
+            registry(tmp_path, name="registry-a", extra=store) as a,
+            registry(tmp_path, name="registry-b", extra=store) as b,
+        ):
+            node = start_node(tmp_path, a.url, name="echo-pg")
+            try:
+                seen = wait_for(
+                    lambda: [i for i in instances(b.url) if i["agent"] == "echo-pg"],
+                    what="echo-pg registered at A, listed by B",
+                )
+                assert seen[0]["url"] == node.url
+                r = httpx.get(f"{b.url}/v1/agents/echo-pg", timeout=5)
+                assert r.status_code == 200, r.text
+            finally:
+                node.proc.terminate()
+            # Its deregistration at A leaves B's view too.
+            wait_for(
+                lambda: not [i for i in instances(b.url, status="any") if i["agent"] == "echo-pg"],
+                what="echo-pg gone from B",
+            )
+    finally:
+        with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
+            conn.execute(f"drop database if exists {name} with (force)")
