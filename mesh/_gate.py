@@ -5,7 +5,10 @@ In order, each refusal answered at once and nothing stored:
 
 1. the mesh token, when the node has one (``Authorization: Bearer``, scheme case-insensitive
    as RFC 7235 says), or with keys (``MESH_KEYS``) a caller's call token (``mesh._identity``:
-   the caller named, verified against the mesh's root, once) -> 401 saying why;
+   the caller named, verified against the mesh's root, once) -> 401 saying why. The end user
+   the request is for (``mesh._identity.PRINCIPAL``, the ``sub`` of the call tokens minted while
+   serving it) is the call token's ``sub``, or with the mesh token the ``Mesh-Principal``
+   header (a malformed one -> 401 saying what a principal is);
 2. the body size (``max_body_bytes``) -> 413 (a declared ``Content-Length`` over it at once),
    the bytes of all bodies held at once (``max_inflight_bytes``) -> 503 ``busy, retry`` with
    ``Retry-After``, and the time the body takes to arrive (``body_timeout_s``) -> 408 and the
@@ -51,7 +54,7 @@ from mesh._a2a import server
 from mesh._a2a.server import REST_METHODS, REST_PREFIX, SEND_METHODS, rest_invalid, rest_method
 from mesh._asgi import BodyTimeout, BodyTooLarge, bearer, read_body, replay
 from mesh._errors import PeerRefused
-from mesh._identity import CallerCheck
+from mesh._identity import PRINCIPAL, CallerCheck, principal_problem
 from mesh._policy import ANY, UNIDENTIFIED
 from mesh._rpc_body import RpcRefused, parse_json, parse_rpc_body
 
@@ -96,6 +99,9 @@ class _NoTracebackForRefusals(logging.Filter):
         return record.msg not in _REFUSAL_RECORDS
 
 
+# The end user a request opened with the mesh token is on behalf of (mesh._identity.PRINCIPAL).
+_PRINCIPAL_HEADER = b"mesh-principal"
+
 _SDK_DISPATCHER_LOG = logging.getLogger("a2a.server.routes.jsonrpc_dispatcher")
 _log = logging.getLogger("mesh._gate")
 
@@ -135,13 +141,18 @@ class RequestGate:
             and self._token is not None
             and hmac.compare_digest(given, self._token)
         ):
-            return None
+            # The mesh token's holders (the CLI, the console, a gateway) may say whom they call
+            # for; a call token's principal is its signed claim, never a header.
+            return self._principal_header(scope)
         if given is not None and self._callers is not None and given.count(b".") == 2:
             try:
                 caller = self._callers.verify(given.decode("ascii", "replace"))
             except PeerRefused as exc:
                 return f"call token refused: {exc}"
             scope.setdefault("state", {})["mesh_caller"] = caller.agent
+            if caller.principal is not None:
+                PRINCIPAL.set(caller.principal)
+                _log.info("call from %s on behalf of %s", caller.agent, caller.principal)
             if caller.kid not in self._known_callers and len(self._known_callers) < 1024:
                 self._known_callers.add(caller.kid)
                 _log.info("caller %s verified by its call token (key %s)", caller.agent, caller.kid)
@@ -152,6 +163,20 @@ class RequestGate:
                 ", or the mesh token (MESH_TOKEN)" if self._token is not None else ""
             )
         return f"this node needs 'Authorization: Bearer <token>' on A2A calls ({wanted})"
+
+    def _principal_header(self, scope: Scope) -> str | None:
+        """Take the ``Mesh-Principal`` header of a request opened with the mesh token as the
+        request's principal; why it cannot be one, else None."""
+        raw = next((v for k, v in scope["headers"] if k == _PRINCIPAL_HEADER), None)
+        if raw is None:
+            return None
+        value = raw.decode("latin-1")
+        problem = principal_problem(value)
+        if problem is not None:
+            return f"the Mesh-Principal header: {problem}"
+        PRINCIPAL.set(value)
+        _log.info("call with the mesh token on behalf of %s", value)
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -14,6 +14,12 @@ verifies with the certified key, ``iss`` is the certified agent, ``aud`` is the 
 name, it has not expired (and lives at most ``MAX_LIFETIME_S``), and its ``jti`` was not seen
 before. So a token taken from one call opens nothing else: not another agent (``aud``), not a
 second call (``jti``), not later (``exp``); and the key that could mint new ones never travels.
+
+The end user (``PRINCIPAL``): when the request a node serves is on behalf of someone, the tokens
+it mints while serving it carry them as ``sub``, for audit. A node takes it from the verified
+call token of its own request (``sub``), or, from a request opened with the mesh token (the CLI,
+the console, a gateway holding it), from the ``Mesh-Principal`` header (``mesh._gate``). The
+callee logs it with the call; nothing is decided on it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +41,15 @@ from jwt.utils import base64url_encode
 from mesh._errors import PeerRefused
 from mesh._keys import ALGORITHM, AgentKeys, Certified, TrustRoot
 
-__all__ = ["CALL_TOKEN_S", "Caller", "CallerCheck", "CallerIdentity"]
+__all__ = [
+    "CALL_TOKEN_S",
+    "MAX_PRINCIPAL",
+    "PRINCIPAL",
+    "Caller",
+    "CallerCheck",
+    "CallerIdentity",
+    "principal_problem",
+]
 
 CALL_TOKEN_TYPE = "mesh-call+jwt"
 #: Seconds a call token is valid for (minutes: long enough for clock skew, short if stolen).
@@ -56,12 +71,33 @@ _ES256 = ECAlgorithm(ECAlgorithm.SHA256)
 _REQUIRED = ("iss", "aud", "iat", "exp", "jti")
 
 
+#: The end user the request being served is on behalf of (set per request by the gate; the
+#: tasks a request starts inherit it): call tokens minted meanwhile carry it as ``sub``.
+PRINCIPAL: ContextVar[str | None] = ContextVar("mesh_principal", default=None)
+#: The longest principal accepted (an email address, a user id: not a document).
+MAX_PRINCIPAL = 256
+
+
+def principal_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a principal (1-256 visible ASCII characters), else None."""
+    if (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_PRINCIPAL
+        and value.isascii()
+        and value.isprintable()
+        and value.strip() == value
+    ):
+        return None
+    return f"a principal is 1-{MAX_PRINCIPAL} visible ASCII characters without spaces at the ends"
+
+
 @dataclass(frozen=True)
 class Caller:
-    """The verified caller of one request."""
+    """The verified caller of one request, and the end user it calls for (``sub``), if any."""
 
     agent: str
     kid: str
+    principal: str | None = None
 
 
 class CallerIdentity:
@@ -99,6 +135,9 @@ class CallerIdentity:
             "exp": now + self.ttl_s,
             "jti": uuid.uuid4().hex,
         }
+        principal = PRINCIPAL.get()
+        if principal is not None:
+            claims["sub"] = principal
         payload = base64url_encode(json.dumps(claims, separators=(",", ":")).encode())
         signing_input = self._header + b"." + payload
         signature = _ES256.sign(signing_input, self._keys.key)
@@ -143,7 +182,10 @@ class CallerCheck:
         if len(self._seen) >= _MAX_SEEN:
             self._seen.pop(next(iter(self._seen)))
         self._seen[jti] = float(claims["exp"]) + _LEEWAY_S
-        return Caller(certified.agent, certified.kid)
+        principal = claims.get("sub")
+        if principal is not None and principal_problem(principal) is not None:
+            raise PeerRefused(f"the call token's sub: {principal_problem(principal)}")
+        return Caller(certified.agent, certified.kid, principal)
 
     def _claims(self, token: str, certified: Certified, now: float) -> dict[str, Any]:
         """The token's claims once its signature verifies with the certified key and they are

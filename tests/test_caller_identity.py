@@ -23,10 +23,10 @@ import pytest
 from mesh._a2a import jsonrpc
 from mesh._a2a.client import A2APeer
 from mesh._errors import PeerRefused
-from mesh._identity import CallerCheck, CallerIdentity
+from mesh._identity import PRINCIPAL, CallerCheck, CallerIdentity
 from mesh._keys import AgentKeys, TrustRoot, init_mesh, issue_agent
 from tests.registry_support import registry
-from tests.support import BUREAU_SCORES, clean_env, free_port, running
+from tests.support import BUREAU_SCORES, clean_env, eventually, free_port, running
 
 USER_TOKEN = "identity-user-token-93ab"
 
@@ -217,3 +217,51 @@ def test_a_token_read_without_jwt_decode_is_checked_as_strictly(keys: Keys) -> N
     with pytest.raises(PeerRefused, match="not a mesh call token"):
         check.verify(hs)
     assert check.verify(first).agent == "test-officer"
+
+
+def test_a_call_token_carries_the_principal_it_was_minted_for(keys: Keys) -> None:
+    mint = CallerIdentity(keys.officer)
+    check = CallerCheck(keys.root, "credit-bureau")
+    assert check.verify(mint.token("credit-bureau")).principal is None
+    reset = PRINCIPAL.set("alice@example.com")
+    try:
+        token = mint.token("credit-bureau")
+    finally:
+        PRINCIPAL.reset(reset)
+    assert jwt.decode(token, options={"verify_signature": False})["sub"] == "alice@example.com"
+    assert check.verify(token).principal == "alice@example.com"
+    reset = PRINCIPAL.set(" x" * 200)
+    try:
+        with pytest.raises(PeerRefused, match="the call token's sub: a principal is 1-256"):
+            check.verify(mint.token("credit-bureau"))
+    finally:
+        PRINCIPAL.reset(reset)
+
+
+@pytest.mark.integration
+async def test_the_end_users_identity_travels_down_the_delegation(mesh: Mesh) -> None:
+    # The user calls the officer with the mesh token on behalf of alice: the officer's call
+    # token to the bureau carries her as 'sub', and the bureau logs her with the call.
+    headers = {"Authorization": f"Bearer {USER_TOKEN}", "Mesh-Principal": "alice@example.com"}
+    async with httpx.AsyncClient(timeout=60, trust_env=False, headers=headers) as http:
+        peer = A2APeer(http, mesh.officer)
+        try:
+            result = await peer.send("score APP-501")
+        finally:
+            await peer.aclose()
+    assert result.ok, result
+    await eventually(
+        lambda: (
+            "call from test-officer on behalf of alice@example.com" in mesh.bureau_log.read_text()
+        ),
+        within=10,
+    )
+    # A principal no log could hold is refused, saying what one is.
+    async with httpx.AsyncClient(timeout=10, trust_env=False) as http:
+        bad = await http.post(
+            mesh.officer + "/",
+            content=b"{}",
+            headers={"Authorization": f"Bearer {USER_TOKEN}", "Mesh-Principal": "x" * 300},
+        )
+    assert bad.status_code == 401
+    assert "the Mesh-Principal header: a principal is 1-256" in bad.text
