@@ -18,6 +18,7 @@ answer; then the server stops and the lifespan closes the stores.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -119,6 +120,7 @@ class Node:
         self.exchanges = InFlight()
         db = await _open_store(self.settings)
         self._db = db
+        sweeper: asyncio.Task[None] | None = None
         runner: Any = None
         skill_runners: dict[str, Any] = {}
         try:
@@ -153,6 +155,8 @@ class Node:
                     self.keys.root.kid,
                 )
             self.service.mount(app, fixed_url=bool(self.settings.public_url), signer=signer)
+            if self.settings.store_url is not None and self.service.store is not None:
+                sweeper = await self._start_sweeper(self.service.store)
             await self._start_registrar()
             self.health.phase = "ready"
             log.info(
@@ -166,6 +170,10 @@ class Node:
             yield
         finally:
             await self.drain()
+            if sweeper is not None:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
             if self.service is not None:
                 await self.service.aclose()
             if runner is not None:
@@ -174,6 +182,33 @@ class Node:
             self._db = None
             await db.aclose()
             log.info("%s stopped", self.agent.name)
+
+    async def _start_sweeper(self, store: Any) -> asyncio.Task[None]:
+        """Replicas on one database: this one's heartbeat, and the end of the tasks of a
+        replica not seen for a lease (``SqliteTaskStore.sweep``), every third of it."""
+        from mesh._a2a.idempotency import IdempotencyKeys
+
+        store.runner = self.instance_id
+        lease = self.settings.replica_lease_s
+        await store.sweep(lease, IdempotencyKeys.release_ended)  # before any task runs here
+
+        async def sweep_forever() -> None:
+            while True:
+                await asyncio.sleep(lease / 3)
+                try:
+                    ended = await store.sweep(lease, IdempotencyKeys.release_ended)
+                except Exception as exc:  # the database away for a moment: next round
+                    log.warning("replica sweep failed: %s", exc)
+                    continue
+                if ended:
+                    log.warning(
+                        "ended %d task(s) FAILED interrupted: their replica was not seen for "
+                        "%.0f s",
+                        len(ended),
+                        lease,
+                    )
+
+        return asyncio.get_running_loop().create_task(sweep_forever(), name="mesh-replica-sweep")
 
     def _build_runners(self, db: Database) -> tuple[Any, dict[str, Any]]:
         """The chat runner, and one runner per LLM typed skill (same model, same sessions)."""

@@ -7,6 +7,7 @@ The database URL carries a password that no log, /health or /introspect shows.""
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -251,3 +252,42 @@ def test_two_registry_replicas_serve_one_view(
     finally:
         with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
             conn.execute(f"drop database if exists {name} with (force)")
+
+
+def test_the_tasks_of_a_replica_killed_mid_task_end_interrupted_on_another(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    target = "tests.replica_agents:agent"
+    with _pair(postgres_server, tmp_path, target, MESH_REPLICA_LEASE="2") as pair:
+        message = _crunch("j3")
+        sent = _rpc(
+            pair.a,
+            "SendMessage",
+            {"message": message, "configuration": {"returnImmediately": True}},
+        )
+        task_id = sent["task"]["id"]
+        wait_for(lambda: any(c.startswith("start j3") for c in pair.calls()), what="j3 started")
+        # A alive: B's sweeps (every 2/3 s) leave A's running task alone for several leases.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            state = _rpc(pair.b, "GetTask", {"id": task_id})["status"]["state"]
+            assert state in {"TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"}
+            time.sleep(0.25)
+        pair.logs[0].popen.kill()  # kill -9 mid-task
+        pair.logs[0].popen.wait(timeout=10)
+        ended = wait_for(
+            lambda: (
+                (t := _rpc(pair.b, "GetTask", {"id": task_id}))["status"]["state"]
+                == "TASK_STATE_FAILED"
+                and t
+            ),
+            what="A's task ended by B",
+        )
+        assert ended["metadata"]["error"]["reason"] == "interrupted"
+        assert "send the message again" in " ".join(_texts(ended["status"]))
+        # Its message id no longer holds it: sent again (to B), the work runs, once more.
+        (pair.dir / "j3.go").touch()
+        again = _rpc(pair.b, "SendMessage", {"message": message})
+        assert again["task"]["id"] != task_id
+        assert again["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+        assert len([c for c in pair.calls() if c.startswith("start j3")]) == 2

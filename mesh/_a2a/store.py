@@ -141,6 +141,10 @@ _UPSERT = (
     f"where a2a_tasks.state not in ({', '.join(str(int(s)) for s in sorted(TERMINAL_STATES))}) "
     "or a2a_tasks.state = excluded.state"
 )
+_RUNNER = (
+    "insert into mesh_task_runners (owner, task_id, runner) values (?, ?, ?) "
+    "on conflict (owner, task_id) do update set runner = excluded.runner"
+)
 #: What ``trace`` returns: (owner, task, first save in ns or None), oldest first.
 TraceRows = list[tuple[str, Task, int | None]]
 #: Most tasks one ``trace`` call returns.
@@ -304,6 +308,22 @@ WAIT_DEADLINE_TEXT = "deadline exceeded while the task waited for input"
 RESUMED_TEXT = "the node restarted while this task resumed: it runs again with its answers"
 
 
+#: Replicas sharing one database (PostgreSQL): when each was last seen (the database's clock,
+#: epoch seconds), and which replica runs each unsettled task (written with its first save
+#: there). A task whose replica is not seen for a lease ends FAILED ``interrupted``
+#: (``SqliteTaskStore.sweep``).
+REPLICAS_SCHEMA = """
+create table if not exists mesh_replicas (instance text primary key, seen_at real not null);
+create table if not exists mesh_task_runners (
+    owner text not null,
+    task_id text not null,
+    runner text not null,
+    primary key (owner, task_id)
+);
+"""
+_SETTLED_SQL = f"({', '.join(str(int(s)) for s in sorted(SETTLED_STATES))})"
+
+
 @dataclass
 class Recovery:
     """What ``SqliteTaskStore.recover`` decided at start-up."""
@@ -326,6 +346,9 @@ class SqliteTaskStore(TaskStore):
 
     Call ``await store.initialize()`` once before use (creates the table).
     """
+
+    #: This replica's instance id when replicas share the database (``sweep``); None: alone.
+    runner: str | None = None
 
     def __init__(self, db: Database, owner_resolver: OwnerResolver = resolve_user_scope) -> None:
         self._db = db
@@ -392,9 +415,12 @@ class SqliteTaskStore(TaskStore):
         self._dirty.discard(key)
         row = _row(owner, task, data)
         staged = self._staged.pop(key, [])
+        runner = None if settled else self.runner
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute(_UPSERT, row)
+            if runner is not None:  # its first save here: this replica runs it
+                conn.execute(_RUNNER, (owner, task.id, runner))
             for fn, _ in staged:
                 fn(conn)
 
@@ -528,8 +554,8 @@ class SqliteTaskStore(TaskStore):
         The resume points of tasks that ended (or are gone) are deleted."""
         if self._db.dialect != "sqlite":
             # Replicas share the rows (PostgreSQL): a replica starting cannot tell a task
-            # another replica runs now from one whose replica died, so it decides none (a
-            # lease per running task is the next step: docs/production.md).
+            # another replica runs now from one whose replica died, so it decides none here;
+            # ``sweep`` ends the running tasks of a replica unseen for a lease (rule 1).
             return Recovery(ended=[])
         at = Timestamp()
         at.GetCurrentTime()
@@ -585,6 +611,50 @@ class SqliteTaskStore(TaskStore):
 
         await self._db.write(write)
         return recovery
+
+    async def sweep(self, lease_s: float, then: EndedHook | None = None) -> Ended:
+        """Replicas on one database, every few seconds on each: mark this replica (``runner``)
+        seen, and end FAILED ``interrupted`` every unsettled task (not waiting on a resume
+        point) whose replica was not seen for ``lease_s`` seconds: killed, or cut off. ``then``
+        runs in the same transaction (the node releases their keys there). Times are the
+        database's clock, so the replicas' clocks need not agree; a task two sweeps find at
+        once is ended by one (``skip locked``)."""
+        await self._db.migrate("replicas", [REPLICAS_SCHEMA])
+        at = Timestamp()
+        at.GetCurrentTime()
+        ended: Ended = []
+        now = "extract(epoch from clock_timestamp())"
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                f"insert into mesh_replicas (instance, seen_at) values (?, {now}) "
+                "on conflict (instance) do update set seen_at = excluded.seen_at",
+                (self.runner,),
+            )
+            rows = conn.execute(
+                "select t.owner, t.data from a2a_tasks t join mesh_task_runners r "
+                "on r.owner = t.owner and r.task_id = t.id "
+                "left join mesh_replicas p on p.instance = r.runner "
+                f"where t.{_UNSETTLED_SQL} and (p.seen_at is null or p.seen_at < {now} - ?) "
+                "and not exists (select 1 from mesh_waits w where w.owner = t.owner "
+                "and w.task_id = t.id) for update of t skip locked",
+                (lease_s,),
+            ).fetchall()
+            for owner, data in rows:
+                task = _parse(data)
+                _end_stopped(task, INTERRUPTED, at)
+                ended.append((owner, task))
+                conn.execute(_UPSERT, _row(owner, task, task.SerializeToString()))
+            conn.execute(
+                "delete from mesh_task_runners where exists (select 1 from a2a_tasks t "
+                "where t.owner = mesh_task_runners.owner and t.id = mesh_task_runners.task_id "
+                f"and t.state in {_SETTLED_SQL})"
+            )
+            if ended and then is not None:
+                then(conn, ended)
+
+        await self._db.write(write)
+        return ended
 
     async def end_in_flight(self, then: EndedHook | None = None) -> Ended:
         """At shutdown, once nothing runs any more: write every task still in flight in this

@@ -130,6 +130,8 @@ class MeshSettings(BaseSettings):
     #: Where a node keeps tasks and sessions: ``sqlite`` (default), or a ``postgresql://`` URL
     #: its replicas share (``mesh._pg``). A secret: the URL may hold a password.
     store: SecretStr | None = _var("MESH_STORE")
+    #: Seconds a replica on a shared store may go unseen before its running tasks are ended.
+    replica_lease_s: float = _var("MESH_REPLICA_LEASE", 15.0)
     #: ``consul://host:port`` (or ``consul+https://``); None: the registry.
     discovery: str | None = _var("MESH_DISCOVERY")
     registry: str | None = _var("MESH_REGISTRY")
@@ -468,6 +470,8 @@ class NodeSettings:
     store: StoreKind = "sqlite"
     # With store "postgresql": the database URL (``--store`` / ``MESH_STORE``), never shown.
     store_url: str | None = field(default=None, repr=False)
+    # Replicas on store_url: one unseen this long has its running tasks ended (interrupted).
+    replica_lease_s: float = 15.0
     # Serve typed function skills' blocking sends without the SDK's task machinery
     # (mesh._a2a.fastpath); MESH_FASTPATH=0 sends everything through the SDK.
     fastpath: bool = True
@@ -592,6 +596,8 @@ class NodeSettings:
             problems.append(
                 f"--store / MESH_STORE {shown}: use 'sqlite' or a postgresql://user@host/db URL"
             )
+        if mesh.replica_lease_s <= 0:
+            problems.append(f"MESH_REPLICA_LEASE={mesh.replica_lease_s}: give seconds above 0")
         chosen_port = 8000 if port is None else port
         if not 0 < chosen_port < 65536:
             problems.append(f"--port {chosen_port}: use a port between 1 and 65535")
@@ -634,6 +640,7 @@ class NodeSettings:
             consul_tls=mesh.consul_tls,
             store=store_kind,  # type: ignore[arg-type]
             store_url=store_url,
+            replica_lease_s=mesh.replica_lease_s,
             log_level=mesh.log_level,
             introspect_instruction=mesh.introspect_instruction,
             grace_seconds=20.0 if grace_seconds is None else grace_seconds,
