@@ -21,7 +21,7 @@ import pytest
 
 from mesh._a2a import jsonrpc
 from mesh._a2a.client import A2APeer
-from mesh._errors import ConfigError
+from mesh._errors import ConfigError, RemoteError
 from mesh._gate import POLICY_DENIED
 from mesh._identity import CallerIdentity
 from mesh._keys import AgentKeys, init_mesh, issue_agent
@@ -164,6 +164,24 @@ async def test_the_policy_allows_a_delegation_its_rules_name(mesh: Mesh) -> None
             await peer.aclose()
     assert result.ok, result
     assert result.text == f"score {BUREAU_SCORES['APP-501']}"
+
+
+@pytest.mark.integration
+async def test_a_caller_refused_by_the_policy_is_told_why(mesh: Mesh) -> None:
+    # mesh's own client (what remote() and mesh call use) passes the callee's reason on.
+    headers = {"Authorization": f"Bearer {USER_TOKEN}"}
+    async with httpx.AsyncClient(timeout=30, trust_env=False, headers=headers) as http:
+        peer = A2APeer(http, mesh.worker)
+        try:
+            with pytest.raises(RemoteError) as refused:
+                await peer.send({"key": "k", "n": 1}, skill="echo")
+        finally:
+            await peer.aclose()
+    assert refused.value.reason == "rejected"
+    assert str(refused.value).startswith(
+        f"{mesh.worker} refused the call (HTTP 403): a caller without a call token (@token) may "
+        "not call test-worker:echo"
+    )
 
 
 @pytest.mark.integration

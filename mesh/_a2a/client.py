@@ -226,6 +226,18 @@ class A2APeer:
             )
             response = await self.http.send(request, stream=True)
             try:
+                if response.status_code == 403:
+                    # A call policy's refusal (mesh._policy) says who may not call what.
+                    try:
+                        refusal = await read_bounded(response, max_bytes=_REFUSAL_BYTES)
+                    except AnswerTooLarge:
+                        refusal = b""
+                    raise RemoteError(
+                        f"{self.name} refused the call (HTTP 403): {_refusal(refusal)}",
+                        peer=self.name,
+                        skill=skill or "",
+                        reason="rejected",
+                    )
                 response.raise_for_status()
                 answer = await read_bounded(response, max_bytes=self.max_answer_bytes)
             finally:
@@ -557,7 +569,11 @@ class A2APeer:
         reason, status = reason_of(transport), status_of(transport)
         if reason == "deadline":
             return reason, f"{name} did not answer in time"
-        if status in (401, 403):
+        if status == 403:
+            # A call policy's refusal (mesh._policy): the callee says who may not call what.
+            body = _read(transport)
+            return reason, f"{name} refused the call (HTTP 403): {_refusal(body)}"
+        if status == 401:
             return reason, (
                 f"{name} refused the call (HTTP {status}): it needs the mesh token; "
                 "set MESH_TOKEN to the token its node was started with"
@@ -593,6 +609,33 @@ def _rebased(iface: AgentInterface, base_url: str) -> str:
         return base_url
     base = urlsplit(base_url)
     return urlunsplit((base.scheme, base.netloc, urlsplit(iface.url).path, "", ""))
+
+
+# The most of a refusal's body read for its reason.
+_REFUSAL_BYTES = 4096
+
+
+def _read(error: httpx.HTTPError) -> bytes:
+    """The body of the answer behind ``error`` when it was read (not a stream left unread)."""
+    if not isinstance(error, httpx.HTTPStatusError):
+        return b""
+    try:
+        return error.response.content
+    except httpx.ResponseNotRead:
+        return b""
+
+
+def _refusal(raw: bytes) -> str:
+    """The message of a refusal's JSON body (JSON-RPC or REST error shape), else a stand-in."""
+    try:
+        body = json.loads(raw[:_REFUSAL_BYTES])
+    except ValueError:
+        body = None
+    found = body.get("error") if isinstance(body, dict) else None
+    message = found.get("message") if isinstance(found, dict) else found
+    if isinstance(message, str) and message:
+        return message[:500]
+    return "not allowed to call it (no reason given)"
 
 
 def _message(
