@@ -242,9 +242,12 @@ class ChildRef:
     task: str
     context: str
     message_id: str
+    #: A long-running child's first message data (JSON): sent again, with ``message_id``,
+    #: when the instance that ran it is gone or ended it ``interrupted``. '' otherwise.
+    payload: str = ""
 
     def to_dict(self) -> dict[str, str]:
-        return {
+        out = {
             "peer": self.peer,
             "skill": self.skill,
             "url": self.url,
@@ -252,6 +255,9 @@ class ChildRef:
             "context": self.context,
             "message_id": self.message_id,
         }
+        if self.payload:
+            out["payload"] = self.payload
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ChildRef:

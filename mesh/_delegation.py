@@ -29,7 +29,10 @@ child in line: once the child's task id is known it raises ``ChildWaiting`` with
 so the runner makes the call pending and the node writes it to the task's resume point (state
 ``children``) BEFORE anyone waits on it; the node then goes on at once (``follow``, through the
 runner's resume). A coordinator that stopped meanwhile runs the turn again by recovery rule 4 and
-``follow`` re-attaches to the child by its task id: nothing is sent twice.
+``follow`` re-attaches to the child by its task id: nothing is sent twice, unless the child
+was lost with its node (its instance no longer answers, or its restarted node ended it
+``interrupted``): then ``follow`` sends the same message again, as a blocking call's retry does
+(the child's ``ChildRef.payload`` keeps its data).
 
 The caller's session keeps one A2A context per peer (session state ``_mesh.contexts.<peer>``),
 so a specialist sees the conversation continue. The child's token usage (its ``usage`` plus its
@@ -249,20 +252,36 @@ class Delegation:
         ended; ``RemoteError`` when no instance could take it."""
         ctx, skill = self.ctx, self.tool.skill_id
         await self.link.ready()
-        self.deadline = time.time() + self.deadline_s
-        parent_deadline = ctx.metadata.get("deadline")
-        if isinstance(parent_deadline, int | float):
-            self.deadline = min(self.deadline, float(parent_deadline))
+        self._start_clock()
         targets = await self.link.targets(skill)
         context_id = ctx.state.get(context_key(self.peer))
         context_id = context_id if isinstance(context_id, str) else None
         self._message = Outgoing(
             payload=payload,
-            skill=skill if self.tool.typed or skill != "chat" else None,
+            skill=self._skill_sent,
             message_id=uuid.uuid4().hex,  # the same for every attempt: the peer deduplicates
             context_id=context_id,
             metadata=self._metadata(),
         )
+        return await self._deliver(targets)
+
+    @property
+    def _skill_sent(self) -> str | None:
+        skill = self.tool.skill_id
+        return skill if self.tool.typed or skill != "chat" else None
+
+    def _start_clock(self) -> None:
+        self.deadline = time.time() + self.deadline_s
+        parent_deadline = self.ctx.metadata.get("deadline")
+        if isinstance(parent_deadline, int | float):
+            self.deadline = min(self.deadline, float(parent_deadline))
+
+    async def _deliver(self, targets: list[str]) -> TaskResult:
+        """Send ``self._message`` to ``targets`` under the retry policy; the child task as it
+        ended, or ``ChildWaiting`` (it asks, or a long child started in a node's turn)."""
+        ctx, skill = self.ctx, self.tool.skill_id
+        assert self._message is not None
+        context_id = self._message.context_id
         try:
             result = await call_with_failover(
                 targets,
@@ -297,7 +316,7 @@ class Delegation:
         if not result.done:
             # A long child started (``_detached``): the call is pending on it, kept in the
             # caller's resume point; ``follow`` goes on with it.
-            raise ChildWaiting(self._child_ref(self.record.target, result), ())
+            raise ChildWaiting(self._child_ref(self.record.target, result, resend=True), ())
         report_usage(ctx, result.metadata)
         return result
 
@@ -309,34 +328,72 @@ class Delegation:
     async def follow(self, child: ChildRef) -> TaskResult:
         """Follow the long-running ``child`` task (started by ``run``, or before a restart of
         this node) by its id until it ends: its task then; ``ChildWaiting`` when it asks;
-        ``RemoteError`` when it cannot be read until the deadline."""
+        ``RemoteError`` when it cannot be read until the deadline.
+
+        A child whose instance no longer answers, or that its node ended ``interrupted`` (the
+        node stopped under it), is sent again as a blocking call would be: the same message
+        (same id: a replica sharing the store, or the restarted node, replays it instead of
+        running it twice) to the agent's other instances first; in a node's turn the call
+        is then pending on the task that answers (``ChildWaiting``, kept in the resume point)."""
         skill = self.tool.skill_id
         await self.link.ready()
-        self.deadline = time.time() + self.deadline_s
-        parent_deadline = self.ctx.metadata.get("deadline")
-        if isinstance(parent_deadline, int | float):
-            self.deadline = min(self.deadline, float(parent_deadline))
+        self._start_clock()
         self.record.target, self.record.task_id = child.url, child.task
-        self.record.attempts += 1
-        peer, _ = await self.link.admit(child.url, skill)
-        message = Outgoing("", None, child.message_id, child.context, {})
-        self.child = InFlightChild(peer, message, task_id=child.task)
-        relay: Relay | None = self.ctx.metadata.get("relay")
-        live = relay.child(self.peer) if relay is not None and relay.live else None
         try:
-            result = await self._follow(peer, self.child, live)
+            result = await self._reattach(child)
         except asyncio.CancelledError:
             await self._cancel_child()
             raise
         except RemoteError as exc:
             if exc.reason == "deadline":
                 await self._cancel_child()
-            raise
+            if exc.reason != "unavailable" or not child.payload:
+                raise
+            gone = exc.detail
+        else:
+            self.child = None
+            # Ended because its node stopped under it (``interrupted``/``shutdown``): the
+            # node released the message id, so the same message runs it again.
+            lost = not result.ok and result.state in _ENDED
+            if not (lost and child_failure(self.peer, skill, result).reason == "unavailable"):
+                if result.waiting:
+                    raise ChildWaiting(child, result.questions)
+                report_usage(self.ctx, result.metadata)
+                return result
+            if not child.payload:
+                return result
+            gone = f"it ended the task {result.state}: {(result.error or {}).get('reason')}"
+        log.warning(
+            "%s task %s at %s is lost (%s): sending its message %s again",
+            self.peer, child.task, child.url, gone, child.message_id,
+        )  # fmt: skip
+        self.link.forget_instances()
         self.child = None
-        if result.waiting:
-            raise ChildWaiting(child, result.questions)
-        report_usage(self.ctx, result.metadata)
-        return result
+        self.long_running = True  # it went long once: the new run is followed the same way
+        self._message = Outgoing(
+            payload=json.loads(child.payload),
+            skill=self._skill_sent,
+            message_id=child.message_id,
+            context_id=child.context or None,
+            metadata=self._metadata(),
+        )
+        try:
+            found = await self.link.targets(skill)
+        except RemoteError:
+            found = []
+        # The next instance first; the one that lost it last (restarted, it runs it again).
+        targets = [*(u for u in found if u != child.url), child.url]
+        return await self._deliver(targets)
+
+    async def _reattach(self, child: ChildRef) -> TaskResult:
+        """Read the long-running ``child`` at its recorded instance until it ends or waits."""
+        self.record.attempts += 1
+        peer, _ = await self.link.admit(child.url, self.tool.skill_id)
+        message = Outgoing("", None, child.message_id, child.context, {})
+        self.child = InFlightChild(peer, message, task_id=child.task)
+        relay: Relay | None = self.ctx.metadata.get("relay")
+        live = relay.child(self.peer) if relay is not None and relay.live else None
+        return await self._follow(peer, self.child, live)
 
     async def _attempt(self, url: str) -> TaskResult:
         """One try at the instance at ``url``: every ``unavailable`` leaves here in the one
@@ -541,7 +598,9 @@ class Delegation:
             metadata[CALLER_TASK] = caller_task  # lets readers fold the hops of a chain
         return metadata
 
-    def _child_ref(self, url: str, result: TaskResult) -> ChildRef:
+    def _child_ref(self, url: str, result: TaskResult, *, resend: bool = False) -> ChildRef:
+        """``result``'s child task; ``resend``: with the message's data, so a long child can be
+        sent again (``follow``) when its instance loses it."""
         assert self._message is not None
         return ChildRef(
             peer=self.peer,
@@ -550,6 +609,7 @@ class Delegation:
             task=result.task_id,
             context=result.context_id,
             message_id=self._message.message_id,
+            payload=json.dumps(self._message.payload) if resend else "",
         )
 
     async def forward(
@@ -565,10 +625,7 @@ class Delegation:
         was invalid there); ``RemoteError`` when no instance could take it."""
         skill = self.tool.skill_id
         await self.link.ready()
-        self.deadline = time.time() + self.deadline_s
-        parent_deadline = self.ctx.metadata.get("deadline")
-        if isinstance(parent_deadline, int | float):
-            self.deadline = min(self.deadline, float(parent_deadline))
+        self._start_clock()
         text = json.dumps([child.task, question_id, answer, attempt], sort_keys=True, default=str)
         metadata = self._metadata()
         if question_id:

@@ -6,7 +6,8 @@
 ``$LONG_TEST_DIR/calls``, waits until the test creates ``$LONG_TEST_DIR/JOB.go`` (at most
 ``max_s``), reports ``JOB: finishing`` (``ctx.progress``) and appends ``done JOB``; ``grind`` does the same without the declaration (the
 coordinator's ``long_after_s`` makes it long after 1 s). ``long-top`` reaches it at ``$LONG_TEST_CHILD_URL`` (the
-test's proxy, which can cut a connection under the coordinator).
+test's proxy, which can cut a connection under the coordinator); ``long-found-top`` finds
+long-child's replicas through the registry.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ class Done(BaseModel):
 
 
 def _note(line: str) -> None:
+    # Replicas of long-child name themselves (``$LONG_TEST_REPLICA``) in what they note.
+    replica = os.environ.get("LONG_TEST_REPLICA")
     with (DIR / "calls").open("a") as fh:
-        fh.write(line + "\n")
+        fh.write(f"{line} @{replica}\n" if replica else line + "\n")
 
 
 async def _work(req: Job, ctx: SkillContext) -> Done:
@@ -62,6 +65,24 @@ async def grind(req: Job, ctx: SkillContext) -> Done:
 
 child = Agent(name="long-child", description="Crunches jobs, slowly.", skills=[crunch, grind])
 
+_POLICY = RetryPolicy(attempts=2, initial_delay=0.05, max_delay=0.1)
+
+
+def _script(*skills: str) -> Script:
+    return Script(
+        rules=[
+            Rule(
+                when=rf"(?i){name} (?P<job>\w+)",
+                steps=[[Call(f"long_child_{name}", {"job": "{job}"})]],
+                answer=f"top got {{long_child_{name}.job}}",
+                on_error="top could not: {error}",
+            )
+            for name in skills
+        ],
+        fallback="Ask: crunch JOB",
+    )
+
+
 top = Agent(
     name="long-top",
     instruction="You get jobs crunched by long-child.",
@@ -70,24 +91,16 @@ top = Agent(
             os.environ.get("LONG_TEST_CHILD_URL", "http://127.0.0.1:9"),
             deadline_s=120.0,
             long_after_s=1.0,
-            policy=RetryPolicy(attempts=2, initial_delay=0.05, max_delay=0.1),
+            policy=_POLICY,
         )
     ],
-    script=Script(
-        rules=[
-            Rule(
-                when=r"(?i)crunch (?P<job>\w+)",
-                steps=[[Call("long_child_crunch", {"job": "{job}"})]],
-                answer="top got {long_child_crunch.job}",
-                on_error="top could not: {error}",
-            ),
-            Rule(
-                when=r"(?i)grind (?P<job>\w+)",
-                steps=[[Call("long_child_grind", {"job": "{job}"})]],
-                answer="top got {long_child_grind.job}",
-                on_error="top could not: {error}",
-            ),
-        ],
-        fallback="Ask: crunch JOB",
-    ),
+    script=_script("crunch", "grind"),
+)
+
+# The same coordinator finding long-child's replicas through the registry (``--registry``).
+found_top = Agent(
+    name="long-found-top",
+    instruction="You get jobs crunched by long-child.",
+    tools=[remote("long-child", deadline_s=120.0, policy=_POLICY)],
+    script=_script("crunch"),
 )

@@ -5,7 +5,8 @@ cut the connections under it.
 ``long-child``'s skill is declared ``long_running`` on its card, so the coordinator sends without
 waiting and follows the child by ``SubscribeToTask``: a stream cut under it is read again and the
 call completes with the child's answer (the skill ran once); a cancel at the top and a deadline
-passing reach the child while it works."""
+passing reach the child while it works. A child lost with its node (the node killed, or ended the
+task ``interrupted`` at its restart) is sent again, as a blocking call would be."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
 from a2a.types import CancelTaskRequest, ListTasksRequest, SendMessageRequest, Task, TaskState
 from google.protobuf.json_format import MessageToDict
 
-from tests.support import Proc, clean_env, eventually, free_port, running, wait_until_ok
+from tests.registry_support import instances, registry
+from tests.support import Proc, clean_env, eventually, free_port, wait_until_ok
 from tests.test_node_ask import get, message, send
 
 pytestmark = pytest.mark.integration
@@ -107,8 +109,10 @@ class Pair:
     child: str
     proxy: Proxy
     top_argv: list[str]
+    child_argv: list[str]
     env: dict[str, str]
     top_proc: Proc | None = None
+    child_proc: Proc | None = None
     runs: int = 0
 
     def start_top(self) -> Proc:
@@ -118,20 +122,36 @@ class Pair:
         self.top_proc = proc
         return proc
 
+    def start_child(self) -> Proc:
+        proc = Proc.start(self.child_argv, name=f"child-{self.runs}", tmp=self.tmp, env=self.env)
+        wait_until_ok(f"{self.child}/health", proc=proc)
+        self.child_proc = proc
+        return proc
+
     def waits(self) -> list[tuple[str, str]]:
         """(task id, state) of the coordinator's resume points on disk."""
-        conn = sqlite3.connect(self.tmp / "top" / "node.db", timeout=5)
-        try:
-            return list(conn.execute("select task_id, state from mesh_waits").fetchall())
-        finally:
-            conn.close()
+        return waits(self.tmp / "top")
 
     def calls(self) -> list[str]:
-        path = self.tmp / "calls"
-        return path.read_text().splitlines() if path.exists() else []
+        return calls(self.tmp)
 
     def release(self, job: str) -> None:
         (self.tmp / f"{job}.go").touch()
+
+
+def waits(data_dir: Path) -> list[tuple[str, str]]:
+    """(task id, state) of the resume points on disk of the node of ``data_dir``."""
+    conn = sqlite3.connect(data_dir / "node.db", timeout=5)
+    try:
+        return list(conn.execute("select task_id, state from mesh_waits").fetchall())
+    finally:
+        conn.close()
+
+
+def calls(tmp: Path) -> list[str]:
+    """What long-child's skills noted, in order."""
+    path = tmp / "calls"
+    return path.read_text().splitlines() if path.exists() else []
 
 
 @pytest.fixture
@@ -147,23 +167,24 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
                "--data-dir", str(tmp_path / name), "--no-register", "--grace", "1"]
         for name, port in (("child", child_port), ("top", top_port))
     }  # fmt: skip
-    health = f"http://127.0.0.1:{child_port}/health"
-    with running(argv["child"], name="child", tmp=tmp_path, env=env, health=health):
-        pair = Pair(
-            tmp_path,
-            f"http://127.0.0.1:{top_port}",
-            f"http://127.0.0.1:{child_port}",
-            proxy,
-            argv["top"],
-            env,
-        )
+    pair = Pair(
+        tmp_path,
+        f"http://127.0.0.1:{top_port}",
+        f"http://127.0.0.1:{child_port}",
+        proxy,
+        argv["top"],
+        argv["child"],
+        env,
+    )
+    try:
+        pair.start_child()
         pair.start_top()
-        try:
-            yield pair
-        finally:
-            if pair.top_proc is not None:
-                pair.top_proc.terminate()
-            await proxy.close()
+        yield pair
+    finally:
+        for proc in (pair.top_proc, pair.child_proc):
+            if proc is not None:
+                proc.terminate()
+        await proxy.close()
 
 
 @pytest.fixture
@@ -312,3 +333,92 @@ async def test_a_streamed_coordinator_relays_the_long_childs_progress(
     assert (["long-child"], "j6: finishing") in relayed, relayed
     final = events[-1]["statusUpdate"]["status"]["state"]
     assert final == "TASK_STATE_COMPLETED", events[-1]
+
+
+async def test_a_long_child_its_node_ended_interrupted_is_sent_again_after_re_attach(
+    pair: Pair, http: httpx.AsyncClient
+) -> None:
+    top = await client_for(http, pair.top)
+    task = await send(top, message(text="crunch j8"), wait=False)
+    await eventually(lambda: "start j8" in pair.calls() and pair.proxy.subscribes >= 1, within=20)
+    assert pair.waits() == [(task.id, "children")]
+    assert pair.top_proc is not None
+    assert pair.child_proc is not None
+    pair.top_proc.kill()
+    pair.child_proc.kill()
+    pair.start_child()
+    child = await client_for(http, pair.child)
+    # Recovery ended the child's task: its node stopped under it (the message id released).
+    (lost,) = await child_tasks(child)
+    assert lost.status.state == TaskState.TASK_STATE_FAILED
+    assert MessageToDict(lost.metadata)["error"]["reason"] == "interrupted"
+    pair.start_top()
+    # The coordinator re-attaches, finds the child interrupted and sends the same message
+    # again: the child runs it as a new task.
+    await eventually(lambda: pair.calls().count("start j8") == 2, within=30, what="a re-send")
+    pair.release("j8")
+    top = await client_for(http, pair.top)
+    done = await eventually(lambda: ended(top, task.id), within=30)
+    assert done.status.state == TaskState.TASK_STATE_COMPLETED, done
+    assert "top got j8" in done.artifacts[-1].parts[0].text
+    assert pair.calls() == ["start j8", "start j8", "done j8"]
+    states = sorted(t.status.state for t in await child_tasks(child))
+    assert states == sorted([TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_COMPLETED])
+
+
+async def test_a_long_childs_node_killed_while_followed_the_message_runs_on_the_other_replica(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    """Two replicas of long-child, each with its own SQLite store: the one running the job is
+    killed (kill -9) while the coordinator follows it from its resume point; the coordinator
+    sends the same message to the other replica, which runs it (once), and completes."""
+    env = clean_env(LONG_TEST_DIR=str(tmp_path))
+    with registry(tmp_path, probe_interval=0.3) as reg:
+        ports = {"a": free_port(), "b": free_port(), "top": free_port()}
+        procs: dict[str, Proc] = {}
+
+        def start(name: str, app: str, **extra: str) -> None:
+            argv = ["mesh", "serve", f"tests.long_agents:{app}", "--port", str(ports[name]),
+                    "--data-dir", str(tmp_path / name), "--registry", reg.url, "--grace", "1"]  # fmt: skip
+            procs[name] = Proc.start(argv, name=name, tmp=tmp_path, env={**env, **extra})
+
+        try:
+            start("a", "child", LONG_TEST_REPLICA="a")
+            start("b", "child", LONG_TEST_REPLICA="b")
+            start("top", "found_top")
+            for name, proc in procs.items():
+                wait_until_ok(f"http://127.0.0.1:{ports[name]}/health", proc=proc)
+            await eventually(
+                lambda: len(instances(reg.url, agent="long-child")) == 2,
+                within=20,
+                what="both replicas registered",
+            )
+            top = await client_for(http, f"http://127.0.0.1:{ports['top']}")
+            task = await send(top, message(text="crunch j7"), wait=False)
+            started = await eventually(
+                lambda: [c for c in calls(tmp_path) if c.startswith("start j7")], within=20
+            )
+            first = started[0].rsplit("@", 1)[1]
+            other = "b" if first == "a" else "a"
+            await eventually(
+                lambda: waits(tmp_path / "top") == [(task.id, "children")],
+                within=10,
+                what="the child kept in the coordinator's resume point",
+            )
+            procs[first].kill()
+            (tmp_path / "j7.go").touch()
+            done = await eventually(lambda: ended(top, task.id), within=60)
+            assert done.status.state == TaskState.TASK_STATE_COMPLETED, done
+            assert "top got j7" in done.artifacts[-1].parts[0].text
+            assert calls(tmp_path) == [
+                f"start j7 @{first}",
+                f"start j7 @{other}",
+                f"done j7 @{other}",
+            ]
+            survivor = await client_for(http, f"http://127.0.0.1:{ports[other]}")
+            (ran,) = await child_tasks(survivor)
+            assert ran.status.state == TaskState.TASK_STATE_COMPLETED
+            await eventually(lambda: waits(tmp_path / "top") == [], within=10)
+        finally:
+            for proc in procs.values():
+                proc.terminate()
