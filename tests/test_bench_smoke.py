@@ -110,6 +110,8 @@ def test_targets_and_ratios_come_from_the_rows_of_the_run() -> None:
         _row(MESH, p50=3.0, rps=600, rss=100, spawn=2.0),
         _row("coord-local", p50=4.0, rps=200, rss=90, spawn=1.0),
         _row("coord-remote", p50=8.0, rps=100, rss=180, spawn=1.0),
+        _row("coord-remote-signed", p50=8.25, rps=95, rss=185, spawn=1.0)
+        | {"cpu_ms_per_request": 1.5},
     ]
     report.add_ratios(rows)
     assert rows[2]["ratios"]["vs_a2a-sdk"]["peak_rps"] == 1.5
@@ -118,6 +120,9 @@ def test_targets_and_ratios_come_from_the_rows_of_the_run() -> None:
     assert hop is not None
     assert hop["hop_ms"] == 4.0
     assert hop["hop_vs_a2a_round_trip"] == 2.0
+    # What keys add to the hop, side by side: signed minus unsigned.
+    assert hop["signed_extra_p50_ms"] == 0.25
+    assert hop["signed_extra_cpu_ms"] == 0.5
     # throughput 1.5x (>= 1), hop 2x (> 1.5), RSS 1.25x (> 1.2), growth 0, spawn 2x (> 1.5)
     assert [t["met"] for t in report.targets(rows, hop)] == [True, False, False, True, False]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.bench.scenarios import A2A, FLOOR, LOCAL, MESH, REMOTE
+from tests.bench.scenarios import A2A, FLOOR, LOCAL, MESH, REMOTE, SIGNED
 
 __all__ = ["add_ratios", "delegation", "render", "targets"]
 
@@ -57,13 +57,28 @@ def delegation(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         _get(local, "latency.latency_ms.p50") or 0.0
     )
     base = _get(a2a, "latency.latency_ms.p50")
-    return {
+    found = {
         "local_p50_ms": _get(local, "latency.latency_ms.p50"),
         "remote_p50_ms": _get(remote, "latency.latency_ms.p50"),
         "hop_ms": round(hop, 3),
         "a2a_round_trip_p50_ms": base,
         "hop_vs_a2a_round_trip": _ratio(hop, base),
     }
+    signed = _ok(rows, SIGNED)
+    if signed is not None:
+        # What keys add to one hop, side by side in this run: latency (p50) and the CPU of
+        # both processes per turn (a call token minted and verified, the peer's card checked
+        # once per verdict).
+        p50, cpu = _get(signed, "latency.latency_ms.p50"), _get(signed, "cpu_ms_per_request")
+        remote_cpu = _get(remote, "cpu_ms_per_request")
+        found["signed_p50_ms"] = p50
+        found["signed_extra_p50_ms"] = (
+            round(p50 - (found["remote_p50_ms"] or 0.0), 3) if p50 is not None else None
+        )
+        found["signed_extra_cpu_ms"] = (
+            round(cpu - remote_cpu, 3) if cpu is not None and remote_cpu is not None else None
+        )
+    return found
 
 
 def _target(
@@ -173,6 +188,11 @@ def render(result: dict[str, Any]) -> str:
             f"{hop['local_p50_ms']:.2f}) = {_fmt(hop['hop_vs_a2a_round_trip'])}x a bare a2a-sdk "
             "round trip"
         )
+        if "signed_p50_ms" in hop:
+            out.append(
+                f"signed identity per hop: p50 {_fmt(hop['signed_extra_p50_ms'], 3)} ms, CPU "
+                f"{_fmt(hop['signed_extra_cpu_ms'], 3)} ms per turn ({SIGNED} - {REMOTE})"
+            )
     for name, imp in result.get("imports", {}).items():
         if "seconds" in imp:
             out.append(

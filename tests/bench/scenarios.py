@@ -15,17 +15,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mesh._keys import init_mesh, issue_agent
 from tests.bench.load import ID, Target
 
-__all__ = ["A2A", "FLOOR", "MESH", "ROWS", "Ctx", "Row", "ServerSpec"]
+__all__ = ["A2A", "FLOOR", "MESH", "ROWS", "SIGNED", "Ctx", "Row", "ServerSpec"]
 
 FLOOR = "fastapi"
 A2A = "a2a-sdk"
 MESH = "mesh-node"
 LOCAL = "coord-local"
 REMOTE = "coord-remote"
+SIGNED = "coord-remote-signed"
 
 A2A_HEADERS = {"A2A-Version": "1.0"}
+# The signed row's user credential: a coordinator with keys is never open, so the load carries
+# the mesh token (as the CLI would); its own calls to the specialist carry its call tokens.
+BENCH_TOKEN = "bench-user-token"
 PY = sys.executable
 
 
@@ -121,16 +126,33 @@ def _modules_file(server: str) -> Callable[[Ctx], dict[str, str]]:
     return lambda ctx: {"MESH_BENCH_MODULES": str(ctx.tmp / f"{server}.modules.json")}
 
 
+def _keys(ctx: Ctx, agent: str) -> str:
+    """The key folder of ``agent`` under one mesh root in the row's scratch directory (made on
+    first use: the servers start in order, in this process)."""
+    root = ctx.tmp / "mesh-keys"
+    if not (root / "root.jwk").exists():
+        init_mesh(root)
+    folder = root / "agents" / agent
+    if not folder.exists():
+        issue_agent(root, agent)
+    return str(folder)
+
+
 def _a2a_target(
-    parts: list[dict[str, object]], skill: str | None, expect: str
+    parts: list[dict[str, object]],
+    skill: str | None,
+    expect: str,
+    extra_headers: dict[str, str] | None = None,
 ) -> Callable[[Ctx], Target]:
+    extra_headers = extra_headers or {}
+
     def build(ctx: Ctx) -> Target:
         last = next(reversed(ctx.ports))
         return Target(
             url=ctx.url(last) + "/",
             body=send_message_body(parts, skill),
             expect=expect,
-            headers=A2A_HEADERS,
+            headers={**A2A_HEADERS, **extra_headers},
         )
 
     return build
@@ -221,5 +243,31 @@ ROWS: tuple[Row, ...] = (
         ),
         target=_a2a_target(SCORE_TEXT, None, SCORED),
         missing=_need("mesh._node", "mesh._cli.serve", "mesh._remote"),
+    ),
+    Row(
+        key=SIGNED,
+        label="coord-remote with keys: signed cards, a call token per call",
+        servers=(
+            ServerSpec(
+                "bureau",
+                _mesh_serve("tests.bench.agents.specialist:agent", "bureau"),
+                env=lambda ctx: {
+                    **_modules_file("bureau")(ctx),
+                    "MESH_KEYS": _keys(ctx, "bench-bureau"),
+                },
+            ),
+            ServerSpec(
+                "coordinator",
+                _mesh_serve("tests.bench.agents.coordinator:remote_agent", "coordinator"),
+                env=lambda ctx: {
+                    **_modules_file("coordinator")(ctx),
+                    "BENCH_PEER_URL": ctx.url("bureau"),
+                    "MESH_KEYS": _keys(ctx, "bench-coordinator"),
+                    "MESH_TOKEN": BENCH_TOKEN,
+                },
+            ),
+        ),
+        target=_a2a_target(SCORE_TEXT, None, SCORED, {"Authorization": f"Bearer {BENCH_TOKEN}"}),
+        missing=_need("mesh._node", "mesh._cli.serve", "mesh._remote", "mesh._identity"),
     ),
 )
