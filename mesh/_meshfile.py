@@ -18,6 +18,9 @@
     port = 8401
     env = { LOAN_DEADLINE_S = "20" }
 
+    [policy]                             # optional: who may call what (MESH_ALLOW, mesh._policy)
+    allow = ["loan-officer -> credit-bureau:score", "@token -> *"]
+
 ``load_meshfile(path)`` validates it (a ``ConfigError`` names the file and the field) and
 ``MeshFile.plan(root)`` turns it into the ``ProcessSpec``s a ``Supervisor`` starts: the
 registry first, then one process per node replica, each ``python -m mesh ...``. Commands given
@@ -37,6 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mesh._errors import ConfigError
+from mesh._policy import CallPolicy
 
 __all__ = [
     "MESHFILE_NAMES",
@@ -156,6 +160,32 @@ class ProcessSpec:
     registry_url: str | None = None
 
 
+class PolicySpec(_Strict):
+    """``[policy]``: the call policy every node gets as ``MESH_ALLOW`` (a node's own ``env``
+    setting ``MESH_ALLOW`` wins for that node)."""
+
+    allow: list[str]
+
+    @field_validator("allow")
+    @classmethod
+    def _rules(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError(
+                "an empty allow list would refuse every call: list rules, or remove [policy] "
+                "to let every admitted caller call every skill"
+            )
+        for rule in v:
+            try:
+                CallPolicy.parse(rule)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"MESH_ALLOW": "; ".join(self.allow)}
+
+
 class MeshFile(_Strict):
     """A parsed ``mesh.toml``."""
 
@@ -163,6 +193,7 @@ class MeshFile(_Strict):
     registry: RegistrySpec = Field(default_factory=RegistrySpec)
     env: dict[str, str] = Field(default_factory=dict)
     nodes: dict[str, NodeSpec] = Field(default_factory=dict)
+    policy: PolicySpec | None = None
 
     @field_validator("nodes")
     @classmethod
@@ -252,7 +283,12 @@ class MeshFile(_Strict):
                         ),
                         url=url,
                         health_url=f"{url}/health",
-                        env={**self.env, "MESH_REGISTRY": registry_url, **node.env},
+                        env={
+                            **self.env,
+                            **(self.policy.env if self.policy else {}),
+                            "MESH_REGISTRY": registry_url,
+                            **node.env,
+                        },
                         listen=(node.host, port),
                         registry_url=registry_url if has_registry else None,
                     )

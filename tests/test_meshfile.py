@@ -102,6 +102,14 @@ def test_external_registry(tmp_path: Path) -> None:
         ),
         ("[registry]\nport = 9000\n", "nothing to run"),
         ("[nodes.a\n", "not valid TOML"),
+        (
+            '[nodes.a]\nmodule = "m:agent"\nport = 9000\n[policy]\nallow = ["a b:c"]\n',
+            "policy.allow: Value error, rule 'a b:c': not a rule; write CALLER -> AGENT:SKILL",
+        ),
+        (
+            '[nodes.a]\nmodule = "m:agent"\nport = 9000\n[policy]\nallow = []\n',
+            "an empty allow list would refuse every call",
+        ),
     ],
 )
 def test_mistakes_name_the_field(tmp_path: Path, text: str, needle: str) -> None:
@@ -109,6 +117,18 @@ def test_mistakes_name_the_field(tmp_path: Path, text: str, needle: str) -> None
         load_meshfile(write(tmp_path, text))
     assert needle in str(info.value)
     assert "mesh.toml" in str(info.value)
+
+
+def test_the_policy_reaches_every_node_as_mesh_allow(tmp_path: Path) -> None:
+    text = GOOD + '[policy]\nallow = ["loan-officer -> credit-bureau:score", "@token -> *"]\n'
+    text = text.replace('EXTRA = "1" }', 'EXTRA = "1", MESH_ALLOW = "@token -> loan-officer" }')
+    specs = {s.name: s for s in load_meshfile(write(tmp_path, text)).plan(tmp_path)}
+    assert "MESH_ALLOW" not in specs["registry"].env
+    rules = "loan-officer -> credit-bureau:score; @token -> *"
+    assert specs["credit-bureau-1"].env["MESH_ALLOW"] == rules
+    assert specs["credit-bureau-2"].env["MESH_ALLOW"] == rules
+    # A node's own env wins.
+    assert specs["loan-officer"].env["MESH_ALLOW"] == "@token -> loan-officer"
 
 
 def test_missing_file_says_what_to_do(tmp_path: Path) -> None:
