@@ -33,6 +33,18 @@ costs a task per request where this costs one per close, keeps abandoned request
 server trickling its headers a byte at a time keeps one alive as long as it likes), and holds
 their slots meanwhile. Here a cancelled request releases its connection at once, as before.
 
+3. **A stale kept-alive connection** (issue 19 item 4). A server may close an idle connection
+   just as the pool hands it to a request (its keep-alive ran out at the moment ours had not):
+   the request fails with ``RemoteProtocolError`` ("Server disconnected without sending a
+   response") or ``ReadError``/``WriteError`` (reset) before any byte of an answer. Such a
+   failure on a REUSED connection is sent once more, at once, when the request may be repeated:
+   an idempotent method (GET, HEAD, OPTIONS, PUT, DELETE: card reads, probes, the registry's
+   calls) or one its sender marked ``REPLAYABLE`` (``A2APeer.send``'s JSON-RPC ``SendMessage``:
+   the node deduplicates by message id, so a message that did arrive runs once). Any other
+   POST, a failure on a new connection, or one after the answer's headers is not retried. Mesh
+   serves with a keep-alive (65 s) longer than common clients' idle expiry, so the race needs
+   a server that is not mesh's or a client that keeps connections longer.
+
 It relies on the pool's ``_requests``, ``_connections`` and ``_assign_requests_to_connections``
 (httpcore 1.0.x): ``tests/test_pool.py`` fails if they change. Every long-lived client of the
 project is built on it (``mesh._netguard.create_http_client``, ``RegistryBackend``).
@@ -41,6 +53,7 @@ project is built on it (``mesh._netguard.create_http_client``, ``RegistryBackend
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
@@ -49,9 +62,25 @@ import httpx
 
 from mesh._tls import client_context
 
-__all__ = ["CancelSafePool", "create_transport"]
+__all__ = ["REPLAYABLE", "CancelSafePool", "create_transport"]
 
 _LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+
+#: A request extension (``httpx`` ``extensions={REPLAYABLE: True}``): this POST may be sent
+#: again when a stale connection lost it (its receiver deduplicates it).
+REPLAYABLE = "mesh.replayable"
+# What a request on a connection the server closed under it fails with, before any answer.
+_STALE = (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError)
+_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE"})
+
+log = logging.getLogger("mesh._pool")
+
+
+def _replayable(request: httpcore.Request) -> bool:
+    """Whether ``request`` may be sent again: idempotent or marked, with a body in memory."""
+    if request.method not in _IDEMPOTENT and not request.extensions.get(REPLAYABLE):
+        return False
+    return isinstance(request.stream, httpx.ByteStream)  # bytes, not a one-shot generator
 
 
 class _CloseInTask:
@@ -92,9 +121,22 @@ class CancelSafePool(httpcore.AsyncConnectionPool):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._closing: set[asyncio.Task[None]] = set()
+        # The requests (by id) whose current connection was an existing one, not made for them.
+        self._reused: set[int] = set()
 
     async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
-        response = await super().handle_async_request(request)
+        try:
+            response = await super().handle_async_request(request)
+        except _STALE as exc:
+            if id(request) not in self._reused or not _replayable(request):
+                raise
+            # Leak 3 of the module docstring: once more, on another connection (the stale one
+            # is closed). Nothing of an answer came back, so nothing was consumed.
+            log.debug("%s on a reused connection to %s: sending it again", exc, request.url)
+            self._reused.discard(id(request))
+            response = await super().handle_async_request(request)
+        finally:
+            self._reused.discard(id(request))
         assert isinstance(response.stream, AsyncIterable)  # the async pool's own stream
         response.stream = _CloseInTask(response.stream, self._closing)
         return response
@@ -108,8 +150,18 @@ class CancelSafePool(httpcore.AsyncConnectionPool):
         ]
         for connection in orphans:
             self._connections.remove(connection)
+        queued = [r for r in self._requests if r.is_queued()]
+        existing = {id(c) for c in self._connections}
         # Every caller closes what this returns (outside the lock, shielded).
-        return orphans + super()._assign_requests_to_connections()
+        closing = orphans + super()._assign_requests_to_connections()
+        for pool_request in queued:
+            # A connection that was in the pool before this assignment is a reused one (a new
+            # one serves only the request it was made for, over HTTP/1.1).
+            if pool_request.connection is not None and id(pool_request.connection) in existing:
+                self._reused.add(id(pool_request.request))
+            else:
+                self._reused.discard(id(pool_request.request))
+        return closing
 
 
 def create_transport(

@@ -77,6 +77,7 @@ from mesh._a2a.results import TaskPage, TaskResult, TaskUpdate, as_json
 from mesh._errors import FetchFailed, RemoteError, RemoteReason
 from mesh._failures import NOT_A2A_STATUS, reason_of, status_of
 from mesh._outbound import bounded_get
+from mesh._pool import REPLAYABLE
 from mesh._tls import describe_failure, verify_failure
 
 log = logging.getLogger("mesh._a2a.client")
@@ -223,6 +224,9 @@ class A2APeer:
                 content=content,
                 headers={**jsonrpc.HEADERS, **self._call_headers()},
                 timeout=self._timeout(timeout),
+                # Sent again once if a stale kept-alive connection loses it (mesh._pool): the
+                # node deduplicates by message id, so a message that did arrive runs once.
+                extensions={REPLAYABLE: True},
             )
             response = await self.http.send(request, stream=True)
             try:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from mesh._settings import ConsulTLS, MeshSettings
 
 __all__ = [
+    "KEEP_ALIVE_S",
     "Lookup",
     "add_parsers",
     "find_agent_url",
@@ -40,6 +41,12 @@ __all__ = [
 
 #: Read by a2a-sdk once, when ``a2a`` is first imported (a2a.utils.telemetry).
 SDK_TRACING = "OTEL_INSTRUMENTATION_A2A_SDK_ENABLED"
+
+#: uvicorn's idle keep-alive for a node, in seconds (the registry's too): longer than the idle
+#: expiry of common clients (httpx 5 s, Node.js 5 s, aiohttp 15 s) and of load balancers (AWS
+#: ALB 60 s), so the client side closes an idle connection first. With uvicorn's default (5 s,
+#: httpx's own) a client could reuse a connection the node was closing: "Server disconnected".
+KEEP_ALIVE_S = 65
 
 
 # -- target resolution ----------------------------------------------------------------------
@@ -222,6 +229,7 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=KEEP_ALIVE_S,
         log_level=settings.log_level.lower(),
         ssl_certfile=settings.tls.cert_file if settings.tls else None,
         ssl_keyfile=settings.tls.key_file if settings.tls else None,

@@ -6,7 +6,8 @@ process had imported (the scripted model must never pull in ``google.genai``).
 The record goes to ``$MESH_BENCH_MODULES`` as JSON when that variable is set. With
 ``BENCH_COUNT_DB=1`` (the profiler sets it) it also counts the node's database operations by
 the function that made them, and what group commit turned them into: hops to the SQLite
-thread and committed transactions.
+thread and committed transactions. ``BENCH_KEEP_ALIVE=S`` serves with that keep-alive instead
+of mesh's (the keep-alive soak).
 """
 
 from __future__ import annotations
@@ -73,6 +74,11 @@ def _record() -> None:
 if __name__ == "__main__":
     if os.environ.get("BENCH_COUNT_DB") == "1":
         _count_db_calls()
+    if os.environ.get("BENCH_KEEP_ALIVE"):
+        # The keep-alive soak's "before": uvicorn's default (5 s), the race it reproduces.
+        import mesh._cli.serve
+
+        mesh._cli.serve.KEEP_ALIVE_S = int(os.environ["BENCH_KEEP_ALIVE"])
     try:
         code = main(sys.argv[1:])
     finally:
