@@ -67,6 +67,9 @@ log = logging.getLogger("mesh._remote")
 
 #: How long a call of a skill that may ask a person may take by default (``wait_deadline_s``).
 WAIT_DEADLINE_S = 7 * 24 * 3600.0
+#: How long a blocking call in a node's LLM turn may stay open before it goes long (followed
+#: from the turn's resume point: a request held for minutes is cut by proxies and restarts).
+LONG_AFTER_S = 5.0
 #: How long a CancelTask for a waiting child may take.
 CANCEL_S = 3.0
 
@@ -160,7 +163,7 @@ class RemoteAgent:
         breakers: BreakerBoard | None = None,
         card_ttl_s: float = 30.0,
         long_running: bool = False,
-        long_after_s: float | None = None,
+        long_after_s: float | None = LONG_AFTER_S,
     ) -> None:
         if agent is None and url is None:
             raise ConfigError("remote(): give an agent name or url=")
@@ -441,7 +444,7 @@ def remote(
     policy: RetryPolicy | None = None,
     breakers: BreakerBoard | None = None,
     long_running: bool = False,
-    long_after_s: float | None = None,
+    long_after_s: float | None = LONG_AFTER_S,
 ) -> RemoteAgent:
     """A peer agent's skills as tools: by name through discovery, or at a fixed URL.
 
@@ -459,8 +462,9 @@ def remote(
     ``@skill(long_running=True)``): each call sends without waiting and follows the child
     task by subscription, reconnecting when the stream drops, instead of holding one request
     open for its whole length; give it a ``deadline_s`` that long (docs/delegation.md).
-    ``long_after_s``: in a node's LLM turn, a blocking call still open after that many seconds
-    goes long the same way (default None: never).
+    ``long_after_s`` (default 5): in a node's LLM turn, a blocking call still open after that
+    many seconds goes long the same way (its child kept in the turn's resume point, followed,
+    sent again if its node is lost); None: never.
     """
     if _is_url(agent_or_url):
         if url is not None:

@@ -7,7 +7,7 @@
 ``max_s``), reports ``JOB: finishing`` (``ctx.progress``) and appends ``done JOB``; ``grind`` does the same without the declaration (the
 coordinator's ``long_after_s`` makes it long after 1 s). ``long-top`` reaches it at ``$LONG_TEST_CHILD_URL`` (the
 test's proxy, which can cut a connection under the coordinator); ``long-found-top`` finds
-long-child's replicas through the registry.
+long-child's replicas through the registry, with remote()'s default ``long_after_s`` (5 s).
 """
 
 from __future__ import annotations
@@ -101,6 +101,6 @@ top = Agent(
 found_top = Agent(
     name="long-found-top",
     instruction="You get jobs crunched by long-child.",
-    tools=[remote("long-child", deadline_s=120.0, policy=_POLICY)],
-    script=_script("crunch"),
+    tools=[remote("long-child", deadline_s=120.0, policy=_POLICY)],  # long_after_s: the default
+    script=_script("crunch", "grind"),
 )

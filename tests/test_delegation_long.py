@@ -371,7 +371,8 @@ async def test_a_long_childs_node_killed_while_followed_the_message_runs_on_the_
 ) -> None:
     """Two replicas of long-child, each with its own SQLite store: the one running the job is
     killed (kill -9) while the coordinator follows it from its resume point; the coordinator
-    sends the same message to the other replica, which runs it (once), and completes."""
+    sends the same message to the other replica, which runs it (once), and completes. Then a
+    skill not declared long goes long by remote()'s default long_after_s."""
     env = clean_env(LONG_TEST_DIR=str(tmp_path))
     with registry(tmp_path, probe_interval=0.3) as reg:
         ports = {"a": free_port(), "b": free_port(), "top": free_port()}
@@ -419,6 +420,19 @@ async def test_a_long_childs_node_killed_while_followed_the_message_runs_on_the_
             (ran,) = await child_tasks(survivor)
             assert ran.status.state == TaskState.TASK_STATE_COMPLETED
             await eventually(lambda: waits(tmp_path / "top") == [], within=10)
+
+            # grind is not declared long: with remote()'s default long_after_s (5 s) the
+            # blocking call goes long, kept in the resume point, and completes when released.
+            task = await send(top, message(text="grind j9"), wait=False)
+            await eventually(
+                lambda: waits(tmp_path / "top") == [(task.id, "children")],
+                within=20,
+                what="the call gone long after 5 s",
+            )
+            (tmp_path / "j9.go").touch()
+            done = await eventually(lambda: ended(top, task.id), within=30)
+            assert done.status.state == TaskState.TASK_STATE_COMPLETED, done
+            assert calls(tmp_path)[-2:] == [f"start j9 @{other}", f"done j9 @{other}"]
         finally:
             for proc in procs.values():
                 proc.terminate()
