@@ -415,7 +415,8 @@ async def test_a_function_skill_whose_remote_call_asks_fails_saying_what_to_use(
     (text,) = status_texts(task)
     assert "skill 'relay' called bottom's skill 'review', whose task " in text
     assert "a function skill cannot relay a question" in text
-    assert "LLM agent's remote() tool" in text
+    assert "LLM agent's remote() tool (tools=[remote('bottom')])" in text
+    assert "ask your caller first (@skill(asks=True), answer = await ctx.ask(...))" in text
     child = re.search(r"whose task (\S+) waits", text)
     assert child is not None
     bottom = await get(await chain.bottom.client(http), child.group(1))

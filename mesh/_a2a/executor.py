@@ -700,9 +700,11 @@ class MeshExecutor(AgentExecutor):
                 "failed",
                 f"skill '{skill.id}' called {child.peer}'s skill '{child.skill}', whose task "
                 f"{child.task} waits for input ({first!r}; canceled now): a function skill "
-                "cannot relay a question. Call that skill from an LLM agent's remote() tool, "
-                "which relays it to the caller, or ask the caller yourself (@skill(asks=True), "
-                "ctx.ask)",
+                "cannot relay a question. Either call that skill from an LLM agent's remote() "
+                f"tool (tools=[remote({child.peer!r})]), whose turn relays the question to its "
+                "caller and forwards the answer; or ask your caller first (@skill(asks=True), "
+                f"answer = await ctx.ask(...)) and send {child.peer} what it asked for in the "
+                "call's arguments, so its skill has nothing to ask",
                 req,
             )
             return "failed"
