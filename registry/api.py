@@ -238,8 +238,11 @@ async def register(body: RegisterBody, state: State, secret: Secret = None) -> R
     return RegisteredOut(**InstanceOut.of(done.instance, agent).model_dump(), secret=owner)
 
 
-@router.put("/instances/{instance_id}/heartbeat", tags=["instances"])
-async def heartbeat(instance_id: str, state: State, secret: Secret = None) -> InstanceOut:
+_to_json = InstanceOut.__pydantic_serializer__.to_json
+
+
+@router.put("/instances/{instance_id}/heartbeat", tags=["instances"], response_model=InstanceOut)
+async def heartbeat(instance_id: str, state: State, secret: Secret = None) -> Response:
     """Keep an instance you own alive. 404 ``unknown_instance``: register again."""
     try:
         stored = await state.store.heartbeat(instance_id, time.time(), presented=_presented(secret))
@@ -249,7 +252,9 @@ async def heartbeat(instance_id: str, state: State, secret: Secret = None) -> In
         raise ApiError(
             404, "unknown_instance", f"no instance {instance_id!r} here: register it again"
         )
-    return InstanceOut.of(stored, await state.store.agent(stored.agent))
+    # Encoded here: FastAPI would validate the model again before encoding it.
+    out = InstanceOut.of(stored, await state.store.agent(stored.agent))
+    return Response(_to_json(out), media_type="application/json")
 
 
 @router.delete("/instances/{instance_id}", status_code=204, tags=["instances"])
@@ -262,16 +267,20 @@ async def deregister(instance_id: str, state: State, secret: Secret = None) -> R
     return Response(status_code=204)
 
 
-@router.get("/instances", tags=["instances"])
+@router.get("/instances", tags=["instances"], response_model=InstanceList)
 async def list_instances(
     state: State,
     agent: str | None = None,
     skill: str | None = None,
     status: Annotated[StatusFilter, Query(description="'any' for every status")] = "passing",
-) -> InstanceList:
+) -> Response:
     """Instances, by default only passing ones."""
     found = await state.catalog.instances(agent=agent, skill=skill, status=status)
-    return InstanceList(instances=[InstanceOut.of(i, a) for i, a in found])
+    # Every delegation's discovery asks this: each instance's JSON is made once per change
+    # (``InstanceJson``), not once per lookup, and FastAPI does not validate it again.
+    parts = state.instance_json
+    body = b'{"instances":[' + b",".join(parts.of(i, a) for i, a in found) + b"]}"
+    return Response(body, media_type="application/json")
 
 
 @router.get("/agents", tags=["agents"])

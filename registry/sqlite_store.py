@@ -2,15 +2,26 @@
 registry forgets nothing. Runs over ``mesh._sqlite.Database`` (one connection, one thread).
 
 Ownership checks (``registry.store``) run inside the write that changes the record, so two
-registrations racing for one id cannot both win."""
+registrations racing for one id cannot both win.
+
+Reads come from memory (``_View``): every instance and agent as the database holds them, loaded
+when the store opens and changed by the same methods that write, once their write is committed.
+A lookup is the registry's most frequent read (every delegation's discovery), and at fleet scale
+a database round trip per lookup, plus rebuilding records from rows, was most of its cost. The
+database stays the truth (a restart loads the view from it); the view is only sound while this
+process is the file's one writer, which a SQLite registry is. Over PostgreSQL, shared by
+replicas, each read goes to the database (``open_postgres`` loads no view)."""
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import json
 import logging
 import sqlite3
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import TypeVar
 
 from mesh._discovery.base import Status
 from mesh._sqlite import Database
@@ -27,6 +38,7 @@ from registry.store import (
 __all__ = ["SqliteRegistryStore"]
 
 log = logging.getLogger("registry.store")
+T = TypeVar("T")
 
 _SCHEMA = """
 create table if not exists registry_agents (
@@ -53,6 +65,7 @@ _COLUMNS = (
     "instance_id, agent, url, version, status, status_reason, status_changed_at, "
     "last_heartbeat_at, registered_at"
 )
+_SELECT_AGENTS = "select name, card, updated_at from registry_agents"
 # An agent record lives exactly as long as one of its instances does.
 _DROP_ORPHANS = (
     "delete from registry_agents where name not in (select agent from registry_instances)"
@@ -115,6 +128,66 @@ def _agent(row: sqlite3.Row) -> AgentRecord:
     return agent_record(json.loads(row["card"]), expected_name=row["name"], now=row["updated_at"])
 
 
+def _order(inst: InstanceRecord) -> tuple[str, str]:
+    return inst.url, inst.instance_id
+
+
+class _View:
+    """Every instance and agent of the store, in memory, in the order the store reads them."""
+
+    def __init__(self, instances: list[InstanceRecord], agents: list[AgentRecord]) -> None:
+        self.agents = {a.name: a for a in agents}
+        self.by_agent: dict[str, dict[str, InstanceRecord]] = {}
+        for inst in instances:
+            self.by_agent.setdefault(inst.agent, {})[inst.instance_id] = inst
+        # Sorted lists, made on the first read after a change (None: changed since).
+        self._ordered: dict[str, list[InstanceRecord]] = {}
+        self._agent_list: list[AgentRecord] | None = None
+
+    def put(self, inst: InstanceRecord) -> None:
+        mine = self.by_agent.setdefault(inst.agent, {})
+        before = mine.get(inst.instance_id)
+        mine[inst.instance_id] = inst
+        ordered = self._ordered.get(inst.agent)
+        if ordered is not None and before is not None and before.url == inst.url:
+            # A heartbeat or a status: same place in the order, no sort.
+            ordered[bisect.bisect_left(ordered, _order(inst), key=_order)] = inst
+        else:
+            self._ordered.pop(inst.agent, None)
+
+    def drop(self, inst: InstanceRecord) -> None:
+        """Forget ``inst``, and its agent with its last instance (as ``_DROP_ORPHANS``)."""
+        mine = self.by_agent.get(inst.agent, {})
+        mine.pop(inst.instance_id, None)
+        self._ordered.pop(inst.agent, None)
+        if not mine:
+            self.by_agent.pop(inst.agent, None)
+            if self.agents.pop(inst.agent, None) is not None:
+                self._agent_list = None
+
+    def set_agent(self, agent: AgentRecord) -> None:
+        self.agents[agent.name] = agent
+        self._agent_list = None
+
+    def instances(self, agent: str | None) -> list[InstanceRecord]:
+        if agent is not None:
+            return list(self._of(agent))
+        return [i for name in sorted(self.by_agent) for i in self._of(name)]
+
+    def _of(self, agent: str) -> list[InstanceRecord]:
+        ordered = self._ordered.get(agent)
+        if ordered is None:
+            mine = self.by_agent.get(agent, {}).values()
+            ordered = sorted(mine, key=_order)
+            self._ordered[agent] = ordered
+        return ordered
+
+    def agent_list(self) -> list[AgentRecord]:
+        if self._agent_list is None:
+            self._agent_list = [self.agents[name] for name in sorted(self.agents)]
+        return list(self._agent_list)
+
+
 class SqliteRegistryStore:
     """``RegistryStore`` over a ``Database``. ``await SqliteRegistryStore.open(path)``."""
 
@@ -125,6 +198,26 @@ class SqliteRegistryStore:
         # card (~0.4 ms) and every heartbeat answer and every lookup reads agents: a row
         # unchanged since its last read gives the same record.
         self._records: dict[str, tuple[str, float, AgentRecord]] = {}
+        # What reads answer from, once loaded (``_load``); None: every read asks the database.
+        self._view: _View | None = None
+
+    async def _load(self) -> None:
+        """Read every instance and agent into the view; reads answer from it from now on."""
+        self._view = None
+        instances = await self.instances()
+        agents = await self.agents()
+        self._view = _View(instances, agents)
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T], seen: Callable[[T], None]) -> T:
+        """``db.write(fn)``, then ``seen(result)`` changes the view once it is committed. Done
+        as the write completes, in commit order, even if the caller is cancelled meanwhile
+        (the write goes on: the view must not miss it)."""
+        write = asyncio.ensure_future(self._db.write(fn))
+        if self._view is not None:
+            write.add_done_callback(
+                lambda done: None if done.cancelled() or done.exception() else seen(done.result())
+            )
+        return await asyncio.shield(write)
 
     def _agent(self, row: sqlite3.Row) -> AgentRecord:
         name, card, updated_at = row["name"], row["card"], row["updated_at"]
@@ -147,7 +240,9 @@ class SqliteRegistryStore:
                 path,
                 dropped,
             )
-        return cls(db)
+        store = cls(db)
+        await store._load()
+        return store
 
     @classmethod
     async def open_postgres(cls, url: str) -> SqliteRegistryStore:
@@ -227,44 +322,64 @@ class SqliteRegistryStore:
             ).fetchone()
             return Registered(_instance(row), created=not known, superseded=superseded)
 
-        return await self._db.write(write)
+        def seen(done: Registered) -> None:
+            assert self._view is not None
+            for old in done.superseded:
+                self._view.drop(old)
+            self._view.set_agent(agent)
+            self._view.put(done.instance)
+
+        return await self._write(write, seen)
 
     async def heartbeat(
         self, instance_id: str, at: float, *, presented: str | None
     ) -> InstanceRecord | None:
         def write(conn: sqlite3.Connection) -> InstanceRecord | None:
-            if not _claim(conn, instance_id, presented):
-                return None
-            conn.execute(
-                "update registry_instances set last_heartbeat_at = ? where instance_id = ?",
-                (at, instance_id),
-            )
+            # One statement; a writer who does not own the instance raises below, and its
+            # savepoint undoes the update (``mesh._sqlite``).
             row = conn.execute(
-                f"select {_COLUMNS} from registry_instances where instance_id = ?", (instance_id,)
+                "update registry_instances set last_heartbeat_at = ? where instance_id = ? "
+                f"returning agent, secret_hash, {_COLUMNS}",
+                (at, instance_id),
             ).fetchone()
+            if row is None:
+                return None
+            check_owner(instance_id, row["agent"], row["secret_hash"], presented)
             return _instance(row)
 
-        return await self._db.write(write)
+        return await self._write(write, self._seen)
+
+    def _seen(self, inst: InstanceRecord | None) -> None:
+        if inst is not None and self._view is not None:
+            self._view.put(inst)
+
+    def _gone(self, inst: InstanceRecord | None) -> None:
+        if inst is not None and self._view is not None:
+            self._view.drop(inst)
 
     async def deregister(self, instance_id: str, *, presented: str | None) -> InstanceRecord | None:
         def write(conn: sqlite3.Connection) -> InstanceRecord | None:
             return _remove(conn, instance_id) if _claim(conn, instance_id, presented) else None
 
-        return await self._db.write(write)
+        return await self._write(write, self._gone)
 
     async def set_status(self, instance_id: str, status: Status, reason: str, at: float) -> None:
-        await self._db.write(
-            lambda conn: conn.execute(
+        def write(conn: sqlite3.Connection) -> InstanceRecord | None:
+            row = conn.execute(
                 "update registry_instances set status = ?, status_reason = ?, "
-                "status_changed_at = ? where instance_id = ?",
+                f"status_changed_at = ? where instance_id = ? returning {_COLUMNS}",
                 (status, reason, at, instance_id),
-            )
-        )
+            ).fetchone()
+            return _instance(row) if row is not None else None
+
+        await self._write(write, self._seen)
 
     async def remove(self, instance_id: str) -> InstanceRecord | None:
-        return await self._db.write(lambda conn: _remove(conn, instance_id))
+        return await self._write(lambda conn: _remove(conn, instance_id), self._gone)
 
     async def instances(self, agent: str | None = None) -> list[InstanceRecord]:
+        if self._view is not None:
+            return self._view.instances(agent)
         query = f"select {_COLUMNS} from registry_instances"
         params: tuple[str, ...] = ()
         if agent is not None:
@@ -275,10 +390,10 @@ class SqliteRegistryStore:
         return [_instance(r) for r in rows]
 
     async def agents(self) -> list[AgentRecord]:
+        if self._view is not None:
+            return self._view.agent_list()
         rows = await self._db.read(
-            lambda conn: conn.execute(
-                "select name, card, updated_at from registry_agents order by name"
-            ).fetchall()
+            lambda conn: conn.execute(f"{_SELECT_AGENTS} order by name").fetchall()
         )
         # Only agents that exist keep a derived record.
         for gone in self._records.keys() - {r["name"] for r in rows}:
@@ -286,10 +401,10 @@ class SqliteRegistryStore:
         return [self._agent(r) for r in rows]
 
     async def agent(self, name: str) -> AgentRecord | None:
+        if self._view is not None:
+            return self._view.agents.get(name)
         row = await self._db.read(
-            lambda conn: conn.execute(
-                "select name, card, updated_at from registry_agents where name = ?", (name,)
-            ).fetchone()
+            lambda conn: conn.execute(f"{_SELECT_AGENTS} where name = ?", (name,)).fetchone()
         )
         return self._agent(row) if row else None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -147,11 +149,13 @@ async def test_store_round_trip_and_persistence(tmp_path: Path) -> None:
         await store.aclose()
 
 
-async def test_a_stored_card_is_derived_again_only_when_it_changes(
+async def test_reads_come_from_memory_and_a_card_is_derived_only_when_loaded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every heartbeat answer and every lookup reads the agent: parsing its card each time was
-    # a quarter of a heartbeat's CPU.
+    # a quarter of a heartbeat's CPU. Reads answer from the store's view: the record a
+    # registration stored is served as is, and a card is derived from its row only when the
+    # store opens (a restart).
     import registry.sqlite_store
 
     derived: list[str] = []
@@ -163,22 +167,66 @@ async def test_a_stored_card_is_derived_again_only_when_it_changes(
     monkeypatch.setattr(registry.sqlite_store, "agent_record", counted)
     store = await SqliteRegistryStore.open(tmp_path / "r.db")
     try:
-        await _put(store, agent_record(_card(), expected_name="echo", now=1.0), _instance("i1"))
-        first = await store.agent("echo")
+        stored = agent_record(_card(), expected_name="echo", now=1.0)
+        await _put(store, stored, _instance("i1"))
         for _ in range(3):
-            assert await store.agent("echo") == first
-            assert await store.agents() == [first]
-        assert derived == ["echo"]
-        # A new card (a re-registration) is derived once more, and served from then on.
+            assert await store.agent("echo") is stored
+            assert await store.agents() == [stored]
         changed = agent_record(_card(skill="other"), expected_name="echo", now=2.0)
         await _put(store, changed, _instance("i1"), presented=OWNER)
-        second = await store.agent("echo")
-        assert second is not None
-        assert second == changed
-        assert await store.agents() == [second]
-        assert derived == ["echo", "echo"]
+        assert await store.agent("echo") is changed
+        assert await store.agents() == [changed]
+        assert derived == []
     finally:
         await store.aclose()
+    again = await SqliteRegistryStore.open(tmp_path / "r.db")
+    try:
+        assert await again.agent("echo") == changed
+        assert await again.agents() == [changed]
+        assert derived == ["echo"]
+    finally:
+        await again.aclose()
+
+
+async def test_the_view_follows_every_write_and_matches_the_database(tmp_path: Path) -> None:
+    store = await SqliteRegistryStore.open(tmp_path / "r.db")
+    a = agent_record(_card("a"), expected_name="a", now=1)
+    b = agent_record(_card("b"), expected_name="b", now=2)
+    try:
+        await _put(store, a, _instance("a2", "a"))
+        await _put(store, a, _instance("a1", "a"))
+        await _put(store, b, _instance("b1", "b"))
+        beat = await store.heartbeat("a1", 200.0, presented=OWNER)
+        assert beat is not None
+        assert beat.last_heartbeat_at == 200.0
+        assert [i.last_heartbeat_at for i in await store.instances("a")] == [200.0, 100.0]
+        await store.set_status("a2", "critical", "health check failed: unreachable", 300.0)
+        (_, a2) = await store.instances("a")
+        assert (a2.status, a2.status_changed_at) == ("critical", 300.0)
+        # A refused write changes nothing, in the database or the view.
+        with pytest.raises(NotOwner):
+            await store.heartbeat("b1", 400.0, presented=secret_hash("not-the-owner"))
+        assert await store.heartbeat("nobody", 400.0, presented=OWNER) is None
+        await store.deregister("b1", presented=OWNER)
+        assert await store.agent("b") is None
+        # A heartbeat whose caller is cancelled once it is queued is still committed, and the
+        # view still sees it (the write goes on without its caller).
+        task = asyncio.create_task(store.heartbeat("a2", 500.0, presented=OWNER))
+        await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await store.set_status("a1", "passing", "health ok", 600.0)  # after it, in commit order
+        seen = [(i.instance_id, i.status, i.last_heartbeat_at) for i in await store.instances()]
+        assert seen == [("a1", "passing", 200.0), ("a2", "critical", 500.0)]
+        view = (await store.instances(), await store.agents())
+    finally:
+        await store.aclose()
+    reopened = await SqliteRegistryStore.open(tmp_path / "r.db")
+    try:
+        assert (await reopened.instances(), await reopened.agents()) == view
+    finally:
+        await reopened.aclose()
 
 
 async def test_an_instance_belongs_to_its_secret_and_its_agent(tmp_path: Path) -> None:
