@@ -53,12 +53,17 @@ signal; a probe is secondary:
   refuses at once ("unreachable"); a hung one or a host that vanished stops heartbeating, so it
   is critical within one TTL ("no heartbeat").
 - The registry is **behind** when its event loop runs late by more than ``LAG_LIMIT_S`` (then
-  requests, heartbeats among them, wait in its queue), or when a probe round takes longer than
-  the interval. It says so in its ``/health`` (``behind``, ``why_behind``) and ``/metrics``
+  requests, heartbeats among them, wait in its queue), when the loop is saturated (its thread
+  on the CPU, or waiting for it, ``BUSY_LIMIT`` of the last ``BUSY_WINDOW_S``: then work waits
+  outside, in the clients' connections and the kernel's queues, where the loop cannot see it
+  run late), or when a probe round takes longer than the interval. It says so in its ``/health`` (``behind``, ``why_behind``) and ``/metrics``
   (``mesh_registry_behind``). While its loop is late it demotes nobody, on a probe or on a
   missed TTL (``deferred`` in the round), until ``_LAG_HOLD_S`` after the last late sample.
   Rounds that merely overrun still give each probe its whole deadline (it counts once a slot is
-  free), so their verdicts stand: instances are probed less often, not judged worse.
+  free), so their verdicts stand: instances are probed less often, not judged worse. A
+  saturated loop demotes as usual: its heartbeats arrive late by the backlog (at 10,000
+  instances every ~6 s instead of 5), which the TTL's six intervals absorb, and a registry that
+  stays saturated must still find its dead instances.
 """
 
 from __future__ import annotations
@@ -67,7 +72,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -119,6 +126,30 @@ LAG_LIMIT_S = 0.5
 # How often the loop's lateness is sampled, and how long one late sample keeps the registry behind.
 _LAG_SAMPLE_S = 0.1
 _LAG_HOLD_S = 10.0
+
+# The loop's thread never idle (running, or runnable and waiting for a CPU) this share of the last
+# BUSY_WINDOW_S seconds: the registry is saturated, and requests wait for it outside.
+BUSY_LIMIT = 0.9
+BUSY_WINDOW_S = 3.0
+
+
+def _demand_clock() -> Callable[[], float]:
+    """Seconds the calling thread has been running or runnable (Linux's schedstat: time on a
+    CPU plus time waiting in the run queue), so a registry starved by a busy machine counts
+    as busy too; elsewhere its CPU time alone."""
+    path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+
+    def schedstat() -> float:
+        with open(path, "rb") as f:
+            on_cpu, waiting = f.read().split()[:2]
+        return (int(on_cpu) + int(waiting)) / 1e9
+
+    try:
+        schedstat()
+    except (OSError, ValueError):
+        return time.thread_time
+    return schedstat
+
 
 # Probes started together when a round is spread over the interval.
 _GROUP = 16
@@ -216,6 +247,8 @@ class Prober:
         self.loop_lag_s = 0.0
         self._late_at = -_LAG_HOLD_S
         self._late_s = 0.0
+        # The loop's share of time busy over the last BUSY_WINDOW_S (``_watch_lag``).
+        self.loop_busy = 0.0
         self._round_started: float | None = None
         self._round_unknown = 0
         self._round_deferred = 0
@@ -238,6 +271,12 @@ class Prober:
             )
         running = now - self._round_started if self._round_started is not None else 0.0
         overrun = max(running, self.last_round.duration_s)
+        if self.loop_busy >= BUSY_LIMIT:
+            why.append(
+                f"event loop busy {self.loop_busy:.0%} of the last {BUSY_WINDOW_S:g}s: "
+                "requests, heartbeats among them, wait for it in their connections (more "
+                "instances than one process keeps up with: see docs/performance.md)"
+            )
         if overrun > self.interval_s:
             why.append(
                 f"a probe round takes {overrun:.1f}s, over the {self.interval_s:g}s interval"
@@ -248,10 +287,20 @@ class Prober:
         return time.monotonic() - self._late_at < _LAG_HOLD_S
 
     async def _watch_lag(self) -> None:
+        demand = _demand_clock()  # of this thread: the event loop's
+        samples: deque[tuple[float, float]] = deque()
         while True:
             before = time.monotonic()
             await asyncio.sleep(_LAG_SAMPLE_S)
-            self.loop_lag_s = max(0.0, time.monotonic() - before - _LAG_SAMPLE_S)
+            now = time.monotonic()
+            self.loop_lag_s = max(0.0, now - before - _LAG_SAMPLE_S)
+            samples.append((now, demand()))
+            while now - samples[0][0] > BUSY_WINDOW_S:
+                samples.popleft()
+            (t0, d0), (t1, d1) = samples[0], samples[-1]
+            # Only over (most of) a whole window: one busy moment is not saturation.
+            spanned = t1 - t0 >= 0.9 * BUSY_WINDOW_S
+            self.loop_busy = (d1 - d0) / (t1 - t0) if spanned else 0.0
             if self.loop_lag_s > LAG_LIMIT_S:
                 self._late_at, self._late_s = time.monotonic(), self.loop_lag_s
             if self._metrics is not None:

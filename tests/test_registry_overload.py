@@ -26,6 +26,7 @@ from registry.card import agent_record
 from registry.prober import Prober
 from registry.sqlite_store import SqliteRegistryStore
 from registry.store import InstanceRecord, secret_hash
+from tests.bench.registry_scale import RawHttp
 from tests.echo_node import build_card
 from tests.registry_support import instances, registry
 from tests.support import Proc, clean_env, free_port, wait_for, wait_until_ok
@@ -110,6 +111,74 @@ def test_an_overloaded_prober_demotes_no_live_instance(tmp_path: Path) -> None:
             assert 'mesh_registry_probes_total{outcome="unknown"}' in metrics
             assert 'mesh_registry_probes_total{outcome="critical"}' not in metrics
             assert beats.refused == []
+
+
+SECRET = "Mesh-Instance-Secret"
+
+
+class _Flood:
+    """Heartbeats as fast as the registry answers them, over ``lanes`` keep-alive connections
+    (a thread with its own loop; a raw client costs a fraction of what the registry spends on
+    each), until stopped or ``limit_s`` passes."""
+
+    def __init__(self, port: int, secrets: dict[str, str], lanes: int = 16) -> None:
+        self._port, self._secrets, self._lanes = port, secrets, lanes
+        self._stop = threading.Event()
+        self.answered: dict[int, int] = {}
+        self._thread = threading.Thread(target=asyncio.run, args=(self._run(),), daemon=True)
+
+    async def _run(self, limit_s: float = 120.0) -> None:
+        deadline = time.monotonic() + limit_s
+
+        async def lane(k: int) -> None:
+            raw = RawHttp(self._port)
+            items = list(self._secrets.items())
+            try:
+                n = k
+                while not self._stop.is_set() and time.monotonic() < deadline:
+                    iid, secret = items[n % len(items)]
+                    status = await raw.request(
+                        "PUT", f"/v1/instances/{iid}/heartbeat", f"{SECRET}: {secret}\r\n"
+                    )
+                    self.answered[status] = self.answered.get(status, 0) + 1
+                    n += 1
+            finally:
+                raw.close()
+
+        await asyncio.gather(*(lane(k) for k in range(self._lanes)))
+
+    def __enter__(self) -> _Flood:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def test_a_registry_saturated_by_heartbeats_says_it_is_behind(tmp_path: Path) -> None:
+    # Heartbeats faster than one process answers them: its event loop never idles, but runs
+    # late by only a request or two (the backlog waits in the clients' connections), and every
+    # probe answers in time. Before: /health said nothing ("behind" only on loop lag or a
+    # round overrun). Now: behind, naming the busy loop, and not behind once the flood stops.
+    with (
+        _fleet(tmp_path, delay=0.0) as fleet,
+        registry(tmp_path, probe_interval=1.0, ttl=30) as reg,
+    ):
+        secrets = {f"fleet-{n}": _register(reg.url, fleet, n) for n in range(8)}
+        assert _behind(reg.url) == {}
+        with _Flood(reg.port, secrets) as flood:
+            health = wait_for(lambda: _behind(reg.url), timeout=60, what="/health says behind")
+            assert any("event loop busy" in why for why in health["why_behind"]), health
+            wait_for(
+                lambda: "mesh_registry_behind 1.0" in httpx.get(f"{reg.url}/metrics").text,
+                timeout=30,
+                what="mesh_registry_behind 1",
+            )
+        assert set(flood.answered) == {200}, flood.answered
+        wait_for(lambda: not _behind(reg.url), timeout=60, what="/health no longer behind")
+        every = instances(reg.url, status="any")
+        assert [i["status"] for i in every] == ["passing"] * 8
 
 
 def _behind(reg: str) -> dict[str, Any]:

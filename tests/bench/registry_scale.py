@@ -77,7 +77,7 @@ def _fleet(tmp: Path, *, stats: bool, name: str = "fleet") -> Iterator[tuple[Pro
         yield proc, url
 
 
-class _Raw:
+class RawHttp:
     """One keep-alive HTTP/1.1 connection with hand-written requests: a heartbeat costs the
     client a few microseconds, so the client never limits what the registry is asked."""
 
@@ -154,7 +154,7 @@ class _Heartbeats:
             self._tasks.append(asyncio.create_task(self._lane(k)))
 
     async def _lane(self, k: int) -> None:
-        raw = _Raw(self._port)
+        raw = RawHttp(self._port)
         items: list[tuple[str, str]] = []
         gap = due = 0.0
         i = 0
@@ -185,7 +185,7 @@ class _Heartbeats:
                     )
                 except (TimeoutError, OSError, asyncio.IncompleteReadError):
                     raw.close()
-                    raw = _Raw(self._port)
+                    raw = RawHttp(self._port)
                     status = 0
                 if status == 200:
                     self.ok += 1
@@ -202,7 +202,7 @@ class _Heartbeats:
 
 
 async def _lookups(port: int, stop: asyncio.Event, took: list[float]) -> None:
-    raw = _Raw(port)
+    raw = RawHttp(port)
     k = 0
     try:
         while not stop.is_set():
@@ -261,7 +261,7 @@ async def _dead_marked(reg: str, tmp: Path, stats: bool, heartbeats_port: int) -
     """Seconds from kill -9 of a heartbeating instance's process until it is listed critical."""
     with _fleet(tmp, stats=stats, name="doomed") as (proc, url):
         secrets, _ = await _register(reg, url, [0], "doomed")
-        raw = _Raw(heartbeats_port)
+        raw = RawHttp(heartbeats_port)
         ((iid, secret),) = secrets.items()
         await raw.request("PUT", f"/v1/instances/{iid}/heartbeat",
                           f"Mesh-Instance-Secret: {secret}\r\n")  # fmt: skip
