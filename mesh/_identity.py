@@ -32,14 +32,14 @@ import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
-
-import jwt
-from jwt.algorithms import ECAlgorithm
-from jwt.utils import base64url_encode
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from mesh._errors import PeerRefused
 from mesh._keys import ALGORITHM, AgentKeys, Certified, TrustRoot
+
+if TYPE_CHECKING:
+    from jwt.algorithms import ECAlgorithm
 
 __all__ = [
     "CALL_TOKEN_S",
@@ -62,12 +62,26 @@ _LEEWAY_S = 30
 # until they expire; past the cap the oldest go (they are the first to expire).
 _MAX_CERTS = 1024
 _MAX_SEEN = 200_000
+
+
 # PyJWT's ES256 (sign and verify over the JWS signing input, raw r||s signatures). The tokens
 # are made and read with it directly: a caller's header is the same on every token (its key
 # and certificate, most of the token's bytes), so it is encoded once by the minter and checked
 # once per distinct header by the callee; jwt.encode/decode redid both on every call, which
-# cost more than the signature itself (docs/performance.md, "Signed identity").
-_ES256 = ECAlgorithm(ECAlgorithm.SHA256)
+# cost more than the signature itself (docs/performance.md, "Signed identity"). Made on first
+# use: a node without keys never imports PyJWT (tests/test_import_cost.py).
+@cache
+def _es256() -> ECAlgorithm:
+    from jwt.algorithms import ECAlgorithm
+
+    return ECAlgorithm(ECAlgorithm.SHA256)
+
+
+def base64url_encode(raw: bytes) -> bytes:
+    """base64url without padding (PyJWT's ``base64url_encode``)."""
+    return base64.urlsafe_b64encode(raw).replace(b"=", b"")
+
+
 _REQUIRED = ("iss", "aud", "iat", "exp", "jti")
 
 
@@ -140,7 +154,7 @@ class CallerIdentity:
             claims["sub"] = principal
         payload = base64url_encode(json.dumps(claims, separators=(",", ":")).encode())
         signing_input = self._header + b"." + payload
-        signature = _ES256.sign(signing_input, self._keys.key)
+        signature = _es256().sign(signing_input, self._keys.key)
         return (signing_input + b"." + base64url_encode(signature)).decode("ascii")
 
 
@@ -195,7 +209,7 @@ class CallerCheck:
         payload, _, signature = rest.partition(".")
         try:
             raw = _b64(signature)
-            valid = _ES256.verify(f"{header}.{payload}".encode("ascii"), certified.key, raw)
+            valid = _es256().verify(f"{header}.{payload}".encode("ascii"), certified.key, raw)
             claims = json.loads(_b64(payload)) if valid else None
         except (ValueError, binascii.Error, UnicodeError):
             valid, claims = False, None
@@ -218,6 +232,8 @@ class CallerCheck:
 
     def _header(self, token: str, now: float) -> Certified:
         """The certified key a token's header names, checked (and remembered by header)."""
+        import jwt  # with keys only (see _es256)
+
         try:
             header = jwt.get_unverified_header(token)
         except jwt.exceptions.PyJWTError:

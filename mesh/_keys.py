@@ -27,13 +27,14 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import jwt
-from cryptography.hazmat.primitives.asymmetric import ec
-from jwt.algorithms import ECAlgorithm
+from typing import TYPE_CHECKING, Any
 
 from mesh._errors import ConfigError, PeerRefused
+
+# PyJWT and cryptography (~0.1 s to import) are imported where keys are used: a node without
+# keys never loads them (tests/test_import_cost.py).
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 __all__ = [
     "AGENT_FOLDER",
@@ -68,6 +69,9 @@ def thumbprint(jwk: dict[str, Any]) -> str:
 
 
 def _public_jwk(key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) -> dict[str, Any]:
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from jwt.algorithms import ECAlgorithm
+
     public = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey) else key
     jwk: dict[str, Any] = ECAlgorithm.to_jwk(public, as_dict=True)
     jwk = {k: jwk[k] for k in ("kty", "crv", "x", "y")}
@@ -75,6 +79,8 @@ def _public_jwk(key: ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey) -> 
 
 
 def _private_jwk(key: ec.EllipticCurvePrivateKey) -> dict[str, Any]:
+    from jwt.algorithms import ECAlgorithm
+
     jwk: dict[str, Any] = ECAlgorithm.to_jwk(key, as_dict=True)
     return {**_public_jwk(key), "d": jwk["d"]}
 
@@ -103,6 +109,10 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 
 
 def _private_key(jwk: dict[str, Any], path: Path) -> ec.EllipticCurvePrivateKey:
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from jwt.algorithms import ECAlgorithm
+
     try:
         key = ECAlgorithm.from_jwk(jwk)
     except jwt.exceptions.PyJWTError as exc:
@@ -115,6 +125,8 @@ def _private_key(jwk: dict[str, Any], path: Path) -> ec.EllipticCurvePrivateKey:
 def init_mesh(folder: Path) -> str:
     """Create the mesh's trust root in ``folder``; its thumbprint. ``ConfigError`` when one is
     there already (a new root would orphan every certificate it issued)."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
     if (folder / ROOT_PRIVATE).exists() or (folder / ROOT_PUBLIC).exists():
         raise ConfigError(
             f"{folder} already holds a mesh root ({ROOT_PUBLIC}); a new root would invalidate "
@@ -132,6 +144,9 @@ def issue_agent(folder: Path, agent: str, *, days: int = DEFAULT_DAYS) -> Path:
     """A new key for ``agent``, certified by the root in ``folder``, written to
     ``folder/agents/<agent>/`` (replacing an older one: that is how a key is rotated). The
     folder to mount on the agent's node."""
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import ec
+
     if not _AGENT.match(agent):
         raise ConfigError(
             f"{agent!r} is not an agent name: lowercase letters, digits and '-', starting "
@@ -181,6 +196,10 @@ class TrustRoot:
     def load(cls, where: Path) -> TrustRoot:
         """The root in ``where``: a ``root.jwk`` file, or a folder holding one (the mesh's
         folder or an agent's). ``ConfigError`` says what is missing."""
+        import jwt
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from jwt.algorithms import ECAlgorithm
+
         path = where / ROOT_PUBLIC if where.is_dir() else where
         jwk = _read_json(path, "mesh root's public key")
         try:
@@ -194,6 +213,10 @@ class TrustRoot:
     def check(self, certificate: str, *, now: float | None = None) -> Certified:
         """The agent and key ``certificate`` binds, if this root signed it and it has not
         expired; else ``PeerRefused`` whose message is the reason (a log or a 4xx carries it)."""
+        import jwt
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from jwt.algorithms import ECAlgorithm
+
         try:
             header = jwt.get_unverified_header(certificate)
         except jwt.exceptions.PyJWTError:

@@ -37,7 +37,7 @@ import re
 import time
 from dataclasses import dataclass
 from email.utils import formatdate, parsedate_to_datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.types import AgentCard
@@ -47,7 +47,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from mesh._a2a.card import CARD_CACHE_CONTROL, interfaces
-from mesh._a2a.signing import CardSigner
+
+if TYPE_CHECKING:
+    # With keys only: a node without them never imports PyJWT (tests/test_import_cost.py).
+    from mesh._a2a.signing import CardSigner
 
 __all__ = ["CardRoute", "loopback_origin"]
 

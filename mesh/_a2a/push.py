@@ -52,7 +52,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from a2a.server.tasks import PushNotificationSender
@@ -61,7 +61,6 @@ from a2a.types import (
     TaskArtifactUpdateEvent,
     TaskStatusUpdateEvent,
 )
-from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from mesh._a2a.push_configs import PushConfigStore, PushUrlCheck
 from mesh._a2a.push_queue import Delivery, claim, delete_sent, queue_settled, reschedule
@@ -70,6 +69,9 @@ from mesh._metrics import NodeMetrics, PushOutcome
 from mesh._netguard import AddressRefused, create_http_client
 from mesh._netpolicy import NetworkPolicy
 from mesh._sqlite import Database
+
+if TYPE_CHECKING:
+    from tenacity import AsyncRetrying
 
 __all__ = [
     "CONCURRENCY",
@@ -109,10 +111,10 @@ class PushOutbox(PushNotificationSender):
         self._db = db
         self.policy = policy
         self._metrics = metrics
-        # The waits between attempts; the attempt count lives in the outbox row.
-        self._retrying = AsyncRetrying(
-            wait=wait_exponential(multiplier=first_retry_s, max=max_retry_s)
-        )
+        # The waits between attempts (made at the first failure: tenacity is not imported by a
+        # node that never retries a push); the attempt count lives in the outbox row.
+        self._backoff = (first_retry_s, max_retry_s)
+        self._retrying: AsyncRetrying | None = None
         self._retry_for_s = retry_for_s
         self._timeout_s = timeout_s
         self._clock = clock
@@ -293,6 +295,11 @@ class PushOutbox(PushNotificationSender):
             await self._db.write(lambda conn: delete_sent(conn, d))
             return
         now = self._clock()
+        from tenacity import AsyncRetrying, RetryCallState, wait_exponential
+
+        if self._retrying is None:
+            first, most = self._backoff
+            self._retrying = AsyncRetrying(wait=wait_exponential(multiplier=first, max=most))
         retry = RetryCallState(self._retrying, fn=None, args=(), kwargs={})
         retry.attempt_number = d.attempts
         next_at = min(now + self._retrying.wait(retry), d.expires_at)

@@ -51,7 +51,6 @@ from mesh._a2a.fastroute import FastRoute
 from mesh._a2a.handler import MeshRequestHandler
 from mesh._a2a.idempotency import IdempotencyKeys
 from mesh._a2a.push import PushParts
-from mesh._a2a.signing import CardSigner
 from mesh._a2a.store import Recovery, SqliteTaskStore
 from mesh._a2a.waits import WaitStore
 from mesh._agent import Agent
@@ -61,7 +60,10 @@ from mesh._settings import NodeSettings
 from mesh._sqlite import Database
 
 if TYPE_CHECKING:
+    # With keys only: a node without them never imports PyJWT (tests/test_import_cost.py).
     from fastapi import FastAPI
+
+    from mesh._a2a.signing import CardSigner
 
 __all__ = [
     "METHODS",

@@ -1,0 +1,73 @@
+"""Issue 19 item 5: a node imports what its first request needs, nothing more. ``import mesh``
+and building a node (an agent with one typed skill, no keys, no registry: what ``mesh serve``
+does before it listens, app included) must not import the modules only some nodes need: PyJWT
+and cryptography (keys), tenacity (push retries, the registrar, delegation's retries), a model
+provider's SDK, JSON Schema, templates, gRPC. Checked in a fresh interpreter: ``sys.modules`` of
+this one holds whatever earlier tests imported.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support import ROOT, clean_env
+
+# The modules a keyless typed node does not need before (or at) its first request.
+HEAVY = (
+    "jwt",  # mesh keys: call tokens, signed cards
+    "cryptography",
+    "tenacity",  # push delivery retries, the registrar's backoff, delegation retries
+    "google.genai",  # the Gemini model
+    "jsonschema",
+    "jinja2",
+    "grpc",
+)
+
+BUILD = """
+import json, sys
+import mesh
+from mesh import Agent, MeshSettings, Node, NodeSettings, skill
+from pydantic import BaseModel
+
+class Ask(BaseModel):
+    applicant_id: str
+
+class Score(BaseModel):
+    score: int
+
+async def score(req: Ask) -> Score:
+    '''Score an applicant.'''
+    return Score(score=700)
+
+agent = Agent(name="import-cost", skills=[skill(score, id="score")])
+settings = NodeSettings.build(
+    MeshSettings.from_environment(), agent_name=agent.name, port=8999,
+    data_dir=sys.argv[1], no_register=True,
+)
+node = Node(agent, settings)
+assert node.app is not None
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_building_a_node_imports_no_module_its_first_request_does_not_need(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BUILD, str(tmp_path)],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    found = {
+        heavy: sorted(m for m in loaded if m == heavy or m.startswith(heavy + "."))[:3]
+        for heavy in HEAVY
+    }
+    assert {k: v for k, v in found.items() if v} == {}
