@@ -60,7 +60,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from mesh._tls import client_context
+from mesh._tls import client_context, trusted_ca
 
 __all__ = ["REPLAYABLE", "CancelSafePool", "create_transport"]
 
@@ -141,6 +141,12 @@ class CancelSafePool(httpcore.AsyncConnectionPool):
         response.stream = _CloseInTask(response.stream, self._closing)
         return response
 
+    def create_connection(self, origin: httpcore.Origin) -> httpcore.AsyncConnectionInterface:
+        if self._ssl_context is None and origin.scheme == b"https":
+            # Verified as ever, against the system's store read once per process (cached).
+            self._ssl_context = client_context()
+        return super().create_connection(origin)
+
     def _assign_requests_to_connections(self) -> list[httpcore.AsyncConnectionInterface]:
         held = {id(r.connection) for r in self._requests if r.connection is not None}
         orphans = [
@@ -172,11 +178,15 @@ def create_transport(
     """An httpx transport over a ``CancelSafePool`` (HTTP/1.1, certificates verified against
     ``mesh._tls.client_context()``, nothing taken from the environment), connecting through
     ``network_backend`` if given."""
-    transport = httpx.AsyncHTTPTransport(trust_env=False, limits=limits)
+    # httpx builds a pool we replace below, with an SSL context nobody uses: verify=False makes
+    # that one without loading a CA store (~50 ms of a node's start-up). Ours verifies.
+    transport = httpx.AsyncHTTPTransport(trust_env=False, limits=limits, verify=False)
     # httpx has no public seam for the pool: replace the one it built with ours, same
-    # settings. httpx is pinned below 1.0, where this is stable.
+    # settings. httpx is pinned below 1.0, where this is stable. The system's trust store
+    # (another ~50 ms) is loaded at the first https connection; a bundle given to
+    # ``mesh._tls.trust`` (MESH_TLS_CA) is read now, so a bad one fails at start.
     transport._pool = CancelSafePool(
-        ssl_context=client_context(),
+        ssl_context=client_context() if trusted_ca() is not None else None,
         max_connections=limits.max_connections,
         max_keepalive_connections=limits.max_keepalive_connections,
         keepalive_expiry=limits.keepalive_expiry,
