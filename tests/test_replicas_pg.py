@@ -7,6 +7,7 @@ The database URL carries a password that no log, /health or /introspect shows.""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -291,3 +292,30 @@ def test_the_tasks_of_a_replica_killed_mid_task_end_interrupted_on_another(
         assert again["task"]["id"] != task_id
         assert again["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
         assert len([c for c in pair.calls() if c.startswith("start j3")]) == 2
+
+
+def test_a_subscriber_on_b_follows_a_task_of_a_to_its_end(replicas: Replicas) -> None:
+    sent = _rpc(
+        replicas.a,
+        "SendMessage",
+        {"message": _crunch("j4"), "configuration": {"returnImmediately": True}},
+    )
+    task_id = sent["task"]["id"]
+    wait_for(lambda: any(c.startswith("start j4") for c in replicas.calls()), what="j4 started")
+    body = {"jsonrpc": "2.0", "id": 3, "method": "SubscribeToTask", "params": {"id": task_id}}
+    events: list[dict[str, Any]] = []
+    with httpx.stream("POST", replicas.b + "/", json=body, headers=_HEADERS, timeout=30) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():  # bounded: the stream ends when the task does (or 30 s)
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            assert "error" not in event, event
+            events.append(event["result"])
+            if len(events) == 1:
+                (replicas.dir / "j4.go").touch()  # subscribed: let A finish
+    assert events[0]["task"]["id"] == task_id
+    assert events[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    artifacts = [e["artifactUpdate"]["artifact"] for e in events if "artifactUpdate" in e]
+    assert artifacts
+    assert artifacts[0]["parts"][0]["data"]["job"] == "j4"

@@ -62,10 +62,17 @@ from a2a.types import (
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
+    TaskArtifactUpdateEvent,
     TaskPushNotificationConfig,
     TaskState,
+    TaskStatusUpdateEvent,
 )
-from a2a.utils.errors import A2AError, InvalidParamsError, UnsupportedOperationError
+from a2a.utils.errors import (
+    A2AError,
+    InvalidParamsError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
 
 from mesh._a2a.executor import RESUME, MeshExecutor, answers_named
 from mesh._a2a.fastpath import FastPath
@@ -99,6 +106,24 @@ _RELEASE_WAITING: dict[str, Any] = (
     if "interrupted_task_timeout" in inspect.signature(DefaultRequestHandler).parameters
     else {}
 )
+
+
+async def _followed(
+    store: SqliteTaskStore, first: Task, context: ServerCallContext
+) -> AsyncGenerator[Event, None]:
+    """The events of a task another replica runs, after ``first``: a status update per stored
+    state, and its artifacts before the one that settles it."""
+    sent = {a.artifact_id for a in first.artifacts}
+    async for task in store.follow(first.id, context):
+        if task.status.state == first.status.state and not task.artifacts:
+            continue
+        for artifact in task.artifacts:
+            if artifact.artifact_id not in sent:
+                sent.add(artifact.artifact_id)
+                yield TaskArtifactUpdateEvent(
+                    task_id=task.id, context_id=task.context_id, artifact=artifact, last_chunk=True
+                )
+        yield TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
 
 
 class _Owner(User):
@@ -374,6 +399,26 @@ class MeshRequestHandler(RequestHandler):
     async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event, None]:
+        store = self.task_store.inner
+        if (
+            isinstance(store, SqliteTaskStore)
+            and store.shared
+            and not self.task_store.running(params.id)
+        ):
+            # A shared store, and the task does not run here (another replica runs it, or it
+            # waits): followed through the database rather than a queue of this process.
+            task = await store.get(params.id, context)
+            if task is None:
+                raise TaskNotFoundError
+            if task.status.state in TERMINAL_STATES:
+                raise UnsupportedOperationError(
+                    message=f"Task {task.id} is in terminal state: "
+                    f"{TaskState.Name(task.status.state)}"
+                )
+            yield task
+            async for event in _followed(store, task, context):
+                yield event
+            return
         # While someone follows the task, its run relays progress (mesh._a2a.relay).
         followers = self.executor.followers
         followers.add(params.id)

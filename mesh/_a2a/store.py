@@ -44,7 +44,7 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +145,8 @@ _RUNNER = (
     "insert into mesh_task_runners (owner, task_id, runner) values (?, ?, ?) "
     "on conflict (owner, task_id) do update set runner = excluded.runner"
 )
+#: How often ``follow`` reads a task another replica runs.
+FOLLOW_EVERY_S = 0.25
 #: What ``trace`` returns: (owner, task, first save in ns or None), oldest first.
 TraceRows = list[tuple[str, Task, int | None]]
 #: Most tasks one ``trace`` call returns.
@@ -457,6 +459,31 @@ class SqliteTaskStore(TaskStore):
 
         row = await self._db.read(read)
         return None if row is None else _parse(row[0])
+
+    @property
+    def shared(self) -> bool:
+        """Whether other replicas use this database too (PostgreSQL): a task may run on one
+        of them."""
+        return self._db.dialect != "sqlite"
+
+    async def follow(
+        self, task_id: str, context: ServerCallContext, *, every_s: float = FOLLOW_EVERY_S
+    ) -> AsyncGenerator[Task, None]:
+        """A task another replica runs, as its stored states change, until it settles (ends or
+        waits); polled every ``every_s``. Intermediate states live in the running replica's
+        memory, so a follower sees the first stored state and the settled one."""
+        seen: bytes | None = None
+        while True:
+            task = await self.get(task_id, context)
+            if task is None:
+                return
+            data = task.SerializeToString(deterministic=True)
+            if data != seen:
+                seen = data
+                yield task
+            if task.status.state in SETTLED_STATES:
+                return
+            await asyncio.sleep(every_s)
 
     async def _write_dirty(self) -> None:
         """Persist the in-memory states of in-flight tasks (before a listing)."""
