@@ -104,6 +104,13 @@ log = logging.getLogger("registry.prober")
 MAX_HEALTH_BYTES = 64 * 1024
 # What the probe asks: /health, and a mesh node's window stats with it.
 HEALTH_PATH = "/health?stats=1"
+# Each probe on a connection of its own, closed by the instance after its answer (so the
+# TIME_WAIT is the instance's). Measured at 1,000 instances (tests/bench/probe_connections.py,
+# docs/performance.md): half the registry's CPU per probe of the shared keep-alive pool when
+# the instances share a host:port, and about the same when each has its own (the pool keeps 20
+# connections alive, so it opens new ones anyway). A pool per host reuses its connection only
+# if its host is probed again within the keep-alive (5 s), which past the probe budget it is not.
+_PROBE_HEADERS = {"Connection": "close"}
 # Probes in flight at once; the registry's client has room for card fetches beside them.
 MAX_CONCURRENT_PROBES = 64
 # Probes per round at most (``--probe-budget``). A probe costs the registry ~1 ms of CPU (the
@@ -487,6 +494,7 @@ class Prober:
                     inst.url + HEALTH_PATH,
                     max_bytes=MAX_HEALTH_BYTES,
                     timeout_s=self._timeout_s,
+                    headers=_PROBE_HEADERS,
                 )
         except FetchFailed as exc:
             reason = f"health check failed: {_FAILED.get(exc.reason, 'unreachable')}"
