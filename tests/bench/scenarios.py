@@ -18,7 +18,18 @@ from pathlib import Path
 from mesh._keys import init_mesh, issue_agent
 from tests.bench.load import ID, Target
 
-__all__ = ["A2A", "FLOOR", "MESH", "ROWS", "SIGNED", "Ctx", "Row", "ServerSpec"]
+__all__ = [
+    "A2A",
+    "ADK",
+    "ADK_REMOTE",
+    "FLOOR",
+    "MESH",
+    "ROWS",
+    "SIGNED",
+    "Ctx",
+    "Row",
+    "ServerSpec",
+]
 
 FLOOR = "fastapi"
 A2A = "a2a-sdk"
@@ -26,6 +37,8 @@ MESH = "mesh-node"
 LOCAL = "coord-local"
 REMOTE = "coord-remote"
 SIGNED = "coord-remote-signed"
+ADK = "adk"
+ADK_REMOTE = "adk-coord-remote"
 
 A2A_HEADERS = {"A2A-Version": "1.0"}
 # The signed row's user credential: a coordinator with keys is never open, so the load carries
@@ -120,6 +133,18 @@ def _mesh_serve(spec: str, server: str) -> Callable[[Ctx], list[str]]:
         ]
 
     return argv
+
+
+def _adk_serve(kind: str, server: str, peer: str = "") -> Callable[[Ctx], list[str]]:
+    def argv(ctx: Ctx) -> list[str]:
+        out = [PY, "-m", "tests.bench.servers.adk_node", kind, "--port", str(ctx.ports[server])]
+        return out + (["--peer", ctx.url(peer)] if peer else [])
+
+    return argv
+
+
+# ADK's to_a2a app has no /health: it is ready when it serves its card.
+ADK_READY = "/.well-known/agent-card.json"
 
 
 def _modules_file(server: str) -> Callable[[Ctx], dict[str, str]]:
@@ -269,5 +294,28 @@ ROWS: tuple[Row, ...] = (
         ),
         target=_a2a_target(SCORE_TEXT, None, SCORED, {"Authorization": f"Bearer {BENCH_TOKEN}"}),
         missing=_need("mesh._node", "mesh._cli.serve", "mesh._remote", "mesh._identity"),
+    ),
+    # What a user would pick instead (issue 19 item 7): Google ADK, its LlmAgent on a fake
+    # model with the coordinator's turn, served by its own to_a2a under uvicorn.
+    Row(
+        key=ADK,
+        label="ADK to_a2a: LlmAgent (fake model) -> local tool",
+        servers=(ServerSpec("adk", _adk_serve("local", "adk"), health=ADK_READY),),
+        target=_a2a_target(SCORE_TEXT, None, SCORED),
+        missing=_need("google.adk"),
+    ),
+    Row(
+        key=ADK_REMOTE,
+        label="ADK to_a2a: LlmAgent -> AgentTool(RemoteA2aAgent) -> mesh specialist node",
+        servers=(
+            ServerSpec(
+                "bureau",
+                _mesh_serve("tests.bench.agents.specialist:agent", "bureau"),
+                env=_modules_file("bureau"),
+            ),
+            ServerSpec("adk", _adk_serve("remote", "adk", peer="bureau"), health=ADK_READY),
+        ),
+        target=_a2a_target(SCORE_TEXT, None, SCORED),
+        missing=_need("google.adk", "mesh._node", "mesh._cli.serve"),
     ),
 )
