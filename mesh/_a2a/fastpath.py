@@ -6,8 +6,11 @@ CPU per request for a skill whose work takes microseconds. ``MeshRequestHandler`
 path the narrow, hot case (``FastPath.takes``):
 
 * a new task (no ``message.taskId``), a blocking send (no ``returnImmediately``), no push config,
-* whose skill resolves to a typed skill with a Python handler (no model) that never asks
-  (not ``asks=True``: a task that may wait for input goes through the SDK).
+* whose skill resolves to a typed skill with a Python handler that never asks (not
+  ``asks=True``: such a task goes through the SDK), or to an LLM skill (``chat`` or an
+  ``llm_skill``): the turn runs here whatever it does, tools, delegations, attachments, a tool
+  that asks (the turn ends INPUT_REQUIRED here as there; the answer, a message naming the task,
+  always goes to the SDK's handler, which loads the task from the store).
 
 Anything else goes to the SDK's handler, which answers it (or refuses it) as always. Params
 the SDK's handler refuses (a required field missing, a negative ``historyLength``) are refused
@@ -23,7 +26,10 @@ consumer enforces on an agent's events (``InvalidAgentResponseError``). The answ
 as ``TaskManager.save_task_event`` returned it last.
 
 A task run here is outside the SDK's registry of active tasks, so ``FastPath`` keeps its own
-record of them: ``CancelTask`` stops one (``MeshRequestHandler`` asks here first). A duplicate
+record of them: ``CancelTask`` stops one and ``SubscribeToTask`` follows one
+(``MeshRequestHandler`` asks here first): the subscriber gets the task as it is, then each
+event as it is applied, and the stream ends with the run, as the SDK's does (a turn on this
+path can last as long as its model takes). A duplicate
 send waits for a running task through ``WatchedTaskStore``, which sees both paths' saves.
 Set ``MESH_FASTPATH=0`` to send everything through the SDK (tests/test_node_fastpath.py runs
 both and compares them).
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, NoReturn
@@ -95,6 +102,19 @@ class AppliedEvents(EventQueue):
         self.message: Message | None = None
         #: The rule violation raised here last (it is the consumer's error, not the agent's).
         self.violation: InvalidAgentResponseError | None = None
+        #: Subscribers' queues: each applied event, then None when the run ends.
+        self.taps: list[asyncio.Queue[Event | None]] = []
+
+    async def apply(self, event: Event) -> None:
+        """Save ``event`` to the task and hand it to the subscribers."""
+        self.task = await self.manager.save_task_event(event)
+        for tap in self.taps:
+            tap.put_nowait(event)
+
+    def close(self) -> None:
+        """The run ended: every subscription ends after what it was given."""
+        for tap in self.taps:
+            tap.put_nowait(None)
 
     async def enqueue_event(self, event: Event) -> None:
         if isinstance(event, Message):
@@ -121,7 +141,7 @@ class AppliedEvents(EventQueue):
         else:
             # The SDK's consumer takes the context of each update (TaskManager checks it).
             self.manager.context_id = event.context_id
-        self.task = await self.manager.save_task_event(event)
+        await self.apply(event)
 
     def _refuse(self, message: str) -> NoReturn:
         self.violation = InvalidAgentResponseError(message)
@@ -149,12 +169,13 @@ class AppliedEvents(EventQueue):
             task = Task()
             task.CopyFrom(created)
             task.status.CopyFrom(failed)
-            self.task = await self.manager.save_task_event(task)
+            await self.apply(task)
             return
         if task.status.state in TERMINAL_STATES:
             return
-        update = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=failed)
-        self.task = await self.manager.save_task_event(update)
+        await self.apply(
+            TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=failed)
+        )
 
 
 @dataclass
@@ -215,8 +236,13 @@ class FastPath:
             )
         except SkillInputError:
             return False
-        # A skill that may ask can end its run waiting: that task needs the SDK's machinery.
-        return skill.typed and skill.handler is not None and not skill.llm and not skill.asks
+        if skill.llm:
+            # An LLM turn: its tools may ask or delegate; a turn that stops waiting ends
+            # INPUT_REQUIRED here as on the SDK's path (the answer, a message naming the task,
+            # goes to the SDK's handler, which loads the task from the store either way).
+            return True
+        # A function skill that may ask (``ctx.ask``) goes through the SDK.
+        return skill.typed and skill.handler is not None and not skill.asks
 
     async def send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
         """Run the new task of ``params`` to its end; the task (or the executor's message).
@@ -265,10 +291,11 @@ class FastPath:
             if events.task is not None and events.task.status.state not in TERMINAL_STATES:
                 # An executor whose cancel wrote no end: the task is CANCELED all the same.
                 canceled = TaskStatus(state=TaskState.TASK_STATE_CANCELED)
-                update = TaskStatusUpdateEvent(
-                    task_id=task_id, context_id=events.task.context_id, status=canceled
+                await events.apply(
+                    TaskStatusUpdateEvent(
+                        task_id=task_id, context_id=events.task.context_id, status=canceled
+                    )
                 )
-                events.task = await events.manager.save_task_event(update)
         except Exception as exc:
             try:
                 # An A2A error the executor raised before any task (a direct reply's failure)
@@ -281,6 +308,36 @@ class FastPath:
         finally:
             del self.running[task_id]
             running.done.set()
+            events.close()
+
+    def runs(self, task_id: str) -> bool:
+        """Whether task ``task_id`` runs here now."""
+        return task_id in self.running
+
+    async def subscribe(
+        self, task_id: str, context: ServerCallContext
+    ) -> AsyncGenerator[Event, None]:
+        """Follow task ``task_id``, which runs here (``runs``): the task as it is now, then
+        each event applied to it, until the run ends. The SDK's checks first: the caller's own
+        task (owner scope)."""
+        running = self.running.get(task_id)
+        if running is None or await self.store.get(task_id, context) is None:
+            raise TaskNotFoundError
+        events = running.events
+        # No await from here to the tap: nothing applied in between is missed or repeated.
+        if running.done.is_set():
+            if events.task is not None:
+                yield events.task
+            return
+        tap: asyncio.Queue[Event | None] = asyncio.Queue()
+        events.taps.append(tap)
+        try:
+            if events.task is not None:
+                yield events.task
+            while (event := await tap.get()) is not None:
+                yield event
+        finally:
+            events.taps.remove(tap)
 
     async def cancel(self, task_id: str, context: ServerCallContext) -> Task | None:
         """Stop task ``task_id`` and return it CANCELED; None when it is not (or no longer)

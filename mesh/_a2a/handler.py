@@ -7,9 +7,9 @@ context builder), so nothing here reads the SDK handler's private state. It adds
 * **idempotent sends**: a repeated message (same owner, caller and ``messageId``: see
   ``mesh._a2a.idempotency``) gets the task it started back, after waiting for it if it still
   runs here, on ``SendMessage`` and ``SendStreamingMessage`` alike;
-* **the fast path** (``mesh._a2a.fastpath``): a new blocking send of a function skill is run
-  by ``FastPath`` instead of the SDK's task machinery, and ``CancelTask`` of such a task stops
-  it there.
+* **the fast path** (``mesh._a2a.fastpath``): a new blocking send of a function skill or an
+  LLM turn is run by ``FastPath`` instead of the SDK's task machinery; ``CancelTask`` of such a
+  task stops it there and ``SubscribeToTask`` follows it there.
 
 * **tasks that wait** (``mesh._asks``): a message naming a task (``taskId``) is taken only
   while the task waits for input: the answer is checked against the open question's schema
@@ -182,10 +182,10 @@ class MeshRequestHandler(RequestHandler):
         self._close_sdk = sdk.aclose
         #: The SDK's handler (used through its interface): all the fast path does not serve.
         self.sdk: RequestHandler = sdk
-        #: None when turned off or when the agent has no function skill to serve.
+        #: None when turned off or when the agent has no skill the fast path serves.
         self.fastpath: FastPath | None = None
         skills = executor.dispatcher.agent.all_skills
-        if fastpath and any(s.typed and s.handler is not None for s in skills):
+        if fastpath and any(s.llm or (s.typed and s.handler is not None) for s in skills):
             self.fastpath = FastPath(executor, self.task_store, self.request_contexts)
         executor.clock.expire = self._expire
 
@@ -423,6 +423,11 @@ class MeshRequestHandler(RequestHandler):
         followers = self.executor.followers
         followers.add(params.id)
         try:
+            if self.fastpath is not None and self.fastpath.runs(params.id):
+                # A blocking send the fast path runs (the SDK knows no run of it): followed there.
+                async for event in self.fastpath.subscribe(params.id, context):
+                    yield event
+                return
             async for event in self.sdk.on_subscribe_to_task(params, context):
                 yield event
         finally:
