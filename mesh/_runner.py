@@ -11,7 +11,9 @@ One turn: the user's message becomes an event; then the model is called with the
 the session history and the tool declarations. If it asks for tools, they run concurrently and
 their results go back as one event; the loop goes on until the model answers without tool calls
 (the ``final`` event), or ``agent.max_model_calls`` is reached (``MaxModelCallsExceeded``).
-Every non-partial event is appended to the session as it happens.
+Every non-partial event is appended to the session as it happens, without waiting for its
+commit (``durable=False``); the final answer's append waits, so the turn's writes share one
+commit and a returned turn is stored.
 
 A tool may return ``mesh.Ask``: the turn then stops with ``TurnSuspended`` (``mesh._pending``)
 once the response's other calls finished, and ``resume`` goes on with the answers:
@@ -352,21 +354,29 @@ class Runner:
         meta = turn.meta(metadata)
         async with self.locks.hold(user_id, session_id):
             session = await self._load(user_id, session_id)
-            cleared = await self._not_waiting(session, waiting)
-            session = await self.sessions.append_event(
-                session,
-                Event(
-                    invocation_id=invocation_id,
-                    author="user",
-                    content=content,
-                    state_delta=cleared,
-                ),
-            )
-            task_id = str(meta.get("task_id") or invocation_id)
-            steps = self._loop(turn, session, invocation_id, task_id, meta, response_schema, stream)
-            async with contextlib.aclosing(steps):
-                async for event in steps:
-                    yield event
+            try:
+                cleared = await self._not_waiting(session, waiting)
+                session = await self.sessions.append_event(
+                    session,
+                    Event(
+                        invocation_id=invocation_id,
+                        author="user",
+                        content=content,
+                        state_delta=cleared,
+                    ),
+                    durable=False,
+                )
+                task_id = str(meta.get("task_id") or invocation_id)
+                steps = self._loop(
+                    turn, session, invocation_id, task_id, meta, response_schema, stream
+                )
+                async with contextlib.aclosing(steps):
+                    async for event in steps:
+                        yield event
+            except BaseException:
+                await self._settle(session, failed=True)
+                raise
+            await self._settle(session, failed=False)
 
     async def _resume(
         self,
@@ -396,7 +406,7 @@ class Runner:
                 if filled.waiting:
                     raise TurnSuspended(filled)  # nothing changed in the session
                 tool_event = self._tool_event(filled.calls, inv, {WAITING_KEY: None})
-                session = await self.sessions.append_event(session, tool_event)
+                session = await self.sessions.append_event(session, tool_event, durable=False)
                 turn.events.append(tool_event)
                 yield tool_event
             elif not _answered_in(session, pending):
@@ -413,9 +423,25 @@ class Runner:
                     yield done[-1]
                     return
             steps = self._loop(turn, session, inv, pending.task_id, meta, response_schema, stream)
-            async with contextlib.aclosing(steps):
-                async for event in steps:
-                    yield event
+            try:
+                async with contextlib.aclosing(steps):
+                    async for event in steps:
+                        yield event
+            except BaseException:
+                await self._settle(session, failed=True)
+                raise
+            await self._settle(session, failed=False)
+
+    async def _settle(self, session: Session, *, failed: bool) -> None:
+        """The turn's queued session writes stored (one wait for all of them, at its end;
+        usually its last append waited already). A turn that failed keeps its own error."""
+        if not failed:
+            await self.sessions.sync(session)
+            return
+        try:
+            await self.sessions.sync(session)
+        except Exception:
+            log.exception("session %s: storing the failed turn's events failed", session.id)
 
     async def _not_waiting(self, session: Session, waiting: WaitCheck | None) -> dict[str, Any]:
         """Raise ``SessionWaiting`` when the session's last turn still waits; the state delta
@@ -504,7 +530,8 @@ class Runner:
                 metadata=event_meta,
                 state_delta=jsonable(response.state_delta),
             )
-            session = await self.sessions.append_event(session, model_event)
+            # The final answer waits for the turn's writes (one commit for all of them).
+            session = await self.sessions.append_event(session, model_event, durable=not calls)
             turn.events.append(model_event)
             yield model_event
             if not calls:
@@ -525,7 +552,7 @@ class Runner:
                 # The model could not read an answer anyway: nobody is asked in vain.
                 done = [c.not_asked(limit) if c.response is None else c for c in done]
             tool_event = self._tool_event(done, invocation_id, {})
-            session = await self.sessions.append_event(session, tool_event)
+            session = await self.sessions.append_event(session, tool_event, durable=False)
             turn.events.append(tool_event)
             yield tool_event
         # The last response still asked for tools. They ran, but the model will not see
@@ -775,7 +802,8 @@ class Runner:
         if session is not None:
             return session
         try:
-            session = await self.sessions.create(user_id, session_id)
+            # Absent a moment ago, under this session's lock: stored with the turn's writes.
+            session = await self.sessions.create(user_id, session_id, durable=False)
         except StoreError:
             # Created meanwhile by another runner on the same store.
             again = await self.sessions.get(user_id, session_id)

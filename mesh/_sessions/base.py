@@ -76,10 +76,14 @@ class SessionStore(Protocol):
         user_id: str,
         session_id: str | None = None,
         state: Mapping[str, Any] | None = None,
+        *,
+        durable: bool = True,
     ) -> Session:
         """A new, empty session (a fresh id when none is given).
 
-        Raises ``StoreError`` when ``(user_id, session_id)`` already exists.
+        Raises ``StoreError`` when ``(user_id, session_id)`` already exists. With
+        ``durable=False`` (a caller that read it absent under the session's lock) the store may
+        return before the session is stored and skip that check; ``sync`` reports the outcome.
         """
         ...
 
@@ -92,12 +96,22 @@ class SessionStore(Protocol):
         """The existing session, or a new one (``state`` only seeds a new session)."""
         ...
 
-    async def append_event(self, session: Session, event: Event) -> Session:
+    async def append_event(
+        self, session: Session, event: Event, *, durable: bool = True
+    ) -> Session:
         """Store ``event`` and merge its ``state_delta``, atomically; update ``session`` in place.
 
         Partial events are not stored (``session`` is returned unchanged). Raises ``StoreError``
-        when the session does not exist in this store.
+        when the session does not exist in this store. With ``durable=False`` the store may
+        return before the event is stored (the runner appends a turn's events so and waits
+        once, at the turn's end); a later durable append or ``sync`` of the session returns
+        only once it is, and raises its error.
         """
+        ...
+
+    async def sync(self, session: Session) -> None:
+        """Return once every ``durable=False`` write of ``session`` is stored; raise
+        ``StoreError`` when one failed."""
         ...
 
     async def list_sessions(self, user_id: str) -> list[SessionInfo]:

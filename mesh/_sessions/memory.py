@@ -41,6 +41,8 @@ class InMemorySessionStore:
         user_id: str,
         session_id: str | None = None,
         state: Mapping[str, Any] | None = None,
+        *,
+        durable: bool = True,
     ) -> Session:
         session = Session.new(user_id, session_id, copy.deepcopy(dict(state or {})))
         key = (user_id, session.id)
@@ -61,7 +63,9 @@ class InMemorySessionStore:
                 return existing
         return await self.create(user_id, session_id, state)
 
-    async def append_event(self, session: Session, event: Event) -> Session:
+    async def append_event(
+        self, session: Session, event: Event, *, durable: bool = True
+    ) -> Session:
         if event.partial:
             return session
         stored = self._sessions.get((session.user_id, session.id))
@@ -75,6 +79,9 @@ class InMemorySessionStore:
         merge_state(session.state, copy.deepcopy(event.state_delta))
         session.updated_at = now
         return session
+
+    async def sync(self, session: Session) -> None:
+        """Nothing to wait for: every write is done when its call returns."""
 
     async def list_sessions(self, user_id: str) -> list[SessionInfo]:
         infos = [

@@ -4,11 +4,18 @@ Two tables: ``mesh_sessions`` (one row per session, state as JSON) and ``mesh_se
 (one row per event, the whole ``Event`` as JSON, ordered by ``seq``). Appending an event and
 merging its state delta happen in one ``Database.write`` transaction, so a crash never leaves
 an event without its state change or the reverse.
+
+A turn's writes share a commit: ``create(durable=False)`` and ``append_event(durable=False)``
+queue their write (``Database.write_soon``) and return at once; the turn's last append
+(durable) or ``sync`` returns once they are all committed, with the error of any that failed.
+The writes commit in queue order, so what a turn acknowledges is on disk as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Mapping
@@ -20,6 +27,10 @@ from mesh._sessions.base import Session, SessionInfo, merge_state
 from mesh._sqlite import Database
 
 __all__ = ["SqliteSessionStore"]
+
+log = logging.getLogger("mesh.sessions")
+
+_Key = tuple[str, str]
 
 _SCHEMA = """
 create table if not exists mesh_sessions (
@@ -51,6 +62,28 @@ class SqliteSessionStore:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        # Writes queued by ``durable=False`` and not yet reported, by session.
+        self._pending: dict[_Key, list[asyncio.Future[Any]]] = {}
+
+    def _queue(self, key: _Key, write: Any) -> None:
+        """Queue ``write`` for ``key``'s session without waiting for its commit."""
+        self._pending.setdefault(key, []).append(self.db.write_soon(write))
+
+    async def sync(self, session: Session) -> None:
+        """Return once the session's queued writes are committed; raise the first one's
+        error (a ``StoreError``) when some failed."""
+        pending = self._pending.pop((session.user_id, session.id), None)
+        if not pending:
+            return
+        if not all(future.done() for future in pending):
+            await asyncio.wait(pending)
+        for future in pending:
+            exc = future.exception()
+            if exc is not None:
+                for other in pending:
+                    if other is not future and other.exception() is not None:
+                        log.error("session %s: a queued write failed: %s", session.id, other)
+                raise exc
 
     async def _ready(self) -> None:
         await self.db.ensure_schema("mesh_sessions", _SCHEMA)
@@ -93,6 +126,8 @@ class SqliteSessionStore:
         user_id: str,
         session_id: str | None = None,
         state: Mapping[str, Any] | None = None,
+        *,
+        durable: bool = True,
     ) -> Session:
         await self._ready()
         session = Session.new(user_id, session_id, state)
@@ -106,6 +141,11 @@ class SqliteSessionStore:
             )
             return cur.rowcount == 1
 
+        if not durable:
+            # The caller read it absent under the session's lock: nobody else creates it
+            # (another process that did meanwhile has its row kept; the appends go there).
+            self._queue((user_id, session.id), insert)
+            return session
         if not await self.db.write(insert):
             raise StoreError(f"session {session.id!r} of user {user_id!r} already exists")
         return session
@@ -128,12 +168,14 @@ class SqliteSessionStore:
                 return found
             raise
 
-    async def append_event(self, session: Session, event: Event) -> Session:
+    async def append_event(
+        self, session: Session, event: Event, *, durable: bool = True
+    ) -> Session:
         if event.partial:
             return session
         await self._ready()
         data = event.model_dump_json()
-        delta = json.loads(_dumps(event.state_delta, what=f"state_delta of event {event.id}"))
+        delta_json = _dumps(event.state_delta, what=f"state_delta of event {event.id}")
         now = time.time()
 
         def append(conn: sqlite3.Connection) -> dict[str, Any]:
@@ -146,7 +188,7 @@ class SqliteSessionStore:
                     f"no session {session.id!r} of user {session.user_id!r} to append to"
                 )
             # Merge into the stored state, not the caller's copy: the row is the truth.
-            state = merge_state(json.loads(row["state"]), delta)
+            state = merge_state(json.loads(row["state"]), json.loads(delta_json))
             conn.execute(
                 "insert into mesh_session_events "
                 "(user_id, session_id, event_id, author, timestamp, data) values (?,?,?,?,?,?)",
@@ -158,7 +200,15 @@ class SqliteSessionStore:
             )
             return state
 
-        state = await self.db.write(append)
+        key = (session.user_id, session.id)
+        if durable:
+            state = await self.db.write(append)
+            await self.sync(session)  # committed before this one: reports their errors
+        else:
+            self._queue(key, append)
+            # The merge the transaction makes (the turns of a session are serialised, so the
+            # caller's state is the stored one).
+            state = merge_state(dict(session.state), json.loads(delta_json))
         session.events.append(event)
         session.state.clear()
         session.state.update(state)
