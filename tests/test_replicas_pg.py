@@ -319,3 +319,32 @@ def test_a_subscriber_on_b_follows_a_task_of_a_to_its_end(replicas: Replicas) ->
     artifacts = [e["artifactUpdate"]["artifact"] for e in events if "artifactUpdate" in e]
     assert artifacts
     assert artifacts[0]["parts"][0]["data"]["job"] == "j4"
+
+
+def test_one_message_sent_to_both_replicas_at_once_runs_once(replicas: Replicas) -> None:
+    """Two copies of one messageId, one to each replica within milliseconds: the key row is
+    claimed before the run, so one replica runs the skill and the other answers its task."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [f"race{i}" for i in range(6)]
+    for job in jobs:
+        (replicas.dir / f"{job}.go").touch()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for job in jobs:  # bounded: six messages
+            message = _crunch(job)
+            line = threading.Barrier(2, timeout=10)
+            both = [pool.submit(_send_at, url, message, line) for url in (replicas.a, replicas.b)]
+            first, second = (f.result(timeout=60) for f in both)
+            assert first["task"]["id"] == second["task"]["id"], job
+            assert first["task"]["status"]["state"] == "TASK_STATE_COMPLETED", first
+            assert second["task"]["status"]["state"] == "TASK_STATE_COMPLETED", second
+    for job in jobs:
+        runs = [c for c in replicas.calls() if c.startswith(f"start {job} ")]
+        assert len(runs) == 1, (job, runs)
+
+
+def _send_at(url: str, message: dict[str, Any], line: Any) -> dict[str, Any]:
+    """``SendMessage`` once both threads are at the start ``line`` (a ``threading.Barrier``)."""
+    line.wait()
+    return _rpc(url, "SendMessage", {"message": message})

@@ -140,6 +140,35 @@ async def test_a_message_key_recorded_on_one_handle_is_a_duplicate_on_the_other(
     assert await keys_a.claim(other) == "t2"
 
 
+async def test_a_message_key_is_claimed_before_the_run_across_handles(opener: Opener) -> None:
+    # Replicas: the first claim inserts the key row (a mark); a claim on the other handle
+    # meanwhile waits for the task id, and a claim that ended without a task frees the key.
+    import asyncio
+
+    stores = [await _tasks(opener), await _tasks(opener)]
+    keys = [IdempotencyKeys(s._db, store=s) for s in stores]
+    for k in keys:
+        k.shared = True  # on SQLite too: the SQL is the same on both backends
+        await k.initialize()
+    key = ("", "caller", "msg-c")
+    assert await keys[0].claim(key) is None
+    waiting = asyncio.ensure_future(keys[1].claim(key))
+    await asyncio.sleep(0.1)  # several polls of the other handle: it must still wait
+    assert not waiting.done()
+    await keys[0].record(key, "t1")
+    await stores[0].save(_task("t1", TaskState.TASK_STATE_SUBMITTED), CTX)  # the key rides here
+    assert await asyncio.wait_for(waiting, 10) == "t1"
+    keys[0].end(key)
+    keys[1].end(key)
+    assert await keys[1].claim(key) == "t1"  # the recorded key outlives its send
+    keys[1].end(key)
+    # A send that ends without a task: its claim is deleted, the other handle takes the key.
+    other = ("", "caller", "msg-d")
+    assert await keys[0].claim(other) is None
+    keys[0].end(other)
+    assert await asyncio.wait_for(keys[1].claim(other), 10) is None
+
+
 async def test_a_session_continues_on_the_other_handle(opener: Opener) -> None:
     a, b = SqliteSessionStore(await opener()), SqliteSessionStore(await opener())
     session = await a.create("u1", "s1", state={"lang": "en", "n": 1})

@@ -14,6 +14,16 @@ A repeated ``messageId`` that names another task or context than the task it sta
 an id: ``replay`` refuses it with -32602 naming the task the id belongs to, rather than answer
 with another conversation's task.
 
+Replicas sharing one database (PostgreSQL) claim the key row before the run: ``claim`` inserts
+it (insert-or-ignore) holding a claim mark (``?`` and a random id) in place of the task id, and
+only the send whose insert took runs; ``record`` swaps the mark for the task id in the task's
+first save. A copy of the message on another replica, milliseconds apart, finds the row: it
+waits until the mark becomes a task id (a group commit or two) and answers with that task,
+following it through the database to its end when the send is blocking. A mark that stays
+``CLAIM_STALE_S`` (its send's replica died before it made the task) is taken over. A send that
+ends without a task deletes its mark. On SQLite one process owns the file and the keys of the
+sends in flight are in its memory: the claim stays a read, no write of its own.
+
 Except when the task ended because its node stopped (reason ``interrupted`` or ``shutdown``,
 see ``mesh._a2a.store``): its key is released in the transaction that ends it, so the same
 message sent again runs the work as a new task. Work cut by a crash or a shutdown is thus done
@@ -23,8 +33,10 @@ at least once, through the caller's retry; everything else exactly once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sqlite3
+import uuid
 from typing import Any
 
 from a2a.server.context import ServerCallContext
@@ -73,6 +85,19 @@ _INSERT = (
 _DELETE = (
     "delete from a2a_message_keys where owner = ? and caller = ? and message_id = ? and task_id = ?"
 )
+_SELECT = "select task_id from a2a_message_keys where owner = ? and caller = ? and message_id = ?"
+# A claimed key whose task is not made yet holds a mark, not a task id (task ids never start so).
+_MARK = "?"
+# Set the key's task id where it still holds this send's mark (then insert it, were it gone).
+_SWAP = (
+    "update a2a_message_keys set task_id = ? where owner = ? and caller = ? and message_id = ? "
+    "and task_id = ?"
+)
+_TAKE_OVER = _SWAP
+#: A claim mark older than this is taken over: a claimer makes its task within milliseconds.
+CLAIM_STALE_S = 10.0
+#: How often a copy of a message waits for the replica that claimed it to make its task.
+CLAIM_POLL_S = 0.02
 log = logging.getLogger("mesh._a2a")
 
 
@@ -135,6 +160,10 @@ class IdempotencyKeys:
         self._memory: dict[MessageKey, str] = {}
         # Keys whose first message is being handled right now in this process.
         self._pending: dict[MessageKey, asyncio.Future[str | None]] = {}
+        #: Replicas share the database: a key row is claimed before the run (``_take``).
+        self.shared = db is not None and store is not None and store.shared
+        # This process's claim marks of keys whose task is not recorded yet.
+        self._marks: dict[MessageKey, str] = {}
 
     async def initialize(self) -> None:
         if self._db is not None:
@@ -153,7 +182,7 @@ class IdempotencyKeys:
         fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self._pending[key] = fut
         try:
-            found = await self._read(key)
+            found = await (self._take(key) if self.shared else self._read(key))
         except BaseException:
             self.end(key)
             raise
@@ -167,19 +196,54 @@ class IdempotencyKeys:
             return self._memory.get(key)
 
         def read(conn: sqlite3.Connection) -> Any:
-            return conn.execute(
-                "select task_id from a2a_message_keys where owner = ? and caller = ? "
-                "and message_id = ?",
-                key,
-            ).fetchone()
+            return conn.execute(_SELECT, key).fetchone()
 
         row = await self._db.read(read)
         return None if row is None else str(row[0])
+
+    async def _take(self, key: MessageKey) -> str | None:
+        """Shared database: insert ``key``'s row with a claim mark of ours (None: this send
+        runs it), or the task id another send recorded, waiting while it holds a mark."""
+        assert self._db is not None
+        db = self._db
+        mark = _MARK + uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        seen, since = "", loop.time()
+
+        def take(conn: sqlite3.Connection, stale: str) -> str | None:
+            if conn.execute(_INSERT, (*key, mark)).rowcount == 1:
+                return None
+            # Its claimer is gone without a task (killed): the message is ours to run.
+            if stale and conn.execute(_TAKE_OVER, (mark, *key, stale)).rowcount == 1:
+                return None
+            row = conn.execute(_SELECT, key).fetchone()
+            return "" if row is None else str(row[0])
+
+        while True:  # bounded: a mark is taken over once CLAIM_STALE_S old
+            stale = seen if seen and loop.time() - since >= CLAIM_STALE_S else ""
+            found = await db.write(functools.partial(take, stale=stale))
+            if found is None:
+                self._marks[key] = mark
+                return None
+            if found and not found.startswith(_MARK):
+                return found
+            if found != seen:
+                seen, since = found, loop.time()
+            await asyncio.sleep(CLAIM_POLL_S)
 
     def end(self, key: MessageKey) -> None:
         fut = self._pending.pop(key, None)
         if fut is not None and not fut.done():
             fut.set_result(None)
+        mark = self._marks.pop(key, None)
+        if mark is not None and self._db is not None:
+            # The send ended without a task: its claim no longer holds the message.
+            row = (*key, mark)
+
+            def delete(conn: sqlite3.Connection) -> None:
+                conn.execute(_DELETE, row)
+
+            self._db.write_soon(delete).add_done_callback(lambda done: _log_failure(done, mark))
 
     async def record(self, key: MessageKey, task_id: str) -> None:
         """The executor accepted ``key`` as task ``task_id`` (first writer wins)."""
@@ -188,16 +252,21 @@ class IdempotencyKeys:
             self._settle(key, task_id)
             return
         row = (*key, task_id)
+        mark = self._marks.pop(key, None)
+
+        def insert(conn: sqlite3.Connection) -> None:
+            if mark is not None:
+                conn.execute(_SWAP, (task_id, *key, mark))
+            conn.execute(_INSERT, row)
+
         if self._store is not None:
             # Committed with the task's first save; duplicates waiting in claim() are let in
             # once both are on disk (they then find the task).
-            written = self._store.write_with_task(
-                key[0], task_id, lambda conn: conn.execute(_INSERT, row)
-            )
+            written = self._store.write_with_task(key[0], task_id, insert)
             written.add_done_callback(lambda done: self._written(key, task_id, done))
             return
         self._settle(key, task_id)
-        await self._db.write(lambda conn: conn.execute(_INSERT, row))
+        await self._db.write(insert)
 
     def release(self, key: MessageKey, task_id: str) -> None:
         """Task ``task_id`` is ending without having run to the end (the node stops): ``key``
@@ -330,7 +399,8 @@ async def replay(
     store: WatchedTaskStore, task_id: str, params: SendMessageRequest, context: ServerCallContext
 ) -> Task:
     """The task a repeated message started, as the answer to ``params``. A blocking send of a
-    task still running here waits for it to settle first, as the first send does.
+    task still running here (or, replicas sharing the database, on another replica) waits for
+    it to settle first, as the first send does.
     ``InvalidParamsError`` when ``params`` names another task or context (the id reused)."""
     waiter = store.waiter(task_id)
     try:
@@ -338,13 +408,15 @@ async def replay(
         if task is None:
             raise TaskNotFoundError(f"Task {task_id} not found")
         _check_same_task(task, params.message)
-        if (
-            task.status.state not in SETTLED_STATES
-            and store.running(task_id)
-            and not params.configuration.return_immediately
-        ):
-            await waiter.wait()
-            task = await store.get(task_id, context) or task
+        if task.status.state not in SETTLED_STATES and not params.configuration.return_immediately:
+            inner = store.inner
+            if store.running(task_id):
+                await waiter.wait()
+                task = await store.get(task_id, context) or task
+            elif isinstance(inner, SqliteTaskStore) and inner.shared:
+                # Another replica runs it: followed through the database until it settles.
+                async for state in inner.follow(task_id, context):
+                    task = state
     finally:
         store.forget(task_id, waiter)
     return apply_history_length(task, params.configuration)
