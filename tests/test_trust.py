@@ -78,7 +78,8 @@ async def test_a_card_served_from_another_origin_gets_no_token() -> None:
     trust = PeerTrust(token=TOKEN, networks=NetworkPolicy.parse("loopback"))
     proxy = "http://127.0.0.1:7000"
     with pytest.raises(
-        PeerRefused, match=re.escape("served at http://127.0.0.1:8411, http://127.0.0.1:8411/a2a/rest, not at")
+        PeerRefused,
+        match=re.escape("served at http://127.0.0.1:8411, http://127.0.0.1:8411/a2a/rest, not at"),
     ) as info:
         await trust.admit(proxy, "credit-bureau", card_at("http://127.0.0.1:8411"))
     assert "MESH_PUBLIC_URL" in str(info.value)
