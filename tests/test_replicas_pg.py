@@ -33,6 +33,7 @@ class Replicas:
     b: str
     dir: Path
     logs: list[Any]
+    store: str = ""
 
     def calls(self) -> list[str]:
         path = self.dir / "calls"
@@ -67,7 +68,8 @@ def _pair(server: PostgresServer, tmp: Path, target: str, **env: str) -> Iterato
                     running(argv, name=f"replica-{label}", tmp=tmp, env=proc_env, health=health)
                 )
             )
-        yield Replicas(f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}", tmp, procs)
+        a, b = (f"http://127.0.0.1:{p}" for p in ports)
+        yield Replicas(a, b, tmp, procs, url)
     with psycopg.connect(server.url(), autocommit=True) as conn:
         conn.execute(f"drop database if exists {name} with (force)")
 
@@ -348,3 +350,46 @@ def _send_at(url: str, message: dict[str, Any], line: Any) -> dict[str, Any]:
     """``SendMessage`` once both threads are at the start ``line`` (a ``threading.Barrier``)."""
     line.wait()
     return _rpc(url, "SendMessage", {"message": message})
+
+
+async def test_a_push_config_set_on_b_is_delivered_for_a_task_run_on_a(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """The webhook config and the outbox are in the shared database: B, where the caller set
+    its webhook, delivers the end of the task A ran, once."""
+    import asyncio
+
+    from tests.support import eventually
+    from tests.test_push import webhook
+
+    env = {"MESH_PUSH_NETWORKS": "loopback"}
+    async with webhook() as hook:
+        with _pair(postgres_server, tmp_path, "tests.replica_agents:agent", **env) as pair:
+            sent = await asyncio.to_thread(
+                _rpc,
+                pair.a,
+                "SendMessage",
+                {"message": _crunch("p1"), "configuration": {"returnImmediately": True}},
+            )
+            task_id = sent["task"]["id"]
+            created = await asyncio.to_thread(
+                _rpc,
+                pair.b,
+                "CreateTaskPushNotificationConfig",
+                {"taskId": task_id, "url": hook.url},
+            )
+            assert created["id"] == task_id
+            (pair.dir / "p1.go").touch()
+            await eventually(lambda: hook.got, within=30, what="the end pushed from a replica")
+            assert hook.got[0][1]["task"]["id"] == task_id
+            assert hook.got[0][1]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+            await eventually(lambda: _outbox_empty(pair), within=30, what="nothing left to push")
+        assert len(hook.got) == 1, hook.got
+
+
+def _outbox_empty(pair: Replicas) -> bool:
+    import psycopg
+
+    with psycopg.connect(pair.store) as conn:
+        row = conn.execute("select count(*) from a2a_push_outbox").fetchone()
+    return row is not None and row[0] == 0

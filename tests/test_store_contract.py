@@ -169,6 +169,50 @@ async def test_a_message_key_is_claimed_before_the_run_across_handles(opener: Op
     assert await asyncio.wait_for(keys[1].claim(other), 10) is None
 
 
+async def test_push_configs_and_the_outbox_are_shared_across_handles(opener: Opener) -> None:
+    # A config set on one replica, the task's states queued and claimed on either: each state
+    # queued once per config (a newer one replaces it, its version bumped), each row sent once.
+    from a2a.types import TaskPushNotificationConfig
+
+    from mesh._a2a.push_configs import PushConfigStore
+    from mesh._a2a.push_queue import claim, delete_sent, queue_settled
+
+    stores = [await _tasks(opener), await _tasks(opener)]
+    dbs = [s._db for s in stores]
+    configs = [PushConfigStore(db) for db in dbs]
+    for c in configs:
+        await c.initialize()
+    hook = TaskPushNotificationConfig(id="c1", url="http://127.0.0.1:9/hook", token="tok")
+    await configs[0].set_info("t1", hook, CTX)
+    assert [c.url for c in await configs[1].get_info("t1", CTX)] == [hook.url]
+    await stores[0].save(_task("t1", TaskState.TASK_STATE_INPUT_REQUIRED, at=1), CTX)
+
+    def queue(db: Database) -> Awaitable[tuple[set[str], set[str]]]:
+        return db.write(lambda conn: queue_settled(conn, None, 100.0, 1000.0))
+
+    assert await queue(dbs[0]) == (set(), {"t1"})
+    assert await queue(dbs[1]) == (set(), {"t1"})  # already queued: not again
+    rows = await dbs[1].read(
+        lambda conn: conn.execute("select version, state from a2a_push_outbox").fetchall()
+    )
+    assert [tuple(r) for r in rows] == [(1, int(TaskState.TASK_STATE_INPUT_REQUIRED))]
+    await stores[1].save(_task("t1", TaskState.TASK_STATE_COMPLETED, at=2), CTX)
+    assert (await queue(dbs[1]))[0] == {"t1"}
+    rows = await dbs[0].read(
+        lambda conn: conn.execute("select version, state from a2a_push_outbox").fetchall()
+    )
+    assert [tuple(r) for r in rows] == [(2, int(TaskState.TASK_STATE_COMPLETED))]
+    taken = await dbs[0].write(lambda conn: claim(conn, 100.0, 10, 200.0))
+    again = await dbs[1].write(lambda conn: claim(conn, 100.0, 10, 200.0))
+    assert [d.version for d in taken.deliveries] == [2]
+    assert taken.deliveries[0].config.token == "tok"
+    assert again.deliveries == []  # claimed by the other replica until 200
+    await dbs[1].write(lambda conn: delete_sent(conn, taken.deliveries[0]))
+    assert (await dbs[0].write(lambda conn: claim(conn, 300.0, 10, 400.0))).pending == 0
+    await configs[1].delete_info("t1", CTX, "c1")
+    assert await configs[0].get_info("t1", CTX) == []
+
+
 async def test_a_session_continues_on_the_other_handle(opener: Opener) -> None:
     a, b = SqliteSessionStore(await opener()), SqliteSessionStore(await opener())
     session = await a.create("u1", "s1", state={"lang": "en", "n": 1})

@@ -130,6 +130,9 @@ class PushOutbox(PushNotificationSender):
         self._http: httpx.AsyncClient | None = None
         self._next_sweep = 0.0
         self._next_due: float | None = None
+        # Replicas share the database: every one sweeps, so a config set on a replica that
+        # died is still served (its tasks' states queued by another).
+        self._shared = db.dialect != "sqlite"
 
     # -- the SDK's side: called in its event consumer -----------------------------------------
     async def send_notification(
@@ -202,14 +205,14 @@ class PushOutbox(PushNotificationSender):
 
     def _sleep_s(self) -> float | None:
         now = self._clock()
-        wakes = [self._next_sweep] if self._watched else []
+        wakes = [self._next_sweep] if self._watched or self._shared else []
         if self._next_due is not None:
             wakes.append(self._next_due)
         return max(0.0, min(wakes) - now) if wakes else None
 
     async def _pass(self, everything: bool) -> None:
         now = self._clock()
-        sweep = everything or (bool(self._watched) and now >= self._next_sweep)
+        sweep = everything or ((bool(self._watched) or self._shared) and now >= self._next_sweep)
         due, self._due = self._due, set()
         expires = now + self._retry_for_s
         if sweep:

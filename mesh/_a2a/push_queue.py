@@ -9,6 +9,11 @@ connection inside the worker's write transaction, so the worker itself holds no 
 * ``claim``: take the due rows for sending (their ``next_at`` pushed past the attempt, so a
   process killed mid-POST sends them again); drop those whose config is gone or whose retry time
   is over.
+
+Replicas sharing one database (PostgreSQL) run these at once: a state is queued and a row
+claimed by the one replica whose conditional update still finds what it read (the config's
+``notified_*``, the row's ``version`` and ``attempts``); the other skips it. No ``for update``:
+the statements stay in the subset SQLite shares.
 * ``delete_sent`` / ``reschedule``: what became of one attempt, only if no newer state replaced
   its body meanwhile.
 
@@ -84,14 +89,26 @@ def queue_settled(
         where += f" and c.task_id in ({', '.join('?' * len(ids))})"
         args += ids
     rows = conn.execute(
-        "select c.owner, c.task_id, c.config_id, t.state, t.updated_at, t.data "
+        "select c.owner, c.task_id, c.config_id, t.state, t.updated_at, t.data, "
+        "c.notified_state, c.notified_at "
         "from a2a_push_configs c join a2a_tasks t on t.owner = c.owner and t.id = c.task_id "
         f"where {where}",
         args,
     ).fetchall()
     bodies: dict[tuple[str, str], bytes] = {}
     finished: set[str] = set()
-    for owner, task_id, config_id, state, updated_at, data in rows:
+    for owner, task_id, config_id, state, updated_at, data, was, was_at in rows:
+        terminal = state in TERMINAL_STATES
+        # First the config, only if no other replica queued this state for it meanwhile
+        # (PostgreSQL re-checks the condition once the other's commit releases the row).
+        marked = conn.execute(
+            "update a2a_push_configs set notified_state = ?, notified_at = ?, done = ? "
+            "where owner = ? and task_id = ? and config_id = ? and done = 0 "
+            "and notified_state = ? and notified_at = ?",
+            (state, updated_at, int(terminal), owner, task_id, config_id, was, was_at),
+        ).rowcount
+        if marked != 1:
+            continue
         body = bodies.get((owner, task_id))
         if body is None:
             body = bodies[(owner, task_id)] = _body(data)
@@ -99,16 +116,11 @@ def queue_settled(
             "insert into a2a_push_outbox (owner, task_id, config_id, version, state, body, "
             "next_at, expires_at) values (?, ?, ?, 1, ?, ?, ?, ?) "
             "on conflict (owner, task_id, config_id) do update set "
-            "version = version + 1, state = excluded.state, body = excluded.body, "
+            "version = a2a_push_outbox.version + 1, state = excluded.state, "
+            "body = excluded.body, "
             "attempts = 0, next_at = excluded.next_at, expires_at = excluded.expires_at, "
             "last_error = ''",
             (owner, task_id, config_id, state, body, now, expires_at),
-        )
-        terminal = state in TERMINAL_STATES
-        conn.execute(
-            "update a2a_push_configs set notified_state = ?, notified_at = ?, done = ? "
-            "where owner = ? and task_id = ? and config_id = ?",
-            (state, updated_at, int(terminal), owner, task_id, config_id),
         )
         if terminal:
             finished.add(task_id)
@@ -146,11 +158,14 @@ def claim(conn: sqlite3.Connection, now: float, limit: int, claim_until: float) 
             else:
                 claimed.expired += 1
             continue
-        conn.execute(
+        # Only if no other replica claimed it (or replaced it) since the select above.
+        took = conn.execute(
             "update a2a_push_outbox set next_at = ?, attempts = attempts + 1 "
-            "where owner = ? and task_id = ? and config_id = ?",
-            (claim_until, *key),
-        )
+            "where owner = ? and task_id = ? and config_id = ? and version = ? and attempts = ?",
+            (claim_until, *key, version, attempts),
+        ).rowcount
+        if took != 1:
+            continue
         claimed.deliveries.append(
             Delivery(
                 owner,
