@@ -125,6 +125,10 @@ class SessionLocks:
         """Sessions with a turn running or waiting."""
         return len(self._held)
 
+    def busy(self, user_id: str, session_id: str) -> bool:
+        """A turn of this session is running or waiting for it."""
+        return (user_id, session_id) in self._held
+
     def turns(self, user_id: str, session_id: str) -> int:
         """Turns of this session running or waiting for it."""
         held = self._held.get((user_id, session_id))
@@ -223,6 +227,11 @@ class Runner:
             item if isinstance(item, Tool | Toolset) else as_tool(item) for item in agent.tools
         ]
         self.locks = locks if locks is not None else SessionLocks()
+        from mesh._sessions.memory import InMemorySessionStore
+
+        if isinstance(sessions, InMemorySessionStore) and sessions.in_use is None:
+            # Its bounds never evict a session with a turn of this runner in it.
+            sessions.in_use = self.locks.busy
 
     async def run(
         self,
