@@ -184,9 +184,11 @@ class Node:
             log.info("%s stopped", self.agent.name)
 
     async def _start_sweeper(self, store: Any) -> asyncio.Task[None]:
-        """Replicas on one database: this one's heartbeat, and the end of the tasks of a
-        replica not seen for a lease (``SqliteTaskStore.sweep``), every third of it."""
+        """Replicas on one database: this one's heartbeat, the end of the tasks of a replica
+        not seen for a lease (``SqliteTaskStore.sweep``), and the waiting tasks past their
+        deadline and resuming tasks such a replica left (``take_over``), every third of it."""
         from mesh._a2a.idempotency import IdempotencyKeys
+        from mesh._a2a.server import _pick_up
 
         store.runner = self.instance_id
         lease = self.settings.replica_lease_s
@@ -197,9 +199,13 @@ class Node:
                 await asyncio.sleep(lease / 3)
                 try:
                     ended = await store.sweep(lease, IdempotencyKeys.release_ended)
+                    # What a dead replica left waiting past its deadline, or resuming.
+                    taken = await store.take_over(lease)
                 except Exception as exc:  # the database away for a moment: next round
                     log.warning("replica sweep failed: %s", exc)
                     continue
+                if self.service is not None and (taken.waiting or taken.resume):
+                    _pick_up(taken, self.service.handler)
                 if ended:
                     log.warning(
                         "ended %d task(s) FAILED interrupted: their replica was not seen for "

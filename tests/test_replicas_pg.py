@@ -393,3 +393,82 @@ def _outbox_empty(pair: Replicas) -> bool:
     with psycopg.connect(pair.store) as conn:
         row = conn.execute("select count(*) from a2a_push_outbox").fetchone()
     return row is not None and row[0] == 0
+
+
+def _ask_message(skill: str, data: dict[str, Any], **meta: Any) -> dict[str, Any]:
+    return {
+        "role": "ROLE_USER",
+        "messageId": str(uuid.uuid4()),
+        "parts": [{"data": data}],
+        "metadata": {"skill": skill, **meta},
+    }
+
+
+def _kill(pair: Replicas, index: int) -> None:
+    proc = pair.logs[index].popen
+    proc.kill()  # kill -9
+    proc.wait(timeout=10)
+
+
+def test_a_waiting_task_whose_replica_died_ends_at_its_deadline_on_another(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls.txt"
+    env = {"NODE_TEST_CALLS": str(calls), "MESH_REPLICA_LEASE": "2"}
+    with _pair(postgres_server, tmp_path, "tests.ask_agents:agent", **env) as pair:
+        message = _ask_message(
+            "review", {"applicant_id": "APP-9", "amount": 1000}, deadline=time.time() + 3
+        )
+        started = _rpc(pair.a, "SendMessage", {"message": message})["task"]
+        assert started["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+        _kill(pair, 0)  # the only replica whose clock knew the deadline
+        ended = wait_for(
+            lambda: (
+                (t := _rpc(pair.b, "GetTask", {"id": started["id"]}))["status"]["state"]
+                == "TASK_STATE_FAILED"
+                and t
+            ),
+            timeout=20,
+            what="the waiting task ended at its deadline by B",
+        )
+        assert ended["metadata"]["error"]["reason"] == "deadline"
+
+
+def test_a_task_resuming_when_its_replica_died_runs_again_on_another(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    calls, hold = tmp_path / "calls.txt", tmp_path / "hold"
+    hold.touch()
+    env = {"NODE_TEST_CALLS": str(calls), "NODE_TEST_HOLD": str(hold), "MESH_REPLICA_LEASE": "2"}
+    with _pair(postgres_server, tmp_path, "tests.ask_agents:agent", **env) as pair:
+        started = _rpc(pair.a, "SendMessage", {"message": _ask_message("careful", {})})["task"]
+        assert started["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+        answer = {
+            "role": "ROLE_USER",
+            "messageId": str(uuid.uuid4()),
+            "taskId": started["id"],
+            "contextId": started["contextId"],
+            "parts": [{"text": "yes"}],
+        }
+        _rpc(
+            pair.a, "SendMessage", {"message": answer, "configuration": {"returnImmediately": True}}
+        )
+
+        def lines() -> list[str]:
+            return calls.read_text().splitlines() if calls.exists() else []
+
+        wait_for(lambda: "careful holding yes" in lines(), what="A resuming the task")
+        _kill(pair, 0)  # mid-resume: its answer is recorded, its run lost
+        hold.unlink()
+        done = wait_for(
+            lambda: (
+                (t := _rpc(pair.b, "GetTask", {"id": started["id"]}))["status"]["state"]
+                == "TASK_STATE_COMPLETED"
+                and t
+            ),
+            timeout=30,
+            what="the task run again by B to its end",
+        )
+        assert "yes" in json.dumps(done["artifacts"])
+        assert lines().count("careful holding yes") == 2  # A's run, then B's with the answer
+        assert lines().count("careful done yes") == 1

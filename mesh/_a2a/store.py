@@ -683,6 +683,55 @@ class SqliteTaskStore(TaskStore):
         await self._db.write(write)
         return ended
 
+    async def take_over(self, lease_s: float) -> Recovery:
+        """Replicas on one database, after each ``sweep``: the recovery rules a replica that
+        died cannot apply to its own tasks any more (``recover`` decides none on a shared
+        database). In one transaction, rows another sweep holds skipped:
+
+        * rule 2 across replicas: a task waiting for input whose deadline passed a third of a
+          lease ago (its own replica's timer, if alive, went first) is returned in
+          ``waiting`` with the deadline now, for this replica's clock to end it; its stored
+          deadline moves a lease on, so another replica retries if this one dies first;
+        * rule 4 across replicas: an unsettled task with a resume point (its answer recorded,
+          or a turn following its children) whose replica was not seen for ``lease_s`` is
+          returned in ``resume`` and becomes this replica's (``mesh_task_runners``), so it
+          runs again here with its recorded answers, once."""
+        await self._db.migrate("replicas", [REPLICAS_SCHEMA])
+        now = "extract(epoch from clock_timestamp())"
+        waiting_states = ", ".join(str(int(s)) for s in sorted(INTERRUPTED_STATES))
+        recovery = Recovery(ended=[])
+        at = time.time()
+
+        def write(conn: sqlite3.Connection) -> None:
+            expired = conn.execute(
+                "select w.owner, w.task_id, w.context_id from mesh_waits w join a2a_tasks t "
+                "on t.owner = w.owner and t.id = w.task_id "
+                f"where t.state in ({waiting_states}) and w.deadline is not null "
+                f"and w.deadline <= {now} - ? for update of w skip locked",
+                (lease_s / 3,),
+            ).fetchall()
+            for owner, task_id, context_id in expired:
+                conn.execute(
+                    f"update mesh_waits set deadline = {now} + ? where owner = ? and task_id = ?",
+                    (lease_s, owner, task_id),
+                )
+                recovery.waiting.append((owner, task_id, context_id, at))
+            orphans = conn.execute(
+                "select t.owner, t.id, t.context_id from a2a_tasks t join mesh_waits w "
+                "on w.owner = t.owner and w.task_id = t.id "
+                "left join mesh_task_runners r on r.owner = t.owner and r.task_id = t.id "
+                "left join mesh_replicas p on p.instance = r.runner "
+                f"where t.{_UNSETTLED_SQL} and (p.seen_at is null or p.seen_at < {now} - ?) "
+                "for update of t skip locked",
+                (lease_s,),
+            ).fetchall()
+            for owner, task_id, context_id in orphans:
+                conn.execute(_RUNNER, (owner, task_id, self.runner))
+                recovery.resume.append((owner, task_id, context_id))
+
+        await self._db.write(write)
+        return recovery
+
     async def end_in_flight(self, then: EndedHook | None = None) -> Ended:
         """At shutdown, once nothing runs any more: write every task still in flight in this
         process FAILED with reason ``shutdown`` (the executor ends the tasks it runs itself;
