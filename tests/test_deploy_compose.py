@@ -71,7 +71,45 @@ def test_docker_compose_rejects_a_broken_file(tmp_path: Path) -> None:
 
 
 def test_services(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == MESH_SERVICES | {"consul", "prometheus", "grafana"}
+    assert set(compose["services"]) == MESH_SERVICES | {
+        "consul",
+        "postgres",
+        "prometheus",
+        "grafana",
+    }
+
+
+def test_the_credit_bureau_replicas_share_postgres_with_the_password_from_a_secret(
+    compose: dict[str, Any],
+) -> None:
+    # Issue 17: both replicas on one database; its URL names no password (visible to ps and in
+    # `docker compose config`), the password is the file secret postgres is initialised with.
+    password = compose["secrets"]["postgres-password"]["file"]
+    assert Path(password) == ROOT / "mesh-keys" / "postgres-password"
+    postgres = compose["services"]["postgres"]
+    assert postgres["environment"]["POSTGRES_PASSWORD_FILE"] == "/run/secrets/postgres-password"
+    assert "POSTGRES_PASSWORD" not in postgres["environment"]
+    assert [s if isinstance(s, str) else s["source"] for s in postgres["secrets"]] == [
+        "postgres-password"
+    ]
+    assert "ports" not in postgres
+    assert postgres["volumes"]
+    user, db = postgres["environment"]["POSTGRES_USER"], postgres["environment"]["POSTGRES_DB"]
+    stores = set()
+    for name in ("credit-bureau-a", "credit-bureau-b"):
+        svc = compose["services"][name]
+        store = svc["environment"]["MESH_STORE"]
+        assert store == f"postgresql://{user}@postgres:5432/{db}", name  # no password in it
+        stores.add(store)
+        assert svc["depends_on"]["postgres"]["condition"] == "service_healthy"
+        mounted = {s["source"]: s["target"] for s in svc["secrets"]}
+        target = mounted["postgres-password"]
+        entry = " ".join(svc["entrypoint"])
+        assert f'PGPASSWORD="$(cat {target})" exec mesh "$@"' in entry.replace("$$", "$"), name
+    assert len(stores) == 1
+    # The other nodes keep their own SQLite file.
+    for name in set(NODES) - {"credit-bureau-a", "credit-bureau-b"}:
+        assert "MESH_STORE" not in compose["services"][name]["environment"], name
 
 
 def test_every_service_has_a_healthcheck(compose: dict[str, Any]) -> None:
@@ -158,7 +196,11 @@ def test_each_node_mounts_its_agents_keys_as_file_secrets(compose: dict[str, Any
         agent = module.split(".")[1].split(":")[0].replace("_", "-")
         svc = compose["services"][name]
         folder = svc["environment"]["MESH_KEYS"]
-        mounted = {s["target"]: files[s["source"]] for s in svc["secrets"]}
+        mounted = {
+            s["target"]: files[s["source"]]
+            for s in svc["secrets"]
+            if s["source"] != "postgres-password"  # the bureau's database (test above)
+        }
         assert mounted == {
             f"{folder}/key.jwk": ROOT / "mesh-keys" / "agents" / agent / "key.jwk",
             f"{folder}/cert.jwt": ROOT / "mesh-keys" / "agents" / agent / "cert.jwt",
@@ -236,6 +278,12 @@ def test_dockerfile_is_multi_stage_slim_non_root_with_a_python_healthcheck() -> 
     assert "/health" in health[0]
     assert "curl" not in health[0]
     assert any(i.startswith("ENTRYPOINT") and "mesh" in i for i in runtime)
+
+
+def test_the_image_has_the_postgresql_driver() -> None:
+    runtime = "\n".join(_stages(DOCKERFILE.read_text())[-1])
+    assert "'mesh-agents[postgres]'" in runtime
+    assert "'.[postgres]'" in DOCKERFILE.read_text()
 
 
 def test_dockerfile_copies_what_the_package_needs() -> None:

@@ -228,3 +228,20 @@ def test_the_schema_check_catches_a_misspelt_field() -> None:
     deployment["spec"]["replicas"] = "two"
     with pytest.raises(kubernetes_validate.ValidationError, match="'two' is not of type"):
         kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
+
+
+def test_the_credit_bureau_replicas_share_an_external_postgres_from_a_secret() -> None:
+    # Issue 17: MESH_STORE from the Secret the operator creates (not optional: a replica
+    # without it would keep its tasks alone); the database is external, not a workload here.
+    (container,) = find("Deployment", "credit-bureau")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    ref = env["MESH_STORE"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "mesh-store-credit-bureau", "key": "url"}
+    assert "value" not in env["MESH_STORE"]
+    for doc in workloads():
+        images = [c["image"] for c in doc["spec"]["template"]["spec"]["containers"]]
+        assert not any("postgres" in image for image in images), doc["metadata"]["name"]
+    for agent, (_, replicas) in AGENTS.items():
+        if replicas == 1:
+            (single,) = find("Deployment", agent)["spec"]["template"]["spec"]["containers"]
+            assert "MESH_STORE" not in {e["name"] for e in single.get("env", [])}, agent
