@@ -14,6 +14,7 @@ Missing binaries, driver or user: the test is skipped, the reason saying what to
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -86,11 +87,21 @@ def postgres_server() -> Iterator[PostgresServer]:
         pytest.skip("the psycopg driver is missing: pip install -e '.[postgres]' (make test does)")
     if os.geteuid() == 0:
         try:
-            user = pwd.getpwnam(PG_USER)
+            pwd.getpwnam(PG_USER)
         except KeyError:
             pytest.skip(f"running as root needs the user {PG_USER}: run .ci/system-deps")
+    with running_postgres(bindir) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running_postgres(bindir: Path) -> Iterator[PostgresServer]:
+    """``initdb`` into a temporary folder and ``postgres`` on a free 127.0.0.1 port (as
+    ``PG_USER`` when root), stopped and deleted on exit. The fixture's, and ``make bench``'s
+    (tests/bench/servers/postgres.py)."""
     root = Path(tempfile.mkdtemp(prefix="mesh-pg-"))
     if os.geteuid() == 0:
+        user = pwd.getpwnam(PG_USER)
         os.chown(root, user.pw_uid, user.pw_gid)
     data = root / "data"
     port = free_port()

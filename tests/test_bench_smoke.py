@@ -14,7 +14,7 @@ import pytest
 
 from tests.bench import report
 from tests.bench.__main__ import parse_args
-from tests.bench.scenarios import A2A, ADK, ADK_REMOTE, FLOOR, MESH, ROWS
+from tests.bench.scenarios import A2A, ADK, ADK_REMOTE, FLOOR, MESH, MESH_PG, ROWS
 from tests.support import ROOT, clean_env
 
 ADK_ROWS = (ADK, ADK_REMOTE)
@@ -84,7 +84,7 @@ def test_quick_bench_writes_one_table_and_its_json(tmp_path: Path) -> None:
             assert proc_facts["cpu_s"] > 0
     assert rows[FLOOR]["ratios"][f"vs_{FLOOR}"]["peak_rps"] == 1.0
     assert rows[A2A]["ratios"][f"vs_{A2A}"]["latency_p50"] == 1.0
-    assert len(result["targets"]) == 5
+    assert len(result["targets"]) == 6
     for target in result["targets"]:
         assert target["met"] in {True, False, None}
         # A target is judged exactly when the rows it needs were measured.
@@ -93,6 +93,13 @@ def test_quick_bench_writes_one_table_and_its_json(tmp_path: Path) -> None:
         assert all(t["met"] is not None for t in result["targets"] if "mesh node" in t["name"])
         modules = rows[MESH]["processes"][0]["modules"]["loaded"]
         assert modules["google.genai"] is False
+    if rows[MESH_PG]["status"] == "ok":  # the node on a PostgreSQL the bench started
+        assert [p["name"] for p in rows[MESH_PG]["processes"]] == ["postgres", "bureau"]
+        pg = result["postgres"]
+        assert pg["round_trips_per_task"] > 0
+        assert pg["node_cpu_ms_per_request"] > 0
+        assert pg["database_cpu_ms_per_request"] > 0
+        assert result["targets"][-1]["met"] is not None
     assert result["imports"]["mesh"]["google_genai_imported"] is False
 
 
@@ -163,8 +170,30 @@ def test_targets_and_ratios_come_from_the_rows_of_the_run() -> None:
     assert hop["signed_extra_cpu_ms"] == 0.5
     # ADK's hop to the same node, its remote row minus its local one.
     assert hop["adk_hop_ms"] == 10.5
-    # throughput 1.5x (>= 1), hop 2x (> 1.5), RSS 1.25x (> 1.2), growth 0, spawn 2x (> 1.5)
-    assert [t["met"] for t in report.targets(rows, hop)] == [True, False, False, True, False]
+    # throughput 1.5x (>= 1), hop 2x (> 1.5), RSS 1.25x (> 1.2), growth 0, spawn 2x (> 1.5),
+    # no PostgreSQL row
+    met = [t["met"] for t in report.targets(rows, hop)]
+    assert met == [True, False, False, True, False, None]
+    # The node on PostgreSQL: throughput against a2a-sdk's, CPU of node and database apart,
+    # statements per task over every task the node ran (warm-up, latency, levels, soak).
+    pg = _row(MESH_PG, p50=4.0, rps=500, rss=200, spawn=2.0) | {
+        "latency": {"latency_ms": {"p50": 4.0}, "requests": 100},
+        "throughput": {"16": {"requests": 300}, "64": {"requests": 600}},
+        "soak_requests": 900,
+        "processes": [
+            {"name": "postgres", "cpu_s": 0.5},
+            {"name": "bureau", "cpu_s": 2.0, "modules": {"db_calls": {"[pg round trips]": 24000}}},
+        ],
+    }
+    rows.append(pg)
+    assert report.postgres(rows, warmup=100) == {
+        "peak_rps": 500,
+        "vs_a2a_peak_rps": 1.25,
+        "node_cpu_ms_per_request": 2.0,
+        "database_cpu_ms_per_request": 0.5,
+        "round_trips_per_task": 12.0,
+    }
+    assert report.targets(rows, hop)[-1]["met"] is True
 
 
 def test_bad_options_are_refused_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:

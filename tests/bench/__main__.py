@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     result["imports"] = host.import_times(("mesh", "mesh._node"), repeat=1 if quick else 3)
     report.add_ratios(result["rows"])
     result["delegation"] = report.delegation(result["rows"])
+    result["postgres"] = report.postgres(result["rows"], opts.warmup_requests)
     result["targets"] = report.targets(result["rows"], result["delegation"])
     result["elapsed_s"] = round(time.monotonic() - started, 1)
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.bench.scenarios import A2A, ADK, ADK_REMOTE, FLOOR, LOCAL, MESH, REMOTE, SIGNED
+from tests.bench.scenarios import (
+    A2A,
+    ADK,
+    ADK_REMOTE,
+    FLOOR,
+    LOCAL,
+    MESH,
+    MESH_PG,
+    REMOTE,
+    SIGNED,
+)
 
-__all__ = ["add_ratios", "delegation", "render", "targets"]
+__all__ = ["add_ratios", "delegation", "postgres", "render", "targets"]
 
 # (name in the JSON, how to read it from a row); for each, a ratio row/base is reported.
 _METRICS: tuple[tuple[str, str], ...] = (
@@ -88,6 +98,33 @@ def delegation(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return found or None
 
 
+def postgres(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any] | None:
+    """The node on PostgreSQL: its throughput against the bare a2a-sdk's, the CPU per request
+    of the node and of the database apart, and the statements (round trips) per task."""
+    row, a2a = _ok(rows, MESH_PG), _ok(rows, A2A)
+    if row is None:
+        return None
+    answered = row["latency"]["requests"] + sum(t["requests"] for t in row["throughput"].values())
+    procs = {p["name"]: p for p in row["processes"]}
+    calls = procs["bureau"].get("modules", {}).get("db_calls", {})
+    trips = calls.get("[pg round trips]")
+    # Every task the node ran: warm-up, latency, each level and the soak (the count covers the
+    # node's whole life, start-up's migrations included: a few dozen statements).
+    tasks = warmup + answered + row["soak_requests"]
+
+    def per_request(name: str) -> float | None:
+        cpu = procs.get(name, {}).get("cpu_s")
+        return round(1000 * cpu / answered, 3) if cpu is not None and answered else None
+
+    return {
+        "peak_rps": row["peak_rps"],
+        "vs_a2a_peak_rps": _ratio(_get(row, "peak_rps"), _get(a2a, "peak_rps")),
+        "node_cpu_ms_per_request": per_request("bureau"),
+        "database_cpu_ms_per_request": per_request("postgres"),
+        "round_trips_per_task": round(trips / tasks, 2) if trips and tasks else None,
+    }
+
+
 def _target(
     name: str, value: float | None, limit: float, *, at_most: bool, aim: str = ""
 ) -> dict[str, Any]:
@@ -133,6 +170,12 @@ def targets(rows: list[dict[str, Any]], hop: dict[str, Any] | None) -> list[dict
             _ratio(_get(mesh, "spawn_to_healthy_s"), _get(a2a, "spawn_to_healthy_s")),
             1.2,
             at_most=True,
+        ),
+        _target(
+            "node on PostgreSQL (mesh-node-pg) peak throughput / bare a2a-sdk (in-memory)",
+            _ratio(_get(_ok(rows, MESH_PG), "peak_rps"), _get(a2a, "peak_rps")),
+            1.0,
+            at_most=False,
         ),
     ]
 
@@ -205,6 +248,14 @@ def render(result: dict[str, Any]) -> str:
         out.append(
             f"signed identity per hop: p50 {_fmt(hop['signed_extra_p50_ms'], 3)} ms, CPU "
             f"{_fmt(hop['signed_extra_cpu_ms'], 3)} ms per turn ({SIGNED} - {REMOTE})"
+        )
+    pg = result.get("postgres")
+    if pg:
+        out.append(
+            f"{MESH_PG}: {_fmt(pg['vs_a2a_peak_rps'])}x the bare a2a-sdk's peak rps; CPU per "
+            f"request: node {_fmt(pg['node_cpu_ms_per_request'], 3)} ms + database "
+            f"{_fmt(pg['database_cpu_ms_per_request'], 3)} ms; "
+            f"{_fmt(pg['round_trips_per_task'])} database round trips per task"
         )
     for name, imp in result.get("imports", {}).items():
         if "seconds" in imp:

@@ -24,6 +24,7 @@ __all__ = [
     "ADK_REMOTE",
     "FLOOR",
     "MESH",
+    "MESH_PG",
     "ROWS",
     "SIGNED",
     "Ctx",
@@ -34,6 +35,7 @@ __all__ = [
 FLOOR = "fastapi"
 A2A = "a2a-sdk"
 MESH = "mesh-node"
+MESH_PG = "mesh-node-pg"
 LOCAL = "coord-local"
 REMOTE = "coord-remote"
 SIGNED = "coord-remote-signed"
@@ -114,6 +116,12 @@ def _need(*modules: str) -> Callable[[], str | None]:
         return None
 
     return check
+
+
+def _no_postgres() -> str | None:
+    from tests.postgres_support import server_bin
+
+    return None if server_bin() else "no PostgreSQL server binaries (apt-get install postgresql)"
 
 
 def _mesh_serve(spec: str, server: str) -> Callable[[Ctx], list[str]]:
@@ -234,6 +242,37 @@ ROWS: tuple[Row, ...] = (
         ),
         target=_a2a_target(SCORE_PARTS, "score", COMPLETED),
         missing=_need("mesh._node", "mesh._cli.serve"),
+    ),
+    # The same node on PostgreSQL (issue 17: replicas sharing a database), a server the bench
+    # starts (tests/bench/servers/postgres.py); its CPU is counted with the row's.
+    Row(
+        key=MESH_PG,
+        label="mesh node (postgres), typed skill, PostgreSQL + metrics",
+        servers=(
+            ServerSpec(
+                "postgres",
+                lambda ctx: [
+                    PY,
+                    "-m",
+                    "tests.bench.servers.postgres",
+                    "--port",
+                    str(ctx.ports["postgres"]),
+                    "--url-file",
+                    str(ctx.tmp / "postgres.url"),
+                ],
+            ),
+            ServerSpec(
+                "bureau",
+                _mesh_serve("tests.bench.agents.specialist:agent", "bureau"),
+                env=lambda ctx: {
+                    **_modules_file("bureau")(ctx),
+                    "MESH_STORE": (ctx.tmp / "postgres.url").read_text(),
+                    "BENCH_COUNT_PG": "1",
+                },
+            ),
+        ),
+        target=_a2a_target(SCORE_PARTS, "score", COMPLETED),
+        missing=lambda: _need("mesh._node", "psycopg")() or _no_postgres(),
     ),
     Row(
         key=LOCAL,

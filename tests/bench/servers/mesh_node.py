@@ -6,7 +6,8 @@ process had imported (the scripted model must never pull in ``google.genai``).
 The record goes to ``$MESH_BENCH_MODULES`` as JSON when that variable is set. With
 ``BENCH_COUNT_DB=1`` (the profiler sets it) it also counts the node's database operations by
 the function that made them, and what group commit turned them into: hops to the SQLite
-thread and committed transactions. ``BENCH_KEEP_ALIVE=S`` serves with that keep-alive instead
+thread and committed transactions; with ``BENCH_COUNT_PG=1`` the statements sent to PostgreSQL
+(one round trip each). ``BENCH_KEEP_ALIVE=S`` serves with that keep-alive instead
 of mesh's (the keep-alive soak).
 """
 
@@ -62,6 +63,25 @@ def _count_db_calls() -> None:
     Database._run_batch = counted_batch  # type: ignore[method-assign]
 
 
+def _count_pg_round_trips() -> None:
+    """Count the statements sent to PostgreSQL (``begin`` and ``commit`` included): each is one
+    network round trip on the node's one connection (the ``mesh-node-pg`` row)."""
+    from mesh._pg import PgConnection
+
+    execute, executemany = PgConnection.execute, PgConnection.executemany
+
+    def counted(self: PgConnection, sql: str, params: Any = ()) -> Any:
+        DB_CALLS["[pg round trips]"] += 1
+        return execute(self, sql, params)
+
+    def counted_many(self: PgConnection, sql: str, rows: Any) -> Any:
+        DB_CALLS["[pg round trips]"] += 1  # psycopg 3 pipelines executemany: one round trip
+        return executemany(self, sql, rows)
+
+    PgConnection.execute = counted  # type: ignore[method-assign]
+    PgConnection.executemany = counted_many  # type: ignore[method-assign]
+
+
 def _record() -> None:
     path = os.environ.get("MESH_BENCH_MODULES")
     if not path:
@@ -74,6 +94,8 @@ def _record() -> None:
 if __name__ == "__main__":
     if os.environ.get("BENCH_COUNT_DB") == "1":
         _count_db_calls()
+    if os.environ.get("BENCH_COUNT_PG") == "1":
+        _count_pg_round_trips()
     if os.environ.get("BENCH_KEEP_ALIVE"):
         # The keep-alive soak's "before": uvicorn's default (5 s), the race it reproduces.
         import mesh._cli.serve
