@@ -83,6 +83,8 @@ MESH_AUTHOR = "mesh"
 #: Whether the task a session's ``WAITING_KEY`` names still waits (a node asks its store: a
 #: task canceled or ended at its deadline leaves the mark behind).
 WaitCheck = Callable[[str], Awaitable[bool]]
+#: Whether a turn's model calls stream: always, never, or as a check says before each call.
+_Streamed = bool | Callable[[], bool]
 
 
 class RunObserver(Protocol):
@@ -265,6 +267,7 @@ class Runner:
         response_schema: dict[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
         waiting: WaitCheck | None = None,
+        live: Callable[[], bool] | None = None,
     ) -> AsyncIterator[Event]:
         """Run one turn with a streaming model, yielding events as they happen.
 
@@ -277,10 +280,21 @@ class Runner:
         nothing stored). ``waiting(task_id)`` says whether the task that turn belongs to still
         waits (a node asks its task store: a task canceled meanwhile does not block its
         context); without it the session's mark alone decides.
+
+        ``live()``, asked before each model call, says whether anyone reads partial events
+        now: when it says no, that call's answer is asked for whole (``Model.generate``) and
+        yields none (a node passes whether someone follows the task). None: always streamed.
         """
         # The turn's own generator: closing it promptly releases the session lock.
         return self._turn(
-            _Turn(), user_id, session_id, message, response_schema, metadata, waiting, stream=True
+            _Turn(),
+            user_id,
+            session_id,
+            message,
+            response_schema,
+            metadata,
+            waiting,
+            stream=True if live is None else live,
         )
 
     async def resume(
@@ -318,10 +332,19 @@ class Runner:
         answers: Mapping[str, Any],
         response_schema: dict[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        live: Callable[[], bool] | None = None,
     ) -> AsyncIterator[Event]:
-        """``resume`` with a streaming model, yielding events as ``run_stream`` does."""
+        """``resume`` with a streaming model, yielding events as ``run_stream`` does (``live``
+        as there)."""
         return self._resume(
-            _Turn(), user_id, session_id, turn, answers, response_schema, metadata, stream=True
+            _Turn(),
+            user_id,
+            session_id,
+            turn,
+            answers,
+            response_schema,
+            metadata,
+            stream=True if live is None else live,
         )
 
     async def cancel_children(self, turn: PendingTurn) -> None:
@@ -354,7 +377,7 @@ class Runner:
         metadata: Mapping[str, Any] | None,
         waiting: WaitCheck | None,
         *,
-        stream: bool,
+        stream: _Streamed,
     ) -> AsyncGenerator[Event, None]:
         content = _user_content(message)
         session_id = session_id or new_id()
@@ -397,7 +420,7 @@ class Runner:
         response_schema: dict[str, Any] | None,
         metadata: Mapping[str, Any] | None,
         *,
-        stream: bool,
+        stream: _Streamed,
     ) -> AsyncGenerator[Event, None]:
         turn.session_id = session_id
         meta = turn.meta(metadata)
@@ -475,7 +498,7 @@ class Runner:
         task_id: str,
         meta: dict[str, Any],
         response_schema: dict[str, Any] | None,
-        stream: bool,
+        stream: _Streamed,
     ) -> AsyncGenerator[Event, None]:
         """The model/tool loop of a turn whose session ends with a user message or a tool
         event; the turn's model calls stored so far count against ``max_model_calls``."""
@@ -512,7 +535,8 @@ class Runner:
                 temperature=self.agent.temperature,
             )
             response: ModelResponse | None = None
-            async for item in self._call_model(request, base_ctx, stream=stream):
+            streamed = stream() if callable(stream) else stream
+            async for item in self._call_model(request, base_ctx, stream=streamed):
                 if isinstance(item, Event):
                     yield item
                 else:

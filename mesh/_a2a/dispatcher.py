@@ -7,8 +7,12 @@
 * ``chat``: the text goes to the runner as is; the answer is text.
 
 The runner is used through ``run_stream`` only, so progress (partial text, tool calls) can be
-forwarded to the caller as it happens. A turn whose tool asked (``mesh.Ask``) raises
-``TurnSuspended`` through ``run``; ``resume`` goes on with the answers (``resume_stream``).
+forwarded to the caller as it happens. Partial text is asked of the model only while someone
+reads it: each model call streams when the task is followed at that moment (the run's
+``Relay.live``: a streamed send, or a ``SubscribeToTask`` of it); otherwise the answer comes
+whole, and a follower that arrives mid-turn gets partial text from the next model call on. A
+turn whose tool asked (``mesh.Ask``) raises ``TurnSuspended`` through ``run``; ``resume`` goes
+on with the answers (``resume_stream``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from mesh._types import Usage
 
 if TYPE_CHECKING:
     from mesh._a2a.json_text import JsonText
+    from mesh._a2a.relay import Relay
 
 __all__ = [
     "Outcome",
@@ -56,6 +61,7 @@ class TurnRunner(Protocol):
         response_schema: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
         waiting: Callable[[str], Awaitable[bool]] | None = None,
+        live: Callable[[], bool] | None = None,
     ) -> AsyncIterator[Event]: ...
 
     def resume_stream(
@@ -67,6 +73,7 @@ class TurnRunner(Protocol):
         answers: Mapping[str, Any],
         response_schema: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
+        live: Callable[[], bool] | None = None,
     ) -> AsyncIterator[Event]: ...
 
     async def cancel_children(self, turn: PendingTurn) -> None: ...
@@ -74,8 +81,12 @@ class TurnRunner(Protocol):
 
 #: Whether a task still waits (the runner's check of a session marked waiting).
 WaitCheck = Callable[[str], Awaitable[bool]]
-#: One turn's events: a new turn or a resumed one, for ``runner`` and response schema.
-TurnStream = Callable[[TurnRunner, dict[str, Any] | None, dict[str, Any]], AsyncIterator[Event]]
+#: Whether anyone reads a turn's partial events now (asked before each model call).
+Live = Callable[[], bool]
+#: One turn's events: a new turn or a resumed one, for ``runner``, response schema, metadata.
+TurnStream = Callable[
+    [TurnRunner, dict[str, Any] | None, dict[str, Any], Live], AsyncIterator[Event]
+]
 
 ProgressSink = Callable[[Event], Awaitable[None]]
 
@@ -150,16 +161,37 @@ def _stream(
     ``resume`` going on with its answers."""
 
     def turn(
-        runner: TurnRunner, schema: dict[str, Any] | None, meta: dict[str, Any]
+        runner: TurnRunner, schema: dict[str, Any] | None, meta: dict[str, Any], live: Live
     ) -> AsyncIterator[Event]:
         if resume is not None:
             pending, answers = resume
             events = functools.partial(runner.resume_stream, turn=pending, answers=answers)
         else:
             events = functools.partial(runner.run_stream, message=message, waiting=waiting)
-        return events(user_id=user_id, session_id=session_id, response_schema=schema, metadata=meta)
+        return events(
+            user_id=user_id, session_id=session_id, response_schema=schema, metadata=meta, live=live
+        )
 
     return turn
+
+
+def _never() -> bool:
+    return False
+
+
+def _always() -> bool:
+    return True
+
+
+def _live(ctx: SkillContext, progress: ProgressSink | None) -> Live:
+    """Whether partial text has a reader now: the run's relay says so in a node (someone
+    follows its task); without a sink nobody reads any; a sink without a relay reads all."""
+    if progress is None:
+        return _never
+    relay: Relay | None = ctx.metadata.get("relay")
+    if relay is None:
+        return _always
+    return lambda: relay.live
 
 
 def _parse_json(text: str) -> Any:
@@ -423,7 +455,7 @@ class SkillDispatcher:
             metadata["deadline"] = ctx.deadline
         usage = Usage()
         final: Event | None = None
-        async for event in turn(runner, schema, metadata):
+        async for event in turn(runner, schema, metadata, _live(ctx, progress)):
             if not event.partial and event.usage is not None:
                 usage = usage + event.usage
             if event.final:

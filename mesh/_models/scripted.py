@@ -355,6 +355,10 @@ class ScriptedModel(Model):
         self.name = name
 
     async def generate(self, request: ModelRequest) -> ModelResponse:
+        return self._whole(request)
+
+    def _whole(self, request: ModelRequest) -> ModelResponse:
+        """The complete response (``generate``'s, and the end of ``stream``'s)."""
         content, remembered = self._respond(request)
         return ModelResponse(
             content=content,
@@ -367,7 +371,7 @@ class ScriptedModel(Model):
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelResponse]:
         """Text arrives in a few chunks; like real providers, chunks carry running usage totals
         (which consumers must ignore), and the final response holds the whole content."""
-        final = await self.generate(request)
+        final = self._whole(request)
         text = final.content.text
         if text and not final.content.function_calls:
             pieces = re.findall(r"\S+\s*", text)
