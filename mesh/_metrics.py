@@ -18,7 +18,7 @@ into it. The delegation metrics are defined here too, for ``mesh._remote`` / ``m
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -29,12 +29,14 @@ from prometheus_client import (
     ProcessCollector,
 )
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics import MetricWrapperBase
 
 from mesh._types import Usage
 
 __all__ = [
     "DURATION_BUCKETS",
     "MAX_BREAKER_TARGETS",
+    "MAX_CACHED_CHILDREN",
     "MAX_DENIED_CALLERS",
     "OTHER",
     "PUSH_OUTCOMES",
@@ -69,6 +71,32 @@ _TASK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 #: The upper bounds of the task and delegation duration histograms (``mesh._stats`` reads them).
 DURATION_BUCKETS = _TASK_BUCKETS
 _MODEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
+
+
+#: Label children each metric keeps resolved (``_Children``); label sets beyond resolve anew.
+MAX_CACHED_CHILDREN = 256
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class _Children(Generic[M]):
+    """The children of one labelled metric, each resolved by ``labels()`` once: a node calls
+    them on every task, model and tool call, and ``labels()`` builds and checks the label
+    tuple under a lock each time. Values are the bounded sets the callers pass (closed sets,
+    declared tools, configured models); ``MAX_CACHED_CHILDREN`` bounds the cache anyway. Not
+    for a metric whose series are removed (a removed child would live on here)."""
+
+    def __init__(self, metric: M) -> None:
+        self.metric = metric
+        self._cache: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._cache.get(values)
+        if child is None:
+            child = self.metric.labels(*values)
+            if len(self._cache) < MAX_CACHED_CHILDREN:
+                self._cache[values] = child
+        return child
 
 
 def render(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
@@ -195,8 +223,18 @@ class NodeMetrics:
             ["agent"],
             registry=r,
         )
-        self.tasks_in_flight.labels(agent).set(0)
-        self.sessions_created.labels(agent)
+        self._requests = _Children(self.requests)
+        self._tasks = _Children(self.tasks)
+        self._task_duration = _Children(self.task_duration)
+        self._model_calls = _Children(self.model_calls)
+        self._model_latency = _Children(self.model_latency)
+        self._tokens = _Children(self.tokens)
+        self._tool_calls = _Children(self.tool_calls)
+        self._delegations = _Children(self.delegations)
+        self._delegation_duration = _Children(self.delegation_duration)
+        self._in_flight = self.tasks_in_flight.labels(agent)
+        self._in_flight.set(0)
+        self._sessions_created = self.sessions_created.labels(agent)
         for outcome in PUSH_OUTCOMES:
             self.push_deliveries.labels(agent, outcome)
         self.push_pending.labels(agent).set(0)
@@ -209,7 +247,7 @@ class NodeMetrics:
         ``other``."""
         if self._methods is not None and method not in self._methods:
             method = OTHER
-        self.requests.labels(self.agent, method, "ok" if ok else "error").inc()
+        self._requests(self.agent, method, "ok" if ok else "error").inc()
 
     def call_denied(self, caller: str, skill: str) -> None:
         """A call the policy refused. ``caller`` is a verified agent (certified by the mesh's
@@ -230,15 +268,15 @@ class NodeMetrics:
         self._fastpath_sends[binding].inc()
 
     def task_started(self) -> None:
-        self.tasks_in_flight.labels(self.agent).inc()
+        self._in_flight.inc()
 
     def task_done(self, skill: str, outcome: TaskOutcome, seconds: float) -> None:
         """One finished task; ``skill`` outside the declared skills counts as ``other``."""
         if self._skills is not None and skill not in self._skills:
             skill = OTHER
-        self.tasks_in_flight.labels(self.agent).dec()
-        self.tasks.labels(self.agent, skill, outcome).inc()
-        self.task_duration.labels(self.agent, skill).observe(seconds)
+        self._in_flight.dec()
+        self._tasks(self.agent, skill, outcome).inc()
+        self._task_duration(self.agent, skill).observe(seconds)
 
     def push_delivery(self, outcome: PushOutcome, n: int = 1) -> None:
         """``n`` push notifications (or attempts, for ``failed``) ended with ``outcome``."""
@@ -246,8 +284,8 @@ class NodeMetrics:
 
     # -- runner observer ----------------------------------------------------------------------
     def on_model_call(self, model_name: str, seconds: float, usage: Usage | None, ok: bool) -> None:
-        self.model_calls.labels(self.agent, model_name, "ok" if ok else "error").inc()
-        self.model_latency.labels(self.agent, model_name).observe(seconds)
+        self._model_calls(self.agent, model_name, "ok" if ok else "error").inc()
+        self._model_latency(self.agent, model_name).observe(seconds)
         if usage is not None:
             for kind, value in (
                 ("input", usage.input_tokens),
@@ -256,20 +294,20 @@ class NodeMetrics:
                 ("thinking", usage.thinking_tokens),
             ):
                 if value:
-                    self.tokens.labels(self.agent, model_name, kind).inc(value)
+                    self._tokens(self.agent, model_name, kind).inc(value)
 
     def on_tool_call(self, tool_name: str, ok: bool) -> None:
-        self.tool_calls.labels(self.agent, tool_name, "ok" if ok else "error").inc()
+        self._tool_calls(self.agent, tool_name, "ok" if ok else "error").inc()
 
     def on_session_created(self) -> None:
-        self.sessions_created.labels(self.agent).inc()
+        self._sessions_created.inc()
 
     # -- delegation ---------------------------------------------------------------------------
     def delegation(self, peer: str, skill: str, outcome: str, seconds: float) -> None:
         """One finished delegation; outcome: ok/rejected/unavailable/deadline/failed/canceled/
         waiting (the child asks its caller)."""
-        self.delegations.labels(self.agent, peer, skill, outcome).inc()
-        self.delegation_duration.labels(self.agent, peer, skill).observe(seconds)
+        self._delegations(self.agent, peer, skill, outcome).inc()
+        self._delegation_duration(self.agent, peer, skill).observe(seconds)
 
     def delegation_retry(self, peer: str, skill: str) -> None:
         self.delegation_retries.labels(self.agent, peer, skill).inc()

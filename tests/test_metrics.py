@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from mesh._agent import Agent
-from mesh._metrics import NodeMetrics
+from mesh._metrics import MAX_CACHED_CHILDREN, NodeMetrics
 from mesh._models.scripted import Call, Rule, Script
 from mesh._runner import Runner
 from mesh._sessions.memory import InMemorySessionStore
@@ -103,3 +103,41 @@ def test_breaker_series_are_the_latest_targets_and_at_most_max_per_peer() -> Non
     metrics.breaker_states("income-verifier", {junk[0]: "open", junk[1]: "closed"})
     assert _breakers(registry, "income-verifier") == {junk[0]: 2, junk[1]: 0}
     assert _breakers(registry, "credit-bureau") == {"http://127.0.0.1:8411": 1}
+
+
+def test_label_children_are_resolved_once_per_label_set_and_the_cache_is_bounded() -> None:
+    """A turn's metrics do not call ``labels()`` each time (issue 19 item 1); values beyond
+    ``MAX_CACHED_CHILDREN`` label sets still count, without growing the cache."""
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry, "a", process_collectors=False)
+    resolved: list[tuple[str, ...]] = []
+    for metric in (metrics.tool_calls, metrics.model_calls, metrics.tasks):
+        real = metric.labels
+
+        def counting(*values: str, real: Any = real) -> Any:
+            resolved.append(values)
+            return real(*values)
+
+        metric.labels = counting  # type: ignore[method-assign]
+    for _ in range(3):
+        metrics.on_tool_call("lookup", ok=True)
+        metrics.on_model_call("scripted", 0.01, None, ok=True)
+        metrics.task_started()
+        metrics.task_done("chat", "completed", 0.01)
+    assert sorted(resolved) == [
+        ("a", "chat", "completed"),
+        ("a", "lookup", "ok"),
+        ("a", "scripted", "ok"),
+    ]
+    beyond = [f"tool{i}" for i in range(MAX_CACHED_CHILDREN + 10)]
+    for name in beyond + beyond:
+        metrics.on_tool_call(name, ok=False)
+    counts = {
+        s.labels["tool"]: s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == "mesh_tool_calls_total"
+    }
+    assert counts["lookup"] == 3
+    assert all(counts[name] == 2 for name in beyond)
+    assert len(metrics._tool_calls._cache) == MAX_CACHED_CHILDREN
