@@ -274,3 +274,28 @@ async def test_while_its_event_loop_is_late_the_prober_demotes_nobody(
         assert (inst.status, prober.last_round.deferred) == ("passing", 1)
     else:
         assert (inst.status, inst.status_reason) == ("critical", "health check failed: unreachable")
+
+
+@pytest.mark.parametrize(("busy", "silent_ttls", "expected"), [
+    (0.95, 1.5, "passing"),  # saturated, silent under 2 TTLs: perhaps the registry's delay
+    (0.95, 2.5, "critical"),  # saturated, silent past 2 TTLs: demoted all the same
+    (0.5, 1.5, "critical"),  # not saturated: the TTL as usual
+])  # fmt: skip
+async def test_while_saturated_a_missed_ttl_demotes_only_past_two_ttls(
+    tmp_path: Path, busy: float, silent_ttls: float, expected: str
+) -> None:
+    store = await SqliteRegistryStore.open(tmp_path / "registry.db")
+    now = [time.time()]
+    async with httpx.AsyncClient() as http:
+        # Not started: no loop watch overwrites loop_busy, as measured on a saturated loop.
+        prober = Prober(store, http, interval_s=60, ttl_s=30, clock=lambda: now[0])
+        try:
+            await _put(store, f"http://127.0.0.1:{free_port()}")
+            prober.loop_busy = busy
+            now[0] += 30 * silent_ttls
+            await prober.tick()
+            (inst,) = await store.instances()
+        finally:
+            await store.aclose()
+    assert inst.status == expected, inst.status_reason
+    assert prober.last_round.deferred == (1 if expected == "passing" else 0)
