@@ -26,7 +26,9 @@ functions of a connection run on the database thread, and psycopg 3 is the drive
 synchronous DB-API connection (asyncpg is asyncio-only and would mean a second copy of every
 store). One connection per process: its writes share commits as on SQLite, so a pool would
 only add round trips to the write path; a connection the server dropped is opened again
-(``PgConnection``).
+(``PgConnection``). The savepoint ``Database`` puts around each write of a batch, and its
+release, are not sent on their own: they go in one psycopg pipeline with the statement after
+them (a task on a shared database took 15 round trips, now 7: docs/performance.md).
 
 The URL's password is never in a log line, an error or ``path`` (``redacted``).
 """
@@ -144,11 +146,19 @@ class PgConnection:
         self._tx = False
         #: Connections opened again after a loss (tests).
         self.reconnects = 0
+        # ``Database``'s savepoint around each write, and its release, sent with the statement
+        # that follows them in one pipeline (one round trip instead of two or three).
+        self._deferred: list[str] = []
 
     def execute(self, sql: str, params: Iterable[Any] = ()) -> psycopg.Cursor[Any]:
+        if sql in _DEFERRABLE and self._tx and not self.raw.closed:
+            self._deferred.append(sql)
+            return self.raw.cursor()
         if sql == "begin immediate":  # SQLite's write lock up front; PostgreSQL locks rows
             sql = "begin"
         query, args = translate(sql), tuple(params) or None
+        if self._deferred:
+            return self._run_with_deferred(query, args, sql)
         if sql in ("commit", "rollback"):
             self._tx = False
         elif sql == "begin":
@@ -168,18 +178,36 @@ class PgConnection:
             self._reopen()
             return self._run(query, args)
 
+    def _run_with_deferred(
+        self, query: str, args: tuple[Any, ...] | None, sql: str
+    ) -> psycopg.Cursor[Any]:
+        """The deferred savepoint statements, then ``query``, in one pipeline (inside a
+        transaction: a lost connection fails it, as ``execute`` would)."""
+        deferred, self._deferred = self._deferred, []
+        if sql in ("commit", "rollback"):
+            self._tx = False
+        with self.raw.pipeline():
+            for statement in deferred:
+                self.raw.execute(statement)
+            cur = self._run(query, args)
+        return cur
+
     def _run(self, query: str, args: tuple[Any, ...] | None) -> psycopg.Cursor[Any]:
         cur = self.raw.cursor(row_factory=_row_factory)
         cur.execute(query, args)
         return cur
 
     def _reopen(self) -> None:
+        self._deferred = []
         with contextlib.suppress(psycopg.Error):
             self.raw.close()
         self.raw = _open(self._url)
         self.reconnects += 1
 
     def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> psycopg.Cursor[Any]:
+        deferred, self._deferred = self._deferred, []
+        for statement in deferred:
+            self.raw.execute(statement)
         cur = self.raw.cursor(row_factory=_row_factory)
         cur.executemany(translate(sql), [tuple(r) for r in rows])
         return cur
@@ -189,6 +217,7 @@ class PgConnection:
         return not self.raw.closed and self.raw.info.transaction_status != pq.TransactionStatus.IDLE
 
     def close(self) -> None:
+        self._deferred = []
         self.raw.close()
 
 
@@ -270,6 +299,10 @@ class PgDatabase(Database):
             return await loop.run_in_executor(self._executor, fn, self._conn)
         except psycopg.Error as exc:
             raise StoreError(f"database {self.path}: {_said(exc, self._url)}") from exc
+
+
+# Sent with the next statement (``PgConnection``): nothing reads their result.
+_DEFERRABLE = frozenset({"savepoint op", "release op"})
 
 
 def _connect(url: str) -> PgConnection:
