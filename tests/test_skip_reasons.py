@@ -55,5 +55,9 @@ def test_without_wrk_only_the_bench_run_is_skipped() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 passed, 1 skipped" in result.stdout, result.stdout
-    assert "needs wrk on PATH: install it (apt-get install wrk" in result.stdout, result.stdout
+    # The bench runs (the main quick run and the ADK rows') skip, saying why; the checks of the
+    # report's arithmetic, which need no wrk, still run.
+    assert "2 passed, 2 skipped" in result.stdout, result.stdout
+    skips = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert len(skips) == 2, result.stdout
+    assert all("needs wrk on PATH: install it (apt-get install wrk" in s for s in skips), skips
