@@ -84,6 +84,8 @@ def test_the_topology_counts_the_loan_desks_calls(desk: tuple[Desk, str]) -> Non
         assert [(e["skill"], e["calls_total"]) for e in bureau] == [("score", N)]
         verifier = edge(topo, "loan-officer", "income-verifier")
         assert sum(e["calls_total"] for e in verifier) == N, verifier
+        # The archivist's node is up when start_node returns; its registration follows.
+        assert "archivist" in [a["name"] for a in topo["agents"]], "archivist not registered"
         return topo
 
     topo = wait_for(settled, what="the officer's calls in the topology", timeout=20)
