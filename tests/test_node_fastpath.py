@@ -79,21 +79,32 @@ class Pair:
         return path.read_text() if path.exists() else ""
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    """The same agent twice: "fast" (the default) and "sdk" (MESH_FASTPATH=0)."""
-    tmp = tmp_path_factory.mktemp("fastpath")
+@contextlib.contextmanager
+def fast_and_sdk(tmp: Path, target: str, *, file_var: str, suffix: str) -> Iterator[Pair]:
+    """``target`` served twice: "fast" (MESH_FASTPATH=1) and "sdk" (MESH_FASTPATH=0), each with
+    its own data dir and ``file_var`` set to ``tmp/<name><suffix>`` (the agent's file to write
+    its calls to, or to wait on)."""
     urls = []
     with contextlib.ExitStack() as stack:
         for name, flag in (("fast", "1"), ("sdk", "0")):
             port = free_port()
-            argv = ["mesh", "serve", "tests.node_agents:agent", "--port", str(port)]
+            argv = ["mesh", "serve", target, "--port", str(port)]
             argv += ["--data-dir", str(tmp / name)]
-            env = clean_env(MESH_FASTPATH=flag, NODE_TEST_CALLS=str(tmp / f"{name}.calls"))
+            env = clean_env(MESH_FASTPATH=flag, **{file_var: str(tmp / f"{name}{suffix}")})
             health = f"http://127.0.0.1:{port}/health"
             stack.enter_context(running(argv, name=name, tmp=tmp, env=env, health=health))
             urls.append(f"http://127.0.0.1:{port}")
         yield Pair(urls[0], urls[1], tmp)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    """The same agent twice: "fast" (the default) and "sdk" (MESH_FASTPATH=0)."""
+    tmp = tmp_path_factory.mktemp("fastpath")
+    with fast_and_sdk(
+        tmp, "tests.node_agents:agent", file_var="NODE_TEST_CALLS", suffix=".calls"
+    ) as served:
+        yield served
 
 
 @pytest.fixture

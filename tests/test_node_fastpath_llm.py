@@ -11,7 +11,6 @@ times each node generates; the fast node must have answered the new sends itself
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 import uuid
@@ -23,8 +22,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import clean_env, free_port, running
-from tests.test_node_fastpath import HEADERS, TRACE, Pair, _norm
+from tests.test_node_fastpath import HEADERS, TRACE, Pair, _norm, fast_and_sdk
 
 pytestmark = pytest.mark.integration
 
@@ -40,17 +38,10 @@ def _n(value: Any) -> Any:
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     """The LLM agent twice: "fast" (the default) and "sdk" (MESH_FASTPATH=0)."""
     tmp = tmp_path_factory.mktemp("fastpath-llm")
-    urls = []
-    with contextlib.ExitStack() as stack:
-        for name, flag in (("fast", "1"), ("sdk", "0")):
-            port = free_port()
-            argv = ["mesh", "serve", "tests.llm_ask_agents:agent", "--port", str(port)]
-            argv += ["--data-dir", str(tmp / name)]
-            env = clean_env(MESH_FASTPATH=flag, NODE_TEST_CALLS=str(tmp / f"{name}.calls"))
-            health = f"http://127.0.0.1:{port}/health"
-            stack.enter_context(running(argv, name=name, tmp=tmp, env=env, health=health))
-            urls.append(f"http://127.0.0.1:{port}")
-        yield Pair(urls[0], urls[1], tmp)
+    with fast_and_sdk(
+        tmp, "tests.llm_ask_agents:agent", file_var="NODE_TEST_CALLS", suffix=".calls"
+    ) as served:
+        yield served
 
 
 @pytest.fixture
@@ -144,17 +135,10 @@ async def test_llm_turns_are_the_same_on_both_paths_and_take_the_fast_one(
 def gated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     """tests.llm_gate_agents twice, fast and sdk; each turn waits for ``<name>.go``."""
     tmp = tmp_path_factory.mktemp("fastpath-gate")
-    urls = []
-    with contextlib.ExitStack() as stack:
-        for name, flag in (("fast", "1"), ("sdk", "0")):
-            port = free_port()
-            argv = ["mesh", "serve", "tests.llm_gate_agents:agent", "--port", str(port)]
-            argv += ["--data-dir", str(tmp / name)]
-            env = clean_env(MESH_FASTPATH=flag, NODE_TEST_GATE=str(tmp / f"{name}.go"))
-            health = f"http://127.0.0.1:{port}/health"
-            stack.enter_context(running(argv, name=name, tmp=tmp, env=env, health=health))
-            urls.append(f"http://127.0.0.1:{port}")
-        yield Pair(urls[0], urls[1], tmp)
+    with fast_and_sdk(
+        tmp, "tests.llm_gate_agents:agent", file_var="NODE_TEST_GATE", suffix=".go"
+    ) as served:
+        yield served
 
 
 async def _working_task(http: httpx.AsyncClient, url: str, context: str) -> str:
