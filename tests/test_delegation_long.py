@@ -259,12 +259,17 @@ async def test_a_deadline_passing_ends_the_long_child(pair: Pair, http: httpx.As
     assert "done j3" not in pair.calls()
 
 
-async def test_a_coordinator_killed_while_the_child_works_re_attaches_after_its_restart(
-    pair: Pair, http: httpx.AsyncClient
+async def _restart_top_while_followed(
+    pair: Pair, http: httpx.AsyncClient, text: str, job: str
 ) -> None:
+    """Send ``text`` (a call on job ``job``) to the top, kill -9 it once it follows the child
+    from its resume point, restart it, and see it re-attach (a new subscription, the job not
+    sent again) and complete with the child's answer."""
     top, child = await client_for(http, pair.top), await client_for(http, pair.child)
-    task = await send(top, message(text="crunch j4"), wait=False)
-    await eventually(lambda: "start j4" in pair.calls() and pair.proxy.subscribes >= 1, within=20)
+    task = await send(top, message(text=text), wait=False)
+    await eventually(
+        lambda: f"start {job}" in pair.calls() and pair.proxy.subscribes >= 1, within=20
+    )
     # The child is in the coordinator's resume point before it is followed.
     assert pair.waits() == [(task.id, "children")]
     assert pair.top_proc is not None
@@ -274,36 +279,28 @@ async def test_a_coordinator_killed_while_the_child_works_re_attaches_after_its_
     # Recovery rule 4 runs the turn again: it follows the same child task (a new
     # subscription), it does not send the job again.
     await eventually(lambda: pair.proxy.subscribes > before, within=20, what="a re-attach")
-    pair.release("j4")
+    pair.release(job)
     top = await client_for(http, pair.top)
     done = await eventually(lambda: ended(top, task.id), within=30)
     assert done.status.state == TaskState.TASK_STATE_COMPLETED, done
-    assert "top got j4" in done.artifacts[-1].parts[0].text
-    assert pair.calls() == ["start j4", "done j4"]
+    assert f"top got {job}" in done.artifacts[-1].parts[0].text
+    assert pair.calls() == [f"start {job}", f"done {job}"]
     assert len(await child_tasks(child)) == 1
+
+
+async def test_a_coordinator_killed_while_the_child_works_re_attaches_after_its_restart(
+    pair: Pair, http: httpx.AsyncClient
+) -> None:
+    await _restart_top_while_followed(pair, http, "crunch j4", "j4")
     await eventually(lambda: pair.waits() == [], within=10, what="the resume point dropped")
 
 
 async def test_a_call_past_long_after_s_goes_long_and_survives_a_coordinator_restart(
     pair: Pair, http: httpx.AsyncClient
 ) -> None:
-    top, child = await client_for(http, pair.top), await client_for(http, pair.child)
-    task = await send(top, message(text="grind j5"), wait=False)
-    # Not declared long: a blocking send first, then, 1 s on, followed by subscription.
-    await eventually(lambda: "start j5" in pair.calls() and pair.proxy.subscribes >= 1, within=20)
-    assert pair.waits() == [(task.id, "children")]
-    assert pair.top_proc is not None
-    before = pair.proxy.subscribes
-    pair.top_proc.kill()
-    pair.start_top()
-    await eventually(lambda: pair.proxy.subscribes > before, within=20, what="a re-attach")
-    pair.release("j5")
-    top = await client_for(http, pair.top)
-    done = await eventually(lambda: ended(top, task.id), within=30)
-    assert done.status.state == TaskState.TASK_STATE_COMPLETED, done
-    assert "top got j5" in done.artifacts[-1].parts[0].text
-    assert pair.calls() == ["start j5", "done j5"]
-    assert len(await child_tasks(child)) == 1
+    # Not declared long: a blocking send first, then, past long_after_s, followed by
+    # subscription; from there on as a declared long call.
+    await _restart_top_while_followed(pair, http, "grind j5", "j5")
 
 
 async def test_a_streamed_coordinator_relays_the_long_childs_progress(
