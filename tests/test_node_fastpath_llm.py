@@ -22,6 +22,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import eventually
 from tests.test_node_fastpath import HEADERS, TRACE, Pair, _norm, fast_and_sdk
 
 pytestmark = pytest.mark.integration
@@ -151,11 +152,8 @@ async def _working_task(http: httpx.AsyncClient, url: str, context: str) -> str:
             return str(tasks[0]["id"])
         return None
 
-    for _ in range(500):  # at most ~10 s
-        if (found := await working()) is not None:
-            return found
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"no working task in {context} at {url}")
+    found: str = await eventually(working, within=10, what=f"a working task in {context} at {url}")
+    return found
 
 
 async def _follow(http: httpx.AsyncClient, url: str, task_id: str, gate: Path) -> list[Any]:

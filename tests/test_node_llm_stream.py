@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import clean_env, free_port, running
+from tests.support import clean_env, eventually, free_port, running
 from tests.test_node_fastpath import HEADERS
 
 pytestmark = pytest.mark.integration
@@ -168,9 +168,12 @@ async def test_a_follower_arriving_mid_turn_gets_the_rest_streamed(
 async def _working_task(http: httpx.AsyncClient, url: str, context: str) -> str:
     """The id of the one task of ``context``, once it is WORKING."""
     body = {"jsonrpc": "2.0", "id": 5, "method": "ListTasks", "params": {"contextId": context}}
-    for _ in range(500):  # at most ~10 s
+
+    async def working() -> str | None:
         tasks = (await _post(http, url, body)).get("tasks", [])
         if tasks and tasks[0]["status"]["state"] == "TASK_STATE_WORKING":
             return str(tasks[0]["id"])
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"no working task in {context} at {url}")
+        return None
+
+    found: str = await eventually(working, within=10, what=f"a working task in {context} at {url}")
+    return found
