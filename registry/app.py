@@ -36,7 +36,7 @@ from registry.prober import MAX_CONCURRENT_PROBES, Prober
 from registry.reach import Reach
 from registry.recent import RecentTasks
 from registry.settings import FLEET_LIMIT, RegistrySettings
-from registry.sqlite_store import SqliteRegistryStore
+from registry.sqlite_store import REFRESH_S, SqliteRegistryStore
 from registry.state import RegistryState
 from registry.store import RegistryStore
 
@@ -276,5 +276,8 @@ async def _open_store(settings: RegistrySettings) -> RegistryStore:
             policy=settings.network_policy,
         )
     if settings.store_url:
-        return await SqliteRegistryStore.open_postgres(settings.store_url)
+        # The view's full reload brings heartbeat times (no notification carries them), well
+        # inside the TTL the prober reads them against.
+        refresh_s = min(REFRESH_S, settings.ttl_s / 3)
+        return await SqliteRegistryStore.open_postgres(settings.store_url, refresh_s=refresh_s)
     return await SqliteRegistryStore.open(settings.db_path)

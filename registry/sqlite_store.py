@@ -9,19 +9,29 @@ when the store opens and changed by the same methods that write, once their writ
 A lookup is the registry's most frequent read (every delegation's discovery), and at fleet scale
 a database round trip per lookup, plus rebuilding records from rows, was most of its cost. The
 database stays the truth (a restart loads the view from it); the view is only sound while this
-process is the file's one writer, which a SQLite registry is. Over PostgreSQL, shared by
-replicas, each read goes to the database (``open_postgres`` loads no view)."""
+process is the file's one writer, which a SQLite registry is.
+
+Over PostgreSQL, shared by replicas, each replica keeps the same view and learns of the others'
+writes (docs/architecture.md, "Storage backends"): a write that changes what a lookup shows (a
+registration, a status, a deregistration, a removal) sends ``NOTIFY mesh_registry`` in its
+transaction, naming the agent and the instances it touched; every replica listens
+(``LISTEN``, ``mesh._pg_notify``) and reads those rows again. A heartbeat only moves
+``last_heartbeat_at`` and sends nothing (at 10,000 instances that would be 2,000 notifications
+a second, each taking PostgreSQL's notify lock at commit: docs/performance.md); the full reload
+every ``refresh_s`` brings heartbeat times (the prober's TTL reads them) and anything a lost
+notification missed, and so does a reload each time the LISTEN connection comes back."""
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import json
 import logging
 import sqlite3
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from mesh._discovery.base import Status
 from mesh._sqlite import Database
@@ -35,7 +45,10 @@ from registry.store import (
     check_supersede,
 )
 
-__all__ = ["SqliteRegistryStore"]
+if TYPE_CHECKING:
+    from mesh._pg_notify import PgListener
+
+__all__ = ["CHANNEL", "REFRESH_S", "SqliteRegistryStore"]
 
 log = logging.getLogger("registry.store")
 T = TypeVar("T")
@@ -70,6 +83,14 @@ _SELECT_AGENTS = "select name, card, updated_at from registry_agents"
 _DROP_ORPHANS = (
     "delete from registry_agents where name not in (select agent from registry_instances)"
 )
+#: The channel registry replicas on one PostgreSQL tell each other their writes on.
+CHANNEL = "mesh_registry"
+#: Seconds between two full reloads of a PostgreSQL replica's view (heartbeat times, and
+#: whatever a lost notification missed).
+REFRESH_S = 5.0
+# A notification's payload limit (mesh._pg_notify.MAX_PAYLOAD; not imported: SQLite
+# registries load no psycopg).
+_MAX_PAYLOAD = 7900
 
 
 def _instance(row: sqlite3.Row) -> InstanceRecord:
@@ -169,6 +190,23 @@ class _View:
         self.agents[agent.name] = agent
         self._agent_list = None
 
+    def drop_id(self, agent: str, instance_id: str) -> None:
+        """Forget instance ``instance_id`` of ``agent`` if the view holds it."""
+        inst = self.by_agent.get(agent, {}).get(instance_id)
+        if inst is not None:
+            self.drop(inst)
+
+    def same_as(self, old: _View) -> None:
+        """Keep ``old``'s instance records where they equal this view's (a reload that found
+        nothing new changes no identity: cached encodings of a record stay valid). Agent
+        records are kept by ``SqliteRegistryStore._agent`` already."""
+        for name, mine in self.by_agent.items():
+            before = old.by_agent.get(name, {})
+            for iid, inst in mine.items():
+                kept = before.get(iid)
+                if kept is not None and kept == inst:
+                    mine[iid] = kept
+
     def instances(self, agent: str | None) -> list[InstanceRecord]:
         if agent is not None:
             return list(self._of(agent))
@@ -200,13 +238,115 @@ class SqliteRegistryStore:
         self._records: dict[str, tuple[str, float, AgentRecord]] = {}
         # What reads answer from, once loaded (``_load``); None: every read asks the database.
         self._view: _View | None = None
+        #: Lookups (instances/agents/agent) the database answered, not the view (tests).
+        self.lookup_reads = 0
+        #: Full reloads of the view from the database (open, periodic, after a reconnect).
+        self.reloads = 0
+        # On PostgreSQL: the channel this store's writes notify, its LISTEN connection, the
+        # instances other writes touched (agent -> ids) not read again yet, and the task that
+        # reads them (and reloads every refresh_s).
+        self._channel: str | None = None
+        self._listener: PgListener | None = None
+        self._touched: dict[str, set[str]] = {}
+        self._reload_due = False
+        self._wake = asyncio.Event()
+        self._follower: asyncio.Task[None] | None = None
 
     async def _load(self) -> None:
         """Read every instance and agent into the view; reads answer from it from now on."""
-        self._view = None
-        instances = await self.instances()
-        agents = await self.agents()
-        self._view = _View(instances, agents)
+        instances = await self._read_instances(None)
+        agents = await self._read_agents()
+        view = _View(instances, agents)
+        if self._view is not None:
+            view.same_as(self._view)
+        self._view = view
+        self.reloads += 1
+
+    def _tell(self, conn: sqlite3.Connection, agent: str, ids: Collection[str]) -> None:
+        """On PostgreSQL, tell every replica (this one too) that ``ids`` of ``agent`` changed:
+        delivered when this write commits."""
+        if self._channel is None:
+            return
+        payload = json.dumps({"a": agent, "i": sorted(ids)})
+        if len(payload.encode()) > _MAX_PAYLOAD:
+            payload = json.dumps({"reload": True})
+        conn.execute("select pg_notify(?, ?)", (self._channel, payload))
+
+    def _heard(self, payload: str) -> None:
+        """A notification of ``CHANNEL``: read what it names again, soon (``_follow_db``)."""
+        try:
+            said = json.loads(payload)
+            if said.get("reload"):
+                self._reload_due = True
+            else:
+                self._touched.setdefault(str(said["a"]), set()).update(map(str, said["i"]))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log.warning("a registry notification that is not ours: %.100r", payload)
+            return
+        self._wake.set()
+
+    def _must_reload(self) -> None:
+        self._reload_due = True
+        self._wake.set()
+
+    async def _follow_db(self, refresh_s: float) -> None:
+        """Apply other replicas' writes to the view as they are heard, and reload it whole
+        every ``refresh_s`` (and after the LISTEN connection came back)."""
+        loop = asyncio.get_running_loop()
+        next_reload = loop.time() + refresh_s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, next_reload - loop.time())):
+                    await self._wake.wait()
+            self._wake.clear()
+            if loop.time() >= next_reload:
+                self._reload_due = True
+            try:
+                if self._reload_due:
+                    self._reload_due = False
+                    self._touched.clear()
+                    await self._load()
+                    next_reload = loop.time() + refresh_s
+                elif self._touched:
+                    touched, self._touched = self._touched, {}
+                    await self._refresh(touched)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database away: the next reload tries again
+                log.warning("could not read other replicas' writes: %s", exc)
+                next_reload = loop.time() + min(refresh_s, 1.0)
+
+    async def _refresh(self, touched: dict[str, set[str]]) -> None:
+        """Read ``touched`` instances and their agents again, into the view."""
+
+        def read(conn: sqlite3.Connection) -> list[tuple[str, list[sqlite3.Row], sqlite3.Row]]:
+            out = []
+            for agent, ids in touched.items():
+                marks = ", ".join("?" * len(ids))
+                rows = conn.execute(
+                    f"select {_COLUMNS} from registry_instances where instance_id in ({marks})",
+                    tuple(ids),
+                ).fetchall()
+                card = conn.execute(f"{_SELECT_AGENTS} where name = ?", (agent,)).fetchone()
+                out.append((agent, rows, card))
+            return out
+
+        found = await self._db.read(read)
+        view = self._view
+        if view is None:
+            return
+        for agent, rows, card in found:
+            present = {row["instance_id"]: _instance(row) for row in rows}
+            for iid in touched[agent]:
+                inst = present.get(iid)
+                if inst is None:
+                    view.drop_id(agent, iid)
+                elif inst.agent != agent:  # not ours to place: the next reload will
+                    self._reload_due = True
+                else:
+                    view.put(inst)
+            if card is not None and agent in view.by_agent:
+                view.set_agent(self._agent(card))
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T], seen: Callable[[T], None]) -> T:
         """``db.write(fn)``, then ``seen(result)`` changes the view once it is committed. Done
@@ -245,14 +385,34 @@ class SqliteRegistryStore:
         return store
 
     @classmethod
-    async def open_postgres(cls, url: str) -> SqliteRegistryStore:
+    async def open_postgres(cls, url: str, *, refresh_s: float = REFRESH_S) -> SqliteRegistryStore:
         """The same store on PostgreSQL (``mesh._pg``), shared by registry replicas: its
-        tables are created at their current shape, so there is nothing to migrate."""
+        tables are created at their current shape, so there is nothing to migrate. Reads
+        answer from the view, kept current with every replica's writes (module docstring):
+        its LISTEN connection is opened here and closed by ``aclose``."""
         from mesh._pg import PgDatabase
+        from mesh._pg_notify import PgListener
 
         db = await PgDatabase.open(url)
-        await db.ensure_schema("registry", _SCHEMA)
-        return cls(db)
+        store = cls(db)
+        listener = PgListener(url, name="mesh-registry-listen")
+        listener.on(CHANNEL, store._heard)
+        listener.on_reconnect(store._must_reload)
+        try:
+            await db.ensure_schema("registry", _SCHEMA)
+            # Listening before the load: a write committed after it is heard.
+            await listener.start()
+            store._listener = listener
+            store._channel = CHANNEL
+            await store._load()
+        except BaseException:
+            await listener.aclose()
+            await db.aclose()
+            raise
+        store._follower = asyncio.create_task(
+            store._follow_db(refresh_s), name="registry-view-follower"
+        )
+        return store
 
     async def put(
         self,
@@ -320,6 +480,8 @@ class SqliteRegistryStore:
                 f"select {_COLUMNS} from registry_instances where instance_id = ?",
                 (instance.instance_id,),
             ).fetchone()
+            ids = [instance.instance_id, *(old.instance_id for old in superseded)]
+            self._tell(conn, instance.agent, ids)
             return Registered(_instance(row), created=not known, superseded=superseded)
 
         def seen(done: Registered) -> None:
@@ -359,7 +521,9 @@ class SqliteRegistryStore:
 
     async def deregister(self, instance_id: str, *, presented: str | None) -> InstanceRecord | None:
         def write(conn: sqlite3.Connection) -> InstanceRecord | None:
-            return _remove(conn, instance_id) if _claim(conn, instance_id, presented) else None
+            if not _claim(conn, instance_id, presented):
+                return None
+            return self._removed(conn, instance_id)
 
         return await self._write(write, self._gone)
 
@@ -370,16 +534,29 @@ class SqliteRegistryStore:
                 f"status_changed_at = ? where instance_id = ? returning {_COLUMNS}",
                 (status, reason, at, instance_id),
             ).fetchone()
-            return _instance(row) if row is not None else None
+            if row is None:
+                return None
+            self._tell(conn, row["agent"], [instance_id])
+            return _instance(row)
 
         await self._write(write, self._seen)
 
     async def remove(self, instance_id: str) -> InstanceRecord | None:
-        return await self._write(lambda conn: _remove(conn, instance_id), self._gone)
+        return await self._write(lambda conn: self._removed(conn, instance_id), self._gone)
+
+    def _removed(self, conn: sqlite3.Connection, instance_id: str) -> InstanceRecord | None:
+        gone = _remove(conn, instance_id)
+        if gone is not None:
+            self._tell(conn, gone.agent, [instance_id])
+        return gone
 
     async def instances(self, agent: str | None = None) -> list[InstanceRecord]:
         if self._view is not None:
             return self._view.instances(agent)
+        self.lookup_reads += 1
+        return await self._read_instances(agent)
+
+    async def _read_instances(self, agent: str | None) -> list[InstanceRecord]:
         query = f"select {_COLUMNS} from registry_instances"
         params: tuple[str, ...] = ()
         if agent is not None:
@@ -392,6 +569,10 @@ class SqliteRegistryStore:
     async def agents(self) -> list[AgentRecord]:
         if self._view is not None:
             return self._view.agent_list()
+        self.lookup_reads += 1
+        return await self._read_agents()
+
+    async def _read_agents(self) -> list[AgentRecord]:
         rows = await self._db.read(
             lambda conn: conn.execute(f"{_SELECT_AGENTS} order by name").fetchall()
         )
@@ -403,6 +584,7 @@ class SqliteRegistryStore:
     async def agent(self, name: str) -> AgentRecord | None:
         if self._view is not None:
             return self._view.agents.get(name)
+        self.lookup_reads += 1
         row = await self._db.read(
             lambda conn: conn.execute(f"{_SELECT_AGENTS} where name = ?", (name,)).fetchone()
         )
@@ -413,5 +595,13 @@ class SqliteRegistryStore:
         await self._db.ping()
 
     async def aclose(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+            self._follower = None
+        if self._listener is not None:
+            await self._listener.aclose()
+            self._listener = None
         if self._owns_db:
             await self._db.aclose()
