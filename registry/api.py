@@ -18,6 +18,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.responses import JSONResponse
 
+from mesh._errors import StoreError
 from mesh._outbound import FetchFailed, bounded_get
 from registry.card import CardRejected, agent_record, check_signature, fetch_card
 from registry.prober import MAX_HEALTH_BYTES, answered_as
@@ -47,7 +48,14 @@ from registry.wire import (
     TargetGroup,
 )
 
-__all__ = ["SECRET_HEADER", "ApiError", "router"]
+__all__ = [
+    "SECRET_HEADER",
+    "ApiError",
+    "heartbeat_body",
+    "instances_body",
+    "router",
+    "store_unavailable",
+]
 
 
 class ApiError(Exception):
@@ -58,6 +66,25 @@ class ApiError(Exception):
         self.status = status
         self.code = code
         self.message = message
+
+    def response(self) -> JSONResponse:
+        """The answer to a request that raised this (FastAPI's handler and
+        ``registry.fast_routes`` both send it)."""
+        response = JSONResponse(
+            {"error": self.code, "message": self.message}, status_code=self.status
+        )
+        if self.status == 401:
+            response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+
+def store_unavailable(method: str, path: str, exc: StoreError) -> JSONResponse:
+    """The answer to a request whose store call failed (logged: the client is told to look)."""
+    log.error("store error on %s %s: %s", method, path, exc)
+    return JSONResponse(
+        {"error": "store_unavailable", "message": "the registry's store failed; see its log"},
+        status_code=503,
+    )
 
 
 State = Annotated[RegistryState, Depends(get_state)]
@@ -244,8 +271,17 @@ _to_json = InstanceOut.__pydantic_serializer__.to_json
 @router.put("/instances/{instance_id}/heartbeat", tags=["instances"], response_model=InstanceOut)
 async def heartbeat(instance_id: str, state: State, secret: Secret = None) -> Response:
     """Keep an instance you own alive. 404 ``unknown_instance``: register again."""
+    body = await heartbeat_body(state, instance_id, secret, time.time())
+    return Response(body, media_type="application/json")
+
+
+async def heartbeat_body(
+    state: RegistryState, instance_id: str, secret: str | None, at: float
+) -> bytes:
+    """A heartbeat's work and its answer's JSON (this route's and ``registry.fast_routes``'s):
+    ``ApiError`` 403 ``not_owner`` or 404 ``unknown_instance``."""
     try:
-        stored = await state.store.heartbeat(instance_id, time.time(), presented=_presented(secret))
+        stored = await state.store.heartbeat(instance_id, at, presented=_presented(secret))
     except NotOwner as exc:
         raise _not_owner(instance_id, secret) from exc
     if stored is None:
@@ -253,8 +289,7 @@ async def heartbeat(instance_id: str, state: State, secret: Secret = None) -> Re
             404, "unknown_instance", f"no instance {instance_id!r} here: register it again"
         )
     # Encoded here: FastAPI would validate the model again before encoding it.
-    out = InstanceOut.of(stored, await state.store.agent(stored.agent))
-    return Response(_to_json(out), media_type="application/json")
+    return _to_json(InstanceOut.of(stored, await state.store.agent(stored.agent)))
 
 
 @router.delete("/instances/{instance_id}", status_code=204, tags=["instances"])
@@ -275,12 +310,19 @@ async def list_instances(
     status: Annotated[StatusFilter, Query(description="'any' for every status")] = "passing",
 ) -> Response:
     """Instances, by default only passing ones."""
+    body = await instances_body(state, agent=agent, skill=skill, status=status)
+    return Response(body, media_type="application/json")
+
+
+async def instances_body(
+    state: RegistryState, *, agent: str | None, skill: str | None, status: str
+) -> bytes:
+    """A lookup's answer (this route's and ``registry.fast_routes``'s)."""
     found = await state.catalog.instances(agent=agent, skill=skill, status=status)
     # Every delegation's discovery asks this: each instance's JSON is made once per change
     # (``InstanceJson``), not once per lookup, and FastAPI does not validate it again.
     parts = state.instance_json
-    body = b'{"instances":[' + b",".join(parts.of(i, a) for i, a in found) + b"]}"
-    return Response(body, media_type="application/json")
+    return b'{"instances":[' + b",".join(parts.of(i, a) for i, a in found) + b"]}"
 
 
 @router.get("/agents", tags=["agents"])

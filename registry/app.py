@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -28,6 +29,7 @@ from mesh._netguard import create_http_client
 from registry import api, chat, console, page
 from registry.card import MAX_CONCURRENT_CARD_FETCHES
 from registry.catalog import Catalog
+from registry.fast_routes import FastRoutes
 from registry.gate import Gate
 from registry.introspect import introspect
 from registry.metrics import CountRequests, RegistryMetrics
@@ -90,8 +92,11 @@ def create_app(
     *,
     store: RegistryStore | None = None,
     metrics: RegistryMetrics | None = None,
+    fast_routes: bool = True,
 ) -> FastAPI:
-    """The registry app. ``store`` defaults to SQLite under ``settings.data_dir``."""
+    """The registry app. ``store`` defaults to SQLite under ``settings.data_dir``.
+    ``fast_routes=False`` leaves the lookup and the heartbeat to FastAPI too (a test compares
+    both; ``registry.fast_routes``)."""
     metrics = metrics or RegistryMetrics.create()
 
     @asynccontextmanager
@@ -169,10 +174,7 @@ def create_app(
 
     @app.exception_handler(api.ApiError)
     async def _api_error(request: Request, exc: api.ApiError) -> JSONResponse:
-        response = _error(exc.status, exc.code, exc.message)
-        if exc.status == 401:
-            response.headers["WWW-Authenticate"] = "Bearer"
-        return response
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -201,14 +203,7 @@ def create_app(
 
     @app.exception_handler(StoreError)
     async def _store_error(request: Request, exc: StoreError) -> JSONResponse:
-        log.error("store error on %s %s: %s", request.method, request.url.path, exc)
-        return _error(503, "store_unavailable", "the registry's store failed; see its log")
-
-    app.add_middleware(CountRequests, metrics=metrics)
-    # Added last, so outermost: the token and the body limit come before anything reads a body.
-    app.add_middleware(
-        Gate, token=settings.token, max_body_bytes=settings.max_body_bytes, metrics=metrics
-    )
+        return api.store_unavailable(request.method, request.url.path, exc)
 
     @app.get("/health", tags=["registry"])
     async def health(request: Request) -> JSONResponse:
@@ -259,7 +254,31 @@ def create_app(
     app.include_router(page.router)
     app.include_router(console.router)
     app.include_router(chat.router)
+
+    if fast_routes:
+        # Innermost of the middleware: the gate and the request counter apply to it as to
+        # FastAPI's routes (registry.fast_routes).
+        app.add_middleware(
+            FastRoutes,
+            lookup=_route(api.router, "/v1/instances", "GET"),
+            heartbeat=_route(api.router, "/v1/instances/{instance_id}/heartbeat", "PUT"),
+        )
+    app.add_middleware(CountRequests, metrics=metrics)
+    # Added last, so outermost: the token and the body limit come before anything reads a body.
+    app.add_middleware(
+        Gate, token=settings.token, max_body_bytes=settings.max_body_bytes, metrics=metrics
+    )
     return app
+
+
+def _route(router: APIRouter, path: str, method: str) -> APIRoute:
+    # The router's own routes: FastAPI nests an included router's (app.router.routes has one
+    # entry for it), and counts a request under the route itself, as this one does.
+    return next(
+        r
+        for r in router.routes
+        if isinstance(r, APIRoute) and r.path == path and method in (r.methods or ())
+    )
 
 
 async def _open_store(settings: RegistrySettings) -> RegistryStore:
