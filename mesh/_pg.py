@@ -24,11 +24,26 @@ of a component of that name.
 Driver: psycopg 3 (the ``postgres`` extra), because the stores' statements are synchronous
 functions of a connection run on the database thread, and psycopg 3 is the driver that offers a
 synchronous DB-API connection (asyncpg is asyncio-only and would mean a second copy of every
-store). One connection per process: its writes share commits as on SQLite, so a pool would
-only add round trips to the write path; a connection the server dropped is opened again
-(``PgConnection``). The savepoint ``Database`` puts around each write of a batch, and its
-release, are not sent on their own: they go in one psycopg pipeline with the statement after
-them (a task on a shared database took 15 round trips, now 7: docs/performance.md).
+store).
+
+Connections: writes and reads are served apart.
+
+- Writes keep ``Database``'s group commit on one writer connection and its one thread: the
+  writes queued together share one transaction, so a second writer would only split the
+  commits, and a writer taken from the pool per batch would wait behind busy readers
+  (docs/performance.md, "On PostgreSQL"). A writer connection the server
+  dropped is opened again (``PgConnection``). The savepoint ``Database`` puts around each write
+  of a batch, and its release, are not sent on their own: they go in one psycopg pipeline with
+  the statement after them (a task on a shared database took 15 round trips, now 7).
+- Reads (``read``, ``ping``) go to a ``psycopg_pool.ConnectionPool`` served by as many reader
+  threads as it has connections at most (``MESH_PG_POOL_MIN`` / ``MESH_PG_POOL_MAX``, 1 and 4),
+  so a ``GetTask``, ``ListTasks`` or session read never waits behind a write batch or a slow
+  commit, and several run at once. A read sees what is committed, as another replica does (the
+  stores on a shared database are written for that: what a caller awaited is committed; a
+  ``write_soon`` nobody awaited yet may not be seen by a read, where on the one SQLite
+  connection it would be). A pooled connection found broken (the server restarted, the backend
+  was terminated) is dropped, the pool's idle ones checked, and the read sent once more (a read
+  changes nothing). ``MESH_PG_POOL_MAX=0``: no pool, reads queue with the writes as on SQLite.
 
 The URL's password is never in a log line, an error or ``path`` (``redacted``).
 """
@@ -39,18 +54,29 @@ import asyncio
 import contextlib
 import functools
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
 from psycopg import pq
+from psycopg_pool import ConnectionPool
 
 from mesh._errors import StoreError
 from mesh._sqlite import _COMPONENT, Database
 
 __all__ = ["PgDatabase", "is_postgres_url", "redacted"]
+
+#: Reader connections by default (``MESH_PG_POOL_MIN`` / ``MESH_PG_POOL_MAX``).
+POOL_MIN, POOL_MAX = 1, 4
+#: Seconds a read waits for a pooled connection (all busy, or being replaced after the
+#: server came back) before it fails.
+POOL_WAIT_S = 30.0
+
+T = TypeVar("T")
 
 _SCHEMES = ("postgresql://", "postgres://")
 # A lock id of our own for migrations (pg_advisory_xact_lock takes a bigint): "mesh" in ASCII.
@@ -138,11 +164,14 @@ class PgConnection:
     when a statement outside a transaction finds it gone, and that statement is sent once more:
     outside a transaction nothing was done (the stores write only between ``begin`` and
     ``commit``). Lost inside a transaction, the transaction fails: its writes are not retried.
+    Over a pool's connection (``raw``, a reader's) nothing is opened again here: the pool
+    replaces it (``PgDatabase.read``).
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, raw: psycopg.Connection[Any] | None = None) -> None:
         self._url = url
-        self.raw = _open(url)
+        self._owned = raw is None
+        self.raw = _open(url) if raw is None else raw
         self._tx = False
         #: Connections opened again after a loss (tests).
         self.reconnects = 0
@@ -163,7 +192,7 @@ class PgConnection:
             self._tx = False
         elif sql == "begin":
             self._tx = True
-        fresh = sql == "begin" or not self._tx
+        fresh = (sql == "begin" or not self._tx) and self._owned
         if self.raw.closed:
             if not fresh:
                 raise psycopg.OperationalError(
@@ -228,24 +257,109 @@ class PgDatabase(Database):
     driver_error: type[Exception] = psycopg.Error
 
     def __init__(
-        self, conn: PgConnection, executor: ThreadPoolExecutor, path: str, url: str
+        self,
+        conn: PgConnection,
+        executor: ThreadPoolExecutor,
+        path: str,
+        url: str,
+        pool: ConnectionPool | None = None,
+        metrics: tuple[CollectorRegistry, str] | None = None,
     ) -> None:
         super().__init__(cast(Any, conn), executor, path)
         self._url = url
+        #: The readers' connections (None: reads queue with the writes).
+        self.pool = pool
+        self._readers = (
+            None
+            if pool is None
+            else ThreadPoolExecutor(max_workers=pool.max_size, thread_name_prefix="mesh-pg-read")
+        )
+        #: Reads sent once more on a fresh connection after theirs was found broken (tests).
+        self.read_retries = 0
+        self._metrics: tuple[CollectorRegistry, PoolMetrics] | None = None
+        if pool is not None and metrics is not None:
+            registry, agent = metrics
+            collector = PoolMetrics(pool, agent)
+            registry.register(collector)
+            self._metrics = (registry, collector)
 
     @classmethod
-    async def open(cls, path: Any) -> PgDatabase:
-        """Connect to the database at URL ``path`` (its password is never shown)."""
+    async def open(
+        cls,
+        path: Any,
+        *,
+        pool_min: int = POOL_MIN,
+        pool_max: int = POOL_MAX,
+        metrics: tuple[CollectorRegistry, str] | None = None,
+    ) -> PgDatabase:
+        """Connect to the database at URL ``path`` (its password is never shown): the writer
+        connection, and a pool of ``pool_min`` to ``pool_max`` reader connections (``pool_max``
+        0: none, reads queue with the writes). ``metrics``: (registry, agent name) to show
+        the pool's state on (``PoolMetrics``) until ``aclose``."""
+        if not 0 <= pool_min <= pool_max or (pool_max and not pool_min):
+            raise ValueError(f"reader pool {pool_min}..{pool_max}: use 1 <= min <= max, or max 0")
         url = str(path)
         shown = redacted(url)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mesh-pg")
         loop = asyncio.get_running_loop()
+        pool = None
         try:
             conn = await loop.run_in_executor(executor, _connect, url)
+            if pool_max:
+                pool = await loop.run_in_executor(executor, _open_pool, url, pool_min, pool_max)
         except psycopg.Error as exc:
             executor.shutdown(wait=False)
             raise StoreError(f"cannot open database {shown}: {_said(exc, url)}") from exc
-        return cls(conn, executor, shown, url)
+        return cls(conn, executor, shown, url, pool, metrics)
+
+    async def read(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(conn)`` on a reader thread with a pooled connection: not behind the
+        writes, and beside other reads. It sees what is committed (see the module's doc)."""
+        if self._readers is None:
+            return await super().read(fn)
+        if self._closed:
+            raise StoreError(f"database {self.path} is closed")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._readers, self._read_pooled, fn)
+        except psycopg.Error as exc:
+            raise StoreError(f"database {self.path}: {_said(exc, self._url)}") from exc
+
+    def _read_pooled(self, fn: Callable[[Any], T]) -> T:
+        """On a reader thread: ``fn`` over a pooled connection; once more on another when
+        the server dropped that one (the pool discards it on its return)."""
+        assert self.pool is not None
+        with self.pool.connection() as raw:
+            try:
+                return fn(PgConnection(self._url, raw))
+            except psycopg.OperationalError:
+                if not raw.closed:
+                    raise
+        # The other idle connections are likely gone too (a restart, a failover): the pool
+        # checks them all and opens their replacements, then the read goes again.
+        self.pool.check()
+        self.read_retries += 1
+        with self.pool.connection() as raw:
+            return fn(PgConnection(self._url, raw))
+
+    async def ping(self) -> None:
+        """Cheap health check on a reader's connection (the writer's when there is no pool)."""
+        if self._readers is None:
+            return await super().ping()
+        await self.read(lambda conn: conn.execute("select 1").fetchone())
+
+    async def aclose(self) -> None:
+        """Commit what is queued, close the writer, then the pool and its threads."""
+        if self._closed:
+            return
+        await super().aclose()
+        if self._metrics is not None:
+            registry, collector = self._metrics
+            registry.unregister(collector)
+            self._metrics = None
+        if self.pool is not None and self._readers is not None:
+            await asyncio.get_running_loop().run_in_executor(self._readers, self.pool.close)
+            self._readers.shutdown(wait=True)
 
     async def migrate(self, component: str, steps: Sequence[str]) -> int:
         """``Database.migrate`` on PostgreSQL: each step (translated) in its own transaction
@@ -301,6 +415,34 @@ class PgDatabase(Database):
             raise StoreError(f"database {self.path}: {_said(exc, self._url)}") from exc
 
 
+class PoolMetrics:
+    """The reader pool's state on /metrics, read from the pool when scraped: connections by
+    ``state`` (idle, busy) and reads waiting for one. Labels: the agent, two states."""
+
+    def __init__(self, pool: ConnectionPool, agent: str) -> None:
+        self._pool = pool
+        self._agent = agent
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._pool.get_stats()
+        size, idle = stats.get("pool_size", 0), stats.get("pool_available", 0)
+        connections = GaugeMetricFamily(
+            "mesh_pg_pool_connections",
+            "Reader connections to PostgreSQL, by state.",
+            labels=["agent", "state"],
+        )
+        connections.add_metric([self._agent, "idle"], idle)
+        connections.add_metric([self._agent, "busy"], size - idle)
+        yield connections
+        waiting = GaugeMetricFamily(
+            "mesh_pg_pool_waiting",
+            "Reads waiting for a reader connection to PostgreSQL.",
+            labels=["agent"],
+        )
+        waiting.add_metric([self._agent], stats.get("requests_waiting", 0))
+        yield waiting
+
+
 # Sent with the next statement (``PgConnection``): nothing reads their result.
 _DEFERRABLE = frozenset({"savepoint op", "release op"})
 
@@ -309,8 +451,33 @@ def _connect(url: str) -> PgConnection:
     return PgConnection(url)
 
 
+_CONNECT_S = 10
+_CONNECT: dict[str, Any] = {"autocommit": True, "connect_timeout": _CONNECT_S}
+
+
 def _open(url: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(url, autocommit=True, connect_timeout=10)
+    return psycopg.connect(url, **_CONNECT)
+
+
+def _open_pool(url: str, min_size: int, max_size: int) -> ConnectionPool:
+    """The readers' pool, its first ``min_size`` connections open (or ``PoolTimeout``)."""
+    pool: ConnectionPool = ConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs=dict(_CONNECT),
+        open=False,
+        timeout=POOL_WAIT_S,
+        # One worker grows and refills it: a node needs a few connections, not many at once.
+        num_workers=1,
+        name="mesh-pg-read",
+    )
+    try:
+        pool.open(wait=True, timeout=_CONNECT_S)
+    except BaseException:
+        pool.close()
+        raise
+    return pool
 
 
 def _said(exc: psycopg.Error, url: str) -> str:

@@ -132,6 +132,10 @@ class MeshSettings(BaseSettings):
     store: SecretStr | None = _var("MESH_STORE")
     #: Seconds a replica on a shared store may go unseen before its running tasks are ended.
     replica_lease_s: float = _var("MESH_REPLICA_LEASE", 15.0)
+    #: On a shared store: the reader connections kept open and opened at most (``mesh._pg``:
+    #: reads go to them, writes to one writer connection); MAX 0: reads queue with the writes.
+    pg_pool_min: int = _var("MESH_PG_POOL_MIN", 1)
+    pg_pool_max: int = _var("MESH_PG_POOL_MAX", 4)
     #: ``consul://host:port`` (or ``consul+https://``); None: the registry.
     discovery: str | None = _var("MESH_DISCOVERY")
     registry: str | None = _var("MESH_REGISTRY")
@@ -175,13 +179,6 @@ class MeshSettings(BaseSettings):
     model_prices: Annotated[dict[str, tuple[float, float]], NoDecode] = _var(
         "MESH_MODEL_PRICES", {}
     )
-    #: Retention of ``node.db`` (``mesh._retention``, docs/node.md "Retention"): terminal tasks
-    #: kept this long (seconds; "7d", "12h", "30m" too) and at most this many, sessions idle
-    #: this long, a sweep this often. "off" turns one limit off.
-    retain_tasks_for_s: float | None = _var("MESH_RETAIN_TASKS_FOR", 7 * 86400.0)
-    retain_tasks_max: int | None = _var("MESH_RETAIN_TASKS_MAX", 100_000)
-    retain_sessions_for_s: float | None = _var("MESH_RETAIN_SESSIONS_FOR", 30 * 86400.0)
-    retention_interval_s: float = _var("MESH_RETENTION_INTERVAL", 60.0)
 
     # -- building ---------------------------------------------------------------------------
     @classmethod
@@ -327,32 +324,6 @@ class MeshSettings(BaseSettings):
     def _prices(cls, value: Any) -> Any:
         return parse_prices(value) if isinstance(value, str) else value
 
-    @field_validator("retain_tasks_for_s", "retain_sessions_for_s", mode="before")
-    @classmethod
-    def _retain_for(cls, value: Any) -> Any:
-        if value is None or isinstance(value, (int, float)):
-            return value
-        if str(value).strip().lower() == "off":
-            return None
-        return parse_duration(str(value), what=' or "off"')
-
-    @field_validator("retention_interval_s", mode="before")
-    @classmethod
-    def _interval(cls, value: Any) -> Any:
-        return value if isinstance(value, (int, float)) else parse_duration(str(value))
-
-    @field_validator("retain_tasks_max", mode="before")
-    @classmethod
-    def _retain_max(cls, value: Any) -> Any:
-        if value is None or isinstance(value, int):
-            return value
-        raw = str(value).strip().replace("_", "")
-        if raw.lower() == "off":
-            return None
-        if not raw.isdigit() or int(raw) <= 0:
-            raise ValueError('give a positive number of tasks, e.g. 100000, or "off"')
-        return int(raw)
-
     # -- views ------------------------------------------------------------------------------
     @property
     def models(self) -> ModelSettings:
@@ -443,23 +414,6 @@ def parse_prices(text: str) -> dict[str, tuple[float, float]]:
     return prices
 
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str, *, what: str = "") -> float:
-    """Seconds from ``"90"``, ``"90s"``, ``"30m"``, ``"12h"`` or ``"7d"``; positive."""
-    raw = text.strip().lower()
-    unit = _UNITS.get(raw[-1:])
-    number = raw[:-1] if unit is not None else raw
-    try:
-        seconds = float(number) * (unit or 1.0)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"give a positive duration: seconds, or with s, m, h or d (e.g. 7d){what}")
-    return seconds
-
-
 def _describe(exc: ValidationError) -> str:
     """One message naming every bad variable and what to do, without a secret's value."""
     aliases = {f.validation_alias: name for name, f in MeshSettings.model_fields.items()}
@@ -522,6 +476,9 @@ class NodeSettings:
     store_url: str | None = field(default=None, repr=False)
     # Replicas on store_url: one unseen this long has its running tasks ended (interrupted).
     replica_lease_s: float = 15.0
+    # With store_url: reader connections, at least and at most (``MESH_PG_POOL_MIN``/``_MAX``).
+    pg_pool_min: int = 1
+    pg_pool_max: int = 4
     # Serve typed function skills' blocking sends without the SDK's task machinery
     # (mesh._a2a.fastpath); MESH_FASTPATH=0 sends everything through the SDK.
     fastpath: bool = True
@@ -554,12 +511,6 @@ class NodeSettings:
     policy: CallPolicy | None = None
     # The model keys and choices (no key by default: a named model runs offline on loopback).
     models: ModelSettings = field(default_factory=ModelSettings)
-    # Retention of node.db (``mesh._retention``): terminal tasks kept this long (seconds) and
-    # at most this many, sessions idle this long; None: that limit is off. Swept this often.
-    retain_tasks_for_s: float | None = 7 * 86400.0
-    retain_tasks_max: int | None = 100_000
-    retain_sessions_for_s: float | None = 30 * 86400.0
-    retention_interval_s: float = 60.0
 
     @property
     def url(self) -> str:
@@ -654,6 +605,12 @@ class NodeSettings:
             )
         if mesh.replica_lease_s <= 0:
             problems.append(f"MESH_REPLICA_LEASE={mesh.replica_lease_s}: give seconds above 0")
+        low, high = mesh.pg_pool_min, mesh.pg_pool_max
+        if (high and not 1 <= low <= high) or not 0 <= high <= 100:
+            problems.append(
+                f"MESH_PG_POOL_MIN={low} MESH_PG_POOL_MAX={high}: give 1 <= MIN <= MAX <= 100 "
+                "(or MAX=0: no reader pool)"
+            )
         chosen_port = 8000 if port is None else port
         if not 0 < chosen_port < 65536:
             problems.append(f"--port {chosen_port}: use a port between 1 and 65535")
@@ -697,6 +654,8 @@ class NodeSettings:
             store=store_kind,  # type: ignore[arg-type]
             store_url=store_url,
             replica_lease_s=mesh.replica_lease_s,
+            pg_pool_min=mesh.pg_pool_min,
+            pg_pool_max=mesh.pg_pool_max,
             log_level=mesh.log_level,
             introspect_instruction=mesh.introspect_instruction,
             grace_seconds=20.0 if grace_seconds is None else grace_seconds,
@@ -709,8 +668,4 @@ class NodeSettings:
             push_networks=mesh.push_networks,
             policy=mesh.allow,
             models=models,
-            retain_tasks_for_s=mesh.retain_tasks_for_s,
-            retain_tasks_max=mesh.retain_tasks_max,
-            retain_sessions_for_s=mesh.retain_sessions_for_s,
-            retention_interval_s=mesh.retention_interval_s,
         )
