@@ -108,6 +108,7 @@ class Node:
         self.service: A2AService | None = None
         self._db: Database | None = None
         self._registrar: Any = None
+        self._retention: Any = None  # mesh._retention.Sweeper, in the lifespan
         # (httpx client, DiscoveryClient) shared by the agent's remote toolsets.
         self._shared: tuple[Any, Any] | None = None
         self.app = self._build_app()
@@ -157,6 +158,7 @@ class Node:
             self.service.mount(app, fixed_url=bool(self.settings.public_url), signer=signer)
             if self.settings.store_url is not None and self.service.store is not None:
                 sweeper = await self._start_sweeper(self.service.store)
+            self._retention = self._start_retention(db, runner)
             await self._start_registrar()
             self.health.phase = "ready"
             log.info(
@@ -170,6 +172,9 @@ class Node:
             yield
         finally:
             await self.drain()
+            if self._retention is not None:
+                await self._retention.aclose()
+                self._retention = None
             if sweeper is not None:
                 sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -215,6 +220,24 @@ class Node:
                     )
 
         return asyncio.get_running_loop().create_task(sweep_forever(), name="mesh-replica-sweep")
+
+    def _start_retention(self, db: Database, runner: Any) -> Any:
+        """The retention sweeper (``mesh._retention``): old terminal tasks and idle sessions
+        leave ``node.db``, in small writes between the requests' own."""
+        from mesh._retention import RetentionPolicy, Sweeper
+
+        assert self.service is not None
+        sweeper = Sweeper(
+            RetentionPolicy.from_settings(self.settings),
+            db,
+            tasks=self.service.store,
+            sessions=runner.sessions if runner is not None else None,
+            in_use=runner.locks.busy if runner is not None else None,
+            registry=self.registry,
+            agent=self.agent.name,
+        )
+        sweeper.start()
+        return sweeper
 
     def _build_runners(self, db: Database) -> tuple[Any, dict[str, Any]]:
         """The chat runner, and one runner per LLM typed skill (same model, same sessions)."""
@@ -416,6 +439,7 @@ class Node:
             "instance_id": self.instance_id,
             "in_flight": self.service.in_flight if self.service else 0,
             "draining": self.draining,
+            "retention": self._retention.describe() if self._retention is not None else None,
         }
 
     def _build_app(self) -> FastAPI:

@@ -286,16 +286,19 @@ class IdempotencyKeys:
         written.add_done_callback(lambda done: _log_failure(done, task_id))
 
     @staticmethod
-    def release_ended(conn: sqlite3.Connection, ended: list[tuple[str, Task]]) -> None:
-        """Release the keys of tasks a stop ended (an ``EndedHook`` of ``SqliteTaskStore``):
-        the keys of the messages in each task's history, by primary key."""
+    def release_ended(conn: sqlite3.Connection, ended: list[tuple[str, Task]]) -> int:
+        """Release the keys of tasks a stop ended (an ``EndedHook`` of ``SqliteTaskStore``), or
+        that retention deletes: the keys of the messages in each task's history, by primary
+        key. Returns how many went."""
         rows = [
             (*key, task.id)
             for owner, task in ended
             for message in task.history
             if (key := _key_of(owner, message)) is not None
         ]
-        conn.executemany(_DELETE, rows)
+        if not rows:
+            return 0
+        return max(conn.executemany(_DELETE, rows).rowcount, 0)
 
     def _written(self, key: MessageKey, task_id: str, done: asyncio.Future[None]) -> None:
         if done.cancelled() or done.exception() is not None:

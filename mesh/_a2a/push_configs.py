@@ -30,7 +30,7 @@ from mesh._sqlite import Database
 if TYPE_CHECKING:
     from mesh._a2a.push import PushOutbox
 
-__all__ = ["PushConfigStore", "PushUrlCheck", "config_from_bytes"]
+__all__ = ["PushConfigStore", "PushUrlCheck", "config_from_bytes", "delete_configs_of"]
 
 log = logging.getLogger("mesh._a2a.push")
 
@@ -200,6 +200,15 @@ class PushConfigStore(PushNotificationConfigStore):
         dropped = await self._db.write(delete)
         if dropped and self._outbox is not None:
             self._outbox.count("dropped", dropped)
+
+
+def delete_configs_of(conn: sqlite3.Connection, tasks: list[tuple[str, str]]) -> int:
+    """Delete the configs of ``tasks`` ((owner, task id) pairs) and whatever is still queued
+    for them (retention, ``mesh._retention``: the tasks are being deleted). Returns how many
+    configs went."""
+    conn.executemany("delete from a2a_push_outbox where owner = ? and task_id = ?", tasks)
+    cur = conn.executemany("delete from a2a_push_configs where owner = ? and task_id = ?", tasks)
+    return max(cur.rowcount, 0)
 
 
 def config_from_bytes(data: bytes) -> TaskPushNotificationConfig:

@@ -127,6 +127,16 @@ create index if not exists a2a_tasks_by_trace on a2a_tasks (trace_id, created_at
     where trace_id is not null;
 """
 
+# Version 4: what retention (``mesh._retention``) looks rows up by. Partial indexes, so the hot
+# path pays little: a task enters ``a2a_tasks_ended`` once, with its terminal save, and is in
+# ``a2a_tasks_open`` (small: the tasks running or waiting) only until then.
+_TERMINAL_SQL = f"state in ({', '.join(str(int(s)) for s in sorted(TERMINAL_STATES))})"
+_OPEN_SQL = f"state not in ({', '.join(str(int(s)) for s in sorted(TERMINAL_STATES))})"
+TASKS_SCHEMA_V4 = f"""
+create index if not exists a2a_tasks_ended on a2a_tasks (updated_at) where {_TERMINAL_SQL};
+create index if not exists a2a_tasks_open on a2a_tasks (context_id) where {_OPEN_SQL};
+"""
+
 # created_at is set by the first insert only; a save without a traceparent (the SDK's first
 # save of a task, before the executor put its metadata) keeps the one already known.
 _UPSERT = (
@@ -373,8 +383,10 @@ class SqliteTaskStore(TaskStore):
 
     async def initialize(self) -> None:
         # Version 1: the tasks; 2: the resume points of tasks that wait (mesh._a2a.waits);
-        # 3: their trace id and first save, indexed (``trace``).
-        await self._db.migrate("tasks", [_SCHEMA, TASKS_SCHEMA_V2, TASKS_SCHEMA_V3])
+        # 3: their trace id and first save, indexed (``trace``); 4: retention's indexes.
+        await self._db.migrate(
+            "tasks", [_SCHEMA, TASKS_SCHEMA_V2, TASKS_SCHEMA_V3, TASKS_SCHEMA_V4]
+        )
 
     def id_generator(self) -> IDGenerator:
         """The task id generator for the request handler (see ``get``)."""
@@ -769,3 +781,64 @@ class SqliteTaskStore(TaskStore):
                 "delete from a2a_tasks where owner = ? and id = ?", (owner, task_id)
             )
         )
+
+    # -- retention (``mesh._retention``) ---------------------------------------------------
+    async def count_ended(self) -> int:
+        """How many terminal tasks are stored (all owners; read from ``a2a_tasks_ended``)."""
+        row = await self._db.read(
+            lambda conn: conn.execute(
+                f"select count(*) from a2a_tasks where {_TERMINAL_SQL}"
+            ).fetchone()
+        )
+        return int(row[0])
+
+    async def delete_ended(
+        self, before_ns: int | None, limit: int, then: EndedHook | None = None
+    ) -> Ended:
+        """Delete the oldest terminal tasks (by status time), at most ``limit``, only those
+        older than ``before_ns`` when given, in one short write; ``then(conn, deleted)`` runs
+        in it (the rows that belong to them: keys, push configs, resume points). Running and
+        waiting tasks are never touched: the statement names the terminal states."""
+        cutoff = before_ns if before_ns is not None else 2**62
+        shared = self.shared
+        if shared:
+            await self._db.migrate("replicas", [REPLICAS_SCHEMA])
+
+        def write(conn: sqlite3.Connection) -> Ended:
+            rows = conn.execute(
+                f"select owner, id, data from a2a_tasks where {_TERMINAL_SQL} "
+                "and updated_at < ? order by updated_at limit ?",
+                (cutoff, limit),
+            ).fetchall()
+            keys = [(r[0], r[1]) for r in rows]
+            conn.executemany(
+                f"delete from a2a_tasks where owner = ? and id = ? and {_TERMINAL_SQL}", keys
+            )
+            # Resume points of ended tasks are deleted when they end; what a crash left too.
+            for table in ("mesh_waits", "mesh_questions", "mesh_children"):
+                conn.executemany(f"delete from {table} where owner = ? and task_id = ?", keys)
+            if shared:  # its runner row, were it left (the lease sweep drops settled ones)
+                conn.executemany(
+                    "delete from mesh_task_runners where owner = ? and task_id = ?", keys
+                )
+            deleted = [(r[0], _parse(r[2])) for r in rows]
+            if deleted and then is not None:
+                then(conn, deleted)
+            return deleted
+
+        return await self._db.write(write)
+
+
+def open_contexts(conn: sqlite3.Connection, context_ids: list[str]) -> set[str]:
+    """Which of ``context_ids`` (session ids) have a task that is not terminal (running, or
+    waiting for input: ``a2a_tasks_open``) or a resume point (``mesh_waits``): their sessions
+    are in use, whatever their age."""
+    if not context_ids:
+        return set()
+    marks = ", ".join("?" * len(context_ids))
+    rows = conn.execute(
+        f"select context_id from a2a_tasks where context_id in ({marks}) and {_OPEN_SQL} "
+        f"union select session_id from mesh_waits where session_id in ({marks})",
+        (*context_ids, *context_ids),
+    ).fetchall()
+    return {str(r[0]) for r in rows}

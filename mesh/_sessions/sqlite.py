@@ -18,7 +18,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mesh._errors import StoreError
@@ -31,6 +31,10 @@ __all__ = ["SqliteSessionStore"]
 log = logging.getLogger("mesh.sessions")
 
 _Key = tuple[str, str]
+#: Users whose sessions one ``delete_idle`` write looks at, at most (an index seek each).
+MAX_USERS_PER_WRITE = 200
+#: Where a ``delete_idle`` walk over the users goes on: (user id, that user included).
+UserCursor = tuple[str, bool]
 
 _SCHEMA = """
 create table if not exists mesh_sessions (
@@ -245,6 +249,67 @@ class SqliteSessionStore:
             return cur.rowcount == 1
 
         return await self.db.write(remove)
+
+    async def delete_idle(
+        self,
+        before: float,
+        limit: int,
+        keep: Callable[[sqlite3.Connection, list[_Key]], set[_Key]] | None = None,
+        start: UserCursor | None = None,
+    ) -> tuple[int, UserCursor | None]:
+        """Delete up to ``limit`` sessions not updated since ``before`` (epoch seconds) with
+        their events, in one short write (retention, ``mesh._retention``); ``keep(conn,
+        candidates)``, asked in that write, names the ones in use, which stay. Found through
+        ``mesh_sessions_by_user``, one user after another from ``start`` (an index seek each,
+        at most ``MAX_USERS_PER_WRITE``), so the write stays short on a big table. Returns how
+        many went and where the next write goes on (None: past the last user)."""
+        await self._ready()
+
+        def write(conn: sqlite3.Connection) -> tuple[int, UserCursor | None]:
+            found: list[_Key] = []
+            cursor: UserCursor | None = start
+            for _ in range(MAX_USERS_PER_WRITE):
+                if cursor is None:
+                    row = conn.execute("select min(user_id) from mesh_sessions").fetchone()
+                else:
+                    op = ">=" if cursor[1] else ">"
+                    row = conn.execute(
+                        f"select min(user_id) from mesh_sessions where user_id {op} ?",
+                        (cursor[0],),
+                    ).fetchone()
+                if row is None or row[0] is None:
+                    cursor = None
+                    break
+                user = str(row[0])
+                rows = conn.execute(
+                    "select id from mesh_sessions where user_id = ? and updated_at < ? "
+                    "order by updated_at limit ?",
+                    (user, before, limit - len(found)),
+                ).fetchall()
+                found.extend((user, str(r[0])) for r in rows)
+                # This user may have more: the next write starts with it again.
+                cursor = (user, len(found) >= limit)
+                if len(found) >= limit:
+                    break
+            kept = keep(conn, found) if keep is not None and found else set()
+            gone = [k for k in found if k not in kept]
+            # ``updated_at`` again in the deletes: a turn may have appended since.
+            deleted = 0
+            for user_id, session_id in gone:
+                cur = conn.execute(
+                    "delete from mesh_sessions where user_id = ? and id = ? and updated_at < ?",
+                    (user_id, session_id, before),
+                )
+                if cur.rowcount == 1:
+                    deleted += 1
+                    # Explicit, like ``delete``: it holds even with foreign_keys off.
+                    conn.execute(
+                        "delete from mesh_session_events where user_id = ? and session_id = ?",
+                        (user_id, session_id),
+                    )
+            return deleted, cursor
+
+        return await self.db.write(write)
 
     async def count(self) -> int:
         await self._ready()

@@ -179,6 +179,13 @@ class MeshSettings(BaseSettings):
     model_prices: Annotated[dict[str, tuple[float, float]], NoDecode] = _var(
         "MESH_MODEL_PRICES", {}
     )
+    #: Retention of ``node.db`` (``mesh._retention``, docs/node.md "Retention"): terminal tasks
+    #: kept this long (seconds; "7d", "12h", "30m" too) and at most this many, sessions idle
+    #: this long, a sweep this often. "off" turns one limit off.
+    retain_tasks_for_s: float | None = _var("MESH_RETAIN_TASKS_FOR", 7 * 86400.0)
+    retain_tasks_max: int | None = _var("MESH_RETAIN_TASKS_MAX", 100_000)
+    retain_sessions_for_s: float | None = _var("MESH_RETAIN_SESSIONS_FOR", 30 * 86400.0)
+    retention_interval_s: float = _var("MESH_RETENTION_INTERVAL", 60.0)
 
     # -- building ---------------------------------------------------------------------------
     @classmethod
@@ -324,6 +331,32 @@ class MeshSettings(BaseSettings):
     def _prices(cls, value: Any) -> Any:
         return parse_prices(value) if isinstance(value, str) else value
 
+    @field_validator("retain_tasks_for_s", "retain_sessions_for_s", mode="before")
+    @classmethod
+    def _retain_for(cls, value: Any) -> Any:
+        if value is None or isinstance(value, (int, float)):
+            return value
+        if str(value).strip().lower() == "off":
+            return None
+        return parse_duration(str(value), what=' or "off"')
+
+    @field_validator("retention_interval_s", mode="before")
+    @classmethod
+    def _interval(cls, value: Any) -> Any:
+        return value if isinstance(value, (int, float)) else parse_duration(str(value))
+
+    @field_validator("retain_tasks_max", mode="before")
+    @classmethod
+    def _retain_max(cls, value: Any) -> Any:
+        if value is None or isinstance(value, int):
+            return value
+        raw = str(value).strip().replace("_", "")
+        if raw.lower() == "off":
+            return None
+        if not raw.isdigit() or int(raw) <= 0:
+            raise ValueError('give a positive number of tasks, e.g. 100000, or "off"')
+        return int(raw)
+
     # -- views ------------------------------------------------------------------------------
     @property
     def models(self) -> ModelSettings:
@@ -412,6 +445,23 @@ def parse_prices(text: str) -> dict[str, tuple[float, float]]:
             )
         prices[model.strip()] = price
     return prices
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, *, what: str = "") -> float:
+    """Seconds from ``"90"``, ``"90s"``, ``"30m"``, ``"12h"`` or ``"7d"``; positive."""
+    raw = text.strip().lower()
+    unit = _UNITS.get(raw[-1:])
+    number = raw[:-1] if unit is not None else raw
+    try:
+        seconds = float(number) * (unit or 1.0)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"give a positive duration: seconds, or with s, m, h or d (e.g. 7d){what}")
+    return seconds
 
 
 def _describe(exc: ValidationError) -> str:
@@ -511,6 +561,12 @@ class NodeSettings:
     policy: CallPolicy | None = None
     # The model keys and choices (no key by default: a named model runs offline on loopback).
     models: ModelSettings = field(default_factory=ModelSettings)
+    # Retention of node.db (``mesh._retention``): terminal tasks kept this long (seconds) and
+    # at most this many, sessions idle this long; None: that limit is off. Swept this often.
+    retain_tasks_for_s: float | None = 7 * 86400.0
+    retain_tasks_max: int | None = 100_000
+    retain_sessions_for_s: float | None = 30 * 86400.0
+    retention_interval_s: float = 60.0
 
     @property
     def url(self) -> str:
@@ -668,4 +724,8 @@ class NodeSettings:
             push_networks=mesh.push_networks,
             policy=mesh.allow,
             models=models,
+            retain_tasks_for_s=mesh.retain_tasks_for_s,
+            retain_tasks_max=mesh.retain_tasks_max,
+            retain_sessions_for_s=mesh.retain_sessions_for_s,
+            retention_interval_s=mesh.retention_interval_s,
         )
