@@ -17,6 +17,7 @@ through ``add_parsers(subparsers)``; this module only wires them and maps errors
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -44,14 +45,40 @@ _COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The module registering each command: a run of one command imports that module's parsers
+# only (`mesh serve` skips the catalog's, tasks', eval's... modules: ~25 ms of a node's start,
+# issue 19 item 5). Help, a bad command and --version build them all. A test
+# checks this table against what the modules register (tests/test_import_cost.py).
+_COMMANDS = {
+    "serve": "mesh._cli.serve",
+    "card": "mesh._cli.serve",
+    "call": "mesh._cli.serve",
+    "registry": "mesh._cli.registry",
+    "ls": "mesh._cli.catalog",
+    "show": "mesh._cli.catalog",
+    "up": "mesh._cli.up",
+    "chat": "mesh._cli.up",
+    "tasks": "mesh._cli.tasks",
+    "reply": "mesh._cli.reply",
+    "ps": "mesh._cli.control",
+    "restart": "mesh._cli.control",
+    "stop": "mesh._cli.control",
+    "logs": "mesh._cli.control",
+    "eval": "mesh._cli.eval",
+    "keys": "mesh._cli.keys",
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``mesh`` parser: every command's, or only ``command``'s when it is a known one."""
     parser = argparse.ArgumentParser(
         prog="mesh",
         description="Run LLM agents as services that find each other and delegate over A2A.",
     )
     parser.add_argument("--version", action="version", version=f"mesh {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMAND_MODULES:
+    owner = _COMMANDS.get(command or "")
+    for name in _COMMAND_MODULES if owner is None else (owner,):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -63,8 +90,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv else None
+    # `mesh serve` starts with the cyclic collector paused: importing and building a node
+    # allocates ~160,000 objects and the passes it triggered cost ~70 ms of CPU. The server
+    # freezes what start-up built and resumes collecting once the node is ready
+    # (mesh._cli.serve.collect_from_here); this resumes it if it never got there.
+    paused = command == "serve" and gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        return _run(argv, command, paused)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _run(argv: list[str], command: str | None, paused: bool) -> int:
+    parser = build_parser(command)
     args = parser.parse_args(argv)
+    args.collector_paused = paused
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
