@@ -34,7 +34,7 @@ from __future__ import annotations
 import inspect
 import logging
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -48,6 +48,7 @@ from a2a.server.request_handlers import DefaultRequestHandler, RequestHandler
 from a2a.server.tasks import TaskStore
 from a2a.types import (
     AgentCard,
+    Artifact,
     CancelTaskRequest,
     DeleteTaskPushNotificationConfigRequest,
     GetExtendedAgentCardRequest,
@@ -87,7 +88,7 @@ from mesh._a2a.json_text import json_object
 from mesh._a2a.push import PushParts
 from mesh._a2a.questions import question_message, question_metadata, questions_of
 from mesh._a2a.relay import mark_streamed
-from mesh._a2a.states import INTERRUPTED_STATES, TERMINAL_STATES
+from mesh._a2a.states import INTERRUPTED_STATES, SETTLED_STATES, TERMINAL_STATES
 from mesh._a2a.store import SqliteTaskStore, mark_blocking_send
 from mesh._asks import TASKS_EXTENSION, Question, answer_of
 from mesh._errors import SchemaViolation
@@ -108,22 +109,67 @@ _RELEASE_WAITING: dict[str, Any] = (
 )
 
 
-async def _followed(
-    store: SqliteTaskStore, first: Task, context: ServerCallContext
-) -> AsyncGenerator[Event, None]:
-    """The events of a task another replica runs, after ``first``: a status update per stored
-    state, and its artifacts before the one that settles it."""
-    sent = {a.artifact_id for a in first.artifacts}
-    async for task in store.follow(first.id, context):
-        if task.status.state == first.status.state and not task.artifacts:
+async def _followed(first: Task, states: AsyncIterator[Task]) -> AsyncGenerator[Event, None]:
+    """The events of a task another replica runs, after ``first``: what changed from each
+    state to the next (``SqliteTaskStore.follow``), its artifacts before its status."""
+    before, streaming = first, set[str]()
+    async for task in states:
+        for event in _changes(before, task, streaming):
+            yield event
+        before = task
+
+
+def _changes(before: Task, after: Task, streaming: set[str]) -> list[Event]:
+    """The events that make ``before`` into ``after``. An artifact that grew by parts is a
+    chunk (``append``, only the new parts). The answer (``AnswerStream``: ``answer-<task>``)
+    new is a first chunk and replaced whole its last (``lastChunk``), and one still open
+    (``streaming``) when the task settles is sent whole as its last chunk then; any other new
+    or replaced artifact is whole (``lastChunk``). Then the status, when it changed: a state
+    that settles the task ends with one status update."""
+    events: list[Event] = []
+    known = {a.artifact_id: a for a in before.artifacts}
+    settled = after.status.state in SETTLED_STATES
+    answer = f"answer-{after.id}"
+
+    def send(artifact: Artifact, *, append: bool = False, last: bool = True) -> None:
+        if last:
+            streaming.discard(artifact.artifact_id)
+        else:
+            streaming.add(artifact.artifact_id)
+        events.append(
+            TaskArtifactUpdateEvent(
+                task_id=after.id,
+                context_id=after.context_id,
+                artifact=artifact,
+                append=append,
+                last_chunk=last,
+            )
+        )
+
+    for artifact in after.artifacts:
+        old = known.get(artifact.artifact_id)
+        if old is not None and old == artifact:
+            if settled and artifact.artifact_id in streaming:
+                send(artifact)
             continue
-        for artifact in task.artifacts:
-            if artifact.artifact_id not in sent:
-                sent.add(artifact.artifact_id)
-                yield TaskArtifactUpdateEvent(
-                    task_id=task.id, context_id=task.context_id, artifact=artifact, last_chunk=True
-                )
-        yield TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
+        kept = 0 if old is None else len(old.parts)
+        if old is not None and kept < len(artifact.parts) and artifact.parts[:kept] == old.parts:
+            added = Artifact()
+            added.CopyFrom(artifact)
+            del added.parts[:kept]
+            send(added, append=True, last=False)
+            if settled:
+                send(artifact)
+            continue
+        first_chunk = artifact.artifact_id == answer and old is None and not settled
+        send(artifact, last=not first_chunk)
+    if after.status != before.status or settled:
+        events.append(
+            TaskStatusUpdateEvent(
+                task_id=after.id, context_id=after.context_id, status=after.status
+            )
+        )
+    return events
 
 
 class _Owner(User):
@@ -406,18 +452,22 @@ class MeshRequestHandler(RequestHandler):
             and not self.task_store.running(params.id)
         ):
             # A shared store, and the task does not run here (another replica runs it, or it
-            # waits): followed through the database rather than a queue of this process.
-            task = await store.get(params.id, context)
-            if task is None:
-                raise TaskNotFoundError
-            if task.status.state in TERMINAL_STATES:
-                raise UnsupportedOperationError(
-                    message=f"Task {task.id} is in terminal state: "
-                    f"{TaskState.Name(task.status.state)}"
-                )
-            yield task
-            async for event in _followed(store, task, context):
-                yield event
+            # waits): followed through the database and the replicas' feed (task_feed).
+            states = store.follow(params.id, context)
+            try:
+                task = await anext(states, None)
+                if task is None:
+                    raise TaskNotFoundError
+                if task.status.state in TERMINAL_STATES:
+                    raise UnsupportedOperationError(
+                        message=f"Task {task.id} is in terminal state: "
+                        f"{TaskState.Name(task.status.state)}"
+                    )
+                yield task
+                async for event in _followed(task, states):
+                    yield event
+            finally:
+                await states.aclose()
             return
         # While someone follows the task, its run relays progress (mesh._a2a.relay).
         followers = self.executor.followers

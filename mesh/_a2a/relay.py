@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from a2a.helpers import new_text_part
 from a2a.server.context import ServerCallContext
@@ -61,10 +61,13 @@ def mark_streamed(context: ServerCallContext) -> None:
 
 
 class Followers:
-    """The tasks someone follows by ``SubscribeToTask`` now (in this process), by count."""
+    """The tasks someone follows by ``SubscribeToTask`` now (in this process), by count, and
+    those a follower on another replica asked for (``remote``: the ``TaskFeed`` of replicas
+    on one PostgreSQL, whose followers' leases it keeps)."""
 
     def __init__(self) -> None:
         self._count: dict[str, int] = {}
+        self.remote: _Remote | None = None
 
     def add(self, task_id: str) -> None:
         self._count[task_id] = self._count.get(task_id, 0) + 1
@@ -77,7 +80,13 @@ class Followers:
             self._count.pop(task_id, None)
 
     def __contains__(self, task_id: object) -> bool:
-        return task_id in self._count
+        if task_id in self._count:
+            return True
+        return self.remote is not None and isinstance(task_id, str) and self.remote.wanted(task_id)
+
+
+class _Remote(Protocol):
+    def wanted(self, task_id: str) -> bool: ...
 
 
 class Relay:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from a2a.server.routes import (
     add_a2a_routes_to_fastapi,
@@ -212,9 +212,18 @@ class A2AService:
             await push.outbox.start()
         if recovery is not None:
             _pick_up(recovery, handler)
-        return cls(
+        service = cls(
             agent, url, executor, handler, card, store=sqlite_store, push=push, metrics=metrics
         )
+        if sqlite_store is not None and sqlite_store.shared:
+            # Replicas on one PostgreSQL: live progress to and from the others.
+            from mesh._a2a.task_feed import TaskFeed
+
+            feed = await TaskFeed.open(db, cast(Any, db)._url)  # a PgDatabase's
+            feed.live_state = sqlite_store.live_state
+            sqlite_store.feed = feed
+            executor.followers.remote = feed
+        return service
 
     def mount(
         self, app: FastAPI, *, fixed_url: bool = False, signer: CardSigner | None = None
@@ -266,6 +275,8 @@ class A2AService:
             ended = await self.store.end_in_flight(then=IdempotencyKeys.release_ended)
             if ended:
                 log.warning("%d unfinished task(s) saved as FAILED (shutdown)", len(ended))
+            if self.store.feed is not None:
+                await self.store.feed.aclose()
 
 
 _EVERY_VERB = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]

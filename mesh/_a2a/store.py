@@ -61,6 +61,7 @@ from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from mesh._a2a.states import INTERRUPTED_STATES, SETTLED_STATES, TERMINAL_STATES
+from mesh._a2a.task_feed import ACK_S, POLL_S, TaskFeed
 from mesh._a2a.waits import TASKS_SCHEMA_V2, WAITING, delete_waits
 from mesh._sqlite import Database
 from mesh._tracing import trace_id_of
@@ -361,6 +362,8 @@ class SqliteTaskStore(TaskStore):
 
     #: This replica's instance id when replicas share the database (``sweep``); None: alone.
     runner: str | None = None
+    #: Live states to and from other replicas (shared PostgreSQL): ``mesh._a2a.task_feed``.
+    feed: TaskFeed | None = None
 
     def __init__(self, db: Database, owner_resolver: OwnerResolver = resolve_user_scope) -> None:
         self._db = db
@@ -417,9 +420,13 @@ class SqliteTaskStore(TaskStore):
             if _redact_history(task, hidden) and settled:
                 del self._redact[task.id]
         data = task.SerializeToString()
+        # Followed from another replica: each state is published (after its write, if any).
+        feed = self.feed if self.feed is not None and self.feed.wanted(task.id) else None
         if key in self._live and not settled:
             self._live[key] = data  # write-behind: persisted with the next settled state
             self._dirty.add(key)
+            if feed is not None:
+                feed.publish(owner, task.id, data)
             return
         # A new task of a blocking send: nobody learns of it before its final state, which is
         # committed after this row (one queue, in order), so the first write is not awaited.
@@ -455,6 +462,8 @@ class SqliteTaskStore(TaskStore):
         for _, future in staged:
             if not future.done():
                 future.set_result(None)
+        if feed is not None:
+            feed.publish(owner, task.id, data)
 
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
         owner = self._owner(context)
@@ -472,6 +481,10 @@ class SqliteTaskStore(TaskStore):
         row = await self._db.read(read)
         return None if row is None else _parse(row[0])
 
+    def live_state(self, owner: str, task_id: str) -> bytes | None:
+        """The latest state of a task running here (None: it does not run here)."""
+        return self._live.get((owner, task_id))
+
     @property
     def shared(self) -> bool:
         """Whether other replicas use this database too (PostgreSQL): a task may run on one
@@ -481,21 +494,60 @@ class SqliteTaskStore(TaskStore):
     async def follow(
         self, task_id: str, context: ServerCallContext, *, every_s: float = FOLLOW_EVERY_S
     ) -> AsyncGenerator[Task, None]:
-        """A task another replica runs, as its stored states change, until it settles (ends or
-        waits); polled every ``every_s``. Intermediate states live in the running replica's
-        memory, so a follower sees the first stored state and the settled one."""
-        seen: bytes | None = None
-        while True:
-            task = await self.get(task_id, context)
-            if task is None:
-                return
-            data = task.SerializeToString(deterministic=True)
-            if data != seen:
-                seen = data
-                yield task
-            if task.status.state in SETTLED_STATES:
-                return
+        """A task another replica runs: its current state, then each new one, until it settles
+        (ends or waits), which is the last. The running replica publishes every state while
+        followed (``mesh._a2a.task_feed``): the first is its live state (the stored one when
+        it does not answer within ``ACK_S``), the rest as they are made. The stored task is
+        read again every ``POLL_S`` (every ``every_s`` while the feed's LISTEN connection is
+        down): a settled state found there ends the follow, whatever notification was lost.
+        Without a feed, only the stored states (the first and the settled one) are seen."""
+        task = await self.get(task_id, context)
+        if task is None:
+            return
+        feed = self.feed
+        if feed is None or task.status.state in SETTLED_STATES:
+            async for stored in self._poll(task_id, context, task, every_s):
+                yield stored
+            return
+        owner = self._owner(context)
+        async with feed.watch(owner, task_id) as inbox:
+            first = await feed.next_state(inbox, owner, ACK_S)
+            heard = first is not None
+            task = first or task
+            seen = task.SerializeToString(deterministic=True)
+            yield task
+            while task.status.state not in SETTLED_STATES:
+                wait = POLL_S if feed.listener.connected.is_set() else every_s
+                state = await feed.next_state(inbox, owner, wait)
+                if state is not None:
+                    heard = True
+                else:  # nothing heard for a while: the stored task
+                    state = await self.get(task_id, context)
+                    if state is None:
+                        return
+                    # Older than what was heard unless settled (the live states are not stored).
+                    if heard and state.status.state not in SETTLED_STATES:
+                        continue
+                data = state.SerializeToString(deterministic=True)
+                if data != seen:
+                    seen, task = data, state
+                    yield task
+
+    async def _poll(
+        self, task_id: str, context: ServerCallContext, task: Task, every_s: float
+    ) -> AsyncGenerator[Task, None]:
+        """``task``, then its stored state every ``every_s`` when it changed, until settled."""
+        seen = task.SerializeToString(deterministic=True)
+        yield task
+        while task.status.state not in SETTLED_STATES:
             await asyncio.sleep(every_s)
+            stored = await self.get(task_id, context)
+            if stored is None:
+                return
+            data = stored.SerializeToString(deterministic=True)
+            if data != seen:
+                seen, task = data, stored
+                yield task
 
     async def _write_dirty(self) -> None:
         """Persist the in-memory states of in-flight tasks (before a listing)."""
