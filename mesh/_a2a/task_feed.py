@@ -53,8 +53,9 @@ LEASE_S = 30.0
 #: Seconds between two follow requests of one follower (well inside the lease).
 RENEW_S = 10.0
 #: Seconds a follower waits for the running replica's first answer before it goes on with the
-#: stored state (the runner died, or the task is between replicas).
-ACK_S = 1.0
+#: stored state (the runner died, or the task is between replicas). Generous: a runner that
+#: answers late has not leased the task yet, and the progress it makes meanwhile is lost.
+ACK_S = 3.0
 #: Seconds between two reads of the stored task while notifications flow (the safety net).
 POLL_S = 2.0
 #: States not published yet, at most (past this they are dropped: a follower's poll ends it).
