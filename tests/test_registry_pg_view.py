@@ -90,6 +90,8 @@ async def test_a_heartbeat_reaches_b_with_the_periodic_reload(opened: Callable[.
     await _on_b(b, lambda got: len(got) == 1)
     listened = b._listener
     assert listened is not None
+    # The registration's one notification (the reload may have shown it to B before).
+    await eventually(lambda: listened.heard == 1, within=5.0, what="the registration heard")
     heard = listened.heard
     await a.heartbeat("i-1", 150.0, presented=OWNER)
     await _on_b(b, lambda got: got[0].last_heartbeat_at == 150.0)
