@@ -110,6 +110,10 @@ class TaskFeed:
         from mesh._pg_notify import PgListener
 
         await db.migrate("task_feed", [_SCHEMA])
+        # Rows are deleted by the next pointer written after their minute; a quiet replica's
+        # last ones go here.
+        old = time.time() - _KEEP_S
+        await db.write(lambda conn: conn.execute("delete from mesh_task_feed where at < ?", (old,)))
         feed = cls(db, PgListener(url, name="mesh-task-feed"))
         feed.listener.on(STATES, feed._heard_state)
         feed.listener.on(FOLLOW, feed._heard_follow)
