@@ -440,3 +440,43 @@ def test_a_node_refuses_to_start_on_a_bad_retention_setting(tmp_path: Path) -> N
     assert proc.popen.wait(30) != 0
     assert "MESH_RETAIN_TASKS_MAX='-5'" in proc.output()
     assert "Traceback" not in proc.output()
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_freed_pages_are_reused_and_given_back_only_with_incremental_auto_vacuum(
+    tmp_path: Path, incremental: bool
+) -> None:
+    path = tmp_path / "node.db"
+    if incremental:
+        conn = sqlite3.connect(path)
+        conn.execute("pragma auto_vacuum = incremental")
+        conn.execute("vacuum")
+        conn.close()
+    db = await Database.open(path)
+    try:
+        tasks, keys, _ = await _stores(db)
+        old = time.time_ns() - 2 * HOUR_NS
+        for i in range(300):
+            await _put(tasks, keys, f"t{i}", DONE, old)
+
+        def pages(conn: sqlite3.Connection) -> tuple[int, int]:
+            count = conn.execute("pragma page_count").fetchone()[0]
+            return int(count), int(conn.execute("pragma freelist_count").fetchone()[0])
+
+        before, _ = await db.read(pages)
+        report = await Sweeper(RetentionPolicy(tasks_for_s=60), db, tasks=tasks).sweep()
+        after, free = await db.read(pages)
+        if incremental:
+            assert report.vacuumed_pages > 0
+            assert (after, free) == (before - report.vacuumed_pages, 0)
+        else:
+            assert report.vacuumed_pages == 0
+            assert after == before
+            assert free > 0  # on the freelist: the next rows reuse them
+            for i in range(100):
+                await _put(tasks, keys, f"n{i}", DONE, time.time_ns())
+            grown, fewer = await db.read(pages)
+            assert grown == before
+            assert fewer < free
+    finally:
+        await db.aclose()
