@@ -48,21 +48,38 @@ their slots meanwhile. Here a cancelled request releases its connection at once,
 It relies on the pool's ``_requests``, ``_connections`` and ``_assign_requests_to_connections``
 (httpcore 1.0.x): ``tests/test_pool.py`` fails if they change. Every long-lived client of the
 project is built on it (``mesh._netguard.create_http_client``, ``RegistryBackend``).
+
+``DirectPool``: the delegation's hot path (issue 19 item 2). Every ``remote()`` call is one
+``POST`` of a small JSON body to a kept-alive connection; through httpx and httpcore's pool that
+cost ~1.1 ms of client CPU, most of it request/response objects and pool bookkeeping around a
+few hundred bytes each way (``tests/bench/hop_client.py``). ``DirectPool.post`` drives h11 (what
+httpcore itself speaks HTTP/1.1 with) straight over the same network backend's streams: the
+guarded backend connects (the netguard check after DNS, on every new connection), TLS is
+``mesh._tls.client_context()``, a stale kept-alive connection is retried once on a new one as
+above, one deadline bounds the whole exchange, the answer is read within a byte cap, and the
+errors are httpx's own types, as httpx would raise them, so callers translate them the same
+way. The transport ``create_transport`` returns carries one (``MeshTransport.direct``) and
+closes it with itself: its connections live as long as the client, in the app lifespan.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
+import h11
 import httpcore
 import httpx
 
 from mesh._tls import client_context, trusted_ca
 
-__all__ = ["REPLAYABLE", "CancelSafePool", "create_transport"]
+__all__ = ["REPLAYABLE", "CancelSafePool", "DirectPool", "MeshTransport", "create_transport"]
 
 _LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 
@@ -170,17 +187,286 @@ class CancelSafePool(httpcore.AsyncConnectionPool):
         return closing
 
 
+# httpcore's exceptions as httpx raises them (its transport's mapping), most specific first.
+_HTTPX_ERRORS: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (h11.RemoteProtocolError, httpx.RemoteProtocolError),
+    (h11.LocalProtocolError, httpx.LocalProtocolError),
+)
+_READ_BYTES = 65_536
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@contextmanager
+def _as_httpx() -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        for found, mapped in _HTTPX_ERRORS:
+            if isinstance(exc, found):
+                raise mapped(str(exc)) from exc
+        raise
+
+
+@dataclass(eq=False)
+class _Connection:
+    stream: httpcore.AsyncNetworkStream
+    origin: tuple[str, str, int]
+    state: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
+    idle_since: float = 0.0
+
+
+@dataclass
+class _Exchange:
+    """How far one request got: a failure before any answer on a reused connection is stale."""
+
+    reused: bool
+    answered: bool = False
+
+
+class DirectPool:
+    """Kept-alive HTTP/1.1 connections for one kind of request: a ``POST`` whose whole body is
+    in memory and whose whole answer is read at once, which its sender may send again
+    (``A2APeer.send``'s ``SendMessage``). See the module docstring."""
+
+    def __init__(
+        self,
+        network_backend: httpcore.AsyncNetworkBackend | None,
+        *,
+        max_connections: int | None,
+        keepalive_expiry: float | None,
+    ) -> None:
+        self._backend = network_backend or httpcore.AnyIOBackend()
+        self._max = max_connections or 100
+        self._expiry = keepalive_expiry
+        self._slots: asyncio.Semaphore | None = None
+        self._idle: list[_Connection] = []  # the most recently used last
+        self._closing: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def post(
+        self,
+        url: httpx.URL,
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+        *,
+        timeout: float | None,  # noqa: ASYNC109 - one deadline for the whole exchange
+        connect_timeout: float | None,
+        max_bytes: int,
+        too_large: Callable[[], Exception],
+        error_bytes: int = 4096,
+    ) -> tuple[int, bytes]:
+        """POST ``body`` to ``url`` and return the status and the whole answer: at most
+        ``max_bytes`` (else ``too_large()`` is raised), at most ``error_bytes`` of an error
+        status's (cut there). ``timeout`` bounds everything, ``connect_timeout`` a new
+        connection. Failures are httpx's exceptions: ``ConnectError`` (its cause the backend's
+        refusal, or the TLS error), ``ConnectTimeout``, ``PoolTimeout`` (no free connection
+        in time), ``ReadTimeout`` (the deadline passed), ``ReadError``, ``WriteError``,
+        ``RemoteProtocolError``, ``DecodingError`` (an encoded answer: none is asked for)."""
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        scheme = url.scheme
+        origin = (scheme, url.host, url.port or _DEFAULT_PORTS.get(scheme, 80))
+        request = h11.Request(
+            method="POST",
+            target=url.raw_path,
+            headers=[
+                ("Host", url.netloc.decode("ascii")),
+                *headers,
+                ("Content-Length", str(len(body))),
+            ],
+        )
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._max)
+        slots = self._slots
+        waiting = True
+        try:
+            async with asyncio.timeout(timeout):
+                async with slots:
+                    waiting = False
+                    connection = self._take(origin)
+                    exchange = _Exchange(reused=connection is not None)
+                    if connection is None:
+                        connection = await self._connect(origin, connect_timeout)
+                    try:
+                        return await self._exchange(
+                            connection, exchange, request, body, max_bytes, too_large, error_bytes
+                        )
+                    except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
+                        if not exchange.reused or exchange.answered:
+                            raise
+                        # A stale kept-alive connection (see the module docstring, 3.).
+                        log.debug("%s on a reused connection to %s: sending it again", exc, url)
+                    connection = await self._connect(origin, connect_timeout)
+                    return await self._exchange(
+                        connection,
+                        _Exchange(reused=False),
+                        request,
+                        body,
+                        max_bytes,
+                        too_large,
+                        error_bytes,
+                    )
+        except TimeoutError as exc:
+            if waiting:
+                raise httpx.PoolTimeout(f"no free connection within {timeout}s") from exc
+            raise httpx.ReadTimeout(f"no whole answer within {timeout}s") from exc
+
+    async def _exchange(
+        self,
+        connection: _Connection,
+        exchange: _Exchange,
+        request: h11.Request,
+        body: bytes,
+        max_bytes: int,
+        too_large: Callable[[], Exception],
+        error_bytes: int,
+    ) -> tuple[int, bytes]:
+        state, stream = connection.state, connection.stream
+        keep = False
+        try:
+            with _as_httpx():
+                await stream.write(
+                    state.send(request)
+                    + state.send(h11.Data(data=body))
+                    + state.send(h11.EndOfMessage())
+                )
+                status, cap, size = 0, max_bytes, 0
+                chunks: list[bytes] = []
+                while True:
+                    event = state.next_event()
+                    if event is h11.NEED_DATA:
+                        state.receive_data(await stream.read(_READ_BYTES))
+                    elif isinstance(event, h11.Response):
+                        exchange.answered = True
+                        status = event.status_code
+                        cap = max_bytes if status < 400 else error_bytes
+                        for name, value in event.headers:
+                            if name == b"content-encoding" and value.lower() != b"identity":
+                                raise httpx.DecodingError(f"an answer in {value.decode()!r}")
+                            if (
+                                name == b"content-length"
+                                and status < 400
+                                and (not value.isdigit() or int(value) > max_bytes)
+                            ):
+                                raise too_large()
+                    elif isinstance(event, h11.Data):
+                        size += len(event.data)
+                        if size > cap:
+                            if status < 400:
+                                raise too_large()
+                            break  # an error's first bytes are enough; the rest is dropped
+                        chunks.append(bytes(event.data))
+                    elif isinstance(event, h11.EndOfMessage):
+                        keep = state.our_state is h11.DONE and state.their_state is h11.DONE
+                        break
+                    elif isinstance(event, h11.ConnectionClosed):
+                        raise httpcore.RemoteProtocolError(
+                            "Server disconnected without sending a response."
+                        )
+            return status, b"".join(chunks)
+        finally:
+            if keep and not self._closed:
+                state.start_next_cycle()
+                self._release(connection)
+            else:
+                self._discard(connection)
+
+    def _take(self, origin: tuple[str, str, int]) -> _Connection | None:
+        """The most recently used idle connection to ``origin`` (closing expired ones)."""
+        now = time.monotonic()
+        if self._expiry is not None:
+            while self._idle and now - self._idle[0].idle_since > self._expiry:
+                self._discard(self._idle.pop(0))
+        for index in range(len(self._idle) - 1, -1, -1):
+            if self._idle[index].origin == origin:
+                return self._idle.pop(index)
+        return None
+
+    def _release(self, connection: _Connection) -> None:
+        connection.idle_since = time.monotonic()
+        self._idle.append(connection)
+        if len(self._idle) > self._max:
+            self._discard(self._idle.pop(0))
+
+    async def _connect(
+        self,
+        origin: tuple[str, str, int],
+        timeout: float | None,  # noqa: ASYNC109 - the connect timeout
+    ) -> _Connection:
+        scheme, host, port = origin
+        with _as_httpx():
+            stream = await self._backend.connect_tcp(host, port, timeout=timeout)
+            if scheme == "https":
+                context = client_context()
+                context.set_alpn_protocols(["http/1.1"])
+                try:
+                    stream = await stream.start_tls(context, server_hostname=host, timeout=timeout)
+                except BaseException:
+                    await stream.aclose()
+                    raise
+        return _Connection(stream, origin)
+
+    def _discard(self, connection: _Connection) -> None:
+        """Close ``connection`` in a task of its own: a cancelled caller cannot interrupt it."""
+        task = asyncio.get_running_loop().create_task(connection.stream.aclose())
+        self._closing.add(task)
+        task.add_done_callback(self._closed_one)
+
+    def _closed_one(self, task: asyncio.Task[None]) -> None:
+        self._closing.discard(task)
+        if not task.cancelled():
+            task.exception()  # a close that failed: nobody else will read it
+
+    async def aclose(self) -> None:
+        """Close every idle connection (one in use is closed when its request ends)."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            self._discard(connection)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+class MeshTransport(httpx.AsyncHTTPTransport):
+    """An httpx transport over a ``CancelSafePool``, with a ``DirectPool`` on the same network
+    backend (``direct``) that it closes with itself."""
+
+    direct: DirectPool
+
+    async def aclose(self) -> None:
+        await self.direct.aclose()
+        await super().aclose()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        # ``async with httpx.AsyncClient(...)`` exits its transport here, not by ``aclose``.
+        await self.direct.aclose()
+        await super().__aexit__(exc_type, exc_value, traceback)
+
+
 def create_transport(
     *,
     limits: httpx.Limits = _LIMITS,
     network_backend: httpcore.AsyncNetworkBackend | None = None,
-) -> httpx.AsyncHTTPTransport:
+) -> MeshTransport:
     """An httpx transport over a ``CancelSafePool`` (HTTP/1.1, certificates verified against
     ``mesh._tls.client_context()``, nothing taken from the environment), connecting through
-    ``network_backend`` if given."""
+    ``network_backend`` if given; its ``direct`` pool connects the same way."""
     # httpx builds a pool we replace below, with an SSL context nobody uses: verify=False makes
     # that one without loading a CA store (~50 ms of a node's start-up). Ours verifies.
-    transport = httpx.AsyncHTTPTransport(trust_env=False, limits=limits, verify=False)
+    transport = MeshTransport(trust_env=False, limits=limits, verify=False)
     # httpx has no public seam for the pool: replace the one it built with ours, same
     # settings. httpx is pinned below 1.0, where this is stable. The system's trust store
     # (another ~50 ms) is loaded at the first https connection; a bundle given to
@@ -191,5 +477,10 @@ def create_transport(
         max_keepalive_connections=limits.max_keepalive_connections,
         keepalive_expiry=limits.keepalive_expiry,
         network_backend=network_backend,
+    )
+    transport.direct = DirectPool(
+        network_backend,
+        max_connections=limits.max_connections,
+        keepalive_expiry=limits.keepalive_expiry,
     )
     return transport

@@ -9,7 +9,9 @@
 
 One way to send per need: ``send`` is one blocking ``SendMessage`` (one JSON body each way, the
 task in the answer; built and read by ``mesh._a2a.jsonrpc`` without protobuf, lean enough for every
-delegation), ``stream`` a ``SendStreamingMessage`` whose events arrive as they happen (through
+delegation; over the client's ``mesh._pool.DirectPool`` when the client is mesh's own, h11 on a
+kept-alive connection without httpx's request/response layers), ``stream`` a
+``SendStreamingMessage`` whose events arrive as they happen (through
 the a2a-sdk's client, as do ``get_task``, ``cancel`` and ``list_tasks``). Every answer is parsed
 by ``mesh._a2a.results``. A peer whose card offers HTTP+JSON and no JSON-RPC (not a mesh node:
 they offer both, JSON-RPC first) is spoken to over HTTP+JSON: ``send`` goes through the SDK's
@@ -77,7 +79,7 @@ from mesh._a2a.results import TaskPage, TaskResult, TaskUpdate, as_json
 from mesh._errors import FetchFailed, RemoteError, RemoteReason
 from mesh._failures import NOT_A2A_STATUS, reason_of, status_of
 from mesh._outbound import bounded_get
-from mesh._pool import REPLAYABLE
+from mesh._pool import REPLAYABLE, DirectPool, MeshTransport
 from mesh._tls import describe_failure, verify_failure
 
 log = logging.getLogger("mesh._a2a.client")
@@ -139,6 +141,10 @@ class A2APeer:
         # What the SDK's clients send through: ``http`` itself, each answer read within
         # ``max_answer_bytes`` (made with the first SDK client).
         self._bounded: httpx.AsyncClient | None = None
+        # The JSON-RPC endpoint, and the direct pool ``send`` takes when ``http`` has one.
+        self._url = httpx.URL(self.base_url)
+        self._direct_for: httpx.AsyncClient | None = None
+        self._direct: DirectPool | None = None
 
     @property
     def name(self) -> str:
@@ -218,40 +224,116 @@ class A2APeer:
                 wait=wait,
                 task_id=task_id,
             )
-            request = self.http.build_request(
-                "POST",
-                self.base_url,
-                content=content,
-                headers={**jsonrpc.HEADERS, **self._call_headers()},
-                timeout=self._timeout(timeout),
-                # Sent again once if a stale kept-alive connection loses it (mesh._pool): the
-                # node deduplicates by message id, so a message that did arrive runs once.
-                extensions={REPLAYABLE: True},
-            )
-            response = await self.http.send(request, stream=True)
-            try:
-                if response.status_code == 403:
-                    # A call policy's refusal (mesh._policy) says who may not call what.
-                    try:
-                        refusal = await read_bounded(response, max_bytes=_REFUSAL_BYTES)
-                    except AnswerTooLarge:
-                        refusal = b""
-                    raise RemoteError(
-                        f"{self.name} refused the call (HTTP 403): {_refusal(refusal)}",
-                        peer=self.name,
-                        skill=skill or "",
-                        reason="rejected",
-                    )
-                response.raise_for_status()
-                answer = await read_bounded(response, max_bytes=self.max_answer_bytes)
-            finally:
-                await response.aclose()
+            direct = self._direct_pool()
+            if direct is not None:
+                answer = await self._post_direct(direct, content, timeout, skill)
+            else:
+                answer = await self._post_httpx(content, timeout, skill)
             result = jsonrpc.result_of(answer)
         if isinstance(task := result.get("task"), Mapping):
             return TaskResult.from_json(task)
         if isinstance(message := result.get("message"), Mapping):
             return TaskResult.from_message(message)
         raise self._not_a2a(skill)
+
+    async def _post_direct(
+        self,
+        direct: DirectPool,
+        content: bytes,
+        timeout: float | None,  # noqa: ASYNC109 - the deadline of this call
+        skill: str | None,
+    ) -> bytes:
+        """The JSON-RPC POST through the client's ``DirectPool`` (the hot path, see
+        ``mesh._pool``): the same headers as through httpx (the client's own, the call's), a
+        stale kept-alive connection retried once (the node deduplicates by message id), one
+        deadline for the whole answer: ``timeout``, else the client's read timeout."""
+        configured = self.http.timeout
+        total = timeout if timeout is not None else configured.read
+        connect = configured.connect
+        if total is not None:
+            connect = total if connect is None else min(connect, total)
+        # The call's headers over the client's, by name, as httpx merges them.
+        headers = self._client_headers()
+        for name, value in (*jsonrpc.HEADERS.items(), *self._call_headers().items()):
+            headers[name.lower()] = value
+        status, answer = await direct.post(
+            self._url,
+            list(headers.items()),
+            content,
+            timeout=total,
+            connect_timeout=connect,
+            max_bytes=self.max_answer_bytes,
+            too_large=lambda: AnswerTooLarge(self.max_answer_bytes),
+            error_bytes=_REFUSAL_BYTES,
+        )
+        if 200 <= status < 300:
+            return answer
+        if status == 403:
+            raise self._refused(answer, skill)
+        # httpx's own error for the status (what ``_translate`` reads), as ``_post_httpx``.
+        request = httpx.Request("POST", self._url)
+        httpx.Response(status, content=answer, request=request).raise_for_status()
+        raise AssertionError("unreachable")  # raise_for_status raised for a non-2xx status
+
+    async def _post_httpx(
+        self,
+        content: bytes,
+        timeout: float | None,  # noqa: ASYNC109 - the HTTP timeout of this call
+        skill: str | None,
+    ) -> bytes:
+        """The JSON-RPC POST through the ``httpx`` client (one that is not mesh's own)."""
+        request = self.http.build_request(
+            "POST",
+            self.base_url,
+            content=content,
+            headers={**jsonrpc.HEADERS, **self._call_headers()},
+            timeout=self._timeout(timeout),
+            # Sent again once if a stale kept-alive connection loses it (mesh._pool): the
+            # node deduplicates by message id, so a message that did arrive runs once.
+            extensions={REPLAYABLE: True},
+        )
+        response = await self.http.send(request, stream=True)
+        try:
+            if response.status_code == 403:
+                try:
+                    refusal = await read_bounded(response, max_bytes=_REFUSAL_BYTES)
+                except AnswerTooLarge:
+                    refusal = b""
+                raise self._refused(refusal, skill)
+            response.raise_for_status()
+            return await read_bounded(response, max_bytes=self.max_answer_bytes)
+        finally:
+            await response.aclose()
+
+    def _refused(self, body: bytes, skill: str | None) -> RemoteError:
+        # A call policy's refusal (mesh._policy) says who may not call what.
+        return RemoteError(
+            f"{self.name} refused the call (HTTP 403): {_refusal(body)}",
+            peer=self.name,
+            skill=skill or "",
+            reason="rejected",
+        )
+
+    def _direct_pool(self) -> DirectPool | None:
+        """The ``DirectPool`` of the transport ``http`` sends this peer's calls through: one of
+        mesh's (``mesh._pool.create_transport``) on a client that adds nothing of its own to a
+        request (no auth, no event hooks); None for any other client (then httpx sends)."""
+        if self._direct_for is not self.http:
+            self._direct_for = self.http
+            self._direct = None
+            http = self.http
+            transport = http._transport_for_url(self._url)
+            hooked = any(http.event_hooks.values())
+            if isinstance(transport, MeshTransport) and http.auth is None and not hooked:
+                self._direct = transport.direct
+        return self._direct
+
+    def _client_headers(self) -> dict[str, str]:
+        """The client's own headers (lower-case names), as httpx would send them, asking for
+        no compression (the direct path decodes none)."""
+        headers = dict(self.http.headers.multi_items())
+        headers["accept-encoding"] = "identity"
+        return headers
 
     async def _send_rest(
         self,

@@ -1,0 +1,202 @@
+"""``A2APeer.send`` through mesh's own client takes ``mesh._pool.DirectPool`` (issue 19 item 2:
+the delegation's hop, h11 straight over the guarded network backend instead of httpx and
+httpcore's pool) and keeps what the httpx path guaranteed: the same request on the wire, one
+deadline for the whole answer, connections that a cancelled call does not leak, closed with the
+client.
+
+The server is a raw HTTP/1.1 server on loopback that records every request (its head and body)
+and answers a task, per its ``mode``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from mesh._a2a.client import A2APeer
+from mesh._errors import RemoteError
+from mesh._pool import MeshTransport, create_transport
+from tests.support import eventually
+
+TASK = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "result": {
+        "task": {
+            "id": "t-1",
+            "contextId": "c-1",
+            "status": {"state": "TASK_STATE_COMPLETED"},
+            "artifacts": [{"artifactId": "a-1", "parts": [{"data": {"score": 712}}]}],
+        }
+    },
+}
+ANSWER = json.dumps(TASK).encode()
+
+
+@dataclass
+class RecordingServer:
+    """Every request's header lines (lower-case names) and body; ``mode`` decides the answer:
+    "task" at once, "trickle" one byte every 0.1 s, "silent" never."""
+
+    mode: str = "task"
+    port: int = 0
+    heads: list[dict[str, str]] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+    connections: int = 0
+    open: int = 0
+    handlers: set[asyncio.Task[object]] = field(default_factory=set)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        self.connections += 1
+        self.open += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")[1:]
+                headers = {}
+                for line in lines:
+                    name, _, value = line.partition(":")
+                    if name:
+                        headers[name.strip().lower()] = value.strip()
+                self.heads.append(headers)
+                self.bodies.append(await reader.readexactly(int(headers["content-length"])))
+                if self.mode == "silent":
+                    await reader.read()  # until the client hangs up
+                    return
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode()
+                )
+                if self.mode == "trickle":
+                    for byte in ANSWER:
+                        writer.write(bytes([byte]))
+                        await writer.drain()
+                        await asyncio.sleep(0.1)
+                else:
+                    writer.write(ANSWER)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.open -= 1
+            writer.close()
+
+
+@asynccontextmanager
+async def recording_server(mode: str = "task") -> AsyncIterator[RecordingServer]:
+    state = RecordingServer(mode=mode)
+    server = await asyncio.start_server(state._serve, "127.0.0.1", 0)
+    state.port = server.sockets[0].getsockname()[1]
+    try:
+        yield state
+    finally:
+        server.close()
+        # Each handler ends on its client's close (the client closed before this block).
+        pending = [t for t in state.handlers if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+        await server.wait_closed()
+
+
+async def _send(peer: A2APeer, **kwargs: object) -> object:
+    return await peer.send({"applicant_id": "a-1"}, skill="score", message_id="m-1", **kwargs)  # type: ignore[arg-type]
+
+
+async def test_send_takes_the_direct_pool_with_the_request_httpx_would_send() -> None:
+    headers = {"X-Client": "kept", "Authorization": "Bearer client-token"}
+    async with recording_server() as server:
+        url = f"http://127.0.0.1:{server.port}"
+        for http in (
+            httpx.AsyncClient(transport=create_transport(), headers=headers, timeout=5.0),
+            httpx.AsyncClient(headers=headers, timeout=5.0, trust_env=False),  # httpx sends
+        ):
+            async with http:
+                peer = A2APeer(http, url, headers={"Authorization": "Bearer peer-token"})
+                peer.credential = lambda: {"X-Mesh-Caller": "signed"}
+                first = await peer.send({"applicant_id": "a-1"}, skill="score", message_id="m-1")
+                assert (first.state, first.data) == ("completed", {"score": 712})
+                transport = http._transport
+                if isinstance(transport, MeshTransport):
+                    # The call went by the direct pool: httpx's pool never saw it.
+                    assert transport._pool.connections == []
+                    assert len(transport.direct._idle) == 1
+    direct, through_httpx = server.heads
+    assert direct.pop("accept-encoding") == "identity"  # the direct path decodes nothing
+    through_httpx.pop("accept-encoding")
+    assert direct == through_httpx
+    assert direct["authorization"] == "Bearer peer-token"  # the call's over the client's
+    assert direct["x-client"] == "kept"
+    assert direct["x-mesh-caller"] == "signed"
+    assert direct["a2a-version"] == "1.0"
+    sent = [json.loads(body) for body in server.bodies]
+    for body in sent:
+        body.pop("id")  # a counter per process
+    assert sent[0] == sent[1]
+
+
+async def test_a_kept_connection_serves_the_next_call() -> None:
+    async with (
+        recording_server() as server,
+        httpx.AsyncClient(transport=create_transport(), timeout=5.0) as http,
+    ):
+        peer = A2APeer(http, f"http://127.0.0.1:{server.port}")
+        for _ in range(3):
+            await _send(peer)
+        assert server.connections == 1
+        assert len(server.bodies) == 3
+
+
+async def test_an_answer_trickling_past_the_deadline_ends_at_the_deadline() -> None:
+    async with (
+        recording_server("trickle") as server,
+        httpx.AsyncClient(transport=create_transport(), timeout=30.0) as http,
+    ):
+        peer = A2APeer(http, f"http://127.0.0.1:{server.port}")
+        started = time.monotonic()
+        # Bounded: before, each byte restarted httpx's read timeout (the answer took ~25 s).
+        async with asyncio.timeout(10.0):
+            with pytest.raises(RemoteError) as caught:
+                await _send(peer, timeout=1.0)
+        assert caught.value.reason == "deadline"
+        assert time.monotonic() - started < 3.0
+
+
+async def test_cancelled_calls_leave_no_connection_behind() -> None:
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with (
+        recording_server("silent") as silent,
+        recording_server() as server,
+        httpx.AsyncClient(transport=create_transport(limits=limits), timeout=5.0) as http,
+    ):
+        stuck = A2APeer(http, f"http://127.0.0.1:{silent.port}")
+        for sent in range(1, 4):
+            call = asyncio.ensure_future(_send(stuck))
+            await eventually(lambda n=sent: len(silent.bodies) == n)  # type: ignore[misc]
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            # Its connection is closed (the server sees the hang-up), its slot free.
+            await eventually(lambda: silent.open == 0)
+        assert silent.connections == 3
+        # The one slot serves another peer at once.
+        peer = A2APeer(http, f"http://127.0.0.1:{server.port}")
+        async with asyncio.timeout(5.0):
+            await _send(peer)
+
+
+async def test_closing_the_client_closes_its_direct_connections() -> None:
+    async with recording_server() as server:
+        async with httpx.AsyncClient(transport=create_transport(), timeout=5.0) as http:
+            await _send(A2APeer(http, f"http://127.0.0.1:{server.port}"))
+            assert server.open == 1
+        await eventually(lambda: server.open == 0)
