@@ -30,9 +30,9 @@ Connections: writes and reads are served apart.
 
 - Writes keep ``Database``'s group commit on one writer connection and its one thread: the
   writes queued together share one transaction, so a second writer would only split the
-  commits, and a writer taken from the pool per batch would wait behind busy readers
-  (docs/performance.md, "On PostgreSQL"). A writer connection the server
-  dropped is opened again (``PgConnection``). The savepoint ``Database`` puts around each write
+  commits. A writer taken from the pool per batch measured the same CPU and round trips, and
+  would wait behind busy readers for a connection (docs/performance.md, "On PostgreSQL"). A
+  writer connection the server dropped is opened again (``PgConnection``). The savepoint ``Database`` puts around each write
   of a batch, and its release, are not sent on their own: they go in one psycopg pipeline with
   the statement after them (a task on a shared database took 15 round trips, now 7).
 - Reads (``read``, ``ping``) go to a ``psycopg_pool.ConnectionPool`` served by as many reader
@@ -296,7 +296,7 @@ class PgDatabase(Database):
         connection, and a pool of ``pool_min`` to ``pool_max`` reader connections (``pool_max``
         0: none, reads queue with the writes). ``metrics``: (registry, agent name) to show
         the pool's state on (``PoolMetrics``) until ``aclose``."""
-        if not 0 <= pool_min <= pool_max or (pool_max and not pool_min):
+        if (pool_max and not 1 <= pool_min <= pool_max) or pool_max < 0:
             raise ValueError(f"reader pool {pool_min}..{pool_max}: use 1 <= min <= max, or max 0")
         url = str(path)
         shown = redacted(url)

@@ -128,7 +128,7 @@ async def test_terminated_backends_are_replaced_without_a_failed_request(
 async def test_no_pool_reads_queue_with_the_writes(pg_database: str) -> None:  # noqa: F811
     from mesh._pg import PgDatabase
 
-    db = await PgDatabase.open(pg_database, pool_max=0, pool_min=0)
+    db = await PgDatabase.open(pg_database, pool_max=0)  # MESH_PG_POOL_MAX=0, MIN as it is
     try:
         assert db.pool is None
         await db.ensure_schema("pool_t", _TABLE)
@@ -140,7 +140,14 @@ async def test_no_pool_reads_queue_with_the_writes(pg_database: str) -> None:  #
 
 @pytest.mark.parametrize(
     ("low", "high", "ok"),
-    [("1", "4", True), ("2", "2", True), ("0", "0", True), ("3", "2", False), ("0", "4", False)],
+    [
+        ("1", "4", True),
+        ("2", "2", True),
+        ("1", "0", True),
+        ("3", "2", False),
+        ("0", "4", False),
+        ("1", "-1", False),
+    ],
 )
 def test_the_pool_sizes_are_settings(low: str, high: str, ok: bool) -> None:
     env = MeshSettings.from_env({"MESH_PG_POOL_MIN": low, "MESH_PG_POOL_MAX": high})

@@ -84,6 +84,17 @@ def _count_pg_round_trips() -> None:
     PgConnection.execute = counted  # type: ignore[method-assign]
     PgConnection.executemany = counted_many  # type: ignore[method-assign]
 
+    from mesh._pg import PgDatabase
+
+    read = PgDatabase.read
+
+    async def counted_read(self: PgDatabase, fn: Any) -> Any:
+        # On a pooled reader connection (a thread hop of its own), or queued with the writes.
+        DB_CALLS["[pg pool reads]" if self.pool is not None else "[pg queued reads]"] += 1
+        return await read(self, fn)
+
+    PgDatabase.read = counted_read  # type: ignore[method-assign]
+
 
 def _record() -> None:
     path = os.environ.get("MESH_BENCH_MODULES")
