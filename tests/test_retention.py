@@ -480,3 +480,30 @@ async def test_freed_pages_are_reused_and_given_back_only_with_incremental_auto_
             assert fewer < free
     finally:
         await db.aclose()
+
+
+@pytest.mark.postgres
+async def test_replicas_sweeping_one_database_delete_each_task_once(
+    request: pytest.FixtureRequest,
+) -> None:
+    from mesh._pg import PgDatabase
+
+    url = request.getfixturevalue("pg_database")
+    a, b = await PgDatabase.open(url), await PgDatabase.open(url)
+    try:
+        tasks, keys, _ = await _stores(a)
+        old = time.time_ns() - 2 * HOUR_NS
+        for i in range(120):
+            await _put(tasks, keys, f"t{i:03d}", DONE, old + i)
+        other = SqliteTaskStore(b)
+        await other.initialize()
+        policy = RetentionPolicy(tasks_for_s=3600, tasks_max=None, sessions_for_s=None, batch=10)
+        one, two = await asyncio.gather(
+            Sweeper(policy, a, tasks=tasks).sweep(), Sweeper(policy, b, tasks=other).sweep()
+        )
+        assert one.deleted["tasks"] + two.deleted["tasks"] == 120
+        assert one.deleted["message_keys"] + two.deleted["message_keys"] == 120
+        assert await _rows(a, "select id from a2a_tasks") == []
+    finally:
+        await a.aclose()
+        await b.aclose()

@@ -858,9 +858,11 @@ class SqliteTaskStore(TaskStore):
             await self._db.migrate("replicas", [REPLICAS_SCHEMA])
 
         def write(conn: sqlite3.Connection) -> Ended:
+            # Replicas sweep the shared rows too: each takes rows no other sweep holds.
             rows = conn.execute(
                 f"select owner, id, data from a2a_tasks where {_TERMINAL_SQL} "
-                "and updated_at < ? order by updated_at limit ?",
+                "and updated_at < ? order by updated_at limit ?"
+                + (" for update skip locked" if shared else ""),
                 (cutoff, limit),
             ).fetchall()
             keys = [(r[0], r[1]) for r in rows]
