@@ -63,7 +63,7 @@ import psycopg
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from psycopg import pq
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from mesh._errors import StoreError
 from mesh._sqlite import _COMPONENT, Database
@@ -72,9 +72,9 @@ __all__ = ["PgDatabase", "is_postgres_url", "redacted"]
 
 #: Reader connections by default (``MESH_PG_POOL_MIN`` / ``MESH_PG_POOL_MAX``).
 POOL_MIN, POOL_MAX = 1, 4
-#: Seconds a read waits for a pooled connection (all busy, or being replaced after the
-#: server came back) before it fails.
-POOL_WAIT_S = 30.0
+#: Seconds a read waits for a pooled connection (all busy, or being replaced while the server
+#: is away) before it fails: a health check or a GetTask answers an outage within this.
+POOL_WAIT_S = 10.0
 
 T = TypeVar("T")
 
@@ -302,12 +302,14 @@ class PgDatabase(Database):
         shown = redacted(url)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mesh-pg")
         loop = asyncio.get_running_loop()
-        pool = None
+        pool, conn = None, None
         try:
             conn = await loop.run_in_executor(executor, _connect, url)
             if pool_max:
                 pool = await loop.run_in_executor(executor, _open_pool, url, pool_min, pool_max)
         except psycopg.Error as exc:
+            if conn is not None:
+                conn.close()
             executor.shutdown(wait=False)
             raise StoreError(f"cannot open database {shown}: {_said(exc, url)}") from exc
         return cls(conn, executor, shown, url, pool, metrics)
@@ -322,6 +324,11 @@ class PgDatabase(Database):
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._readers, self._read_pooled, fn)
+        except PoolTimeout as exc:
+            raise StoreError(
+                f"database {self.path}: no connection to it within {POOL_WAIT_S:.0f} s: is the "
+                "server up and the database there? (the log has the connection error)"
+            ) from exc
         except psycopg.Error as exc:
             raise StoreError(f"database {self.path}: {_said(exc, self._url)}") from exc
 

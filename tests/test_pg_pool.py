@@ -191,3 +191,30 @@ async def test_the_pool_state_is_on_the_metrics(pg_database: str) -> None:  # no
     finally:
         await db.aclose()
     assert value("mesh_pg_pool_connections", state="idle") is None  # gone with the database
+
+
+@pytest.mark.postgres
+async def test_a_read_while_the_database_is_gone_fails_with_a_store_error(
+    pg_database: str,  # noqa: F811 (the fixture above)
+    postgres_server: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No connection to be had (the database dropped, as a server that stays away): the read
+    # fails within the pool's wait, with a StoreError naming the database, and does not hang.
+    import psycopg
+
+    import mesh._pg
+    from mesh._errors import StoreError
+    from mesh._pg import PgDatabase
+
+    monkeypatch.setattr(mesh._pg, "POOL_WAIT_S", 2.0)  # 10 s in production
+    db = await PgDatabase.open(pg_database)
+    try:
+        await db.ping()
+        name = pg_database.rsplit("/", 1)[1]
+        with psycopg.connect(postgres_server.url(), autocommit=True) as admin:
+            admin.execute(f"drop database {name} with (force)")
+        with pytest.raises(StoreError, match=f"{name}: no connection to it .* is the server up"):
+            await asyncio.wait_for(db.read(_count), 10)
+    finally:
+        await db.aclose()
