@@ -17,7 +17,6 @@ on with the answers (``resume_stream``).
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 import json
@@ -235,6 +234,8 @@ class SkillDispatcher:
         if skill_id:
             found = self._skills.get(skill_id)
             if found is None:
+                import difflib  # a misspelt skill only
+
                 close = difflib.get_close_matches(skill_id, self._skills, n=1, cutoff=0.6)
                 hint = f"did you mean '{close[0]}'? " if close else ""
                 raise SkillInputError(

@@ -66,7 +66,6 @@ from mesh._a2a.push_configs import PushConfigStore, PushUrlCheck
 from mesh._a2a.push_queue import Delivery, claim, delete_sent, queue_settled, reschedule
 from mesh._a2a.states import SETTLED_STATES
 from mesh._metrics import NodeMetrics, PushOutcome
-from mesh._netguard import AddressRefused, create_http_client
 from mesh._netpolicy import NetworkPolicy
 from mesh._sqlite import Database
 
@@ -158,16 +157,26 @@ class PushOutbox(PushNotificationSender):
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
-        """Open the guarded client and start the worker; its first pass queues and sends
-        whatever the previous process left (or never queued)."""
+        """Start the worker; its first pass queues and sends whatever the previous process left
+        (or never queued)."""
         if self._worker is not None:
             return
-        self._http = create_http_client(
-            self.policy,
-            timeout=httpx.Timeout(self._timeout_s, connect=min(5.0, self._timeout_s)),
-            limits=httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY),
-        )
         self._worker = asyncio.create_task(self._run(), name="mesh-push-outbox")
+
+    def _client(self) -> httpx.AsyncClient:
+        """The guarded client, opened at the first delivery: most nodes never send one, and
+        its transport (httpcore, h11: ~7 ms) is not loaded before (issue 19 item 5)."""
+        if self._http is None:
+            from mesh._netguard import create_http_client
+
+            self._http = create_http_client(
+                self.policy,
+                timeout=httpx.Timeout(self._timeout_s, connect=min(5.0, self._timeout_s)),
+                limits=httpx.Limits(
+                    max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY
+                ),
+            )
+        return self._http
 
     async def aclose(self) -> None:
         """Stop the worker and the deliveries in flight (their rows stay claimed until the
@@ -256,7 +265,9 @@ class PushOutbox(PushNotificationSender):
         self._wake.set()
 
     async def _deliver(self, d: Delivery) -> None:
-        assert self._http is not None
+        from mesh._netguard import AddressRefused
+
+        http = self._client()
         config = d.config
         headers = {"Content-Type": "application/json"}
         if config.token:
@@ -268,7 +279,7 @@ class PushOutbox(PushNotificationSender):
         try:
             # One deadline for the whole exchange; the answer's body is never read.
             async with asyncio.timeout(self._timeout_s):
-                async with self._http.stream(
+                async with http.stream(
                     "POST", config.url, content=d.body, headers=headers
                 ) as response:
                     status = response.status_code
