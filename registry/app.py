@@ -23,6 +23,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mesh._errors import StoreError
 from mesh._netguard import create_http_client
@@ -85,6 +86,25 @@ def _allowed_methods(request: Request) -> list[str]:
             for route in request.app.router.routes
         )
     ]
+
+
+class RegistryApp(FastAPI):
+    """The registry's FastAPI app behind its ``front``: the gate (``registry.gate``), the
+    request counter and the fast routes (``registry.fast_routes``), which every HTTP request
+    passes before FastAPI's own machinery (its per-request telemetry check, error middleware
+    and routing), so that the fleet's heartbeats and lookups skip all of it."""
+
+    front: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.front is not None and scope["type"] == "http":
+            await self.front(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def behind_front(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """FastAPI itself: where the front passes on what it does not answer."""
+        await super().__call__(scope, receive, send)
 
 
 def create_app(
@@ -165,7 +185,7 @@ def create_app(
             if store is None:
                 await owned_store.aclose()
 
-    app = FastAPI(
+    app = RegistryApp(
         title="mesh registry",
         version="1",
         description="Where mesh agents register and find each other.",
@@ -255,18 +275,24 @@ def create_app(
     app.include_router(console.router)
     app.include_router(chat.router)
 
+    def state() -> RegistryState:
+        registry: RegistryState = app.state.registry
+        return registry
+
+    inner: ASGIApp = app.behind_front
     if fast_routes:
-        # Innermost of the middleware: the gate and the request counter apply to it as to
-        # FastAPI's routes (registry.fast_routes).
-        app.add_middleware(
-            FastRoutes,
+        inner = FastRoutes(
+            inner,
+            state=state,
             lookup=_route(api.router, "/v1/instances", "GET"),
             heartbeat=_route(api.router, "/v1/instances/{instance_id}/heartbeat", "PUT"),
         )
-    app.add_middleware(CountRequests, metrics=metrics)
-    # Added last, so outermost: the token and the body limit come before anything reads a body.
-    app.add_middleware(
-        Gate, token=settings.token, max_body_bytes=settings.max_body_bytes, metrics=metrics
+    # The token and the body limit come before anything reads a body.
+    app.front = Gate(
+        CountRequests(inner, metrics=metrics),
+        token=settings.token,
+        max_body_bytes=settings.max_body_bytes,
+        metrics=metrics,
     )
     return app
 

@@ -34,6 +34,8 @@ from mesh._errors import StoreError
 from registry import api
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from starlette.responses import Response
     from starlette.routing import BaseRoute
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -55,8 +57,16 @@ class FastRoutes:
     ``heartbeat`` are the FastAPI routes they stand in for (their ``path`` labels the
     request counter)."""
 
-    def __init__(self, app: ASGIApp, *, lookup: BaseRoute, heartbeat: BaseRoute) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        state: Callable[[], RegistryState],
+        lookup: BaseRoute,
+        heartbeat: BaseRoute,
+    ) -> None:
         self.app = app
+        self._state = state
         self._lookup_route = lookup
         self._heartbeat_route = heartbeat
 
@@ -82,7 +92,7 @@ class FastRoutes:
         status = params.get("status", "passing")
         if status not in _STATUSES:
             return False  # FastAPI's 422 names the field
-        state: RegistryState = scope["app"].state.registry
+        state = self._state()
         scope["route"] = self._lookup_route
         try:
             body = await api.instances_body(
@@ -95,7 +105,7 @@ class FastRoutes:
         return True
 
     async def _heartbeat(self, instance_id: str, scope: Scope, send: Send) -> None:
-        state: RegistryState = scope["app"].state.registry
+        state = self._state()
         scope["route"] = self._heartbeat_route
         secret = None
         # The first header of the name, as Starlette's ``Headers.get`` (FastAPI's) reads it.

@@ -39,6 +39,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -227,7 +228,13 @@ async def _watch(reg: str, stop: asyncio.Event, seen: dict[str, Any]) -> None:
             seen["rounds"] = prober["last_round"]["rounds"]
             seen["probed"] = prober["last_round"].get("probed", 0)
             seen["unknown"] = max(seen.get("unknown", 0), prober["last_round"].get("unknown", 0))
+            # Missed TTLs held back because the registry was saturated (the two-TTL rule).
+            seen["deferred"] = max(seen.get("deferred", 0), prober["last_round"].get("deferred", 0))
             seen["behind"] = seen.get("behind", False) or bool(prober.get("behind"))
+            for why in prober.get("behind") or ():  # e.g. "event loop busy 97% of the last 3s"
+                whys = seen.setdefault("why_behind", [])
+                if " ".join(why.split()[:3]) not in whys:
+                    whys.append(" ".join(why.split()[:3]))
             bad = counts["warning"] + counts["critical"]
             seen["not_passing"] = max(seen.get("not_passing", 0), bad)
             with_timeout = asyncio.create_task(asyncio.sleep(2.0))
@@ -279,7 +286,27 @@ async def _dead_marked(reg: str, tmp: Path, stats: bool, heartbeats_port: int) -
     return float("inf")
 
 
-async def measure(n: int, *, steady_s: float, stats: bool) -> dict[str, Any]:
+@contextmanager
+def _py_spy(pid: int, out: Path | None, seconds: float) -> Iterator[None]:
+    """``py-spy record`` of the registry over the steady state, when ``out`` is given (the
+    ``--profile`` option): collapsed stacks, one line per stack with its sample count."""
+    if out is None:
+        yield
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    argv = [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid),
+            "--duration", str(int(seconds)), "--rate", "200", "--nonblocking",
+            "--format", "raw", "--output", str(out)]  # fmt: skip
+    spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        spy.wait(timeout=seconds + 60)
+
+
+async def measure(
+    n: int, *, steady_s: float, stats: bool, profile: Path | None = None
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="registry-scale-") as tmp_dir:
         tmp = Path(tmp_dir)
         data = tmp / "reg"
@@ -308,7 +335,8 @@ async def measure(n: int, *, steady_s: float, stats: bool) -> dict[str, Any]:
             sent0, ok0, failed0 = beats.sent, beats.ok, beats.failed
             beats.late.clear()
             side = [asyncio.create_task(_lookups(port, stop, lookups)), watch]
-            await asyncio.sleep(steady_s)
+            with _py_spy(reg_proc.pid, profile and profile / f"registry-{n}.txt", steady_s):
+                await asyncio.sleep(steady_s)
             cpu = (cpu_seconds(reg_proc.pid) - cpu0) / (time.perf_counter() - clock0)
             sent, ok, failed = beats.sent - sent0, beats.ok - ok0, beats.failed - failed0
             stop.set()
@@ -341,6 +369,8 @@ async def measure(n: int, *, steady_s: float, stats: bool) -> dict[str, Any]:
         "probe_rounds": seen.get("rounds", 0),
         "probed_per_round": seen.get("probed", 0),
         "unknown_probes_max": seen.get("unknown", 0),
+        "deferred_max": seen.get("deferred", 0),
+        "why_behind": seen.get("why_behind", []),
         "behind": seen.get("behind", False),
         "false_alarms_max": seen.get("not_passing", 0),
         "dead_marked_s": dead_s,
@@ -364,7 +394,7 @@ ROWS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("Prometheus SD ms", lambda r: f"{r['prometheus_sd_ms']:.0f}"),
     ("operator page ms", lambda r: f"{r['page_ms']:.0f}"),
     ("probe round s, longest (probed)", lambda r: f"{r['probe_round_s']:.2f} ({r['probed_per_round']})"),
-    ("behind / unknown probes", lambda r: f"{'yes' if r['behind'] else 'no'} / {r['unknown_probes_max']}"),
+    ("behind / unknown probes / deferred", lambda r: f"{'yes' if r['behind'] else 'no'} / {r['unknown_probes_max']} / {r.get('deferred_max', 0)}"),
     ("false alarms (not passing)", lambda r: str(r["false_alarms_max"])),
     ("killed instance critical after s", lambda r: f"{r['dead_marked_s']:.1f}"),
     ("registry CPU (cores)", lambda r: f"{r['registry_cpu']:.2f}"),
@@ -414,11 +444,20 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_JSON,
         help=f"where to write the figures (default {DEFAULT_JSON.relative_to(ROOT)})",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="record the registry with py-spy over each steady state into DIR "
+        "(registry-<n>.txt, collapsed stacks; py-spy is in the bench extra)",
+    )
     args = parser.parse_args(argv)  # fmt: skip
     results = []
     for n in (int(s) for s in args.sizes.split(",")):
         print(f"{n} instances ...", file=sys.stderr, flush=True)
-        results.append(asyncio.run(measure(n, steady_s=args.steady, stats=args.stats)))
+        results.append(
+            asyncio.run(measure(n, steady_s=args.steady, stats=args.stats, profile=args.profile))
+        )
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     print(table(results))
     args.json.parent.mkdir(parents=True, exist_ok=True)
