@@ -76,14 +76,14 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         # getaddrinfo's order is the system's preference; keep it, once each.
         return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
-    async def connect_tcp(
+    async def allowed_addresses(
         self,
         host: str,
         port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
+        timeout: float | None = None,  # noqa: ASYNC109 (bounds the lookup)
+    ) -> list[str]:
+        """The addresses ``host`` resolves to (in the system's order), to connect to instead
+        of the name; ``AddressRefused`` unless every one is inside the policy."""
         addresses = await self._addresses(host, port, timeout)
         if not addresses:
             raise httpcore.ConnectError(f"host {host!r} does not resolve")
@@ -92,6 +92,17 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
             # address with a forbidden one is someone trying their luck.
             if not self.policy.allows(address):
                 raise AddressRefused(host, address, self.policy.spec)
+        return addresses
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        addresses = await self.allowed_addresses(host, port, timeout)
         last: Exception | None = None
         for address in addresses:
             try:

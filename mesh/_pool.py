@@ -53,12 +53,14 @@ project is built on it (``mesh._netguard.create_http_client``, ``RegistryBackend
 ``POST`` of a small JSON body to a kept-alive connection; through httpx and httpcore's pool that
 cost ~1.1 ms of client CPU, most of it request/response objects and pool bookkeeping around a
 few hundred bytes each way (``tests/bench/hop_client.py``). ``DirectPool.post`` drives h11 (what
-httpcore itself speaks HTTP/1.1 with) straight over the same network backend's streams: the
-guarded backend connects (the netguard check after DNS, on every new connection), TLS is
-``mesh._tls.client_context()``, a stale kept-alive connection is retried once on a new one as
-above, one deadline bounds the whole exchange, the answer is read within a byte cap, and the
-errors are httpx's own types, as httpx would raise them, so callers translate them the same
-way. The transport ``create_transport`` returns carries one (``MeshTransport.direct``) and
+httpcore itself speaks HTTP/1.1 with) on asyncio streams (0.39 ms): each new connection goes to
+the addresses the pool's network backend allows (``Resolver``: ``GuardedBackend`` checks every
+address after DNS, and the checked address is connected to, never the name again), TLS is
+``mesh._tls.client_context()`` (the URL's host verified and sent as SNI), a stale kept-alive
+connection is retried once on a new one as above, one deadline bounds the whole exchange, the
+answer is read within a byte cap, and the errors are httpx's own types, as httpx would raise
+them, so callers translate them the same way. The transport ``create_transport`` returns
+carries one (``MeshTransport.direct``; none over a backend that is not a ``Resolver``) and
 closes it with itself: its connections live as long as the client, in the app lifespan.
 """
 
@@ -66,12 +68,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import h11
 import httpcore
@@ -215,9 +218,23 @@ def _as_httpx() -> Iterator[None]:
         raise
 
 
+@runtime_checkable
+class Resolver(Protocol):
+    """What a network backend offers ``DirectPool`` to connect where it would: the addresses
+    to connect to for a host, checked (``mesh._netguard.GuardedBackend``)."""
+
+    async def allowed_addresses(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (bounds the lookup)
+    ) -> list[str]: ...
+
+
 @dataclass(eq=False)
 class _Connection:
-    stream: httpcore.AsyncNetworkStream
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
     origin: tuple[str, str, int]
     state: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
     idle_since: float = 0.0
@@ -238,17 +255,16 @@ class DirectPool:
 
     def __init__(
         self,
-        network_backend: httpcore.AsyncNetworkBackend | None,
+        resolver: Resolver | None,
         *,
         max_connections: int | None,
         keepalive_expiry: float | None,
     ) -> None:
-        self._backend = network_backend or httpcore.AnyIOBackend()
+        self._resolver = resolver
         self._max = max_connections or 100
         self._expiry = keepalive_expiry
         self._slots: asyncio.Semaphore | None = None
         self._idle: list[_Connection] = []  # the most recently used last
-        self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
 
     async def post(
@@ -329,21 +345,28 @@ class DirectPool:
         too_large: Callable[[], Exception],
         error_bytes: int,
     ) -> tuple[int, bytes]:
-        state, stream = connection.state, connection.stream
+        state, reader, writer = connection.state, connection.reader, connection.writer
         keep = False
         try:
             with _as_httpx():
-                await stream.write(
-                    state.send(request)
-                    + state.send(h11.Data(data=body))
-                    + state.send(h11.EndOfMessage())
-                )
+                try:
+                    writer.write(
+                        state.send(request)
+                        + state.send(h11.Data(data=body))
+                        + state.send(h11.EndOfMessage())
+                    )
+                    await writer.drain()
+                except OSError as exc:
+                    raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
                 status, cap, size = 0, max_bytes, 0
                 chunks: list[bytes] = []
                 while True:
                     event = state.next_event()
                     if event is h11.NEED_DATA:
-                        state.receive_data(await stream.read(_READ_BYTES))
+                        try:
+                            state.receive_data(await reader.read(_READ_BYTES))
+                        except OSError as exc:
+                            raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
                     elif isinstance(event, h11.Response):
                         exchange.answered = True
                         status = event.status_code
@@ -368,7 +391,7 @@ class DirectPool:
                         keep = state.our_state is h11.DONE and state.their_state is h11.DONE
                         break
                     elif isinstance(event, h11.ConnectionClosed):
-                        raise httpcore.RemoteProtocolError(
+                        raise httpx.RemoteProtocolError(
                             "Server disconnected without sending a response."
                         )
             return status, b"".join(chunks)
@@ -377,7 +400,8 @@ class DirectPool:
                 state.start_next_cycle()
                 self._release(connection)
             else:
-                self._discard(connection)
+                # Aborted: whatever is half-sent or half-read on it is of no use to anyone.
+                connection.writer.transport.abort()
 
     def _take(self, origin: tuple[str, str, int]) -> _Connection | None:
         """The most recently used idle connection to ``origin`` (closing expired ones)."""
@@ -402,28 +426,43 @@ class DirectPool:
         timeout: float | None,  # noqa: ASYNC109 - the connect timeout
     ) -> _Connection:
         scheme, host, port = origin
-        with _as_httpx():
-            stream = await self._backend.connect_tcp(host, port, timeout=timeout)
-            if scheme == "https":
-                context = client_context()
-                context.set_alpn_protocols(["http/1.1"])
-                try:
-                    stream = await stream.start_tls(context, server_hostname=host, timeout=timeout)
-                except BaseException:
-                    await stream.aclose()
-                    raise
-        return _Connection(stream, origin)
+        context: ssl.SSLContext | None = None
+        if scheme == "https":
+            context = client_context()
+            context.set_alpn_protocols(["http/1.1"])
+        last: OSError | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                with _as_httpx():
+                    # The checked addresses, never the name again (mesh._netguard); TLS still
+                    # verifies the URL's host and sends it as SNI.
+                    addresses = (
+                        [host]
+                        if self._resolver is None
+                        else await self._resolver.allowed_addresses(host, port, timeout)
+                    )
+                for address in addresses:
+                    try:
+                        reader, writer = await asyncio.open_connection(
+                            address,
+                            port,
+                            ssl=context,
+                            server_hostname=host if context is not None else None,
+                            limit=_READ_BYTES,
+                        )
+                    except ssl.SSLError as exc:
+                        raise httpx.ConnectError(str(exc)) from exc  # no other address helps
+                    except OSError as exc:
+                        last = exc
+                    else:
+                        return _Connection(reader, writer, origin)
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout(f"no connection to {host}:{port} in {timeout}s") from exc
+        assert last is not None
+        raise httpx.ConnectError(str(last) or type(last).__name__) from last
 
     def _discard(self, connection: _Connection) -> None:
-        """Close ``connection`` in a task of its own: a cancelled caller cannot interrupt it."""
-        task = asyncio.get_running_loop().create_task(connection.stream.aclose())
-        self._closing.add(task)
-        task.add_done_callback(self._closed_one)
-
-    def _closed_one(self, task: asyncio.Task[None]) -> None:
-        self._closing.discard(task)
-        if not task.cancelled():
-            task.exception()  # a close that failed: nobody else will read it
+        connection.writer.close()
 
     async def aclose(self) -> None:
         """Close every idle connection (one in use is closed when its request ends)."""
@@ -431,18 +470,18 @@ class DirectPool:
         idle, self._idle = self._idle, []
         for connection in idle:
             self._discard(connection)
-        if self._closing:
-            await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 class MeshTransport(httpx.AsyncHTTPTransport):
-    """An httpx transport over a ``CancelSafePool``, with a ``DirectPool`` on the same network
-    backend (``direct``) that it closes with itself."""
+    """An httpx transport over a ``CancelSafePool``, with a ``DirectPool`` that connects where
+    the pool's network backend would (``direct``; None for a backend that is not a
+    ``Resolver``), closed with it."""
 
-    direct: DirectPool
+    direct: DirectPool | None = None
 
     async def aclose(self) -> None:
-        await self.direct.aclose()
+        if self.direct is not None:
+            await self.direct.aclose()
         await super().aclose()
 
     async def __aexit__(
@@ -452,7 +491,8 @@ class MeshTransport(httpx.AsyncHTTPTransport):
         traceback: TracebackType | None = None,
     ) -> None:
         # ``async with httpx.AsyncClient(...)`` exits its transport here, not by ``aclose``.
-        await self.direct.aclose()
+        if self.direct is not None:
+            await self.direct.aclose()
         await super().__aexit__(exc_type, exc_value, traceback)
 
 
@@ -478,9 +518,10 @@ def create_transport(
         keepalive_expiry=limits.keepalive_expiry,
         network_backend=network_backend,
     )
-    transport.direct = DirectPool(
-        network_backend,
-        max_connections=limits.max_connections,
-        keepalive_expiry=limits.keepalive_expiry,
-    )
+    if network_backend is None or isinstance(network_backend, Resolver):
+        transport.direct = DirectPool(
+            network_backend,
+            max_connections=limits.max_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+        )
     return transport

@@ -4,16 +4,21 @@
 It starts one ``bench-bureau`` node (typed skill ``score``, the fast path) and sends it the
 delegation's blocking ``SendMessage`` from this process, one call at a time on one kept-alive
 connection, by each way below, in rounds that alternate the ways (a loaded host moves every way
-alike within a round). Every way does the same JSON work (``mesh._a2a.jsonrpc`` builds the body,
-``result_of`` and ``TaskResult.from_json`` read the answer, which is checked); only the HTTP
-layer differs:
+alike within a round). From ``a2apeer`` down every way does the same JSON work
+(``mesh._a2a.jsonrpc`` builds the body, ``result_of`` and ``TaskResult.from_json`` read the
+answer, which is checked); only the HTTP layer differs:
 
-- ``a2apeer``: ``A2APeer.send`` as a node calls it (the ``mesh._netguard`` client: httpx over
-  ``mesh._pool.CancelSafePool`` with the guarded network backend);
+- ``local-tool``: the same tool in process (``coord-local``'s function tool): the floor;
+- ``remote-tool``: the ``remote()`` tool's ``call``: the whole client side of a delegation
+  (admission, retry policy, breakers, argument and answer schemas, the call record);
+- ``a2apeer``: ``A2APeer.send`` as a node calls it (the ``mesh._netguard`` client: since issue
+  19 ``mesh._pool.DirectPool``, h11 on asyncio streams to addresses the guard checked);
+- ``a2apeer-httpx``: the same through httpx (``A2APeer``'s way for a client not mesh's own);
 - ``httpx-transport``: the same client's transport called directly (no ``AsyncClient.send``:
   auth, redirects, cookies, hooks);
 - ``httpcore``: the same ``CancelSafePool`` called directly (no httpx request/response);
 - ``h11``: a minimal HTTP/1.1 client, asyncio streams and h11, one connection;
+- ``h11-anyio``: the same over the guarded backend's (httpcore's) anyio stream;
 - ``aiohttp``: ``aiohttp.ClientSession`` (when installed; measured only, not a dependency).
 
 Per way and round: CPU of this process per call (``time.process_time``, what a loaded machine
@@ -116,6 +121,25 @@ async def _remote_tool(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
     async def close() -> None:
         await toolset.aclose()
         await http.aclose()
+
+    return call, close
+
+
+async def _local_tool(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
+    """The same tool in process (``coord-local``'s): what the hop is measured against."""
+    from mesh._tools import ToolContext
+    from tests.bench.agents.coordinator import score
+
+    ctx = ToolContext(
+        agent_name="bench-coordinator", user_id="u", session_id="s", invocation_id="i"
+    )
+
+    async def call() -> TaskResult:
+        answer = await score.call(dict(PAYLOAD), ctx)
+        return TaskResult(task_id="-", context_id="-", state="completed", data=answer)
+
+    async def close() -> None:
+        return None
 
     return call, close
 
@@ -309,6 +333,7 @@ async def _aiohttp(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
 
 
 WAYS: dict[str, Callable[[str], Awaitable[tuple[Call, Callable[[], Awaitable[None]]]]]] = {
+    "local-tool": _local_tool,
     "remote-tool": _remote_tool,
     "a2apeer": _a2apeer,
     "a2apeer-httpx": _a2apeer_httpx,
