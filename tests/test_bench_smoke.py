@@ -80,11 +80,12 @@ def test_quick_bench_writes_one_table_and_its_json(tmp_path: Path) -> None:
         assert row["rss_after_mb"] > 0
         assert row["rss_start_mb"] > 0
         assert 0 < row["spawn_to_healthy_s"] < 60
+        assert 0 < row["spawn_cpu_s"] < 60
         for proc_facts in row["processes"]:
             assert proc_facts["cpu_s"] > 0
     assert rows[FLOOR]["ratios"][f"vs_{FLOOR}"]["peak_rps"] == 1.0
     assert rows[A2A]["ratios"][f"vs_{A2A}"]["latency_p50"] == 1.0
-    assert len(result["targets"]) == 6
+    assert len(result["targets"]) == 7
     for target in result["targets"]:
         assert target["met"] in {True, False, None}
         # A target is judged exactly when the rows it needs were measured.
@@ -142,6 +143,7 @@ def _row(key: str, *, p50: float, rps: float, rss: float, spawn: float) -> dict[
         "cpu_ms_per_request": 1.0,
         "rss_after_mb": rss,
         "spawn_to_healthy_s": spawn,
+        "spawn_cpu_s": spawn / 2,
         "rss_growth_bytes_per_task": 0.0,
     }
 
@@ -170,10 +172,11 @@ def test_targets_and_ratios_come_from_the_rows_of_the_run() -> None:
     assert hop["signed_extra_cpu_ms"] == 0.5
     # ADK's hop to the same node, its remote row minus its local one.
     assert hop["adk_hop_ms"] == 10.5
-    # throughput 1.5x (>= 1), hop 2x (> 1.5), RSS 1.25x (> 1.2), growth 0, spawn 2x (> 1.5),
-    # no PostgreSQL row
+    # throughput 1.5x (>= 1), hop 2x (> 1.5), RSS 1.25x (> 1.2), growth 0, spawn 2x (> 1.2)
+    # in wall time and in CPU, no PostgreSQL row
     met = [t["met"] for t in report.targets(rows, hop)]
-    assert met == [True, False, False, True, False, None]
+    assert met == [True, False, False, True, False, False, None]
+    assert rows[2]["ratios"]["vs_a2a-sdk"]["spawn_cpu_s"] == 2.0
     # The node on PostgreSQL: throughput against a2a-sdk's, CPU of node and database apart,
     # statements per task over every task the node ran (warm-up, latency, levels, soak).
     pg = _row(MESH_PG, p50=4.0, rps=500, rss=200, spawn=2.0) | {

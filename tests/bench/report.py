@@ -25,6 +25,7 @@ _METRICS: tuple[tuple[str, str], ...] = (
     ("cpu_ms_per_request", "cpu_ms_per_request"),
     ("rss_after_mb", "rss_after_mb"),
     ("spawn_to_healthy_s", "spawn_to_healthy_s"),
+    ("spawn_cpu_s", "spawn_cpu_s"),
 )
 
 
@@ -168,6 +169,12 @@ def targets(rows: list[dict[str, Any]], hop: dict[str, Any] | None) -> list[dict
         _target(
             "mesh node spawn-to-healthy / bare a2a-sdk",
             _ratio(_get(mesh, "spawn_to_healthy_s"), _get(a2a, "spawn_to_healthy_s")),
+            1.2,
+            at_most=True,
+        ),
+        _target(
+            "mesh node CPU seconds to its first /health 200 / bare a2a-sdk",
+            _ratio(_get(mesh, "spawn_cpu_s"), _get(a2a, "spawn_cpu_s")),
             1.2,
             at_most=True,
         ),
