@@ -199,7 +199,12 @@ async def _session(store: SqliteSessionStore, user: str, sid: str, idle_s: float
     )
 
 
-async def test_idle_sessions_go_with_their_events_unless_in_use(db: Database) -> None:
+@pytest.mark.parametrize("max_owners", [100, 0])
+async def test_idle_sessions_go_with_their_events_unless_in_use(
+    db: Database, max_owners: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 0: past the owners looked up one by one, one scan decides which contexts are open.
+    monkeypatch.setattr("mesh._a2a.store.MAX_OWNERS", max_owners)
     tasks, keys, _ = await _stores(db)
     sessions = SqliteSessionStore(db)
     day = 86400.0
