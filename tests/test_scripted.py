@@ -444,3 +444,38 @@ async def test_rules_see_a_bounded_prefix_and_templates_the_whole_message() -> N
     assert (await model.generate(ModelRequest(contents=(user(long),)))).content.text == long
     short = "tail"
     assert (await model.generate(ModelRequest(contents=(user(short),)))).content.text == "matched"
+
+
+async def test_the_whole_state_renders_as_json_with_the_turns_pending_writes() -> None:
+    """The model reads the turn's state through its read-only view (no copy per call);
+    ``{state}`` still renders all of it, the writes pending in the turn on top."""
+    model = ScriptedModel(Script(rules=[Rule(when="show", answer="state: {state|json}")]))
+    ctx = ToolContext(session_state={"name": "Ann", "tier": "A"})
+    ctx.state_delta["tier"] = "B"
+    token = set_current_context(ctx)
+    try:
+        shown = await model.generate(ModelRequest(contents=(user("show"),)))
+    finally:
+        reset_current_context(token)
+    assert json.loads(shown.content.text.removeprefix("state: ")) == {"name": "Ann", "tier": "B"}
+
+
+async def test_usage_counts_a_declaration_again_once_it_changed() -> None:
+    """Instruction and tool word counts are kept per object: the same request counts the
+    same, another declaration (more words) counts its own."""
+    model = ScriptedModel(LOAN)
+    short = ToolDeclaration(name="score", description="Score.")
+    longer = ToolDeclaration(name="score", description="Score an applicant for a loan amount.")
+
+    async def tokens(tool: ToolDeclaration) -> int:
+        request = ModelRequest(
+            system_instruction="Be careful.", contents=(user("hi"),), tools=(tool,)
+        )
+        response = await model.generate(request)
+        assert response.usage is not None
+        return response.usage.input_tokens
+
+    first = await tokens(short)
+    assert await tokens(short) == first
+    assert await tokens(longer) == first + 6
+    assert await tokens(short) == first

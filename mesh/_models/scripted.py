@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mesh._errors import ConfigError
-from mesh._models.base import Model, ModelRequest, ModelResponse
+from mesh._models.base import Model, ModelRequest, ModelResponse, ToolDeclaration
 from mesh._tools import current_context
 from mesh._types import Content, FunctionCall, Part, Usage
 
@@ -51,6 +51,8 @@ __all__ = [
 ]
 
 DEFAULT_ON_ERROR = "I could not complete that: {error}"
+#: Instructions and tool declarations whose word counts a model keeps (``_counted``).
+_MAX_COUNTED = 256
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,8 @@ class _Scope:
                 except ValueError:
                     return _MISSING
         elif root == "state":
-            value = self.state
+            # The turn's state is a read-only view: the whole of it is handed out as a dict.
+            value = self.state if rest else dict(self.state)
         elif root == "error":
             value = self.error if self.error is not None else _MISSING
         elif root in self.results:
@@ -353,6 +356,8 @@ class ScriptedModel(Model):
     def __init__(self, script: Script | None = None, *, name: str = "scripted") -> None:
         self.script = script or DEFAULT_SCRIPT
         self.name = name
+        # Word counts of instructions and tool declarations (``_counted``), bounded.
+        self._words: dict[str | int, tuple[str | ToolDeclaration, int]] = {}
 
     async def generate(self, request: ModelRequest) -> ModelResponse:
         return self._whole(request)
@@ -425,7 +430,8 @@ class ScriptedModel(Model):
                 else:
                     results[r.name] = r.response.get("result")
         ctx = current_context()
-        state: Mapping[str, Any] = dict(ctx.state) if ctx is not None else {}
+        # Read, never kept: nothing changes it while the response is made (no await here).
+        state: Mapping[str, Any] = ctx.state if ctx is not None else {}
         scope = _Scope(input=message, state=state, results=results, error=error)
         found = self._match(message, state)
         if found is None:
@@ -490,12 +496,27 @@ class ScriptedModel(Model):
             return Content.model(json.dumps(value))
         return Content.model(_render_text(text, scope))
 
-    @staticmethod
-    def _usage(request: ModelRequest, content: Content) -> Usage:
-        prompt = _words(request.system_instruction or "")
+    def _usage(self, request: ModelRequest, content: Content) -> Usage:
+        prompt = self._counted(request.system_instruction or "")
         prompt += sum(_content_words(c) for c in request.contents)
-        prompt += sum(
-            _words(f"{t.name} {t.description} {json.dumps(t.parameters)}") for t in request.tools
-        )
+        prompt += sum(self._counted(t) for t in request.tools)
         output = _content_words(content)
         return Usage(input_tokens=prompt, output_tokens=output, total_tokens=prompt + output)
+
+    def _counted(self, item: str | ToolDeclaration) -> int:
+        """The words of an instruction or a tool declaration, counted once: they are in every
+        request of every turn, and counting a tool's schema means encoding it as JSON (a real
+        model's client does neither: its usage comes with the response)."""
+        key = item if isinstance(item, str) else id(item)
+        known = self._words.get(key)
+        # A declaration is known by its id while the cache holds it (no other object gets it).
+        if known is not None and (isinstance(item, str) or known[0] is item):
+            return known[1]
+        if isinstance(item, str):
+            words = _words(item)
+        else:
+            words = _words(f"{item.name} {item.description} {json.dumps(item.parameters)}")
+        if len(self._words) >= _MAX_COUNTED:
+            self._words.clear()
+        self._words[key] = (item, words)
+        return words
