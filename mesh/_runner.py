@@ -79,6 +79,8 @@ log = logging.getLogger("mesh._runner")
 TOOL_AUTHOR = "tool"
 #: The author of the content-less event that marks a session waiting (``WAITING_KEY``).
 MESH_AUTHOR = "mesh"
+#: Tool declarations a runner keeps built (``Runner._declaration``).
+MAX_DECLARED = 256
 
 #: Whether the task a session's ``WAITING_KEY`` names still waits (a node asks its store: a
 #: task canceled or ended at its deadline leaves the mark behind).
@@ -229,6 +231,8 @@ class Runner:
             item if isinstance(item, Tool | Toolset) else as_tool(item) for item in agent.tools
         ]
         self.locks = locks if locks is not None else SessionLocks()
+        # Tool declarations by the tool's id (``_declaration``), bounded.
+        self._declared: dict[int, tuple[Tool, dict[str, Any], ToolDeclaration]] = {}
         from mesh._sessions.memory import InMemorySessionStore
 
         if isinstance(sessions, InMemorySessionStore) and sessions.in_use is None:
@@ -244,8 +248,10 @@ class Runner:
         response_schema: dict[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
         waiting: WaitCheck | None = None,
+        new_session: bool = False,
     ) -> RunResult:
-        """Run one turn to its final answer (no streaming). ``session_id=None`` starts a new one.
+        """Run one turn to its final answer (no streaming). ``session_id=None`` starts a new one,
+        and so does ``new_session=True`` with the caller's id (see ``run_stream``).
 
         Raises ``ModelError`` when the model fails, ``MaxModelCallsExceeded`` when the model
         never stops calling tools, ``StoreError`` when the session cannot be stored,
@@ -254,7 +260,15 @@ class Runner:
         """
         turn = _Turn()
         steps = self._turn(
-            turn, user_id, session_id, message, response_schema, metadata, waiting, stream=False
+            turn,
+            user_id,
+            session_id,
+            message,
+            response_schema,
+            metadata,
+            waiting,
+            stream=False,
+            new_session=new_session,
         )
         return await self._collect(turn, steps, response_schema)
 
@@ -268,6 +282,7 @@ class Runner:
         metadata: Mapping[str, Any] | None = None,
         waiting: WaitCheck | None = None,
         live: Callable[[], bool] | None = None,
+        new_session: bool = False,
     ) -> AsyncIterator[Event]:
         """Run one turn with a streaming model, yielding events as they happen.
 
@@ -284,6 +299,10 @@ class Runner:
         ``live()``, asked before each model call, says whether anyone reads partial events
         now: when it says no, that call's answer is asked for whole (``Model.generate``) and
         yields none (a node passes whether someone follows the task). None: always streamed.
+
+        ``new_session=True``: the caller made ``session_id`` itself just now (a node, for a
+        message without a context id), so no session has it: the turn creates it without
+        reading the store first (as it does for ``session_id=None``).
         """
         # The turn's own generator: closing it promptly releases the session lock.
         return self._turn(
@@ -294,6 +313,7 @@ class Runner:
             response_schema,
             metadata,
             waiting,
+            new_session=new_session,
             stream=True if live is None else live,
         )
 
@@ -378,14 +398,16 @@ class Runner:
         waiting: WaitCheck | None,
         *,
         stream: _Streamed,
+        new_session: bool = False,
     ) -> AsyncGenerator[Event, None]:
         content = _user_content(message)
+        new_session = new_session or not session_id
         session_id = session_id or new_id()
         turn.session_id = session_id
         invocation_id = new_id()
         meta = turn.meta(metadata)
         async with self.locks.hold(user_id, session_id):
-            session = await self._load(user_id, session_id)
+            session = await self._load(user_id, session_id, new=new_session)
             try:
                 cleared = await self._not_waiting(session, waiting)
                 session = await self.sessions.append_event(
@@ -512,10 +534,7 @@ class Runner:
             attachments=turn.attached,
         )
         tools = await self._tools(base_ctx)
-        declarations = tuple(
-            ToolDeclaration(name=t.name, description=t.description, parameters=t.parameters)
-            for t in tools.values()
-        )
+        declarations = tuple(self._declaration(t) for t in tools.values())
         limit = self.agent.max_model_calls
         made = sum(
             1
@@ -830,8 +849,10 @@ class Runner:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    async def _load(self, user_id: str, session_id: str) -> Session:
-        session = await self.sessions.get(user_id, session_id)
+    async def _load(self, user_id: str, session_id: str, *, new: bool = False) -> Session:
+        """The session, created when absent. ``new``: its id was made for this turn, so it is
+        known absent without a read (one store round trip less per turn)."""
+        session = None if new else await self.sessions.get(user_id, session_id)
         if session is not None:
             return session
         try:
@@ -845,6 +866,25 @@ class Runner:
             return again
         self._notify("on_session_created")
         return session
+
+    def _declaration(self, tool: Tool) -> ToolDeclaration:
+        """What the model sees of ``tool``: built once while it is the same object with the
+        same name, description and parameters (every model call of every turn sends it)."""
+        params = tool.parameters
+        known = self._declared.get(id(tool))
+        if (
+            known is not None
+            and known[0] is tool  # the cache holds it: no other object has its id
+            and known[1] is params
+            and known[2].name == tool.name
+            and known[2].description == tool.description
+        ):
+            return known[2]
+        declared = ToolDeclaration(name=tool.name, description=tool.description, parameters=params)
+        if len(self._declared) >= MAX_DECLARED:
+            self._declared.clear()
+        self._declared[id(tool)] = (tool, params, declared)
+        return declared
 
     async def _tools(self, ctx: ToolContext) -> dict[str, Tool]:
         tools: dict[str, Tool] = {}

@@ -9,9 +9,11 @@ that fails is not lost: the next durable append of the session, or ``sync``, rai
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import mesh._sqlite
 from mesh._errors import StoreError
 from mesh._events import Event
 from mesh._sessions.base import Session
@@ -70,5 +72,76 @@ async def test_a_queued_write_that_fails_is_raised_at_the_turns_end(tmp_path: Pa
         untouched = await store.get("u1", "s1")
         assert untouched is not None
         assert untouched.events == []
+    finally:
+        await db.aclose()
+
+
+async def test_a_new_sessions_turn_is_one_operation_and_reads_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``new_session=True`` (a node's context made for the request): no read before the turn;
+    its create and queued appends run as one database operation, the final append as another;
+    all of it is on disk when the turn returns."""
+    # A loaded machine may take longer than DEFER_S for the turn: the queued writes would go
+    # on their own then (correct, but not the one operation counted here).
+    monkeypatch.setattr(mesh._sqlite, "DEFER_S", 60.0)
+    db = await Database.open(tmp_path / "node.db")
+    operations: list[int] = []
+    run_batch = db._run_batch
+
+    def counted(batch: list[Any]) -> list[Any]:
+        operations.append(len(batch))
+        return run_batch(batch)
+
+    try:
+        store = SqliteSessionStore(db)
+        runner = runner_for(make_agent([lookup_applicant, score], LOAN_RULE), sessions=store)
+        await runner.run(user_id="u1", session_id="s0", message="approve APP-1 for 10")
+        db._run_batch = counted  # type: ignore[method-assign]
+        commits, batches = db.commits, db.batches
+        result = await runner.run(
+            user_id="u1", session_id="s1", message="approve APP-2 for 20", new_session=True
+        )
+        assert result.text == "Ann Lee: score 712 (B)"
+        assert (db.commits - commits, db.batches - batches) == (1, 1)  # no read batch
+        assert operations == [2]  # the queued six in one group, the final append
+    finally:
+        await db.aclose()
+    db = await Database.open(tmp_path / "node.db")
+    try:
+        stored = await SqliteSessionStore(db).get("u1", "s1")
+        assert stored is not None
+        assert stored.events[1:] == result.events
+        assert [e.author for e in stored.events] == ["user", *[e.author for e in result.events]]
+    finally:
+        await db.aclose()
+
+
+async def test_a_group_of_queued_writes_fails_together_and_is_reported(tmp_path: Path) -> None:
+    """A session's writes queued together run as one operation: one that fails rolls the
+    others of its group back, and the next ``sync`` raises it; writes queued after that
+    ``sync`` are a new group, reported by the next one."""
+    db = await Database.open(tmp_path / "node.db")
+    try:
+        store = SqliteSessionStore(db)
+        session = await store.create("u1", "s1")
+        event = Event(author="user", content=Content.user("hi"))
+        batches = db.batches
+        await store.append_event(session, event, durable=False)
+        store._queue(("u1", "s1"), lambda conn: conn.execute("select * from no_such_table"))
+        with pytest.raises(StoreError, match="no such table"):
+            await store.sync(session)
+        assert db.batches - batches == 1
+        stored = await store.get("u1", "s1")
+        assert stored is not None
+        assert stored.events == []  # the good append went with the failed write
+        ghost = Session.new("u1", "gone")  # never stored
+        await store.append_event(ghost, event, durable=False)
+        await store.sync(session)  # another session's: not this one's error
+        with pytest.raises(StoreError, match="no session 'gone'"):
+            await store.sync(ghost)
+        await store.append_event(ghost, event, durable=False)  # after the sync: a new group
+        with pytest.raises(StoreError, match="no session 'gone'"):
+            await store.sync(ghost)
     finally:
         await db.aclose()

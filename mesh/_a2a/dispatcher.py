@@ -61,6 +61,7 @@ class TurnRunner(Protocol):
         metadata: dict[str, Any] | None = None,
         waiting: Callable[[str], Awaitable[bool]] | None = None,
         live: Callable[[], bool] | None = None,
+        new_session: bool = False,
     ) -> AsyncIterator[Event]: ...
 
     def resume_stream(
@@ -155,9 +156,11 @@ def _stream(
     message: str = "",
     waiting: WaitCheck | None = None,
     resume: tuple[PendingTurn, Mapping[str, Any]] | None = None,
+    new_session: bool = False,
 ) -> TurnStream:
-    """A turn's events from a runner: a new turn on ``message``, or the suspended turn of
-    ``resume`` going on with its answers."""
+    """A turn's events from a runner: a new turn on ``message`` (``new_session``: in a context
+    the node made for it, see ``Runner.run_stream``), or the suspended turn of ``resume``
+    going on with its answers."""
 
     def turn(
         runner: TurnRunner, schema: dict[str, Any] | None, meta: dict[str, Any], live: Live
@@ -166,7 +169,9 @@ def _stream(
             pending, answers = resume
             events = functools.partial(runner.resume_stream, turn=pending, answers=answers)
         else:
-            events = functools.partial(runner.run_stream, message=message, waiting=waiting)
+            events = functools.partial(
+                runner.run_stream, message=message, waiting=waiting, new_session=new_session
+            )
         return events(
             user_id=user_id, session_id=session_id, response_schema=schema, metadata=meta, live=live
         )
@@ -351,13 +356,17 @@ class SkillDispatcher:
         user_id: str,
         progress: ProgressSink | None = None,
         waiting: WaitCheck | None = None,
+        new_session: bool = False,
     ) -> Outcome:
         """Do the work. ``payload`` is the validated input model, or the text for ``chat``.
-        ``waiting``: whether the task a waiting session names still waits (``Runner``)."""
+        ``waiting``: whether the task a waiting session names still waits (``Runner``).
+        ``new_session``: the context id was made for this request (no session has it)."""
         if not skill.llm:
             return await self._call_handler(skill, payload, ctx)
         text = payload if isinstance(payload, str) else payload.model_dump_json()
-        turn = _stream(user_id, ctx.context_id, message=text, waiting=waiting)
+        turn = _stream(
+            user_id, ctx.context_id, message=text, waiting=waiting, new_session=new_session
+        )
         return await self._llm(skill, turn, ctx, user_id, progress)
 
     async def cancel_children(self, pending: PendingTurn) -> None:

@@ -75,7 +75,7 @@ from mesh._settings import NodeSettings
 from mesh._skills import Skill, SkillContext
 from mesh._tracing import ensure_traceparent
 
-__all__ = ["ANSWER", "DIRECT", "RESUME", "MeshExecutor", "answers_named"]
+__all__ = ["ANSWER", "DIRECT", "NEW_CONTEXT", "REQUEST", "RESUME", "MeshExecutor", "answers_named"]
 
 log = logging.getLogger("mesh.task")
 
@@ -89,6 +89,12 @@ ANSWER = "answer"
 #: Key of ``ServerCallContext.state``: the checked input of a skill that replies with a
 #: message (``check_send``), for its run.
 DIRECT = "mesh.direct"
+#: Key of ``ServerCallContext.state``: the context id made for this request (its message
+#: named none), so no session has it and the turn need not read one (``FastPath.send``).
+NEW_CONTEXT = "mesh.new_context"
+#: Key of ``ServerCallContext.state``: a message's facts as ``read_request`` read them, with
+#: the message (``FastPath.takes`` reads them first; the run does not read them again).
+REQUEST = "mesh.request"
 
 
 @dataclass(frozen=True)
@@ -267,7 +273,7 @@ class MeshExecutor(AgentExecutor):
                         return
                     req, skill, payload = resumed.req, resumed.skill, resumed.payload
                 else:
-                    req = self.read_request(message)
+                    req = self.read_request(message, context.call_context)
                     skill_id = req.skill_id or "unknown"
                     skill, payload = self._validate(req, message)
                 skill_id = skill.id
@@ -489,9 +495,20 @@ class MeshExecutor(AgentExecutor):
                 req.traceparent or "-",
             )
 
-    def read_request(self, message: Message | None) -> _Request:
+    def read_request(
+        self, message: Message | None, call: ServerCallContext | None = None
+    ) -> _Request:
         """The skill, caller, trace and deadline a message's metadata names
-        (``SkillInputError`` for a malformed one)."""
+        (``SkillInputError`` for a malformed one). With ``call``, read once per message of the
+        call (kept in its state: the fast path reads them to decide, the run uses them)."""
+        if call is not None:
+            known = call.state.get(REQUEST)
+            if isinstance(known, tuple) and known[0] is message:
+                read_before: _Request = known[1]
+                return read_before
+            req = self.read_request(message)
+            call.state[REQUEST] = (message, req)
+            return req
         meta = _message_metadata(message)
         skill = meta.get("skill")
         if skill is not None and not isinstance(skill, str):
@@ -644,6 +661,9 @@ class MeshExecutor(AgentExecutor):
             return "failed"
         # Without a task store no task waits: a session's mark is left by a failed run.
         waiting = self._waiting_check(context) if skill.llm else None
+        new_context = (
+            resumed is None and call is not None and call.state.get(NEW_CONTEXT) == context_id
+        )
         try:
             async with asyncio.timeout_at(when) as scope:
                 self._running.add(scope)
@@ -664,6 +684,7 @@ class MeshExecutor(AgentExecutor):
                                     user_id=user_id,
                                     progress=progress,
                                     waiting=waiting,
+                                    new_session=new_context,
                                 )
                             break
                         except TurnSuspended as paused:

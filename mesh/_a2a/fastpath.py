@@ -67,6 +67,8 @@ from a2a.utils.errors import (
 from a2a.utils.proto_utils import validate_proto_required_fields
 from a2a.utils.task import validate_history_length
 
+from mesh._a2a.executor import NEW_CONTEXT
+from mesh._a2a.fastpath_required import missing_required
 from mesh._a2a.json_text import json_object
 from mesh._a2a.states import TERMINAL_STATES
 from mesh._errors import SkillInputError
@@ -209,12 +211,12 @@ class FastPath:
             decided = context.state.get(TAKEN)
             if isinstance(decided, bool):
                 return decided
-        taken = self._takes(params)
+        taken = self._takes(params, context)
         if context is not None:
             context.state[TAKEN] = taken
         return taken
 
-    def _takes(self, params: SendMessageRequest) -> bool:
+    def _takes(self, params: SendMessageRequest, context: ServerCallContext | None) -> bool:
         config = params.configuration
         if (
             params.message.task_id
@@ -223,7 +225,7 @@ class FastPath:
         ):
             return False
         try:
-            req = self.executor.read_request(params.message)
+            req = self.executor.read_request(params.message, context)
             parts = list(params.message.parts)
             has_data = bool(get_data_parts(parts))
             # A typed skill's input as a JSON object in text takes this path too.
@@ -247,8 +249,10 @@ class FastPath:
     async def send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
         """Run the new task of ``params`` to its end; the task (or the executor's message).
         Params the SDK's handler would refuse raise its error here."""
-        validate_proto_required_fields(params)
+        if missing_required(params):
+            validate_proto_required_fields(params)  # raises the SDK's own error
         validate_history_length(params.configuration)
+        named_context = params.message.context_id  # the builder fills it in when empty
         request = await self.contexts.build(
             context=context,
             params=params,
@@ -256,6 +260,9 @@ class FastPath:
             context_id=params.message.context_id or None,
             task=None,
         )
+        if not named_context:
+            # Made for this request just now: no session has it (the turn need not read one).
+            context.state[NEW_CONTEXT] = request.context_id
         task_id = str(request.task_id)
         events = AppliedEvents(
             TaskManager(

@@ -8,15 +8,20 @@ an event without its state change or the reverse.
 A turn's writes share a commit: ``create(durable=False)`` and ``append_event(durable=False)``
 queue their write (``Database.write_soon``) and return at once; the turn's last append
 (durable) or ``sync`` returns once they are all committed, with the error of any that failed.
-The writes commit in queue order, so what a turn acknowledges is on disk as before.
+The writes commit in queue order, so what a turn acknowledges is on disk as before. Queued
+writes of a session that are still waiting for the database thread run as one operation
+(``_Group``: one savepoint, and they fail together); an event that changes no state is one
+update of the session's ``updated_at`` and one insert, without reading the state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -61,6 +66,33 @@ create index if not exists mesh_sessions_by_user on mesh_sessions (user_id, upda
 """
 
 
+class _Group:
+    """Writes of one session run as one ``Database`` write, in the order queued: they commit
+    together or fail together (the first error rolls all of them back and is the group's).
+    The database thread seals the group when it runs it; ``add`` then refuses."""
+
+    __slots__ = ("_lock", "_sealed", "_writes")
+
+    def __init__(self, write: Callable[[sqlite3.Connection], Any]) -> None:
+        self._writes = [write]
+        self._sealed = False
+        self._lock = threading.Lock()
+
+    def add(self, write: Callable[[sqlite3.Connection], Any]) -> bool:
+        """Join the group (False: it runs or ran already)."""
+        with self._lock:
+            if self._sealed:
+                return False
+            self._writes.append(write)
+            return True
+
+    def __call__(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            self._sealed = True
+        for write in self._writes:
+            write(conn)
+
+
 class SqliteSessionStore:
     """A ``SessionStore`` on a shared ``Database`` (the node's file). Does not close ``db``."""
 
@@ -68,15 +100,26 @@ class SqliteSessionStore:
         self.db = db
         # Writes queued by ``durable=False`` and not yet reported, by session.
         self._pending: dict[_Key, list[asyncio.Future[Any]]] = {}
+        # The group of each session's queued writes that has not reached the database thread.
+        self._open: dict[_Key, _Group] = {}
 
-    def _queue(self, key: _Key, write: Any) -> None:
-        """Queue ``write`` for ``key``'s session without waiting for its commit."""
-        self._pending.setdefault(key, []).append(self.db.write_soon(write))
+    def _queue(self, key: _Key, write: Callable[[sqlite3.Connection], Any]) -> None:
+        """Queue ``write`` for ``key``'s session without waiting for its commit. Writes queued
+        while the session's last group still waits for the database thread join it: one
+        operation (one savepoint, one future) for a turn's create and appends."""
+        group = self._open.get(key)
+        if group is not None and group.add(write):
+            return
+        group = _Group(write)
+        self._open[key] = group
+        self._pending.setdefault(key, []).append(self.db.write_soon(group))
 
     async def sync(self, session: Session) -> None:
         """Return once the session's queued writes are committed; raise the first one's
         error (a ``StoreError``) when some failed."""
-        pending = self._pending.pop((session.user_id, session.id), None)
+        key = (session.user_id, session.id)
+        self._open.pop(key, None)  # what is queued next is reported by the next sync
+        pending = self._pending.pop(key, None)
         if not pending:
             return
         if not all(future.done() for future in pending):
@@ -179,8 +222,16 @@ class SqliteSessionStore:
             return session
         await self._ready()
         data = event.model_dump_json()
-        delta_json = _dumps(event.state_delta, what=f"state_delta of event {event.id}")
         now = time.time()
+        key = (session.user_id, session.id)
+        if not durable and not event.state_delta:
+            # Most events change no state: the row's updated_at (and that the session exists)
+            # is all there is to write besides the event, no state read and written again.
+            self._queue(key, functools.partial(_insert_event, session, event, data, now))
+            session.events.append(event)
+            session.updated_at = now
+            return session
+        delta_json = _dumps(event.state_delta, what=f"state_delta of event {event.id}")
 
         def append(conn: sqlite3.Connection) -> dict[str, Any]:
             row = conn.execute(
@@ -204,7 +255,6 @@ class SqliteSessionStore:
             )
             return state
 
-        key = (session.user_id, session.id)
         if durable:
             state = await self.db.write(append)
             await self.sync(session)  # committed before this one: reports their errors
@@ -320,6 +370,23 @@ class SqliteSessionStore:
 
     async def aclose(self) -> None:
         """Nothing to release: the ``Database`` belongs to whoever opened it."""
+
+
+def _insert_event(
+    session: Session, event: Event, data: str, now: float, conn: sqlite3.Connection
+) -> None:
+    """Store ``event`` (its JSON ``data``), which changes no state, in ``session``."""
+    touched = conn.execute(
+        "update mesh_sessions set updated_at=? where user_id=? and id=?",
+        (now, session.user_id, session.id),
+    )
+    if touched.rowcount != 1:
+        raise StoreError(f"no session {session.id!r} of user {session.user_id!r} to append to")
+    conn.execute(
+        "insert into mesh_session_events "
+        "(user_id, session_id, event_id, author, timestamp, data) values (?,?,?,?,?,?)",
+        (session.user_id, session.id, event.id, event.author, event.timestamp, data),
+    )
 
 
 def _dumps(value: Mapping[str, Any], *, what: str) -> str:

@@ -1,0 +1,109 @@
+"""``missing_required``: whether a proto message breaks a REQUIRED field rule, decided fast.
+
+The SDK's handler refuses params whose REQUIRED fields (``google.api.field_behavior``) are
+missing with ``validate_proto_required_fields``, which walks every field of the message and of
+every message in it, its metadata's ``Struct`` included, reading each field's options: ~4 % of
+an LLM turn on the fast path. The rule is the same here, decided from a plan made once per
+message type: only the fields that are REQUIRED, or that lead to a type with a REQUIRED field
+somewhere below it, are looked at. The fast path calls the SDK's function (for its error)
+only when this finds something, so the error is the SDK's own.
+"""
+
+from __future__ import annotations
+
+from google.api.field_behavior_pb2 import FieldBehavior, field_behavior
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message as ProtobufMessage
+
+__all__ = ["missing_required"]
+
+# Per field of a plan: the field, whether it is REQUIRED, whether it is repeated, and whether
+# the message type it holds has REQUIRED fields somewhere (then it is walked).
+_Step = tuple[FieldDescriptor, bool, bool, bool]
+
+_plans: dict[Descriptor, tuple[_Step, ...]] = {}
+_closed: dict[Descriptor, bool] = {}
+
+
+def _required(field: FieldDescriptor) -> bool:
+    behaviors = field.GetOptions().Extensions[field_behavior]
+    return bool(FieldBehavior.REQUIRED in behaviors)
+
+
+def _repeated(field: FieldDescriptor) -> bool:
+    # protobuf >= 6.31 has ``is_repeated``; 7 dropped ``label`` (the SDK reads it the same way).
+    is_repeated = getattr(field, "is_repeated", None)
+    if is_repeated is not None:
+        return bool(is_repeated)
+    return bool(getattr(field, "label", None) == FieldDescriptor.LABEL_REPEATED)
+
+
+def _has_required(desc: Descriptor) -> bool:
+    """Whether ``desc`` or a message type reachable from it has a REQUIRED field."""
+    known = _closed.get(desc)
+    if known is not None:
+        return known
+    seen: set[Descriptor] = set()
+    todo = [desc]
+    found = False
+    while todo and not found:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for field in current.fields:
+            if _required(field):
+                found = True
+                break
+            if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type is not None:
+                todo.append(field.message_type)
+    _closed[desc] = found
+    return found
+
+
+def _plan(desc: Descriptor) -> tuple[_Step, ...]:
+    plan = _plans.get(desc)
+    if plan is None:
+        steps: list[_Step] = []
+        for field in desc.fields:
+            walk = (
+                field.type == FieldDescriptor.TYPE_MESSAGE
+                and field.message_type is not None
+                and _has_required(field.message_type)
+            )
+            required = _required(field)
+            if required or walk:
+                steps.append((field, required, _repeated(field), walk))
+        plan = tuple(steps)
+        _plans[desc] = plan
+    return plan
+
+
+def missing_required(msg: ProtobufMessage) -> bool:
+    """Whether ``validate_proto_required_fields(msg)`` (a2a-sdk) would find an error: a
+    REQUIRED field unset (a repeated one empty, a scalar at its default), in ``msg`` or in a
+    message it holds."""
+    for field, required, repeated, walk in _plan(msg.DESCRIPTOR):
+        name = field.name
+        value = getattr(msg, name)
+        if required:
+            if repeated:
+                if not value:
+                    return True
+            elif field.has_presence:
+                if not msg.HasField(name):
+                    return True
+            elif value == field.default_value:
+                return True
+        if not walk:
+            continue
+        if not repeated:
+            if msg.HasField(name) and missing_required(value):
+                return True
+        elif field.message_type.GetOptions().map_entry:
+            for item in value.values():
+                if isinstance(item, ProtobufMessage) and missing_required(item):
+                    return True
+        elif any(missing_required(item) for item in value):
+            return True
+    return False
