@@ -11,6 +11,7 @@ answer, which is checked); only the HTTP layer differs:
 - ``local-tool``: the same tool in process (``coord-local``'s function tool): the floor;
 - ``remote-tool``: the ``remote()`` tool's ``call``: the whole client side of a delegation
   (admission, retry policy, breakers, argument and answer schemas, the call record);
+- ``remote-tool-httpx``: the same through httpx (as before ``DirectPool``);
 - ``a2apeer``: ``A2APeer.send`` as a node calls it (the ``mesh._netguard`` client: since issue
   19 ``mesh._pool.DirectPool``, h11 on asyncio streams to addresses the guard checked);
 - ``a2apeer-httpx``: the same through httpx (``A2APeer``'s way for a client not mesh's own);
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
@@ -49,7 +51,7 @@ from mesh._a2a.client import A2APeer
 from mesh._a2a.results import TaskResult
 from mesh._netguard import GuardedBackend, create_http_client
 from mesh._netpolicy import NetworkPolicy
-from mesh._pool import REPLAYABLE, CancelSafePool
+from mesh._pool import REPLAYABLE, CancelSafePool, MeshTransport
 from tests.bench.harness import spawn
 from tests.bench.scenarios import Ctx, ServerSpec, _mesh_serve
 from tests.support import free_port
@@ -96,9 +98,12 @@ async def _a2apeer(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
     return call, http.aclose
 
 
-async def _remote_tool(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
+async def _remote_tool(
+    url: str, *, direct: bool = True
+) -> tuple[Call, Callable[[], Awaitable[None]]]:
     """The whole client side of a delegation: the ``remote()`` tool's ``call`` (admission,
-    retry policy, breakers, metadata, the call record and its log line) on a node's client."""
+    retry policy, breakers, metadata, the call record and its log line) on a node's client;
+    without ``direct``, through httpx (as before ``DirectPool``)."""
     from mesh._remote import remote
     from mesh._tools import ToolContext
 
@@ -107,6 +112,10 @@ async def _remote_tool(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
         timeout=httpx.Timeout(35.0, connect=2.0),
         limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
     )
+    if not direct:
+        transport = http._transport_for_url(httpx.URL(url))
+        assert isinstance(transport, MeshTransport)
+        transport.direct = None
     toolset = remote("bench-bureau", skill="score", url=url)
     toolset.bind(http=http)
     ctx = ToolContext(
@@ -335,6 +344,7 @@ async def _aiohttp(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
 WAYS: dict[str, Callable[[str], Awaitable[tuple[Call, Callable[[], Awaitable[None]]]]]] = {
     "local-tool": _local_tool,
     "remote-tool": _remote_tool,
+    "remote-tool-httpx": functools.partial(_remote_tool, direct=False),
     "a2apeer": _a2apeer,
     "a2apeer-httpx": _a2apeer_httpx,
     "httpx-transport": _httpx_transport,
