@@ -30,9 +30,17 @@ pytestmark = pytest.mark.integration
 SECRET = "Mesh-Instance-Secret"
 
 
+# Longer than any test here: no probe round while these tests run (see ``cards``).
+_NO_PROBES = 3600.0
+
+
 @pytest.fixture
 def cards(tmp_path: Path) -> Iterator[dict[str, Service]]:
-    """Two echo nodes that serve cards for 'victim' and 'mallory' but register nowhere."""
+    """Two echo nodes that serve cards for 'victim' and 'mallory' but register nowhere.
+
+    Their ``/health`` names their own instance ids, so a registry that probes them removes the
+    made-up ids registered here as ghosts: the tests using them run their registry with
+    ``_NO_PROBES`` (under load a probe landed mid-test and the instance vanished)."""
     nodes = {name: start_node(tmp_path, None, name=name) for name in ("victim", "mallory")}
     try:
         for node in nodes.values():
@@ -101,7 +109,7 @@ def test_the_owner_heartbeats_re_registers_and_deregisters_with_its_secret(
     tmp_path: Path, cards: dict[str, Service]
 ) -> None:
     url = cards["victim"].url
-    with registry(tmp_path) as reg:
+    with registry(tmp_path, probe_interval=_NO_PROBES) as reg:
         created = _register(reg.url, "v-1", "victim", url)
         assert created.status_code == 201, created.text
         secret = created.json()["secret"]
@@ -144,7 +152,7 @@ def test_with_a_token_writes_need_the_token_and_the_secret(
     tmp_path: Path, cards: dict[str, Service]
 ) -> None:
     url = cards["victim"].url
-    with registry(tmp_path, token="s3cret") as reg:
+    with registry(tmp_path, token="s3cret", probe_interval=_NO_PROBES) as reg:
         created = _register(reg.url, "v-1", "victim", url, token="s3cret")
         assert created.status_code == 201, created.text
         secret = created.json()["secret"]
@@ -163,13 +171,15 @@ async def test_the_backend_keeps_the_secret_and_registers_anew_when_forgotten(
     registration = Registration(instance_id="v-1", agent="victim", url=url, version="1")
     backend = RegistryBackend(f"http://127.0.0.1:{port}")
     try:
-        with registry(tmp_path, port=port, data_dir=tmp_path / "one"):
+        with registry(tmp_path, port=port, data_dir=tmp_path / "one", probe_interval=_NO_PROBES):
             await backend.register(registration)
             await backend.heartbeat("v-1")
             await backend.register(registration)  # re-registration: sends its secret
             await backend.heartbeat("v-1")
         # A registry that never heard of v-1: 404, then a registration with a new secret.
-        with registry(tmp_path, port=port, data_dir=tmp_path / "two", name="r2") as reg:
+        with registry(
+            tmp_path, port=port, data_dir=tmp_path / "two", name="r2", probe_interval=_NO_PROBES
+        ) as reg:
             with pytest.raises(Exception, match="does not know v-1"):
                 await backend.heartbeat("v-1")
             await backend.register(registration)
@@ -209,7 +219,9 @@ def test_a_live_instance_cannot_be_evicted_by_registering_its_url(tmp_path: Path
     which used to supersede (remove) the victim, then register the victim's id with a secret
     of one's own. And its variant: move an id one owns onto the victim's URL. The registry
     supersedes only when the URL's /health names the registering id."""
-    with registry(tmp_path) as reg:
+    # No probes: x-1 at the decoy's URL is a ghost to the prober (the decoy's /health names
+    # 'decoy'), and a probe round mid-test would remove it; this is about registration.
+    with registry(tmp_path, probe_interval=_NO_PROBES) as reg:
         victim = start_node(tmp_path, reg.url, name="victim", instance_id="victim-1")
         # Mallory serves a card named 'victim' at a URL of its own.
         decoy = start_node(tmp_path, None, name="victim", instance_id="decoy")
