@@ -240,9 +240,29 @@ class _Connection:
     idle_since: float = 0.0
 
 
+def _quiet(connection: _Connection) -> bool:
+    """Whether nothing has come in on ``connection`` past the last answer: no byte (h11's
+    buffer or the stream's) and no close. A connection is kept and reused only so; bytes past
+    an answer's end (a Content-Length that lies short, unsolicited output) would otherwise be
+    read as the next request's answer, and an answer read to its close (no length) leaves a
+    closed connection that h11 still calls reusable."""
+    pending, closed = connection.state.trailing_data
+    reader = connection.reader
+    # StreamReader has no public "bytes buffered" accessor; at_eof() is False while any are.
+    buffered = getattr(reader, "_buffer", b"")
+    return (
+        not pending
+        and not closed
+        and not buffered
+        and not reader.at_eof()
+        and not connection.writer.transport.is_closing()
+    )
+
+
 @dataclass
 class _Exchange:
-    """How far one request got: a failure before any answer on a reused connection is stale."""
+    """How far one request got: a failure before any byte of an answer on a reused connection
+    is stale."""
 
     reused: bool
     answered: bool = False
@@ -290,15 +310,18 @@ class DirectPool:
             raise RuntimeError("the client is closed")
         scheme = url.scheme
         origin = (scheme, url.host, url.port or _DEFAULT_PORTS.get(scheme, 80))
-        request = h11.Request(
-            method="POST",
-            target=url.raw_path,
-            headers=[
-                ("Host", url.netloc.decode("ascii")),
-                *headers,
-                ("Content-Length", str(len(body))),
-            ],
-        )
+        with _as_httpx():
+            # h11 refuses a CR or LF in a name or value (LocalProtocolError): a header the
+            # caller passes can never add a line of its own.
+            request = h11.Request(
+                method="POST",
+                target=url.raw_path,
+                headers=[
+                    ("Host", url.netloc.decode("ascii")),
+                    *headers,
+                    ("Content-Length", str(len(body))),
+                ],
+            )
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._max)
         slots = self._slots
@@ -364,9 +387,12 @@ class DirectPool:
                     event = state.next_event()
                     if event is h11.NEED_DATA:
                         try:
-                            state.receive_data(await reader.read(_READ_BYTES))
+                            data = await reader.read(_READ_BYTES)
                         except OSError as exc:
                             raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+                        # Any byte back (even garbage) means the request arrived: not stale.
+                        exchange.answered = exchange.answered or bool(data)
+                        state.receive_data(data)
                     elif isinstance(event, h11.Response):
                         exchange.answered = True
                         status = event.status_code
@@ -388,7 +414,11 @@ class DirectPool:
                             break  # an error's first bytes are enough; the rest is dropped
                         chunks.append(bytes(event.data))
                     elif isinstance(event, h11.EndOfMessage):
-                        keep = state.our_state is h11.DONE and state.their_state is h11.DONE
+                        keep = (
+                            state.our_state is h11.DONE
+                            and state.their_state is h11.DONE
+                            and _quiet(connection)
+                        )
                         break
                     elif isinstance(event, h11.ConnectionClosed):
                         raise httpx.RemoteProtocolError(
@@ -411,7 +441,12 @@ class DirectPool:
                 self._discard(self._idle.pop(0))
         for index in range(len(self._idle) - 1, -1, -1):
             if self._idle[index].origin == origin:
-                return self._idle.pop(index)
+                connection = self._idle.pop(index)
+                if _quiet(connection):
+                    return connection
+                # The peer wrote to it or closed it while it was idle (a "408 Request
+                # Timeout", say): what it wrote answers no request of ours.
+                self._discard(connection)
         return None
 
     def _release(self, connection: _Connection) -> None:
