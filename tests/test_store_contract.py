@@ -16,6 +16,7 @@ from mesh._a2a.idempotency import IdempotencyKeys
 from mesh._a2a.store import SqliteTaskStore
 from mesh._errors import StoreError
 from mesh._events import Event
+from mesh._sessions.base import Session
 from mesh._sessions.sqlite import SqliteSessionStore
 from mesh._sqlite import Database
 from mesh._types import Content
@@ -234,6 +235,25 @@ async def test_a_session_continues_on_the_other_handle(opener: Opener) -> None:
     assert await b.delete("u1", "s1") is True
     assert await a.get("u1", "s1") is None
     assert await a.delete("u1", "s1") is False
+
+
+async def test_a_turns_queued_session_writes_land_together(opener: Opener) -> None:
+    """A turn's queued writes (a create and events that change no state, one group) and its
+    final append are on the other handle once that append returns; an event queued for a
+    session that does not exist is an error at the session's sync, on both backends."""
+    a, b = SqliteSessionStore(await opener()), SqliteSessionStore(await opener())
+    session = await a.create("u1", "s2", durable=False)
+    await a.append_event(session, _event("ask"), durable=False)
+    await a.append_event(session, _event("tool"), durable=False)
+    await a.append_event(session, _event("answer", done=True))
+    on_b = await b.get("u1", "s2")
+    assert on_b is not None
+    assert [e.text for e in on_b.events] == ["ask", "tool", "answer"]
+    assert on_b.state == {"done": True}
+    ghost = Session.new("u1", "gone")
+    await a.append_event(ghost, _event("lost?"), durable=False)
+    with pytest.raises(StoreError, match="no session 'gone'"):
+        await a.sync(ghost)
 
 
 def _event(text: str, **delta: object) -> Event:
