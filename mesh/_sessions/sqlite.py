@@ -38,8 +38,9 @@ log = logging.getLogger("mesh.sessions")
 _Key = tuple[str, str]
 #: Users whose sessions one ``delete_idle`` write looks at, at most (an index seek each).
 MAX_USERS_PER_WRITE = 200
-#: Where a ``delete_idle`` walk over the users goes on: (user id, that user included).
-UserCursor = tuple[str, bool]
+#: Where a ``delete_idle`` walk over the users goes on: (user id, (updated_at, session id) of
+#: the last session it looked at there; None: that user is done).
+UserCursor = tuple[str, tuple[float, str] | None]
 
 _SCHEMA = """
 create table if not exists mesh_sessions (
@@ -321,26 +322,33 @@ class SqliteSessionStore:
             for _ in range(MAX_USERS_PER_WRITE):
                 if cursor is None:
                     row = conn.execute("select min(user_id) from mesh_sessions").fetchone()
-                else:
-                    op = ">=" if cursor[1] else ">"
+                elif cursor[1] is None:
                     row = conn.execute(
-                        f"select min(user_id) from mesh_sessions where user_id {op} ?",
-                        (cursor[0],),
+                        "select min(user_id) from mesh_sessions where user_id > ?", (cursor[0],)
                     ).fetchone()
+                else:
+                    row = (cursor[0],)  # on with this user, past what was looked at
                 if row is None or row[0] is None:
                     cursor = None
                     break
                 user = str(row[0])
+                # Past the last session looked at, not from the user's first again: sessions
+                # kept (in use) would otherwise fill every batch and stop the walk for good.
+                since = cursor[1] if cursor is not None and cursor[0] == user else None
                 rows = conn.execute(
-                    "select id from mesh_sessions where user_id = ? and updated_at < ? "
-                    "order by updated_at limit ?",
-                    (user, before, limit - len(found)),
-                ).fetchall()
+                    "select id, updated_at from mesh_sessions where user_id = ? "
+                    "and updated_at < ?"
+                    + ("" if since is None else " and (updated_at > ? or (updated_at = ? and id > ?))")
+                    + " order by updated_at, id limit ?",
+                    (user, before, *(() if since is None else (since[0], since[0], since[1])),
+                     limit - len(found)),
+                ).fetchall()  # fmt: skip
                 found.extend((user, str(r[0])) for r in rows)
-                # This user may have more: the next write starts with it again.
-                cursor = (user, len(found) >= limit)
                 if len(found) >= limit:
+                    # This user may have more: the next write goes on after the last one.
+                    cursor = (user, (float(rows[-1][1]), str(rows[-1][0])))
                     break
+                cursor = (user, None)
             kept = keep(conn, found) if keep is not None and found else set()
             gone = [k for k in found if k not in kept]
             # ``updated_at`` again in the deletes: a turn may have appended since.
