@@ -136,6 +136,35 @@ _OPEN_SQL = f"state not in ({', '.join(str(int(s)) for s in sorted(TERMINAL_STAT
 TASKS_SCHEMA_V4 = f"""
 create index if not exists a2a_tasks_ended on a2a_tasks (updated_at) where {_TERMINAL_SQL};
 """
+# Version 5: a2a_tasks as a rowid table (SQLite only). A WITHOUT ROWID table keeps its rows in
+# index b-tree cells, whose local payload stops near 1,000 bytes on 4 KiB pages: a larger row
+# (an LLM turn's task is ~1 KiB) took an overflow page of its own, 4 KiB for a few hundred
+# bytes. A rowid table's leaf cell holds ~4,000 bytes; its primary key becomes a unique index
+# (one more b-tree per insert, docs/performance.md "On disk: retention"). One transaction
+# (``Database.migrate``): the table is copied, the old one dropped with its indexes, the new
+# one renamed and indexed again. PostgreSQL tables are heaps already: the step is a no-op there.
+_TASKS_COLUMNS = "owner, id, context_id, state, updated_at, data, trace_id, created_at"
+TASKS_SCHEMA_V5 = f"""
+create table a2a_tasks_rowid (
+    owner text not null,
+    id text not null,
+    context_id text not null,
+    state integer not null,
+    updated_at integer not null,
+    data blob not null,
+    trace_id text,
+    created_at integer,
+    primary key (owner, id)
+);
+insert into a2a_tasks_rowid ({_TASKS_COLUMNS}) select {_TASKS_COLUMNS} from a2a_tasks;
+drop table a2a_tasks;
+alter table a2a_tasks_rowid rename to a2a_tasks;
+create index a2a_tasks_by_time on a2a_tasks (owner, updated_at desc, id desc);
+create index a2a_tasks_by_context on a2a_tasks (owner, context_id, updated_at desc);
+create index a2a_tasks_by_trace on a2a_tasks (trace_id, created_at) where trace_id is not null;
+create index a2a_tasks_ended on a2a_tasks (updated_at) where {_TERMINAL_SQL};
+"""
+_NO_OP = "select 1;"
 #: Owners ``open_contexts`` looks up one by one (an index seek each); past that, one scan.
 MAX_OWNERS = 100
 
@@ -387,9 +416,11 @@ class SqliteTaskStore(TaskStore):
 
     async def initialize(self) -> None:
         # Version 1: the tasks; 2: the resume points of tasks that wait (mesh._a2a.waits);
-        # 3: their trace id and first save, indexed (``trace``); 4: retention's indexes.
+        # 3: their trace id and first save, indexed (``trace``); 4: retention's indexes;
+        # 5: a rowid table on SQLite.
+        v5 = TASKS_SCHEMA_V5 if self._db.dialect == "sqlite" else _NO_OP
         await self._db.migrate(
-            "tasks", [_SCHEMA, TASKS_SCHEMA_V2, TASKS_SCHEMA_V3, TASKS_SCHEMA_V4]
+            "tasks", [_SCHEMA, TASKS_SCHEMA_V2, TASKS_SCHEMA_V3, TASKS_SCHEMA_V4, v5]
         )
 
     def id_generator(self) -> IDGenerator:
@@ -851,17 +882,22 @@ class SqliteTaskStore(TaskStore):
         """Delete the oldest terminal tasks (by status time), at most ``limit``, only those
         older than ``before_ns`` when given, in one short write; ``then(conn, deleted)`` runs
         in it (the rows that belong to them: keys, push configs, resume points). Running and
-        waiting tasks are never touched: the statement names the terminal states."""
+        waiting tasks are never touched: the statement names the terminal states; nor is one
+        with a push notification still queued (``a2a_push_outbox``, which must exist)."""
         cutoff = before_ns if before_ns is not None else 2**62
         shared = self.shared
         if shared:
             await self._db.migrate("replicas", [REPLICAS_SCHEMA])
 
         def write(conn: sqlite3.Connection) -> Ended:
-            # Replicas sweep the shared rows too: each takes rows no other sweep holds.
+            # Replicas sweep the shared rows too: each takes rows no other sweep holds. A task
+            # whose push notification is still queued stays until it is sent or given up (the
+            # outbox's expiry bounds that): its receiver would never hear how it ended.
             rows = conn.execute(
                 f"select owner, id, data from a2a_tasks where {_TERMINAL_SQL} "
-                "and updated_at < ? order by updated_at limit ?"
+                "and updated_at < ? and not exists (select 1 from a2a_push_outbox o "
+                "where o.owner = a2a_tasks.owner and o.task_id = a2a_tasks.id) "
+                "order by updated_at limit ?"
                 + (" for update skip locked" if shared else ""),
                 (cutoff, limit),
             ).fetchall()
