@@ -408,3 +408,51 @@ def test_a_board_forgets_the_breakers_of_targets_it_no_longer_has() -> None:
     board.retain(["http://b", "http://c"])
     assert board.states() == {"http://b": "closed"}
     assert board.state("http://a") is BreakerState.CLOSED
+
+
+async def test_a_first_attempt_that_succeeds_skips_the_retry_loop_and_a_failed_one_is_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first attempt runs outside tenacity (its cost is in every delegation); a retryable
+    # failure of it must still be retried, with the same waits and on_retry as before.
+    import mesh._resilience as resilience
+
+    built: list[int] = []
+    real = resilience.AsyncRetrying
+
+    def counting(*args: object, **kwargs: object) -> object:
+        built.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(resilience, "AsyncRetrying", counting)
+    sleeps = Sleeps()
+    policy = RetryPolicy(attempts=3, initial_delay=0.1, jitter=0.0, sleep=sleeps)
+    calls: list[int] = []
+
+    async def ok(n: int) -> str:
+        calls.append(n)
+        return "ok"
+
+    assert await policy.run(ok) == "ok"
+    assert (calls, built, sleeps.delays) == ([1], [], [])
+
+    retries: list[tuple[int, str]] = []
+
+    async def flaky(n: int) -> str:
+        calls.append(n)
+        if n == 1:
+            raise ConnectionRefusedError("first")
+        return "second"
+
+    calls.clear()
+    got = await policy.run(flaky, on_retry=lambda n, exc: retries.append((n, str(exc))))
+    assert got == "second"
+    assert calls == [1, 2]
+    assert retries == [(1, "first")]
+    assert sleeps.delays == pytest.approx([0.1])
+
+    async def refused(n: int) -> str:
+        raise ConnectionRefusedError(f"try {n}")
+
+    with pytest.raises(ConnectionRefusedError, match="try 1"):
+        await RetryPolicy(attempts=1, sleep=sleeps).run(refused)
