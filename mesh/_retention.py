@@ -8,7 +8,8 @@ every ``RetentionPolicy.interval_s``, deletes
   ``tasks_for_s``, then the oldest beyond ``tasks_max``, each with what belongs only to it: the
   idempotency keys of the messages in its history, its push configs and queued deliveries, its
   resume point (normally gone when it ended) and, on PostgreSQL, its runner row; the task's row
-  is its trace row. A task running or waiting for input is never touched;
+  is its trace row. A task running or waiting for input is never touched, nor one whose push
+  notification is still queued and not yet given up (a delivery left past its expiry goes);
 * sessions not updated for ``sessions_for_s``, with their events, except a session whose turn
   runs here now (``SessionLocks``) or whose context has a task that is not terminal or waiting
   on a resume point.

@@ -882,19 +882,24 @@ class SqliteTaskStore(TaskStore):
         """Delete the oldest terminal tasks (by status time), at most ``limit``, only those
         older than ``before_ns`` when given, in one short write; ``then(conn, deleted)`` runs
         in it (the rows that belong to them: keys, push configs, resume points). Running and
-        waiting tasks are never touched: the statement names the terminal states."""
+        waiting tasks are never touched: the statement names the terminal states; nor is one
+        with a push notification still queued (``a2a_push_outbox``, which must exist)."""
         cutoff = before_ns if before_ns is not None else 2**62
         shared = self.shared
         if shared:
             await self._db.migrate("replicas", [REPLICAS_SCHEMA])
 
         def write(conn: sqlite3.Connection) -> Ended:
-            # Replicas sweep the shared rows too: each takes rows no other sweep holds.
+            # Replicas sweep the shared rows too: each takes rows no other sweep holds. A task
+            # whose push notification is still queued stays until it is sent or given up (its
+            # expiry; one past it is what a crash left): its receiver would not hear the end.
             rows = conn.execute(
                 f"select owner, id, data from a2a_tasks where {_TERMINAL_SQL} "
-                "and updated_at < ? order by updated_at limit ?"
+                "and updated_at < ? and not exists (select 1 from a2a_push_outbox o "
+                "where o.owner = a2a_tasks.owner and o.task_id = a2a_tasks.id "
+                "and o.expires_at > ?) order by updated_at limit ?"
                 + (" for update skip locked" if shared else ""),
-                (cutoff, limit),
+                (cutoff, time.time(), limit),
             ).fetchall()
             keys = [(r[0], r[1]) for r in rows]
             conn.executemany(
