@@ -16,6 +16,15 @@ while someone follows it (``mesh._a2a.relay``). A follower on another replica
    and the notification, sent in that row's transaction, is the pointer ``{t, r, s, p}``.
 4. B turns consecutive states into the events its subscriber gets (``mesh._a2a.handler``).
 
+Every notification is signed (HMAC-SHA256, 128 bits, over its channel and payload) with a key
+the first replica stores in table ``mesh_task_feed_key``; one whose signature does not check is
+dropped. PostgreSQL grants CONNECT on a database to every role by default, and any connected
+role may NOTIFY on any channel without a privilege on a table: unsigned, such a role fed a
+follower states of its own making (a forged COMPLETED with its artifacts) and made a runner
+publish any task it named. A role that may read the agent's tables can read the key (and the
+tasks themselves). Notifications are not encrypted: a connected role that LISTENs still hears
+the states whole (docs/production.md: revoke CONNECT from PUBLIC).
+
 NOTIFY is not durable. B keeps polling the stored task every ``POLL_S`` (a settled state
 ends the follow whatever was missed) and every ``FOLLOW_EVERY_S`` while its LISTEN connection
 is down; B's follow requests are sent again when that connection comes back.
@@ -27,8 +36,11 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -60,6 +72,13 @@ ACK_S = 3.0
 POLL_S = 2.0
 #: States not published yet, at most (past this they are dropped: a follower's poll ends it).
 MAX_QUEUED = 10_000
+#: Tasks followed from elsewhere a replica remembers at most (the oldest lease goes first).
+MAX_LEASES = 1024
+#: States heard and not yet read, per follower, at most (past this the oldest is dropped: the
+#: follower goes on from a later state, and its poll ends it whatever it missed).
+MAX_INBOX = 1000
+# Hex digits of a notification's signature (128 bits), in front of its payload.
+_MAC = 32
 # Rows of mesh_task_feed outlive their notification by this long (a follower reads them at once).
 _KEEP_S = 60.0
 
@@ -75,6 +94,13 @@ create table if not exists mesh_task_feed (
 );
 create index if not exists mesh_task_feed_at on mesh_task_feed (at);
 """
+# Version 2: the replicas' signing key (one row; readable by the agent's role only).
+_KEY_SCHEMA = """
+create table if not exists mesh_task_feed_key (
+    id integer primary key,
+    key text not null
+);
+"""
 
 # A queued state of a task followed elsewhere: (owner, task id, seq, data).
 _Queued = tuple[str, str, int, bytes]
@@ -86,9 +112,10 @@ class TaskFeed:
     """Both sides of following tasks across replicas (module docstring). Opened and closed
     with the node's A2A service (its lifespan): ``await TaskFeed.open(db, url)``."""
 
-    def __init__(self, db: Database, listener: PgListener) -> None:
+    def __init__(self, db: Database, listener: PgListener, key: bytes) -> None:
         self._db = db
         self.listener = listener
+        self._key = key
         #: This process among the replicas (ties a pointer to its row).
         self.id = uuid.uuid4().hex[:12]
         # Runner side: task id -> end of its lease (monotonic); the queue the sender drains.
@@ -109,12 +136,24 @@ class TaskFeed:
     async def open(cls, db: Database, url: str) -> TaskFeed:
         from mesh._pg_notify import PgListener
 
-        await db.migrate("task_feed", [_SCHEMA])
+        await db.migrate("task_feed", [_SCHEMA, _KEY_SCHEMA])
+        fresh = secrets.token_hex(32)
+
+        def key(conn: Any) -> str:
+            # The first replica's key is everyone's.
+            conn.execute(
+                "insert into mesh_task_feed_key (id, key) values (1, ?) on conflict do nothing",
+                (fresh,),
+            )
+            return str(
+                conn.execute("select key from mesh_task_feed_key where id = 1").fetchone()[0]
+            )
+
         # Rows are deleted by the next pointer written after their minute; a quiet replica's
         # last ones go here.
         old = time.time() - _KEEP_S
         await db.write(lambda conn: conn.execute("delete from mesh_task_feed where at < ?", (old,)))
-        feed = cls(db, PgListener(url, name="mesh-task-feed"))
+        feed = cls(db, PgListener(url, name="mesh-task-feed"), (await db.write(key)).encode())
         feed.listener.on(STATES, feed._heard_state)
         feed.listener.on(FOLLOW, feed._heard_follow)
         feed.listener.on_reconnect(feed._ask_again)
@@ -129,6 +168,24 @@ class TaskFeed:
                 await self._sender
             self._sender = None
         await self.listener.aclose()
+
+    # -- signatures --------------------------------------------------------------------------
+    def _mac(self, channel: str, payload: str) -> str:
+        message = channel.encode() + b"\0" + payload.encode()
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()[:_MAC]
+
+    def _signed(self, payload: str, channel: str = STATES) -> str:
+        """``payload`` as sent on ``channel``: its signature, then itself."""
+        return self._mac(channel, payload) + payload
+
+    def _verified(self, message: str, channel: str) -> str | None:
+        """The payload of a notification heard on ``channel``; None unless its signature
+        checks (not one of the replicas': dropped)."""
+        payload = message[_MAC:]
+        if hmac.compare_digest(message[:_MAC], self._mac(channel, payload)):
+            return payload
+        log.debug("a notification on %s not signed by a replica: dropped", channel)
+        return None
 
     # -- the replica that runs the task ------------------------------------------------------
     def wanted(self, task_id: str) -> bool:
@@ -155,16 +212,23 @@ class TaskFeed:
                     self._dropped,
                 )
 
-    def _heard_follow(self, payload: str) -> None:
+    def _heard_follow(self, message: str) -> None:
+        payload = self._verified(message, FOLLOW)
+        if payload is None:
+            return
         try:
             said = json.loads(payload)
             task_id, owner = str(said["t"]), str(said["o"])
         except (ValueError, KeyError, TypeError):
             return
         now = time.monotonic()
-        if len(self._leases) > 1024:  # every replica hears every request: forget the old
-            self._leases = {t: until for t, until in self._leases.items() if until >= now}
-        self._leases[task_id] = now + LEASE_S
+        leases = self._leases
+        if len(leases) >= MAX_LEASES:  # every replica hears every request: forget the old
+            self._leases = leases = {t: until for t, until in leases.items() if until >= now}
+        leases.pop(task_id, None)  # renewed: the newest again
+        while len(leases) >= MAX_LEASES:
+            del leases[next(iter(leases))]
+        leases[task_id] = now + LEASE_S
         data = self.live_state(owner, task_id)
         if data is not None:  # runs here: its follower starts from the live state
             self.publish(owner, task_id, data)
@@ -172,8 +236,10 @@ class TaskFeed:
     async def _send(self) -> None:
         while True:
             owner, task_id, seq, data = await self._queue.get()
-            whole = json.dumps(
-                {"t": task_id, "r": self.id, "s": seq, "d": base64.b64encode(data).decode()}
+            whole = self._signed(
+                json.dumps(
+                    {"t": task_id, "r": self.id, "s": seq, "d": base64.b64encode(data).decode()}
+                )
             )
             if len(whole) <= _max_payload():
                 if await self.listener.notify(STATES, whole):
@@ -188,7 +254,7 @@ class TaskFeed:
     def _pointer(self, owner: str, task_id: str, seq: int, data: bytes) -> Callable[[Any], None]:
         """The write that stores a state too big for a notification, and notifies its
         pointer (delivered when the write commits: the row is there to be read)."""
-        pointer = json.dumps({"t": task_id, "r": self.id, "s": seq, "p": 1})
+        pointer = self._signed(json.dumps({"t": task_id, "r": self.id, "s": seq, "p": 1}))
         now = time.time()
         row = (self.id, seq, owner, task_id, now, data)
 
@@ -208,7 +274,7 @@ class TaskFeed:
     async def watch(self, owner: str, task_id: str) -> AsyncIterator[asyncio.Queue[_Heard]]:
         """An inbox of the states of ``task_id`` published from now on, while the block runs;
         the follow request is sent now and renewed every ``RENEW_S``."""
-        inbox: asyncio.Queue[_Heard] = asyncio.Queue()
+        inbox: asyncio.Queue[_Heard] = asyncio.Queue(MAX_INBOX)
         self._inboxes.setdefault(task_id, {})[inbox] = owner
         renew = asyncio.create_task(self._renew(owner, task_id))
         try:
@@ -254,7 +320,7 @@ class TaskFeed:
         return None if row is None else bytes(row[0])
 
     async def _renew(self, owner: str, task_id: str) -> None:
-        request = json.dumps({"t": task_id, "o": owner, "r": self.id})
+        request = self._signed(json.dumps({"t": task_id, "o": owner, "r": self.id}), FOLLOW)
         while True:
             await self.listener.notify(FOLLOW, request)
             await asyncio.sleep(RENEW_S)
@@ -263,14 +329,17 @@ class TaskFeed:
         """After a reconnect: the runner may have missed a request, send them all now."""
         for task_id, inboxes in self._inboxes.items():
             for owner in set(inboxes.values()):
-                request = json.dumps({"t": task_id, "o": owner, "r": self.id})
+                request = self._signed(json.dumps({"t": task_id, "o": owner, "r": self.id}), FOLLOW)
                 asking = asyncio.get_running_loop().create_task(
                     self.listener.notify(FOLLOW, request)
                 )
                 self._asking.add(asking)
                 asking.add_done_callback(self._asking.discard)
 
-    def _heard_state(self, payload: str) -> None:
+    def _heard_state(self, message: str) -> None:
+        payload = self._verified(message, STATES)
+        if payload is None:
+            return
         try:
             said = json.loads(payload)
             inboxes = self._inboxes.get(str(said["t"]))
@@ -285,6 +354,8 @@ class TaskFeed:
             log.warning("a task state notification that is not ours: %.100r", payload)
             return
         for inbox in inboxes:
+            if inbox.full():  # a follower that reads slowly: it goes on from a later state
+                inbox.get_nowait()
             inbox.put_nowait(heard)
 
 
