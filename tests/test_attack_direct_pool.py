@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
+import trustme
 
+from mesh._netguard import AddressRefused, GuardedBackend
+from mesh._netpolicy import NetworkPolicy
 from mesh._pool import DirectPool
+from mesh._tls import trust, trusted_ca, verify_failure
 from tests.support import eventually
 
 pytestmark = pytest.mark.integration
@@ -308,3 +314,69 @@ async def test_calls_past_the_limit_wait_and_time_out_as_pool_timeouts() -> None
             await stuck
         await eventually(lambda: silent.open == 0)  # the cancelled call hung up
         assert pool._idle == []
+
+
+async def test_a_certificate_for_another_host_is_refused(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    bundle = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(bundle))
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("other.example").configure_cert(served)  # not 127.0.0.1, not localhost
+    state = ScriptedServer(lambda n: (OK, False))
+    server = await asyncio.start_server(state.serve, "127.0.0.1", 0, ssl=served)
+    port = server.sockets[0].getsockname()[1]
+    before = trusted_ca()
+    trust(bundle)
+    try:
+        async with direct() as pool:
+            with pytest.raises(httpx.ConnectError) as caught:
+                await pool.post(
+                    httpx.URL(f"https://127.0.0.1:{port}/"),
+                    [],
+                    b"{}",
+                    timeout=5.0,
+                    connect_timeout=5.0,
+                    max_bytes=1000,
+                    too_large=TooLarge,
+                )
+            assert verify_failure(caught.value) is not None
+            assert state.requests == []
+    finally:
+        trust(before)
+        server.close()
+        for writer in state.writers:
+            writer.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_each_new_connection_goes_only_where_the_network_policy_allows(host: str) -> None:
+    # DirectPool bypasses httpcore: the guard must still decide, after DNS, per connection.
+    async with scripted(lambda n: (OK, False)) as server:
+        allowed = DirectPool(
+            GuardedBackend(NetworkPolicy.parse("127.0.0.0/8")),
+            max_connections=4,
+            keepalive_expiry=30.0,
+        )
+        refused = DirectPool(
+            GuardedBackend(NetworkPolicy.parse("10.0.0.0/8")),
+            max_connections=4,
+            keepalive_expiry=30.0,
+        )
+        url = httpx.URL(f"http://{host}:{server.port}/")
+        args: dict[str, object] = {
+            "timeout": 5.0,
+            "connect_timeout": 5.0,
+            "max_bytes": 1000,
+            "too_large": TooLarge,
+        }
+        try:
+            with pytest.raises(httpx.ConnectError) as caught:
+                await refused.post(url, [], b"{}", **args)  # type: ignore[arg-type]
+            assert isinstance(caught.value.__cause__, AddressRefused)
+            assert server.requests == []
+            if host == "127.0.0.1":
+                assert await allowed.post(url, [], b"{}", **args) == (200, b"real")  # type: ignore[arg-type]
+        finally:
+            await allowed.aclose()
+            await refused.aclose()
