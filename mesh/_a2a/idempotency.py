@@ -53,6 +53,7 @@ from a2a.types import (
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
 from a2a.utils.task import apply_history_length
 
+from mesh._a2a.known_keys import KnownKeys
 from mesh._a2a.states import SETTLED_STATES
 from mesh._a2a.store import SqliteTaskStore
 from mesh._sqlite import Database
@@ -164,10 +165,20 @@ class IdempotencyKeys:
         self.shared = db is not None and store is not None and store.shared
         # This process's claim marks of keys whose task is not recorded yet.
         self._marks: dict[MessageKey, str] = {}
+        # SQLite, one process: the keys the file may hold, so a new message skips the read.
+        self._known: KnownKeys | None = None
 
     async def initialize(self) -> None:
         if self._db is not None:
             await self._db.ensure_schema("a2a_message_keys", _SCHEMA)
+        if self._db is not None and self._db.dialect == "sqlite":  # one process writes it
+
+            def scan(conn: sqlite3.Connection) -> KnownKeys:
+                (count,) = conn.execute("select count(*) from a2a_message_keys").fetchone()
+                rows = conn.execute("select owner, caller, message_id from a2a_message_keys")
+                return KnownKeys(map(tuple, rows), expected=int(count))
+
+            self._known = await self._db.read(scan)
 
     async def claim(self, key: MessageKey) -> str | None:
         """The task id of an already accepted message, or None: the caller now owns ``key``
@@ -194,6 +205,8 @@ class IdempotencyKeys:
     async def _read(self, key: MessageKey) -> str | None:
         if self._db is None:
             return self._memory.get(key)
+        if self._known is not None and key not in self._known:
+            return None  # never recorded in this file: no trip to the database thread
 
         def read(conn: sqlite3.Connection) -> Any:
             return conn.execute(_SELECT, key).fetchone()
@@ -253,6 +266,8 @@ class IdempotencyKeys:
             return
         row = (*key, task_id)
         mark = self._marks.pop(key, None)
+        if self._known is not None:
+            self._known.add(key)  # before the write is queued: a duplicate now reads it
 
         def insert(conn: sqlite3.Connection) -> None:
             if mark is not None:
