@@ -19,15 +19,24 @@ transaction, naming the agent and the instances it touched; every replica listen
 ``last_heartbeat_at`` and sends nothing (at 10,000 instances that would be 2,000 notifications
 a second, each taking PostgreSQL's notify lock at commit: docs/performance.md); the full reload
 every ``refresh_s`` brings heartbeat times (the prober's TTL reads them) and anything a lost
-notification missed, and so does a reload each time the LISTEN connection comes back."""
+notification missed, and so does a reload each time the LISTEN connection comes back.
+
+Each notification is signed (HMAC-SHA256, 128 bits) with a key the first replica stores in
+``registry_notify_key`` (readable by the registry's role only), and one whose signature does not
+check is dropped: PostgreSQL grants CONNECT to every role by default and a connected role may
+NOTIFY any channel, so before, any role could make every replica reload its whole view as often
+as it liked."""
 
 from __future__ import annotations
 
 import asyncio
 import bisect
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
+import secrets
 import sqlite3
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -91,6 +100,16 @@ REFRESH_S = 5.0
 # A notification's payload limit (mesh._pg_notify.MAX_PAYLOAD; not imported: SQLite
 # registries load no psycopg).
 _MAX_PAYLOAD = 7900
+# Hex digits of a notification's signature, in front of its payload.
+_MAC = 32
+# The replicas' signing key (one row), a component of its own (the registry's tables are
+# version 1 of "registry").
+_KEY_SCHEMA = """
+create table if not exists registry_notify_key (
+    id integer primary key,
+    key text not null
+);
+"""
 
 
 def _instance(row: sqlite3.Row) -> InstanceRecord:
@@ -246,6 +265,7 @@ class SqliteRegistryStore:
         # instances other writes touched (agent -> ids) not read again yet, and the task that
         # reads them (and reloads every refresh_s).
         self._channel: str | None = None
+        self._key = b""
         self._listener: PgListener | None = None
         self._touched: dict[str, set[str]] = {}
         self._reload_due = False
@@ -268,12 +288,19 @@ class SqliteRegistryStore:
         if self._channel is None:
             return
         payload = json.dumps({"a": agent, "i": sorted(ids)})
-        if len(payload.encode()) > _MAX_PAYLOAD:
+        if len(payload.encode()) + _MAC > _MAX_PAYLOAD:
             payload = json.dumps({"reload": True})
-        conn.execute("select pg_notify(?, ?)", (self._channel, payload))
+        conn.execute("select pg_notify(?, ?)", (self._channel, self._mac(payload) + payload))
 
-    def _heard(self, payload: str) -> None:
+    def _mac(self, payload: str) -> str:
+        return hmac.new(self._key, payload.encode(), hashlib.sha256).hexdigest()[:_MAC]
+
+    def _heard(self, message: str) -> None:
         """A notification of ``CHANNEL``: read what it names again, soon (``_follow_db``)."""
+        payload = message[_MAC:]
+        if not hmac.compare_digest(message[:_MAC], self._mac(payload)):
+            log.debug("a registry notification not signed by a replica: dropped")
+            return
         try:
             said = json.loads(payload)
             if said.get("reload"):
@@ -400,6 +427,19 @@ class SqliteRegistryStore:
         listener.on_reconnect(store._must_reload)
         try:
             await db.ensure_schema("registry", _SCHEMA)
+            await db.migrate("registry_notify", [_KEY_SCHEMA])
+            fresh = secrets.token_hex(32)
+
+            def key(conn: sqlite3.Connection) -> str:
+                # The first replica's key is everyone's.
+                conn.execute(
+                    "insert into registry_notify_key (id, key) values (1, ?) "
+                    "on conflict do nothing",
+                    (fresh,),
+                )
+                return str(conn.execute("select key from registry_notify_key").fetchone()[0])
+
+            store._key = (await db.write(key)).encode()
             # Listening before the load: a write committed after it is heard.
             await listener.start()
             store._listener = listener
