@@ -32,17 +32,15 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
-import secrets
 import sqlite3
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from mesh._discovery.base import Status
+from mesh._notify_signing import MAC_CHARS, NotifySigner, key_schema, shared_key
 from mesh._sqlite import Database
 from registry.card import agent_record
 from registry.store import (
@@ -100,16 +98,9 @@ REFRESH_S = 5.0
 # A notification's payload limit (mesh._pg_notify.MAX_PAYLOAD; not imported: SQLite
 # registries load no psycopg).
 _MAX_PAYLOAD = 7900
-# Hex digits of a notification's signature, in front of its payload.
-_MAC = 32
-# The replicas' signing key (one row), a component of its own (the registry's tables are
-# version 1 of "registry").
-_KEY_SCHEMA = """
-create table if not exists registry_notify_key (
-    id integer primary key,
-    key text not null
-);
-"""
+# The replicas' signing key (one row, mesh._notify_signing), a component of its own (the
+# registry's tables are version 1 of "registry").
+_KEY_TABLE = "registry_notify_key"
 
 
 def _instance(row: sqlite3.Row) -> InstanceRecord:
@@ -265,7 +256,8 @@ class SqliteRegistryStore:
         # instances other writes touched (agent -> ids) not read again yet, and the task that
         # reads them (and reloads every refresh_s).
         self._channel: str | None = None
-        self._key = b""
+        # Signs over the payload alone (one channel): as notifications were signed before.
+        self._signer = NotifySigner(b"", bind_channel=False)
         self._listener: PgListener | None = None
         self._touched: dict[str, set[str]] = {}
         self._reload_due = False
@@ -288,18 +280,16 @@ class SqliteRegistryStore:
         if self._channel is None:
             return
         payload = json.dumps({"a": agent, "i": sorted(ids)})
-        if len(payload.encode()) + _MAC > _MAX_PAYLOAD:
+        if len(payload.encode()) + MAC_CHARS > _MAX_PAYLOAD:
             payload = json.dumps({"reload": True})
-        conn.execute("select pg_notify(?, ?)", (self._channel, self._mac(payload) + payload))
-
-    def _mac(self, payload: str) -> str:
-        return hmac.new(self._key, payload.encode(), hashlib.sha256).hexdigest()[:_MAC]
+        conn.execute(
+            "select pg_notify(?, ?)", (self._channel, self._signer.sign(self._channel, payload))
+        )
 
     def _heard(self, message: str) -> None:
         """A notification of ``CHANNEL``: read what it names again, soon (``_follow_db``)."""
-        payload = message[_MAC:]
-        if not hmac.compare_digest(message[:_MAC], self._mac(payload)):
-            log.debug("a registry notification not signed by a replica: dropped")
+        payload = self._signer.verify(CHANNEL, message)
+        if payload is None:
             return
         try:
             said = json.loads(payload)
@@ -427,19 +417,8 @@ class SqliteRegistryStore:
         listener.on_reconnect(store._must_reload)
         try:
             await db.ensure_schema("registry", _SCHEMA)
-            await db.migrate("registry_notify", [_KEY_SCHEMA])
-            fresh = secrets.token_hex(32)
-
-            def key(conn: sqlite3.Connection) -> str:
-                # The first replica's key is everyone's.
-                conn.execute(
-                    "insert into registry_notify_key (id, key) values (1, ?) "
-                    "on conflict do nothing",
-                    (fresh,),
-                )
-                return str(conn.execute("select key from registry_notify_key").fetchone()[0])
-
-            store._key = (await db.write(key)).encode()
+            await db.migrate("registry_notify", [key_schema(_KEY_TABLE)])
+            store._signer = NotifySigner(await shared_key(db, _KEY_TABLE), bind_channel=False)
             # Listening before the load: a write committed after it is heard.
             await listener.start()
             store._listener = listener

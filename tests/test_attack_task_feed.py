@@ -107,7 +107,9 @@ async def test_a_flood_of_follow_requests_keeps_the_leases_bounded(
 ) -> None:
     # Every replica hears every follow request; each names a task for LEASE_S seconds.
     for n in range(3 * task_feed.MAX_LEASES):
-        feed._heard_follow(feed._signed(json.dumps({"t": f"t-{n}", "o": "", "r": "x"}), FOLLOW))
+        feed._heard_follow(
+            feed._signer.sign(FOLLOW, json.dumps({"t": f"t-{n}", "o": "", "r": "x"}))
+        )
     assert len(feed._leases) == task_feed.MAX_LEASES
     assert feed.wanted(f"t-{3 * task_feed.MAX_LEASES - 1}")  # the newest kept
 
@@ -118,7 +120,7 @@ async def test_a_follower_that_reads_slowly_holds_a_bounded_inbox(feed: TaskFeed
     async with feed.watch("", task_id) as inbox:
         for n in range(3 * task_feed.MAX_INBOX):
             feed._heard_state(
-                feed._signed(json.dumps({"t": task_id, "r": "x", "s": n, "d": state}))
+                feed._signer.sign(STATES, json.dumps({"t": task_id, "r": "x", "s": n, "d": state}))
             )
         assert inbox.qsize() <= task_feed.MAX_INBOX
         # The newest state is kept (the oldest were dropped): the follower ends on it.

@@ -36,11 +36,8 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -49,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from a2a.types import Task
 from google.protobuf.message import DecodeError
 
+from mesh._notify_signing import NotifySigner, key_schema, shared_key
 from mesh._sqlite import Database
 
 if TYPE_CHECKING:
@@ -77,8 +75,6 @@ MAX_LEASES = 1024
 #: States heard and not yet read, per follower, at most (past this the oldest is dropped: the
 #: follower goes on from a later state, and its poll ends it whatever it missed).
 MAX_INBOX = 1000
-# Hex digits of a notification's signature (128 bits), in front of its payload.
-_MAC = 32
 # Rows of mesh_task_feed outlive their notification by this long (a follower reads them at once).
 _KEEP_S = 60.0
 
@@ -95,12 +91,7 @@ create table if not exists mesh_task_feed (
 create index if not exists mesh_task_feed_at on mesh_task_feed (at);
 """
 # Version 2: the replicas' signing key (one row; readable by the agent's role only).
-_KEY_SCHEMA = """
-create table if not exists mesh_task_feed_key (
-    id integer primary key,
-    key text not null
-);
-"""
+_KEY_TABLE = "mesh_task_feed_key"
 
 # A queued state of a task followed elsewhere: (owner, task id, seq, data).
 _Queued = tuple[str, str, int, bytes]
@@ -115,7 +106,7 @@ class TaskFeed:
     def __init__(self, db: Database, listener: PgListener, key: bytes) -> None:
         self._db = db
         self.listener = listener
-        self._key = key
+        self._signer = NotifySigner(key)
         #: This process among the replicas (ties a pointer to its row).
         self.id = uuid.uuid4().hex[:12]
         # Runner side: task id -> end of its lease (monotonic); the queue the sender drains.
@@ -136,24 +127,12 @@ class TaskFeed:
     async def open(cls, db: Database, url: str) -> TaskFeed:
         from mesh._pg_notify import PgListener
 
-        await db.migrate("task_feed", [_SCHEMA, _KEY_SCHEMA])
-        fresh = secrets.token_hex(32)
-
-        def key(conn: Any) -> str:
-            # The first replica's key is everyone's.
-            conn.execute(
-                "insert into mesh_task_feed_key (id, key) values (1, ?) on conflict do nothing",
-                (fresh,),
-            )
-            return str(
-                conn.execute("select key from mesh_task_feed_key where id = 1").fetchone()[0]
-            )
-
+        await db.migrate("task_feed", [_SCHEMA, key_schema(_KEY_TABLE)])
         # Rows are deleted by the next pointer written after their minute; a quiet replica's
         # last ones go here.
         old = time.time() - _KEEP_S
         await db.write(lambda conn: conn.execute("delete from mesh_task_feed where at < ?", (old,)))
-        feed = cls(db, PgListener(url, name="mesh-task-feed"), (await db.write(key)).encode())
+        feed = cls(db, PgListener(url, name="mesh-task-feed"), await shared_key(db, _KEY_TABLE))
         feed.listener.on(STATES, feed._heard_state)
         feed.listener.on(FOLLOW, feed._heard_follow)
         feed.listener.on_reconnect(feed._ask_again)
@@ -168,24 +147,6 @@ class TaskFeed:
                 await self._sender
             self._sender = None
         await self.listener.aclose()
-
-    # -- signatures --------------------------------------------------------------------------
-    def _mac(self, channel: str, payload: str) -> str:
-        message = channel.encode() + b"\0" + payload.encode()
-        return hmac.new(self._key, message, hashlib.sha256).hexdigest()[:_MAC]
-
-    def _signed(self, payload: str, channel: str = STATES) -> str:
-        """``payload`` as sent on ``channel``: its signature, then itself."""
-        return self._mac(channel, payload) + payload
-
-    def _verified(self, message: str, channel: str) -> str | None:
-        """The payload of a notification heard on ``channel``; None unless its signature
-        checks (not one of the replicas': dropped)."""
-        payload = message[_MAC:]
-        if hmac.compare_digest(message[:_MAC], self._mac(channel, payload)):
-            return payload
-        log.debug("a notification on %s not signed by a replica: dropped", channel)
-        return None
 
     # -- the replica that runs the task ------------------------------------------------------
     def wanted(self, task_id: str) -> bool:
@@ -213,7 +174,7 @@ class TaskFeed:
                 )
 
     def _heard_follow(self, message: str) -> None:
-        payload = self._verified(message, FOLLOW)
+        payload = self._signer.verify(FOLLOW, message)
         if payload is None:
             return
         try:
@@ -236,10 +197,11 @@ class TaskFeed:
     async def _send(self) -> None:
         while True:
             owner, task_id, seq, data = await self._queue.get()
-            whole = self._signed(
+            whole = self._signer.sign(
+                STATES,
                 json.dumps(
                     {"t": task_id, "r": self.id, "s": seq, "d": base64.b64encode(data).decode()}
-                )
+                ),
             )
             if len(whole) <= _max_payload():
                 if await self.listener.notify(STATES, whole):
@@ -254,7 +216,9 @@ class TaskFeed:
     def _pointer(self, owner: str, task_id: str, seq: int, data: bytes) -> Callable[[Any], None]:
         """The write that stores a state too big for a notification, and notifies its
         pointer (delivered when the write commits: the row is there to be read)."""
-        pointer = self._signed(json.dumps({"t": task_id, "r": self.id, "s": seq, "p": 1}))
+        pointer = self._signer.sign(
+            STATES, json.dumps({"t": task_id, "r": self.id, "s": seq, "p": 1})
+        )
         now = time.time()
         row = (self.id, seq, owner, task_id, now, data)
 
@@ -320,7 +284,7 @@ class TaskFeed:
         return None if row is None else bytes(row[0])
 
     async def _renew(self, owner: str, task_id: str) -> None:
-        request = self._signed(json.dumps({"t": task_id, "o": owner, "r": self.id}), FOLLOW)
+        request = self._signer.sign(FOLLOW, json.dumps({"t": task_id, "o": owner, "r": self.id}))
         while True:
             await self.listener.notify(FOLLOW, request)
             await asyncio.sleep(RENEW_S)
@@ -329,7 +293,9 @@ class TaskFeed:
         """After a reconnect: the runner may have missed a request, send them all now."""
         for task_id, inboxes in self._inboxes.items():
             for owner in set(inboxes.values()):
-                request = self._signed(json.dumps({"t": task_id, "o": owner, "r": self.id}), FOLLOW)
+                request = self._signer.sign(
+                    FOLLOW, json.dumps({"t": task_id, "o": owner, "r": self.id})
+                )
                 asking = asyncio.get_running_loop().create_task(
                     self.listener.notify(FOLLOW, request)
                 )
@@ -337,7 +303,7 @@ class TaskFeed:
                 asking.add_done_callback(self._asking.discard)
 
     def _heard_state(self, message: str) -> None:
-        payload = self._verified(message, STATES)
+        payload = self._signer.verify(STATES, message)
         if payload is None:
             return
         try:
