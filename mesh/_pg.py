@@ -32,9 +32,13 @@ Connections: writes and reads are served apart.
   writes queued together share one transaction, so a second writer would only split the
   commits. A writer taken from the pool per batch measured the same CPU and round trips, and
   would wait behind busy readers for a connection (docs/performance.md, "On PostgreSQL"). A
-  writer connection the server dropped is opened again (``PgConnection``). The savepoint ``Database`` puts around each write
-  of a batch, and its release, are not sent on their own: they go in one psycopg pipeline with
-  the statement after them (a task on a shared database took 15 round trips, now 7).
+  writer connection the server dropped is opened again (``PgConnection``). A batch's
+  statements go in one psycopg pipeline, sent when a result is needed: a batch of two writes or
+  more is first sent whole, without savepoints, and only when something in it fails is it
+  rolled back and run again write by write in savepoints (``PgDatabase._run_batch``), so a
+  write's function may run twice on PostgreSQL (the stores' do SQL and return what they read;
+  what they change in memory they change after the await). A typed task on a shared database
+  took 15 round trips, then 7, now about 2 (docs/performance.md, "On PostgreSQL").
 - Reads (``read``, ``ping``) go to a ``psycopg_pool.ConnectionPool`` served by as many reader
   threads as it has connections at most (``MESH_PG_POOL_MIN`` / ``MESH_PG_POOL_MAX``, 1 and 4),
   so a ``GetTask``, ``ListTasks`` or session read never waits behind a write batch or a slow
@@ -54,6 +58,7 @@ import asyncio
 import contextlib
 import functools
 import re
+import select
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
@@ -66,7 +71,7 @@ from psycopg import pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from mesh._errors import StoreError
-from mesh._sqlite import _COMPONENT, Database
+from mesh._sqlite import _COMPONENT, Database, _Op, _Outcome
 
 __all__ = ["PgDatabase", "is_postgres_url", "redacted"]
 
@@ -156,17 +161,53 @@ def _row_factory(cursor: psycopg.Cursor[Any]) -> Callable[[Sequence[Any]], _Row]
     return make
 
 
+class _Cursor(psycopg.Cursor[Any]):
+    """A cursor whose ``rowcount`` waits for its statement's result in pipeline mode, as its
+    ``fetch*`` methods do (psycopg's would read -1 until the pipeline is synced)."""
+
+    @property
+    def rowcount(self) -> int:
+        self._fetch_pipeline()
+        return self._rowcount
+
+    #: The ``PgConnection`` that sent it in a pipeline (None otherwise).
+    owner: PgConnection | None = None
+
+    def _fetch_pipeline(self) -> None:
+        if self.owner is not None:  # a store reads a result (counted even if it fails)
+            self.owner.reads += 1
+        if self.pgresult is None and self._conn._pipeline is not None:
+            PgConnection.round_trips += 1  # a flush, and the wait for this result
+            super()._fetch_pipeline()
+
+
 class PgConnection:
     """The part of ``sqlite3.Connection`` the stores use, over a psycopg connection in
     autocommit mode (``Database`` runs ``begin`` / savepoints / ``commit`` itself).
 
+    Round trips: inside a transaction the statements go in one psycopg pipeline, sent when
+    something needs an answer. A statement whose result a store reads (``fetch*``,
+    ``rowcount``) sends what is queued and waits for that result; the end of a write
+    (``release op``) waits only when the write left results nobody read, so its errors are
+    raised inside the write (``Database`` then rolls back to its savepoint, as on SQLite);
+    ``commit`` sends what is left and waits. ``begin``, the savepoints and a store's
+    statements thus share trips: a claim (insert, read its row count, commit) is two, where
+    one statement per trip was five (docs/performance.md, "On PostgreSQL").
+
     A connection the server dropped (a restart, a failover, an idle timeout) is opened again
-    when a statement outside a transaction finds it gone, and that statement is sent once more:
-    outside a transaction nothing was done (the stores write only between ``begin`` and
-    ``commit``). Lost inside a transaction, the transaction fails: its writes are not retried.
-    Over a pool's connection (``raw``, a reader's) nothing is opened again here: the pool
-    replaces it (``PgDatabase.read``).
+    when a statement outside a transaction, or ``begin``, finds it gone, and that statement is
+    sent once more: outside a transaction nothing was done (the stores write only between
+    ``begin`` and ``commit``). ``begin`` rides in the pipeline of the statements after it
+    unless the idle connection has something to read (the server's goodbye: it is sent on
+    its own, where a loss is seen and the connection opened again). Lost inside a
+    transaction, the transaction fails: its writes are not retried. Over a pool's connection
+    (``raw``, a reader's) nothing is opened again here: the pool replaces it
+    (``PgDatabase.read``).
     """
+
+    #: Round trips to the server on writer connections, since the process started (the bench's
+    #: ``BENCH_COUNT_PG``): a statement sent alone, a pipeline synced or flushed for a result.
+    round_trips = 0
 
     def __init__(self, url: str, raw: psycopg.Connection[Any] | None = None) -> None:
         self._url = url
@@ -175,19 +216,35 @@ class PgConnection:
         self._tx = False
         #: Connections opened again after a loss (tests).
         self.reconnects = 0
-        # ``Database``'s savepoint around each write, and its release, sent with the statement
-        # that follows them in one pipeline (one round trip instead of two or three).
-        self._deferred: list[str] = []
+        # The transaction's pipeline (None outside one) and whether statements were sent in
+        # it since the last wait for their results.
+        self._pipe: psycopg.Pipeline | None = None
+        self._pipe_cm: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None
+        self._unread = False
+        #: False while ``PgDatabase._run_batch`` checks the writes' outcomes itself: the end of
+        #: a write then waits for nothing.
+        self.checked = True
+        #: The stores' statements sent in the transaction's pipeline, in order, and results a
+        #: store waited for and got (``PgDatabase._run_batch``).
+        self.sent: list[_Cursor] = []
+        self.reads = 0
 
     def execute(self, sql: str, params: Iterable[Any] = ()) -> psycopg.Cursor[Any]:
-        if sql in _DEFERRABLE and self._tx and not self.raw.closed:
-            self._deferred.append(sql)
-            return self.raw.cursor()
+        if self._pipe is not None:
+            if not self.raw.closed:
+                return self._in_pipeline(sql, params)
+            self._drop_pipeline()  # lost mid-transaction: below, as without a pipeline
         if sql == "begin immediate":  # SQLite's write lock up front; PostgreSQL locks rows
             sql = "begin"
+        if sql == "begin" and self._owned and not self.raw.closed and not _readable(self.raw):
+            self._tx = True
+            # Held: the pipeline ends when its context manager is closed (or collected).
+            self._pipe_cm = self.raw.pipeline()
+            self._pipe = self._pipe_cm.__enter__()
+            self._send("begin", None)
+            self.sent = []
+            return self.raw.cursor()
         query, args = translate(sql), tuple(params) or None
-        if self._deferred:
-            return self._run_with_deferred(query, args, sql)
         if sql in ("commit", "rollback"):
             self._tx = False
         elif sql == "begin":
@@ -207,47 +264,150 @@ class PgConnection:
             self._reopen()
             return self._run(query, args)
 
-    def _run_with_deferred(
-        self, query: str, args: tuple[Any, ...] | None, sql: str
-    ) -> psycopg.Cursor[Any]:
-        """The deferred savepoint statements, then ``query``, in one pipeline (inside a
-        transaction: a lost connection fails it, as ``execute`` would)."""
-        deferred, self._deferred = self._deferred, []
+    def _in_pipeline(self, sql: str, params: Iterable[Any]) -> psycopg.Cursor[Any]:
+        """``sql`` inside the transaction's pipeline (see the class's doc)."""
         if sql in ("commit", "rollback"):
             self._tx = False
-        with self.raw.pipeline():
-            for statement in deferred:
-                self.raw.execute(statement)
-            cur = self._run(query, args)
+            self._send(sql, None)
+            self._end_pipeline()
+            return self.raw.cursor()
+        if sql == "rollback to op":
+            if self.checked:  # out of an aborted pipeline (the error was raised)
+                self._sync(raising=False)
+            self._send(sql, None)
+            return self.raw.cursor()
+        if sql == "release op":
+            self._send(sql, None)
+            if self._unread and self.checked:  # the write's statements may have failed
+                self._sync(raising=True)
+            return self.raw.cursor()
+        if sql == "savepoint op":
+            self._send(sql, None)
+            return self.raw.cursor()
+        cur = self._send(translate(sql), tuple(params) or None)
+        cur.owner = self
+        self.sent.append(cur)
+        self._unread = True
         return cur
 
+    def settle(self) -> Exception | None:
+        """Wait for every answer to what was sent in the pipeline; the first error, if any
+        (not raised: the pipeline is usable again after it)."""
+        self._unread = False
+        PgConnection.round_trips += 1
+        assert self._pipe is not None
+        try:
+            self._pipe.sync()
+        except psycopg.Error as exc:
+            if self.raw.closed:
+                raise
+            return exc
+        return None
+
+    def unanswered(self, start: int) -> int | None:
+        """The index in ``sent`` of the first statement from ``start`` on with no answer yet
+        (after ``settle``: the one that failed, or one skipped after a failure)."""
+        for index in range(start, len(self.sent)):
+            if self.sent[index].pgresult is None:
+                return index
+        return None
+
+    @property
+    def pipelined(self) -> bool:
+        return self._pipe is not None
+
+    def _send(self, query: str, args: tuple[Any, ...] | None) -> _Cursor:
+        cur = cast(_Cursor, self.raw.cursor(row_factory=_row_factory))
+        cur.execute(query, args)
+        return cur
+
+    def _sync(self, *, raising: bool) -> None:
+        assert self._pipe is not None
+        self._unread = False
+        PgConnection.round_trips += 1
+        try:
+            self._pipe.sync()
+        except psycopg.Error:
+            if raising or self.raw.closed:
+                raise
+
+    def _end_pipeline(self) -> None:
+        """Send what is queued, wait for all of it, and leave pipeline mode (its first
+        error raised)."""
+        cm, self._pipe, self._pipe_cm, self._unread = self._pipe_cm, None, None, False
+        self.sent = []
+        assert cm is not None
+        PgConnection.round_trips += 1
+        cm.__exit__(None, None, None)
+
     def _run(self, query: str, args: tuple[Any, ...] | None) -> psycopg.Cursor[Any]:
+        if self._owned:
+            PgConnection.round_trips += 1
         cur = self.raw.cursor(row_factory=_row_factory)
         cur.execute(query, args)
         return cur
 
     def _reopen(self) -> None:
-        self._deferred = []
+        self._drop_pipeline()
         with contextlib.suppress(psycopg.Error):
             self.raw.close()
         self.raw = _open(self._url)
         self.reconnects += 1
 
+    def _drop_pipeline(self) -> None:
+        cm, self._pipe, self._pipe_cm, self._unread = self._pipe_cm, None, None, False
+        self.sent = []
+        if cm is not None:
+            with contextlib.suppress(psycopg.Error):
+                cm.__exit__(None, None, None)
+
     def executemany(self, sql: str, rows: Iterable[Iterable[Any]]) -> psycopg.Cursor[Any]:
-        deferred, self._deferred = self._deferred, []
-        for statement in deferred:
-            self.raw.execute(statement)
         cur = self.raw.cursor(row_factory=_row_factory)
         cur.executemany(translate(sql), [tuple(r) for r in rows])
+        if self._pipe is not None:  # its row count is whole once every statement answered
+            self.reads += 1
+            self._sync(raising=True)
+        elif self._owned:
+            PgConnection.round_trips += 1
         return cur
 
     @property
     def in_transaction(self) -> bool:
-        return not self.raw.closed and self.raw.info.transaction_status != pq.TransactionStatus.IDLE
+        if self.raw.closed:
+            return False
+        if self._pipe is not None:
+            return True
+        return self.raw.info.transaction_status != pq.TransactionStatus.IDLE
+
+    def can_pipeline(self) -> bool:
+        """Whether ``begin`` would open a pipeline (see the class's doc)."""
+        return self._owned and not self.raw.closed and not _readable(self.raw)
+
+    def abandon(self) -> None:
+        """Leave the transaction in flight, whatever state it is in: its writes are undone."""
+        self._drop_pipeline()
+        self._tx = False
+        if not self.raw.closed:
+            with contextlib.suppress(psycopg.Error):
+                self.raw.execute("rollback")
 
     def close(self) -> None:
-        self._deferred = []
+        self._drop_pipeline()
         self.raw.close()
+
+
+class _RunAgain(Exception):
+    """A batch sent whole failed where its writes cannot be told apart: run it again."""
+
+
+def _readable(raw: psycopg.Connection[Any]) -> bool:
+    """Whether an idle connection has bytes waiting: the server said something unasked (its
+    goodbye before closing: a restart, a terminated backend, an idle timeout)."""
+    try:
+        ready, _, _ = select.select([raw.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(ready)
 
 
 class PgDatabase(Database):
@@ -276,6 +436,8 @@ class PgDatabase(Database):
         )
         #: Reads sent once more on a fresh connection after theirs was found broken (tests).
         self.read_retries = 0
+        #: Batches sent whole that failed and ran again write by write (``_run_batch``).
+        self.rerun_batches = 0
         self._metrics: tuple[CollectorRegistry, PoolMetrics] | None = None
         if pool is not None and metrics is not None:
             registry, agent = metrics
@@ -313,6 +475,101 @@ class PgDatabase(Database):
             executor.shutdown(wait=False)
             raise StoreError(f"cannot open database {shown}: {_said(exc, url)}") from exc
         return cls(conn, executor, shown, url, pool, metrics)
+
+    def _run_batch(self, batch: list[_Op]) -> list[_Outcome]:
+        """``Database._run_batch`` (each write in a savepoint, alone when it fails) in one
+        pipeline that waits for nothing it need not: a store's read of a result waits for it,
+        the end of a write does not, so a batch of writes that read nothing is one round trip
+        (``begin`` to ``commit``). A statement's error shows at the next wait; the write it
+        belongs to is found by its missing answer, rolled back to its savepoint and failed,
+        and the writes after it, whose statements the server skipped, run again (they had read
+        nothing: the wait that would have answered them raised). Before ``commit``, writes not
+        yet answered are waited for when a write of the batch read something (its effects
+        stand); otherwise a failing ``commit`` runs the whole batch again write by write
+        (``Database``'s way): a write's function may thus run twice, never after it read."""
+        conn: PgConnection = self._conn  # type: ignore[assignment]
+        if not any(op.write for op in batch) or not conn.can_pipeline():
+            return super()._run_batch(batch)
+        conn.checked = False
+        try:
+            outcomes = self._run_pipelined(batch, conn)
+        except _RunAgain:
+            conn.abandon()
+            conn.checked = True
+            self.rerun_batches += 1
+            return super()._run_batch(batch)
+        except BaseException:
+            conn.abandon()
+            raise
+        finally:
+            conn.checked = True
+        self.batches += 1
+        return outcomes
+
+    def _run_pipelined(self, batch: list[_Op], conn: PgConnection) -> list[_Outcome]:
+        given = cast(Any, conn)  # the stores' functions take it as a sqlite3.Connection
+        conn.execute("begin immediate")
+        outcomes: list[_Outcome] = [(False, None)] * len(batch)
+        starts = [0] * len(batch)  # where each op's statements start in conn.sent
+        base, reads, index = 0, conn.reads, 0
+        while True:
+            while index < len(batch):
+                op = batch[index]
+                starts[index] = len(conn.sent)
+                conn.execute("savepoint op")
+                try:
+                    outcomes[index] = (True, op.fn(given))
+                    conn.execute("release op")
+                except Exception as exc:
+                    index, base = self._failed(conn, outcomes, starts, base, index, exc)
+                    continue
+                index += 1
+            if conn.unanswered(base) is None:
+                break
+            if conn.reads == reads:  # nothing read: a failing commit runs it all again
+                try:
+                    conn.execute("commit")
+                except psycopg.Error as exc:
+                    raise _RunAgain from exc
+                self.commits += 1
+                return outcomes
+            error = conn.settle()
+            if error is None and conn.unanswered(base) is None:
+                break
+            index, base = self._failed(conn, outcomes, starts, base, len(batch), error)
+        try:
+            conn.execute("commit")
+        except psycopg.Error as exc:
+            conn.abandon()
+            return [(False, exc) if op.write else o for op, o in zip(batch, outcomes, strict=True)]
+        self.commits += 1
+        return outcomes
+
+    @staticmethod
+    def _failed(
+        conn: PgConnection,
+        outcomes: list[_Outcome],
+        starts: list[int],
+        base: int,
+        index: int,
+        exc: BaseException | None,
+    ) -> tuple[int, int]:
+        """After an error surfaced in op ``index`` (``len(outcomes)``: before ``commit``):
+        fail the op it belongs to, roll that back to its savepoint; the op to run next and the
+        new ``base`` of ``conn.sent``."""
+        error = conn.settle()
+        failed = conn.unanswered(base)
+        owner = index
+        if failed is not None:
+            owner = max(i for i in range(min(index + 1, len(starts))) if starts[i] <= failed)
+        if owner < index and not isinstance(exc, psycopg.Error):
+            exc = error  # a statement of an earlier op failed: its error, not this op's
+        if owner == len(outcomes):  # cannot happen: an op owns every statement
+            raise _RunAgain
+        outcomes[owner] = (False, exc if exc is not None else error)
+        conn.execute("rollback to op")
+        conn.execute("release op")
+        return owner + 1, len(conn.sent)
 
     async def read(self, fn: Callable[[Any], T]) -> T:
         """Run ``fn(conn)`` on a reader thread with a pooled connection: not behind the
@@ -450,16 +707,16 @@ class PoolMetrics:
         yield waiting
 
 
-# Sent with the next statement (``PgConnection``): nothing reads their result.
-_DEFERRABLE = frozenset({"savepoint op", "release op"})
-
-
 def _connect(url: str) -> PgConnection:
     return PgConnection(url)
 
 
 _CONNECT_S = 10
-_CONNECT: dict[str, Any] = {"autocommit": True, "connect_timeout": _CONNECT_S}
+_CONNECT: dict[str, Any] = {
+    "autocommit": True,
+    "connect_timeout": _CONNECT_S,
+    "cursor_factory": _Cursor,
+}
 
 
 def _open(url: str) -> psycopg.Connection[Any]:

@@ -200,12 +200,14 @@ class Database:
             conn.execute("savepoint op")
             try:
                 value = op.fn(conn)
+                # In the try: on PostgreSQL the write's statements may still be in flight,
+                # and their error is raised here (mesh._pg.PgConnection).
+                conn.execute("release op")
             except Exception as exc:
                 conn.execute("rollback to op")
                 conn.execute("release op")
                 outcomes.append((False, exc))
                 continue
-            conn.execute("release op")
             outcomes.append((True, value))
         if writes:
             try:

@@ -28,6 +28,8 @@ WATCHED = ("google.genai", "google.auth", "consul", "sqlalchemy", "aiosqlite", "
 
 
 DB_CALLS: collections.Counter[str] = collections.Counter()
+# Run before the record is written.
+_AT_EXIT: list[Any] = []
 
 
 def _count_db_calls() -> None:
@@ -64,25 +66,14 @@ def _count_db_calls() -> None:
 
 
 def _count_pg_round_trips() -> None:
-    """Count the round trips to PostgreSQL (``begin`` and ``commit`` included: one per statement
-    on the node's one connection, but the savepoint statements ``mesh._pg`` sends in the
-    pipeline of the next one) (the ``mesh-node-pg`` row)."""
-    from mesh._pg import _DEFERRABLE, PgConnection
+    """Count the round trips to PostgreSQL of the node's writer connection (``begin`` and
+    ``commit`` included: ``mesh._pg.PgConnection.round_trips``, a statement sent alone or a
+    pipeline synced or flushed for a result; read at exit) and the reads (the ``mesh-node-pg``
+    row)."""
+    from mesh._pg import PgConnection
 
-    execute, executemany = PgConnection.execute, PgConnection.executemany
-
-    def counted(self: PgConnection, sql: str, params: Any = ()) -> Any:
-        # A savepoint statement rides in the pipeline of the statement after it: no trip.
-        riding = sql in _DEFERRABLE and self._tx and not self.raw.closed
-        DB_CALLS["[pg statements riding]" if riding else "[pg round trips]"] += 1
-        return execute(self, sql, params)
-
-    def counted_many(self: PgConnection, sql: str, rows: Any) -> Any:
-        DB_CALLS["[pg round trips]"] += 1  # psycopg 3 pipelines executemany: one round trip
-        return executemany(self, sql, rows)
-
-    PgConnection.execute = counted  # type: ignore[method-assign]
-    PgConnection.executemany = counted_many  # type: ignore[method-assign]
+    DB_CALLS["[pg round trips]"] = 0
+    _AT_EXIT.append(lambda: DB_CALLS.update({"[pg round trips]": PgConnection.round_trips}))
 
     from mesh._pg import PgDatabase
 
@@ -100,6 +91,8 @@ def _record() -> None:
     path = os.environ.get("MESH_BENCH_MODULES")
     if not path:
         return
+    for fn in _AT_EXIT:
+        fn()
     loaded = {name: name in sys.modules for name in WATCHED}
     record = {"modules": len(sys.modules), "loaded": loaded, "db_calls": dict(DB_CALLS)}
     Path(path).write_text(json.dumps(record))
