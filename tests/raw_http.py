@@ -1,19 +1,32 @@
-"""A raw asyncio HTTP server for tests: it answers what a hostile instance would (a trickle, an
-endless chunked body, any status) and records every request target it was asked for.
+"""Raw asyncio HTTP servers for tests, on loopback (real sockets, no mocks).
+
+``raw_server``: answers what a hostile instance would (a trickle, an endless chunked body, any
+status) and records every request target it was asked for.
 
     async with raw_server(answer(200, card_json)) as srv:
         ... register srv.url ...
         assert srv.requests == ["/.well-known/agent-card.json"]
+
+``connection_server``: a connection's handler of the test's own reads each request whole
+(``read_request``) and writes the bytes it chooses, so it can answer what no framework would
+(a close under a kept connection, bytes past a Content-Length, nothing at all).
+
+    async def serve(reader, writer):
+        head, body = await read_request(reader)
+        ...
+    async with connection_server(serve) as port: ...
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 Handler = Callable[[str, asyncio.StreamWriter], Awaitable[None]]
+ConnectionHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 _MAX_HEADER_LINES = 100
 
@@ -118,3 +131,58 @@ async def raw_server(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await listener.wait_closed()
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One request off ``reader``: its head (up to and with the blank line) and its body
+    (Content-Length's bytes, none without one). ``asyncio.IncompleteReadError`` when the
+    client hangs up."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return head, await reader.readexactly(length)
+
+
+def header_fields(head: bytes) -> dict[str, str]:
+    """The header fields of a request's head, by lower-case name."""
+    fields = {}
+    for line in head.decode().split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        if name:
+            fields[name.strip().lower()] = value.strip()
+    return fields
+
+
+@contextlib.asynccontextmanager
+async def connection_server(
+    serve: ConnectionHandler, *, close_clients: bool = False, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[int]:
+    """Serve each connection with ``serve(reader, writer)`` on 127.0.0.1, at a free port (what
+    it yields). On the way out: stop listening, close the clients' connections if
+    ``close_clients`` (else each handler ends on its client's close: the client is closed
+    before this block ends), and wait for the handlers to end (5 s at most)."""
+    handlers: set[asyncio.Task[object]] = set()
+    writers: list[asyncio.StreamWriter] = []
+
+    async def tracked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
+        writers.append(writer)
+        await serve(reader, writer)
+
+    server = await asyncio.start_server(tracked, "127.0.0.1", 0, ssl=tls)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        if close_clients:
+            for writer in writers:
+                writer.close()  # Python 3.11's Server has no close_clients()
+        pending = [t for t in handlers if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+        await server.wait_closed()

@@ -26,6 +26,7 @@ from mesh._netguard import AddressRefused, GuardedBackend
 from mesh._netpolicy import NetworkPolicy
 from mesh._pool import DirectPool
 from mesh._tls import trust, trusted_ca, verify_failure
+from tests.raw_http import connection_server, read_request
 from tests.support import eventually
 
 pytestmark = pytest.mark.integration
@@ -50,26 +51,14 @@ class ScriptedServer:
     open: int = 0
     most_open: int = 0
     delay: float = 0.0  # before each answer
-    handlers: set[asyncio.Task[object]] = field(default_factory=set)
-    writers: list[asyncio.StreamWriter] = field(default_factory=list)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self.handlers.add(task)
-        self.writers.append(writer)
         self.connections += 1
         self.open += 1
         self.most_open = max(self.most_open, self.open)
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                body = await reader.readexactly(length)
+                head, body = await read_request(reader)
                 index = len(self.requests)
                 self.requests.append(head + body)
                 answer, close = self.script(index)
@@ -95,18 +84,8 @@ async def scripted(
     script: Callable[[int], tuple[bytes | None, bool]],
 ) -> AsyncIterator[ScriptedServer]:
     state = ScriptedServer(script)
-    server = await asyncio.start_server(state.serve, "127.0.0.1", 0)
-    state.port = server.sockets[0].getsockname()[1]
-    try:
+    async with connection_server(state.serve, close_clients=True) as state.port:
         yield state
-    finally:
-        server.close()
-        for writer in state.writers:
-            writer.close()  # Python 3.11's Server has no close_clients()
-        pending = [t for t in state.handlers if not t.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=5.0)
-        await server.wait_closed()
 
 
 @asynccontextmanager
@@ -323,12 +302,13 @@ async def test_a_certificate_for_another_host_is_refused(tmp_path: Path) -> None
     served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("other.example").configure_cert(served)  # not 127.0.0.1, not localhost
     state = ScriptedServer(lambda n: (OK, False))
-    server = await asyncio.start_server(state.serve, "127.0.0.1", 0, ssl=served)
-    port = server.sockets[0].getsockname()[1]
     before = trusted_ca()
     trust(bundle)
     try:
-        async with direct() as pool:
+        async with (
+            connection_server(state.serve, close_clients=True, tls=served) as port,
+            direct() as pool,
+        ):
             with pytest.raises(httpx.ConnectError) as caught:
                 await pool.post(
                     httpx.URL(f"https://127.0.0.1:{port}/"),
@@ -343,10 +323,6 @@ async def test_a_certificate_for_another_host_is_refused(tmp_path: Path) -> None
             assert state.requests == []
     finally:
         trust(before)
-        server.close()
-        for writer in state.writers:
-            writer.close()
-        await server.wait_closed()
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])

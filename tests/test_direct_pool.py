@@ -23,6 +23,7 @@ import pytest
 from mesh._a2a.client import A2APeer
 from mesh._errors import RemoteError
 from mesh._pool import MeshTransport, create_transport
+from tests.raw_http import connection_server, header_fields, read_request
 from tests.support import eventually
 
 TASK = {
@@ -51,25 +52,15 @@ class RecordingServer:
     bodies: list[bytes] = field(default_factory=list)
     connections: int = 0
     open: int = 0
-    handlers: set[asyncio.Task[object]] = field(default_factory=set)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self.handlers.add(task)
         self.connections += 1
         self.open += 1
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode().split("\r\n")[1:]
-                headers = {}
-                for line in lines:
-                    name, _, value = line.partition(":")
-                    if name:
-                        headers[name.strip().lower()] = value.strip()
-                self.heads.append(headers)
-                self.bodies.append(await reader.readexactly(int(headers["content-length"])))
+                head, body = await read_request(reader)
+                self.heads.append(header_fields(head))
+                self.bodies.append(body)
                 if self.mode == "silent":
                     await reader.read()  # until the client hangs up
                     return
@@ -95,17 +86,8 @@ class RecordingServer:
 @asynccontextmanager
 async def recording_server(mode: str = "task") -> AsyncIterator[RecordingServer]:
     state = RecordingServer(mode=mode)
-    server = await asyncio.start_server(state._serve, "127.0.0.1", 0)
-    state.port = server.sockets[0].getsockname()[1]
-    try:
+    async with connection_server(state._serve) as state.port:
         yield state
-    finally:
-        server.close()
-        # Each handler ends on its client's close (the client closed before this block).
-        pending = [t for t in state.handlers if not t.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=5.0)
-        await server.wait_closed()
 
 
 async def _send(peer: A2APeer, **kwargs: object) -> object:

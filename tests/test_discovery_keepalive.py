@@ -20,20 +20,11 @@ from registry.app import create_app
 from registry.metrics import RegistryMetrics
 from registry.server import KEEP_ALIVE_S
 from registry.settings import RegistrySettings
+from tests.raw_http import connection_server, read_request
 from tests.registry_support import start_node
 from tests.support import eventually, free_port, wait_until_ok
 
 INTERVAL_S = 0.2
-
-
-async def _read_request(reader: asyncio.StreamReader) -> None:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    await reader.readexactly(length)
 
 
 @contextlib.asynccontextmanager
@@ -45,7 +36,7 @@ async def closing_registry() -> AsyncIterator[tuple[str, list[int]]]:
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            await _read_request(reader)
+            await read_request(reader)
             body = json.dumps({"secret": "s" * 43}).encode()
             writer.write(
                 b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n"
@@ -54,15 +45,13 @@ async def closing_registry() -> AsyncIterator[tuple[str, list[int]]]:
             )
             await writer.drain()
             answered.append(1)
-            await _read_request(reader)  # the request on the reused connection: dropped
+            await read_request(reader)  # the request on the reused connection: dropped
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    async with server:
+    async with connection_server(serve, close_clients=True) as port:
         yield f"http://127.0.0.1:{port}", answered
 
 

@@ -23,6 +23,7 @@ import pytest
 
 from mesh._a2a.client import A2APeer
 from mesh._pool import create_transport
+from tests.raw_http import connection_server, read_request
 
 TASK = {
     "jsonrpc": "2.0",
@@ -46,22 +47,12 @@ class ClosingServer:
     bodies: list[bytes] = field(default_factory=list)
     dropped: int = 0
     reset: bool = False  # drop with a TCP reset (ReadError) rather than a clean close
-    handlers: set[asyncio.Task[object]] = field(default_factory=set)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self.handlers.add(task)
         answered = 0
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                body = await reader.readexactly(length) if length else b""
+                _, body = await read_request(reader)
                 self.bodies.append(body)
                 if answered:
                     # The kept connection's next request: closed under it, no answer.
@@ -89,17 +80,8 @@ class ClosingServer:
 @asynccontextmanager
 async def closing_server(*, reset: bool = False) -> AsyncIterator[ClosingServer]:
     state = ClosingServer(reset=reset)
-    server = await asyncio.start_server(state._serve, "127.0.0.1", 0)
-    state.port = server.sockets[0].getsockname()[1]
-    try:
+    async with connection_server(state._serve) as state.port:
         yield state
-    finally:
-        server.close()
-        await server.wait_closed()
-        # Each handler ends on its client's close (the client closed before this block).
-        pending = [t for t in state.handlers if not t.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=5.0)
 
 
 def _client() -> httpx.AsyncClient:
@@ -147,16 +129,10 @@ async def test_a_failure_on_a_new_connection_is_not_sent_again() -> None:
         writer.close()
 
     seen: list[bytes] = []
-    server = await asyncio.start_server(drop, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with _client() as http:
-            with pytest.raises(httpx.RemoteProtocolError):
-                await http.get(f"http://127.0.0.1:{port}/health")
-        assert len(seen) == 1
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with connection_server(drop) as port, _client() as http:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await http.get(f"http://127.0.0.1:{port}/health")
+    assert len(seen) == 1
 
 
 def test_mesh_serves_with_a_keep_alive_longer_than_common_clients_idle_expiry() -> None:
