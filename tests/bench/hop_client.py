@@ -84,12 +84,45 @@ def _task(content: bytes) -> TaskResult:
 _HEADERS = {**jsonrpc.HEADERS}
 
 
-async def _a2apeer(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
-    http = create_http_client(
+def _http() -> httpx.AsyncClient:
+    """A node's peer client (``mesh._netguard``), as the ways through it have it."""
+    return create_http_client(
         NetworkPolicy.parse("any"),
         timeout=httpx.Timeout(35.0, connect=2.0),
         limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
     )
+
+
+def _h11_request(conn: h11.Connection, headers: list[tuple[str, str]], body: bytes) -> bytes:
+    """The bytes of one ``POST /`` of ``body`` on ``conn``."""
+    out = conn.send(
+        h11.Request(
+            method="POST", target="/", headers=[*headers, ("Content-Length", str(len(body)))]
+        )
+    )
+    return out + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
+
+
+async def _h11_answer(conn: h11.Connection, read: Callable[[], Awaitable[bytes]]) -> bytes:
+    """The body of the answer on ``conn`` (``read`` gives the bytes that came in); ``conn``
+    is then ready for the next request."""
+    chunks: list[bytes] = []
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await read())
+        elif isinstance(event, h11.Data):
+            chunks.append(bytes(event.data))
+        elif isinstance(event, h11.EndOfMessage):
+            break
+        elif isinstance(event, h11.ConnectionClosed):
+            raise ConnectionError("closed")
+    conn.start_next_cycle()
+    return b"".join(chunks)
+
+
+async def _a2apeer(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
+    http = _http()
     peer = A2APeer(http, url)
 
     async def call() -> TaskResult:
@@ -107,11 +140,7 @@ async def _remote_tool(
     from mesh._remote import remote
     from mesh._tools import ToolContext
 
-    http = create_http_client(
-        NetworkPolicy.parse("any"),
-        timeout=httpx.Timeout(35.0, connect=2.0),
-        limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
-    )
+    http = _http()
     if not direct:
         transport = http._transport_for_url(httpx.URL(url))
         assert isinstance(transport, MeshTransport)
@@ -163,11 +192,7 @@ async def _a2apeer_httpx(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]
 
 
 async def _httpx_transport(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
-    http = create_http_client(
-        NetworkPolicy.parse("any"),
-        timeout=httpx.Timeout(35.0, connect=2.0),
-        limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
-    )
+    http = _http()
     transport = http._transport_for_url(httpx.URL(url))
 
     async def call() -> TaskResult:
@@ -244,28 +269,9 @@ async def _h11(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
                 state.update(conn=h11.Connection(h11.CLIENT), reader=reader, writer=writer)
             conn: h11.Connection = state["conn"]
             reader, writer = state["reader"], state["writer"]
-            out = conn.send(
-                h11.Request(
-                    method="POST",
-                    target="/",
-                    headers=[*headers, ("Content-Length", str(len(body)))],
-                )
-            )
-            out += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
-            writer.write(out)
-            chunks: list[bytes] = []
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(await reader.read(65536))
-                elif isinstance(event, h11.Data):
-                    chunks.append(bytes(event.data))
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                elif isinstance(event, h11.ConnectionClosed):
-                    raise ConnectionError("closed")
-            conn.start_next_cycle()
-        return _task(b"".join(chunks))
+            writer.write(_h11_request(conn, headers, body))
+            answer = await _h11_answer(conn, functools.partial(reader.read, 65536))
+        return _task(answer)
 
     async def close() -> None:
         if "writer" in state:
@@ -289,28 +295,9 @@ async def _h11_anyio(url: str) -> tuple[Call, Callable[[], Awaitable[None]]]:
                 state.update(conn=h11.Connection(h11.CLIENT), stream=stream)
             conn: h11.Connection = state["conn"]
             stream = state["stream"]
-            out = conn.send(
-                h11.Request(
-                    method="POST",
-                    target="/",
-                    headers=[*headers, ("Content-Length", str(len(body)))],
-                )
-            )
-            out += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
-            await stream.write(out)
-            chunks: list[bytes] = []
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(await stream.read(65536))
-                elif isinstance(event, h11.Data):
-                    chunks.append(bytes(event.data))
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                elif isinstance(event, h11.ConnectionClosed):
-                    raise ConnectionError("closed")
-            conn.start_next_cycle()
-        return _task(b"".join(chunks))
+            await stream.write(_h11_request(conn, headers, body))
+            answer = await _h11_answer(conn, functools.partial(stream.read, 65536))
+        return _task(answer)
 
     async def close() -> None:
         if "stream" in state:
