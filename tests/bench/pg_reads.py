@@ -20,49 +20,29 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 
+from tests.bench.task_store import HEADERS, send_message
 from tests.postgres_support import running_postgres, server_bin
 from tests.support import clean_env, free_port, running
-
-_HEADERS = {"A2A-Version": "1.0"}
-
-
-def _send(i: int) -> dict[str, Any]:
-    return {
-        "jsonrpc": "2.0",
-        "id": i,
-        "method": "SendMessage",
-        "params": {
-            "message": {
-                "role": "ROLE_USER",
-                "messageId": uuid.uuid4().hex,
-                "parts": [{"data": {"applicant_id": f"APP-{i}", "amount": 1000 + i}}],
-                "metadata": {"skill": "score"},
-            },
-            "configuration": {"historyLength": 0},
-        },
-    }
 
 
 async def _drive(url: str, seconds: float, concurrency: int) -> dict[str, float]:
     limits = httpx.Limits(max_connections=concurrency + 1)
     async with httpx.AsyncClient(timeout=30, limits=limits, trust_env=False) as http:
-        first = (await http.post(url + "/", json=_send(0), headers=_HEADERS)).json()
+        first = (await http.post(url + "/", json=send_message(0), headers=HEADERS)).json()
         task_id = first["result"]["task"]["id"]
         for i in range(50):  # warm up: imports, connections, pages
-            await http.post(url + "/", json=_send(-i - 1), headers=_HEADERS)
+            await http.post(url + "/", json=send_message(-i - 1), headers=HEADERS)
         deadline = time.monotonic() + seconds
         sent = 0
 
         async def sender() -> None:
             nonlocal sent
             while time.monotonic() < deadline:
-                r = await http.post(url + "/", json=_send(sent), headers=_HEADERS)
+                r = await http.post(url + "/", json=send_message(sent), headers=HEADERS)
                 r.raise_for_status()
                 sent += 1
 
@@ -72,7 +52,7 @@ async def _drive(url: str, seconds: float, concurrency: int) -> dict[str, float]
             get = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}}
             while time.monotonic() < deadline:
                 began = time.perf_counter()
-                r = await http.post(url + "/", json=get, headers=_HEADERS)
+                r = await http.post(url + "/", json=get, headers=HEADERS)
                 if r.json()["result"]["id"] != task_id:
                     raise RuntimeError(f"GetTask answered {r.text[:200]}")
                 reads.append(time.perf_counter() - began)

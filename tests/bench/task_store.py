@@ -24,10 +24,13 @@ import httpx
 
 from tests.support import clean_env, free_port, running
 
-_HEADERS = {"A2A-Version": "1.0"}
+#: The A2A version header every bench request carries.
+HEADERS = {"A2A-Version": "1.0"}
 
 
-def _body(i: int) -> dict[str, object]:
+def send_message(i: int) -> dict[str, object]:
+    """A blocking ``SendMessage`` to the credit bureau's ``score``, a new message (a new task)
+    each call; ``i`` names the applicant."""
     return {
         "jsonrpc": "2.0",
         "id": i,
@@ -58,7 +61,7 @@ async def _drive(
                 if time.monotonic() > deadline:
                     return
                 started = time.perf_counter()
-                r = await http.post(url + "/", json=_body(i), headers=_HEADERS)
+                r = await http.post(url + "/", json=send_message(i), headers=HEADERS)
                 state = r.json()["result"]["task"]["status"]["state"]
                 if state != "TASK_STATE_COMPLETED":
                     raise RuntimeError(f"task {i} ended {state}")
@@ -66,7 +69,7 @@ async def _drive(
 
         # Warm up (imports, first connections, SQLite pages) outside the measurement.
         for i in range(50):
-            await http.post(url + "/", json=_body(-i - 1), headers=_HEADERS)
+            await http.post(url + "/", json=send_message(-i - 1), headers=HEADERS)
         began = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - began
