@@ -83,12 +83,10 @@ HEAVY_TO_START = (
 )
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """The lines the script printed: the modules after building, once started, and the CA
-    stores loaded by then."""
+def _script(script: str, *args: str) -> list[str]:
+    """The lines ``script`` printed, run in a fresh interpreter (its exit checked)."""
     done = subprocess.run(
-        [sys.executable, "-c", BUILD, str(tmp_path_factory.mktemp("node"))],
+        [sys.executable, "-c", script, *args],
         cwd=ROOT,
         env=clean_env(),
         capture_output=True,
@@ -96,7 +94,14 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout.splitlines()[-3:]
+    return done.stdout.splitlines()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The lines the script printed: the modules after building, once started, and the CA
+    stores loaded by then."""
+    return _script(BUILD, str(tmp_path_factory.mktemp("node")))[-3:]
 
 
 def test_building_a_node_imports_no_module_its_first_request_does_not_need(
@@ -178,16 +183,7 @@ def test_mesh_serve_starts_without_the_collector_then_freezes_what_it_built(
     """Start-up allocates ~160,000 objects: the collector's passes over them cost ~70 ms of a
     node's start. ``mesh serve`` pauses it until the node is ready, then freezes the start-up's
     objects (no later pass scans them) and collects again. It loads no other command's module."""
-    done = subprocess.run(
-        [sys.executable, "-c", SERVE, str(free_port()), str(tmp_path / "node")],
-        cwd=ROOT,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.splitlines()[-1])
+    seen = json.loads(_script(SERVE, str(free_port()), str(tmp_path / "node"))[-1])
     assert seen.pop("frozen when ready") > 10_000
     assert seen == {
         "collecting while the agent loads": False,
