@@ -23,6 +23,19 @@ from mesh._types import Content
 from tests.test_runner import LOAN_RULE, lookup_applicant, make_agent, runner_for, score
 
 
+async def _stored_after_reopen(path: Path, events: list[Event]) -> None:
+    """The file at ``path``, opened again, holds session u1/s1: the user's event, then
+    ``events`` (what the turn returned)."""
+    db = await Database.open(path)
+    try:
+        stored = await SqliteSessionStore(db).get("u1", "s1")
+        assert stored is not None
+        assert [e.author for e in stored.events] == ["user", *[e.author for e in events]]
+        assert stored.events[1:] == events
+    finally:
+        await db.aclose()
+
+
 async def test_a_turn_commits_once_and_is_on_disk_when_it_returns(tmp_path: Path) -> None:
     db = await Database.open(tmp_path / "node.db")
     try:
@@ -40,14 +53,7 @@ async def test_a_turn_commits_once_and_is_on_disk_when_it_returns(tmp_path: Path
     finally:
         await db.aclose()
     # Reopened: everything the turn returned is stored.
-    db = await Database.open(tmp_path / "node.db")
-    try:
-        stored = await SqliteSessionStore(db).get("u1", "s1")
-        assert stored is not None
-        assert [e.author for e in stored.events] == ["user", *[e.author for e in result.events]]
-        assert stored.events[1:] == result.events
-    finally:
-        await db.aclose()
+    await _stored_after_reopen(tmp_path / "node.db", result.events)
 
 
 async def test_a_queued_write_that_fails_is_raised_at_the_turns_end(tmp_path: Path) -> None:
@@ -107,14 +113,7 @@ async def test_a_new_sessions_turn_is_one_operation_and_reads_nothing(
         assert operations == [2]  # the queued six in one group, the final append
     finally:
         await db.aclose()
-    db = await Database.open(tmp_path / "node.db")
-    try:
-        stored = await SqliteSessionStore(db).get("u1", "s1")
-        assert stored is not None
-        assert stored.events[1:] == result.events
-        assert [e.author for e in stored.events] == ["user", *[e.author for e in result.events]]
-    finally:
-        await db.aclose()
+    await _stored_after_reopen(tmp_path / "node.db", result.events)
 
 
 async def test_a_group_of_queued_writes_fails_together_and_is_reported(tmp_path: Path) -> None:
