@@ -9,6 +9,9 @@ unprivileged user ``.ci/system-deps`` creates (``PG_USER``).
     @pytest.mark.postgres
     def test_x(pg_database: str) -> None: ...   # a fresh, empty database's URL
 
+``database_with(component, ddl)`` makes a fixture ``db``: a ``mesh._pg.PgDatabase`` open on such
+a database with ``ddl`` in place, closed after the test.
+
 Missing binaries, driver or user: the test is skipped, the reason saying what to install.
 """
 
@@ -23,9 +26,10 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,3 +172,22 @@ def pg_database(postgres_server: PostgresServer) -> Iterator[str]:
     yield postgres_server.url(name)
     with psycopg.connect(postgres_server.url(), autocommit=True) as conn:
         conn.execute(f"drop database if exists {name} with (force)")
+
+
+def database_with(component: str, ddl: str) -> Callable[..., Any]:
+    """A fixture (assign it to a name in the test module, which imports ``pg_database`` and
+    ``postgres_server`` too): a ``mesh._pg.PgDatabase`` on ``pg_database`` with ``ddl`` in place
+    as schema component ``component``, closed after the test."""
+
+    @pytest.fixture
+    async def db(pg_database: str) -> AsyncIterator[Any]:
+        from mesh._pg import PgDatabase
+
+        opened = await PgDatabase.open(pg_database)
+        await opened.ensure_schema(component, ddl)
+        try:
+            yield opened
+        finally:
+            await opened.aclose()
+
+    return db

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from mesh._errors import ConfigError
 from mesh._settings import MeshSettings, NodeSettings
-from tests.postgres_support import pg_database, postgres_server  # noqa: F401 (fixtures)
+from tests.postgres_support import (  # noqa: F401 (fixtures)
+    database_with,
+    pg_database,
+    postgres_server,
+)
 from tests.support import eventually
 
 #: Reader connections by default (``MESH_PG_POOL_MAX``).
@@ -22,16 +25,7 @@ POOL_MAX = 4
 _TABLE = "create table if not exists pool_t (id integer primary key, v text not null)"
 
 
-@pytest.fixture
-async def db(pg_database: str) -> AsyncIterator[Any]:  # noqa: F811 (the fixture above)
-    from mesh._pg import PgDatabase
-
-    opened = await PgDatabase.open(pg_database)
-    await opened.ensure_schema("pool_t", _TABLE)
-    try:
-        yield opened
-    finally:
-        await opened.aclose()
+db = database_with("pool_t", _TABLE)
 
 
 def _count(conn: Any) -> int:

@@ -6,29 +6,23 @@ starts (tests/postgres_support.py)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from mesh._errors import StoreError
-from tests.postgres_support import pg_database, postgres_server  # noqa: F401 (fixtures)
+from tests.postgres_support import (  # noqa: F401 (fixtures)
+    database_with,
+    pg_database,
+    postgres_server,
+)
 
 pytestmark = pytest.mark.postgres
 
 _TABLE = "create table if not exists trip_t (id integer primary key, v text not null)"
 
 
-@pytest.fixture
-async def db(pg_database: str) -> AsyncIterator[Any]:  # noqa: F811 (the fixture above)
-    from mesh._pg import PgDatabase
-
-    opened = await PgDatabase.open(pg_database)
-    await opened.ensure_schema("trip_t", _TABLE)
-    try:
-        yield opened
-    finally:
-        await opened.aclose()
+db = database_with("trip_t", _TABLE)
 
 
 def _insert(row_id: int, value: str = "v") -> Any:
