@@ -30,6 +30,20 @@ ConnectionHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Await
 
 _MAX_HEADER_LINES = 100
 
+#: A peer's JSON-RPC answer to a blocking SendMessage: a completed task with a data artifact.
+TASK = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "result": {
+        "task": {
+            "id": "t-1",
+            "contextId": "c-1",
+            "status": {"state": "TASK_STATE_COMPLETED"},
+            "artifacts": [{"artifactId": "a-1", "parts": [{"data": {"score": 712}}]}],
+        }
+    },
+}
+
 
 @dataclass
 class RawServer:
@@ -163,7 +177,8 @@ async def connection_server(
     """Serve each connection with ``serve(reader, writer)`` on 127.0.0.1, at a free port (what
     it yields). On the way out: stop listening, close the clients' connections if
     ``close_clients`` (else each handler ends on its client's close: the client is closed
-    before this block ends), and wait for the handlers to end (5 s at most)."""
+    before this block ends), and wait for the handlers to end (5 s at most). A handler need
+    not catch its client hanging up, nor close ``writer``: this does both."""
     handlers: set[asyncio.Task[object]] = set()
     writers: list[asyncio.StreamWriter] = []
 
@@ -172,7 +187,12 @@ async def connection_server(
         assert task is not None
         handlers.add(task)
         writers.append(writer)
-        await serve(reader, writer)
+        try:
+            await serve(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client hung up: what the test checks came before
+        finally:
+            writer.close()
 
     server = await asyncio.start_server(tracked, "127.0.0.1", 0, ssl=tls)
     try:

@@ -72,11 +72,8 @@ class ScriptedServer:
                 await writer.drain()
                 if close:
                     return
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
         finally:
             self.open -= 1
-            writer.close()
 
 
 @asynccontextmanager

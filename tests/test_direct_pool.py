@@ -23,21 +23,9 @@ import pytest
 from mesh._a2a.client import A2APeer
 from mesh._errors import RemoteError
 from mesh._pool import MeshTransport, create_transport
-from tests.raw_http import connection_server, header_fields, read_request
+from tests.raw_http import TASK, connection_server, header_fields, read_request
 from tests.support import eventually
 
-TASK = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "result": {
-        "task": {
-            "id": "t-1",
-            "contextId": "c-1",
-            "status": {"state": "TASK_STATE_COMPLETED"},
-            "artifacts": [{"artifactId": "a-1", "parts": [{"data": {"score": 712}}]}],
-        }
-    },
-}
 ANSWER = json.dumps(TASK).encode()
 
 
@@ -76,11 +64,8 @@ class RecordingServer:
                 else:
                     writer.write(ANSWER)
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
         finally:
             self.open -= 1
-            writer.close()
 
 
 @asynccontextmanager

@@ -35,21 +35,16 @@ async def closing_registry() -> AsyncIterator[tuple[str, list[int]]]:
     answered: list[int] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await read_request(reader)
-            body = json.dumps({"secret": "s" * 43}).encode()
-            writer.write(
-                b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n"
-                + f"content-length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-            await writer.drain()
-            answered.append(1)
-            await read_request(reader)  # the request on the reused connection: dropped
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+        await read_request(reader)
+        body = json.dumps({"secret": "s" * 43}).encode()
+        writer.write(
+            b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        answered.append(1)
+        await read_request(reader)  # the request on the reused connection: dropped
 
     async with connection_server(serve, close_clients=True) as port:
         yield f"http://127.0.0.1:{port}", answered

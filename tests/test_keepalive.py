@@ -23,20 +23,7 @@ import pytest
 
 from mesh._a2a.client import A2APeer
 from mesh._pool import create_transport
-from tests.raw_http import connection_server, read_request
-
-TASK = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "result": {
-        "task": {
-            "id": "t-1",
-            "contextId": "c-1",
-            "status": {"state": "TASK_STATE_COMPLETED"},
-            "artifacts": [{"artifactId": "a-1", "parts": [{"data": {"score": 712}}]}],
-        }
-    },
-}
+from tests.raw_http import TASK, connection_server, read_request
 
 
 @dataclass
@@ -50,31 +37,26 @@ class ClosingServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         answered = 0
-        try:
-            while True:
-                _, body = await read_request(reader)
-                self.bodies.append(body)
-                if answered:
-                    # The kept connection's next request: closed under it, no answer.
-                    self.dropped += 1
-                    if self.reset:
-                        sock = writer.get_extra_info("socket")
-                        # Linger 0: close sends RST, the client's read fails with a reset.
-                        sock.setsockopt(
-                            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-                        )
-                    writer.close()
-                    return
-                answer = json.dumps(TASK).encode()
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                    + f"Content-Length: {len(answer)}\r\n\r\n".encode()
-                    + answer
-                )
-                await writer.drain()
-                answered += 1
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
+        while True:
+            _, body = await read_request(reader)
+            self.bodies.append(body)
+            if answered:
+                # The kept connection's next request: closed under it, no answer.
+                self.dropped += 1
+                if self.reset:
+                    sock = writer.get_extra_info("socket")
+                    # Linger 0: close sends RST, the client's read fails with a reset.
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.close()
+                return
+            answer = json.dumps(TASK).encode()
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(answer)}\r\n\r\n".encode()
+                + answer
+            )
+            await writer.drain()
+            answered += 1
 
 
 @asynccontextmanager
@@ -126,7 +108,6 @@ async def test_a_failure_on_a_new_connection_is_not_sent_again() -> None:
     # A server that drops the FIRST request of a connection: nothing stale about it.
     async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         seen.append(await reader.readuntil(b"\r\n\r\n"))
-        writer.close()
 
     seen: list[bytes] = []
     async with connection_server(drop) as port, _client() as http:
