@@ -131,6 +131,9 @@ LOOKUPS = [
     "/v1/instances?agent=beta&agent=alpha",  # the last wins
     "/v1/instances?agent=%61lpha&other=1",
     "/v1/instances?agent=al+pha",
+    "/v1/instances?agent=%ff&skill=%C3%A9cho",  # not UTF-8, then UTF-8
+    "/v1/instances?agent&status=any",  # a name without '='
+    "/v1/instances?&&status=critical&",
     "/v1/instances?status=bogus",  # 422 naming the field
     "/v1/instances?status=",
     "/v1/instances?status=any&status=nope",
