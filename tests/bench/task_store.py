@@ -28,9 +28,13 @@ from tests.support import clean_env, free_port, running
 HEADERS = {"A2A-Version": "1.0"}
 
 
+#: Applicants the bureau has on file (agents/applicants.py): it REJECTS any other id.
+_ON_FILE = ("APP-501", "APP-612", "APP-738", "APP-847", "APP-902")
+
+
 def send_message(i: int) -> dict[str, object]:
     """A blocking ``SendMessage`` to the credit bureau's ``score``, a new message (a new task)
-    each call; ``i`` names the applicant."""
+    each call; ``i`` picks the applicant (one on file) and the amount."""
     return {
         "jsonrpc": "2.0",
         "id": i,
@@ -39,7 +43,9 @@ def send_message(i: int) -> dict[str, object]:
             "message": {
                 "role": "ROLE_USER",
                 "messageId": uuid.uuid4().hex,
-                "parts": [{"data": {"applicant_id": f"APP-{i}", "amount": 1000 + i}}],
+                "parts": [
+                    {"data": {"applicant_id": _ON_FILE[i % len(_ON_FILE)], "amount": 1000 + abs(i)}}
+                ],
                 "metadata": {"skill": "score"},
             },
             "configuration": {"historyLength": 0},
