@@ -65,7 +65,12 @@ class Catalog:
         self, *, agent: str | None = None, skill: str | None = None, status: str = "passing"
     ) -> list[tuple[InstanceRecord, AgentRecord | None]]:
         """Instances (with their agent) filtered by agent, skill and status (``any``: all)."""
-        agents = {a.name: a for a in await self._store.agents()}
+        if agent is not None:
+            # A lookup of one agent (every delegation's discovery) needs its record only.
+            record = await self._store.agent(agent)
+            agents = {agent: record} if record is not None else {}
+        else:
+            agents = {a.name: a for a in await self._store.agents()}
         out = []
         for inst in await self._store.instances(agent=agent):
             record = agents.get(inst.agent)
