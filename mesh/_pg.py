@@ -228,6 +228,8 @@ class PgConnection:
         #: store waited for and got (``PgDatabase._run_batch``).
         self.sent: list[_Cursor] = []
         self.reads = 0
+        # The pipelined transaction's begin: answered by the server once it read the rest.
+        self._begin: _Cursor | None = None
 
     def execute(self, sql: str, params: Iterable[Any] = ()) -> psycopg.Cursor[Any]:
         if self._pipe is not None:
@@ -241,7 +243,7 @@ class PgConnection:
             # Held: the pipeline ends when its context manager is closed (or collected).
             self._pipe_cm = self.raw.pipeline()
             self._pipe = self._pipe_cm.__enter__()
-            self._send("begin", None)
+            self._begin = self._send("begin", None)
             self.sent = []
             return self.raw.cursor()
         query, args = translate(sql), tuple(params) or None
@@ -379,6 +381,11 @@ class PgConnection:
             return True
         return self.raw.info.transaction_status != pq.TransactionStatus.IDLE
 
+    def lost_unread(self) -> bool:
+        """Whether the connection is gone and the server never answered the transaction's
+        ``begin`` (answers come in order: it did nothing of it, a commit included)."""
+        return self.raw.closed and self._begin is not None and self._begin.pgresult is None
+
     def can_pipeline(self) -> bool:
         """Whether ``begin`` would open a pipeline (see the class's doc)."""
         return self._owned and not self.raw.closed and not _readable(self.raw)
@@ -499,8 +506,16 @@ class PgDatabase(Database):
             self.rerun_batches += 1
             return super()._run_batch(batch)
         except BaseException:
+            lost = conn.lost_unread()
             conn.abandon()
-            raise
+            if not lost:
+                raise
+            # The connection was found gone before the server answered anything of it (its
+            # goodbye not yet read when begin was sent): nothing was done, nothing read; the
+            # batch goes again, on a connection opened again at its begin.
+            conn.checked = True
+            self.rerun_batches += 1
+            return super()._run_batch(batch)
         finally:
             conn.checked = True
         self.batches += 1
@@ -509,6 +524,17 @@ class PgDatabase(Database):
     def _run_pipelined(self, batch: list[_Op], conn: PgConnection) -> list[_Outcome]:
         given = cast(Any, conn)  # the stores' functions take it as a sqlite3.Connection
         conn.execute("begin immediate")
+        if len(batch) == 1:  # alone, it needs no savepoint: its failure is the transaction's
+            try:
+                value = batch[0].fn(given)
+                conn.execute("commit")
+            except Exception as exc:
+                if conn.raw.closed:
+                    raise
+                conn.abandon()
+                return [(False, exc)]
+            self.commits += 1
+            return [(True, value)]
         outcomes: list[_Outcome] = [(False, None)] * len(batch)
         starts = [0] * len(batch)  # where each op's statements start in conn.sent
         base, reads, index = 0, conn.reads, 0

@@ -110,7 +110,10 @@ class Database:
 
     async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` atomically (all of it is committed, or none) and return once it is
-        committed. Writes queued together share one transaction (group commit)."""
+        committed. Writes queued together share one transaction (group commit). On PostgreSQL
+        ``fn`` may run twice when another write of its batch failed, never once it has read a
+        result (``mesh._pg.PgDatabase._run_batch``): what it does besides SQL before its first
+        read must bear that."""
         result: T = await self._enqueue(fn, write=True)
         return result
 
