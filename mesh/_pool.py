@@ -82,7 +82,15 @@ import httpx
 
 from mesh._tls import client_context, trusted_ca
 
-__all__ = ["REPLAYABLE", "CancelSafePool", "DirectPool", "MeshTransport", "create_transport"]
+__all__ = [
+    "REPLAYABLE",
+    "CancelSafePool",
+    "DirectPool",
+    "MeshTransport",
+    "Resolver",
+    "create_transport",
+    "open_checked",
+]
 
 _LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 
@@ -460,41 +468,8 @@ class DirectPool:
         origin: tuple[str, str, int],
         timeout: float | None,  # noqa: ASYNC109 - the connect timeout
     ) -> _Connection:
-        scheme, host, port = origin
-        context: ssl.SSLContext | None = None
-        if scheme == "https":
-            context = client_context()
-            context.set_alpn_protocols(["http/1.1"])
-        last: OSError | None = None
-        try:
-            async with asyncio.timeout(timeout):
-                with _as_httpx():
-                    # The checked addresses, never the name again (mesh._netguard); TLS still
-                    # verifies the URL's host and sends it as SNI.
-                    addresses = (
-                        [host]
-                        if self._resolver is None
-                        else await self._resolver.allowed_addresses(host, port, timeout)
-                    )
-                for address in addresses:
-                    try:
-                        reader, writer = await asyncio.open_connection(
-                            address,
-                            port,
-                            ssl=context,
-                            server_hostname=host if context is not None else None,
-                            limit=_READ_BYTES,
-                        )
-                    except ssl.SSLError as exc:
-                        raise httpx.ConnectError(str(exc)) from exc  # no other address helps
-                    except OSError as exc:
-                        last = exc
-                    else:
-                        return _Connection(reader, writer, origin)
-        except TimeoutError as exc:
-            raise httpx.ConnectTimeout(f"no connection to {host}:{port} in {timeout}s") from exc
-        assert last is not None
-        raise httpx.ConnectError(str(last) or type(last).__name__) from last
+        reader, writer = await open_checked(self._resolver, *origin, timeout)
+        return _Connection(reader, writer, origin)
 
     def _discard(self, connection: _Connection) -> None:
         connection.writer.close()
@@ -507,12 +482,58 @@ class DirectPool:
             self._discard(connection)
 
 
+async def open_checked(
+    resolver: Resolver | None,
+    scheme: str,
+    host: str,
+    port: int,
+    timeout: float | None,  # noqa: ASYNC109 - the connect timeout
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A new connection to ``host:port`` on asyncio streams, where ``resolver`` allows: one of
+    the addresses it checked, never the name again (``mesh._netguard``); for ``https`` TLS
+    with ``mesh._tls.client_context()``, the URL's host verified and sent as SNI. Failures are
+    httpx's: ``ConnectError`` (its cause the resolver's refusal, the TLS error or the last
+    ``OSError``), ``ConnectTimeout``. ``DirectPool`` and ``mesh._outbound.get_once`` use it."""
+    context: ssl.SSLContext | None = None
+    if scheme == "https":
+        context = client_context()
+        context.set_alpn_protocols(["http/1.1"])
+    last: OSError | None = None
+    try:
+        async with asyncio.timeout(timeout):
+            with _as_httpx():
+                addresses = (
+                    [host]
+                    if resolver is None
+                    else await resolver.allowed_addresses(host, port, timeout)
+                )
+            for address in addresses:
+                try:
+                    return await asyncio.open_connection(
+                        address,
+                        port,
+                        ssl=context,
+                        server_hostname=host if context is not None else None,
+                        limit=_READ_BYTES,
+                    )
+                except ssl.SSLError as exc:
+                    raise httpx.ConnectError(str(exc)) from exc  # no other address helps
+                except OSError as exc:
+                    last = exc
+    except TimeoutError as exc:
+        raise httpx.ConnectTimeout(f"no connection to {host}:{port} in {timeout}s") from exc
+    assert last is not None
+    raise httpx.ConnectError(str(last) or type(last).__name__) from last
+
+
 class MeshTransport(httpx.AsyncHTTPTransport):
     """An httpx transport over a ``CancelSafePool``, with a ``DirectPool`` that connects where
     the pool's network backend would (``direct``; None for a backend that is not a
     ``Resolver``), closed with it."""
 
     direct: DirectPool | None = None
+    #: The network backend its connections go through (None: httpcore's own).
+    backend: httpcore.AsyncNetworkBackend | None = None
 
     async def aclose(self) -> None:
         if self.direct is not None:
@@ -553,6 +574,7 @@ def create_transport(
         keepalive_expiry=limits.keepalive_expiry,
         network_backend=network_backend,
     )
+    transport.backend = network_backend
     if network_backend is None or isinstance(network_backend, Resolver):
         transport.direct = DirectPool(
             network_backend,

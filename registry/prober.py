@@ -14,8 +14,9 @@ errors and latency per edge, tokens, breakers; ``mesh._stats``), which go to ``T
 console's topology and agent views. One request per instance per interval serves both; any
 other server ignores the query.
 
-Registered URLs are chosen by whoever registers, so a probe is one ``bounded_get``: the whole
-answer within the probe timeout and ``MAX_HEALTH_BYTES``, or a failure. Each probe's result is
+Registered URLs are chosen by whoever registers, so a probe is one ``get_once`` (a
+``bounded_get`` on a connection of its own): the whole answer within the probe timeout and
+``MAX_HEALTH_BYTES``, or a failure. Each probe's result is
 applied as soon as that probe ends, so one instance answering at a byte a second delays nobody
 else's status change. Status reasons are fixed texts made by the registry (they are published
 on the page and the API): nothing of an answer is repeated but its status code.
@@ -84,7 +85,7 @@ from typing import Any
 import httpx
 
 from mesh._discovery.base import Status
-from mesh._outbound import FetchFailed, bounded_get
+from mesh._outbound import FetchFailed, get_once
 from registry.metrics import RegistryMetrics
 from registry.store import InstanceRecord, RegistryStore
 from registry.traffic import Traffic
@@ -106,13 +107,13 @@ log = logging.getLogger("registry.prober")
 MAX_HEALTH_BYTES = 64 * 1024
 # What the probe asks: /health, and a mesh node's window stats with it.
 HEALTH_PATH = "/health?stats=1"
-# Each probe on a connection of its own, closed by the instance after its answer (so the
-# TIME_WAIT is the instance's). Measured at 1,000 instances (tests/bench/probe_connections.py,
+# Each probe on a connection of its own (``mesh._outbound.get_once``), asking
+# ``Connection: close``. Measured at 1,000 instances (tests/bench/probe_connections.py,
 # docs/performance.md): half the registry's CPU per probe of the shared keep-alive pool when
 # the instances share a host:port, and about the same when each has its own (the pool keeps 20
 # connections alive, so it opens new ones anyway). A pool per host reuses its connection only
 # if its host is probed again within the keep-alive (5 s), which past the probe budget it is not.
-_PROBE_HEADERS = {"Connection": "close"}
+# get_once makes that connection with h11 on asyncio streams, not through httpx's pool.
 # Probes in flight at once; the registry's client has room for card fetches beside them.
 MAX_CONCURRENT_PROBES = 64
 # Probes per round at most (``--probe-budget``). A probe costs the registry ~1 ms of CPU (the
@@ -503,12 +504,11 @@ class Prober:
             )
         try:
             async with self._slots:
-                answer = await bounded_get(
+                answer = await get_once(
                     self._http,
                     inst.url + HEALTH_PATH,
                     max_bytes=MAX_HEALTH_BYTES,
                     timeout_s=self._timeout_s,
-                    headers=_PROBE_HEADERS,
                 )
         except FetchFailed as exc:
             reason = f"health check failed: {_FAILED.get(exc.reason, 'unreachable')}"

@@ -13,7 +13,9 @@ each within 2 s), round after round, in three ways:
 - ``shared``: the registry's one client (96 connections, 20 kept alive), whatever the origin;
 - ``per-host``: a client per origin (a connection or two each, kept alive between rounds);
 - ``short``: the shared client, each probe asking ``Connection: close`` (a new TCP connection
-  per probe, nothing kept).
+  per probe, nothing kept);
+- ``once``: what the registry does since (``mesh._outbound.get_once`` on the shared client): a
+  connection per probe, as ``short``, made and read with h11 on asyncio streams, not httpx.
 
 Prints the CPU this process spent per probe (what a probe costs the registry), a round's
 duration, and failures; the first round of each mode (connections opened) is not counted.
@@ -35,7 +37,7 @@ import httpx
 
 from mesh._netguard import create_http_client
 from mesh._netpolicy import NetworkPolicy
-from mesh._outbound import FetchFailed, bounded_get
+from mesh._outbound import FetchFailed, bounded_get, get_once
 from tests.support import Proc, clean_env, wait_for, wait_until_ok
 
 INSTANCES = 1000
@@ -90,9 +92,12 @@ async def _rounds(mode: str, bases: list[str], rounds: int) -> dict[str, float]:
         http = per_host.get(base, shared)
         async with slots:
             try:
-                r = await bounded_get(
-                    http, url, max_bytes=65536, timeout_s=TIMEOUT_S, headers=headers
-                )
+                if mode == "once":
+                    r = await get_once(http, url, max_bytes=65536, timeout_s=TIMEOUT_S)
+                else:
+                    r = await bounded_get(
+                        http, url, max_bytes=65536, timeout_s=TIMEOUT_S, headers=headers
+                    )
                 failed += r.status_code != 200
             except FetchFailed:
                 failed += 1
@@ -122,13 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--origins", default="1,1000", help="origins (ports), comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=2, help="alternated passes over the modes")
+    parser.add_argument("--modes", default="shared,per-host,short,once", help="comma-separated")
     args = parser.parse_args(argv)
     print("| origins | mode | CPU ms per probe | round s | failed |")
     print("|---|---|---|---|---|")
     for origins in (int(s) for s in args.origins.split(",")):
         with _fleet(origins) as bases:
             for _ in range(args.repeat):
-                for mode in ("shared", "per-host", "short"):
+                for mode in args.modes.split(","):
                     r = asyncio.run(_rounds(mode, bases, args.rounds))
                     print(
                         f"| {origins:,} | {mode} | {r['cpu_ms_per_probe']:.2f} | "
