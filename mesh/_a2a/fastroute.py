@@ -6,10 +6,12 @@ The SDK's JSON-RPC route reads and parses the body again, validates it and build
 context before it calls the handler: about 0.13 ms of CPU per request, a tenth of what a node
 spends on a function skill's task. For the requests the fast path takes, the gate hands its
 parse here instead (``mesh._gate``), and this does the route's work with the SDK's own public
-pieces: ``ParseDict`` into ``SendMessageRequest``, the ``A2A-Version`` check
+pieces: the request read into ``SendMessageRequest`` (``mesh._a2a.fastpath_json``, with
+``ParseDict`` for what it does not read), the ``A2A-Version`` check
 (``validate_version``), the call context (``DefaultServerCallContextBuilder``), the handler's
 ``on_message_send`` (idempotency, then ``FastPath``), and the answer or error body
-(``build_error_response``). Every other request (a malformed one included: it gets the SDK's
+(``build_error_response``; the answer as ``MessageToDict`` writes it, by
+``fastpath_json.response_json``). Every other request (a malformed one included: it gets the SDK's
 own error) goes on to the SDK's route untouched: ``serve`` returns False before sending
 anything. The REST answer is what the SDK's REST route sends: ``application/a2a+json`` with the
 ``SendMessageResponse``, or the binding's error payload (``build_rest_error_payload``) with its
@@ -24,17 +26,18 @@ from typing import TYPE_CHECKING, Any, Literal
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import build_error_response
 from a2a.server.routes import DefaultServerCallContextBuilder
-from a2a.types import SendMessageRequest, SendMessageResponse, Task
+from a2a.types import SendMessageRequest
 from a2a.utils import constants
 from a2a.utils.error_handlers import build_rest_error_payload
 from a2a.utils.errors import A2AError, InternalError
 from a2a.utils.version_validator import validate_version
-from google.protobuf.json_format import MessageToDict, ParseDict
+from google.protobuf.json_format import ParseDict
 from jsonrpc.jsonrpc2 import JSONRPC20Response  # type: ignore[import-untyped]
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mesh._a2a.fastpath import TAKEN, FastPath
+from mesh._a2a.fastpath_json import response_json, send_request
 from mesh._a2a.handler import MeshRequestHandler
 
 if TYPE_CHECKING:
@@ -115,10 +118,7 @@ class FastRoute:
             self.metrics.fastpath_send(binding)
 
     async def _call(self, params: SendMessageRequest, context: ServerCallContext) -> Any:
-        answer = await self._send(params, context)
-        if isinstance(answer, Task):
-            return MessageToDict(SendMessageResponse(task=answer))
-        return MessageToDict(SendMessageResponse(message=answer))
+        return response_json(await self._send(params, context))
 
     def _prepare(self, body: Any) -> tuple[str | int, SendMessageRequest] | None:
         """The request id and params of a ``SendMessage`` request, else None."""
@@ -142,6 +142,12 @@ class FastRoute:
         # Cheap refusals before parsing: follow-ups go to the SDK.
         if not isinstance(message, dict) or message.get("taskId") or message.get("task_id"):
             return None
+        try:
+            fast = send_request(raw)
+        except Exception:
+            fast = None  # ParseDict decides
+        if fast is not None:
+            return fast
         params = SendMessageRequest()
         try:
             ParseDict(raw, params, ignore_unknown_fields=True)

@@ -1,0 +1,246 @@
+"""The fast route's protobuf JSON (``mesh._a2a.fastpath_json``) against ``json_format``: the
+answers it writes are the bytes ``MessageToDict`` gives (the same dict, key order included,
+through the same ``json.dumps``), and the requests it reads are the messages ``ParseDict``
+builds; what it does not take is left to them, errors included."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from a2a.types import (
+    Artifact,
+    Message,
+    Part,
+    Role,
+    SendMessageRequest,
+    SendMessageResponse,
+    Task,
+    TaskState,
+    TaskStatus,
+)
+from google.protobuf.json_format import MessageToDict, ParseDict, SerializeToJsonError
+from google.protobuf.struct_pb2 import Struct, Value
+
+from mesh._a2a.fastpath_json import response_json, send_request, to_json
+
+WEIRD: dict[str, Any] = {
+    "unicode": "grüße, 世界, 🙂, \u2028",
+    "big": 2**60,
+    "huge": 1e300,
+    "negzero": -0.0,
+    "fraction": 0.1,
+    "int": 81,
+    "null": None,
+    "empty": {},
+    "emptylist": [],
+    "nested": {"a": [1, "two", None, True, {"b": [[], {}]}], "false": False},
+}
+
+
+def _struct(value: dict[str, Any]) -> Struct:
+    struct = Struct()
+    struct.update(value)
+    return struct
+
+
+def _data(value: Any) -> Value:
+    holder = _struct({"v": value})
+    return holder.fields["v"]
+
+
+def _message(text: str = "hi", **fields: Any) -> Message:
+    return Message(message_id="m-1", role=Role.ROLE_AGENT, parts=[Part(text=text)], **fields)
+
+
+def _tasks() -> list[Task]:
+    stamp = TaskStatus(state=TaskState.TASK_STATE_COMPLETED)
+    stamp.timestamp.FromJsonString("2026-12-01T01:40:55.994374Z")
+    typed = Task(
+        id="t-1",
+        context_id="c-1",
+        status=stamp,
+        artifacts=[
+            Artifact(
+                artifact_id="result",
+                name="score",
+                parts=[Part(data=_data({"score": 396, "tier": "D", **WEIRD}))],
+                metadata=_struct({"mediaType": "application/json"}),
+            )
+        ],
+        metadata=_struct({"usage": {"inputTokens": 81.0}, "skill": "score", **WEIRD}),
+    )
+    llm = Task(
+        id="t-2",
+        context_id="c-2",
+        status=TaskStatus(state=TaskState.TASK_STATE_COMPLETED),
+        artifacts=[
+            Artifact(
+                artifact_id="answer-t-2",
+                name="chat",
+                parts=[Part(text="a-1001: score 396 tier D 🙂", media_type="text/plain")],
+            )
+        ],
+        history=[_message("score a-1001", context_id="c-2", task_id="t-2")],
+        metadata=_struct({"childrenUsage": {}, "traceparent": "00-ab-cd-01"}),
+    )
+    rejected = Task(
+        id="t-3",
+        context_id="c-3",
+        status=TaskStatus(
+            state=TaskState.TASK_STATE_REJECTED,
+            message=_message("invalid input: field 'amount' is required"),
+        ),
+    )
+    asking = Task(
+        id="t-4",
+        context_id="c-4",
+        status=TaskStatus(
+            state=TaskState.TASK_STATE_INPUT_REQUIRED,
+            message=_message(
+                "which account?",
+                metadata=_struct({"question": {"schema": {"type": "string"}}, "n": None}),
+            ),
+        ),
+    )
+    files = Task(
+        id="t-5",
+        artifacts=[
+            Artifact(
+                artifact_id="files",
+                description="ünïcode",
+                extensions=["https://example.org/ext"],
+                parts=[
+                    Part(raw=b"\x00\xffbytes", media_type="application/octet-stream"),
+                    Part(url="https://example.org/f.pdf", filename="f.pdf"),
+                    Part(data=_data([1, 2.5, "x"])),
+                    Part(data=_data(None)),
+                    Part(data=_data("just text")),
+                    Part(data=Value()),  # no kind set: null
+                ],
+            )
+        ],
+    )
+    return [typed, llm, rejected, asking, files, Task()]
+
+
+@pytest.mark.parametrize("task", _tasks(), ids=lambda task: task.id or "empty")
+def test_answers_are_message_to_dict(task: Task) -> None:
+    for response in (SendMessageResponse(task=task), task, task.status):
+        mine, theirs = to_json(response), MessageToDict(response)
+        assert mine == theirs
+        assert json.dumps(mine, ensure_ascii=False) == json.dumps(theirs, ensure_ascii=False)
+    # A copy into SendMessageResponse may iterate a Struct's map in another order: the same
+    # JSON object, not the same bytes; response_json writes the task itself, as MessageToDict.
+    assert response_json(task) == MessageToDict(SendMessageResponse(task=task))
+    assert json.dumps(response_json(task)) == json.dumps({"task": MessageToDict(task)})
+
+
+def test_a_message_answer_is_message_to_dict() -> None:
+    message = _message("direct", metadata=_struct(WEIRD))
+    response = SendMessageResponse(message=message)
+    assert json.dumps(to_json(response)) == json.dumps(MessageToDict(response))
+    assert response_json(message) == MessageToDict(response)
+    assert json.dumps(response_json(message)) == json.dumps({"message": MessageToDict(message)})
+
+
+def test_a_value_json_cannot_hold_gets_message_to_dicts_error() -> None:
+    task = Task(id="t", metadata=_struct({"n": float("nan")}))
+    with pytest.raises(SerializeToJsonError) as theirs:
+        MessageToDict(SendMessageResponse(task=task))
+    with pytest.raises(SerializeToJsonError) as mine:
+        to_json(SendMessageResponse(task=task))
+    assert str(mine.value) == str(theirs.value)
+    with pytest.raises(SerializeToJsonError) as mine:
+        response_json(task)
+    assert str(mine.value) == str(theirs.value)
+
+
+def _message_json(**fields: Any) -> dict[str, Any]:
+    return {"role": "ROLE_USER", "messageId": "m-1", "parts": [{"text": "hi"}], **fields}
+
+
+TAKEN: list[dict[str, Any]] = [
+    {"message": _message_json(), "configuration": {"historyLength": 0}},
+    {"message": _message_json()},
+    {"message": _message_json(contextId="c-1", metadata={"skill": "score", **WEIRD})},
+    {"message": _message_json(metadata={})},
+    {
+        "message": _message_json(
+            parts=[
+                {
+                    "data": {"amount": 25000, "id": "a-1001", **WEIRD},
+                    "mediaType": "application/json",
+                },
+                {"text": "ünïcode 🙂", "mediaType": "text/plain"},
+                {"data": [1, None, "x"]},
+                {"data": None},
+                {"data": 1.5},
+                {"data": False},
+            ]
+        ),
+        "configuration": {"historyLength": 3, "acceptedOutputModes": ["application/json"]},
+    },
+    {"message": {"messageId": "", "parts": []}, "configuration": {}},
+    {"message": _message_json(role="ROLE_AGENT")},
+]
+
+LEFT: list[dict[str, Any]] = [
+    {"message": _message_json(), "configuration": {"returnImmediately": True}},
+    {"message": _message_json(), "metadata": {"x": 1}},
+    {"message": _message_json(), "tenant": "t"},
+    {"message": _message_json(role=1)},
+    {"message": _message_json(message_id="snake")},
+    {"message": _message_json(extensions=["x"])},
+    {"message": _message_json(parts=[{"text": "a", "data": {}}])},
+    {"message": _message_json(parts=[{"url": "https://example.org/f"}])},
+    {"message": _message_json(), "configuration": {"historyLength": 2.0}},
+    {"message": _message_json(), "configuration": {"historyLength": True}},
+    {"message": _message_json(), "configuration": {"historyLength": "2"}},
+    {"message": _message_json(), "configuration": {"historyLength": 2**40}},
+    {"message": _message_json(metadata=None)},
+    {"message": _message_json(messageId=None)},
+    {"message": _message_json(role="ROLE_KING")},  # ParseDict ignores it (unknown fields)
+]
+
+REFUSED: list[dict[str, Any]] = [
+    {"message": _message_json(metadata=[1])},
+    {"message": _message_json(parts={"text": "a"})},
+    {"message": _message_json(messageId=5)},
+    {"message": _message_json(parts=[{"text": 5}])},
+    {"message": _message_json(), "configuration": {"historyLength": 2**40}},
+    {"message": _message_json(), "configuration": {"acceptedOutputModes": "json"}},
+]
+
+
+def _parse_dict(raw: dict[str, Any]) -> SendMessageRequest:
+    request = SendMessageRequest()
+    ParseDict(raw, request, ignore_unknown_fields=True)
+    return request
+
+
+@pytest.mark.parametrize("raw", TAKEN)
+def test_requests_are_what_parse_dict_reads(raw: dict[str, Any]) -> None:
+    mine = send_request(raw)
+    assert mine is not None
+    theirs = _parse_dict(raw)
+    assert mine == theirs
+    assert mine.SerializeToString(deterministic=True) == theirs.SerializeToString(
+        deterministic=True
+    )
+    # Presence too: an empty Struct or configuration is there on both sides.
+    for message in (mine, theirs):
+        assert message.message.HasField("metadata") == ("metadata" in raw["message"])
+        assert message.HasField("configuration") == ("configuration" in raw)
+
+
+@pytest.mark.parametrize("raw", LEFT + REFUSED)
+def test_other_requests_are_left_to_parse_dict(raw: dict[str, Any]) -> None:
+    assert send_request(raw) is None
+
+
+@pytest.mark.parametrize("raw", REFUSED)
+def test_parse_dict_refuses_what_it_is_left(raw: dict[str, Any]) -> None:
+    with pytest.raises(Exception):  # noqa: B017, PT011 (json_format's own ParseError types)
+        _parse_dict(raw)
