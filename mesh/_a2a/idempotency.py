@@ -171,7 +171,9 @@ class IdempotencyKeys:
     async def initialize(self) -> None:
         if self._db is not None:
             await self._db.ensure_schema("a2a_message_keys", _SCHEMA)
-        if self._db is not None and self._db.dialect == "sqlite":  # one process writes it
+        # SQLite written by this handle alone (a node's own file); handles marked ``shared``
+        # are replicas of one database, where another may record a key this one never saw.
+        if self._db is not None and self._db.dialect == "sqlite" and not self.shared:
 
             def scan(conn: sqlite3.Connection) -> KnownKeys:
                 (count,) = conn.execute("select count(*) from a2a_message_keys").fetchone()
