@@ -6,8 +6,10 @@ builds; what it does not take is left to them, errors included."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from a2a.types import (
     Artifact,
@@ -24,6 +26,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict, SerializeToJso
 from google.protobuf.struct_pb2 import Struct, Value
 
 from mesh._a2a.fastpath_json import response_json, send_request, to_json
+from tests.test_node_fastpath import _same, _send, fast_and_sdk
 
 WEIRD: dict[str, Any] = {
     "unicode": "grüße, 世界, 🙂, \u2028",
@@ -244,3 +247,26 @@ def test_other_requests_are_left_to_parse_dict(raw: dict[str, Any]) -> None:
 def test_parse_dict_refuses_what_it_is_left(raw: dict[str, Any]) -> None:
     with pytest.raises(Exception):  # noqa: B017, PT011 (json_format's own ParseError types)
         _parse_dict(raw)
+
+
+@pytest.mark.integration
+async def test_the_fast_route_answers_as_the_sdk_route(tmp_path: Path) -> None:
+    """Two real nodes, MESH_FASTPATH=1 and 0: the same answer to a request full of what JSON
+    conversion gets wrong (the request comes back in the history, as each path read it)."""
+    body = _send(
+        {"key": "grüße 🙂 \u2028", "n": 2**40},
+        "echo",
+        config={"historyLength": 5, "acceptedOutputModes": ["application/json"]},
+        meta={"extra": WEIRD},
+    )
+    target = "tests.node_agents:agent"
+    with fast_and_sdk(tmp_path, target, file_var="NODE_TEST_CALLS", suffix=".calls") as nodes:
+        async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
+            answer = await _same(http, nodes, body)
+            rejected = await _same(http, nodes, _send({"key": None, "n": 1e300}, "echo"))
+    task = answer["result"]["task"]
+    assert task["artifacts"][0]["parts"][0]["data"]["doubled"] == 2**41
+    first = task["history"][0]
+    assert first["parts"][0]["data"] == {"key": "grüße 🙂 \u2028", "n": float(2**40)}
+    assert first["metadata"]["extra"] == json.loads(json.dumps(WEIRD), parse_int=float)
+    assert rejected["result"]["task"]["status"]["state"] == "TASK_STATE_REJECTED"
