@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, NoReturn
 
-from a2a.helpers import get_data_parts, get_text_parts, new_text_message
+from a2a.helpers import get_text_parts, new_text_message
 from a2a.server.agent_execution import RequestContext, RequestContextBuilder
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event, EventQueue
@@ -227,7 +227,8 @@ class FastPath:
         try:
             req = self.executor.read_request(params.message, context)
             parts = list(params.message.parts)
-            has_data = bool(get_data_parts(parts))
+            # Whether there is one, not its value (get_data_parts converts each to Python).
+            has_data = any(part.HasField("data") for part in parts)
             # A typed skill's input as a JSON object in text takes this path too.
             as_text = None if has_data else json_object(parts)
             skill = self.executor.dispatcher.resolve(
