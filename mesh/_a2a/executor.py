@@ -44,7 +44,6 @@ from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.tasks import TaskUpdater
 from a2a.types import Message, Role, Task, TaskState, TaskStatus
 from a2a.utils.errors import ContentTypeNotSupportedError, InternalError, InvalidParamsError
-from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel
 
 from mesh._a2a.artifacts import (
@@ -56,6 +55,7 @@ from mesh._a2a.artifacts import (
     refused_types,
 )
 from mesh._a2a.dispatcher import Outcome, SkillDispatcher, WaitCheck
+from mesh._a2a.fastpath_json import to_json
 from mesh._a2a.idempotency import IdempotencyKeys, MessageKey, message_key
 from mesh._a2a.json_text import json_object
 from mesh._a2a.metadata_keys import CALLER_TASK, CHILDREN_USAGE, TOOL_CALLS, USAGE, read, usage_json
@@ -145,7 +145,8 @@ class _Request:
 def _message_metadata(message: Message | None) -> dict[str, Any]:
     if message is None or not message.metadata:
         return {}
-    return dict(MessageToDict(message.metadata))
+    # json_format's rules without its descriptor walk (MessageToDict's error for a NaN).
+    return dict(to_json(message.metadata))
 
 
 def _deadline(value: Any) -> float | None:
