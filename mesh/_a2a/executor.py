@@ -31,7 +31,6 @@ import contextlib
 import functools
 import logging
 import math
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -304,29 +303,15 @@ class MeshExecutor(AgentExecutor):
             seconds = time.monotonic() - started
             if self.metrics:
                 self.metrics.task_done(skill_id, outcome, seconds)
-            if log.isEnabledFor(logging.INFO):
-                # The record is made here rather than by log.info, whose findCaller (a frame
-                # walk and a path normalisation per record) was ~15 % of the line's cost. The
-                # handlers are the caller's, unchanged: a line is written when its task ends.
-                log.handle(
-                    log.makeRecord(
-                        log.name,
-                        logging.INFO,
-                        __file__,
-                        sys._getframe().f_lineno,
-                        _TASK_LINE,
-                        (
-                            self.dispatcher.agent.name,
-                            skill_id,
-                            task_id,
-                            outcome,
-                            seconds * 1000,
-                            (req.traceparent if req else None) or "-",
-                        ),
-                        None,
-                        "execute",
-                    )
-                )
+            log.info(
+                _TASK_LINE,
+                self.dispatcher.agent.name,
+                skill_id,
+                task_id,
+                outcome,
+                seconds * 1000,
+                (req.traceparent if req else None) or "-",
+            )
 
     def _resume_kind(self, context: RequestContext, current: Task | None) -> str | None:
         """How this run resumes a task that waited (``RESUME``'s values, or ``ANSWER``); None
