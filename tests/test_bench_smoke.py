@@ -85,7 +85,7 @@ def test_quick_bench_writes_one_table_and_its_json(tmp_path: Path) -> None:
             assert proc_facts["cpu_s"] > 0
     assert rows[FLOOR]["ratios"][f"vs_{FLOOR}"]["peak_rps"] == 1.0
     assert rows[A2A]["ratios"][f"vs_{A2A}"]["latency_p50"] == 1.0
-    assert len(result["targets"]) == 7
+    assert len(result["targets"]) == 9
     for target in result["targets"]:
         assert target["met"] in {True, False, None}
         # A target is judged exactly when the rows it needs were measured.
@@ -173,9 +173,11 @@ def test_targets_and_ratios_come_from_the_rows_of_the_run() -> None:
     # ADK's hop to the same node, its remote row minus its local one.
     assert hop["adk_hop_ms"] == 10.5
     # throughput 1.5x (>= 1), hop 2x (> 1.5), RSS 1.25x (> 1.2), growth 0, spawn 2x (> 1.2)
-    # in wall time and in CPU, no PostgreSQL row
+    # in wall time and in CPU, the LLM node 0.5x (< 2), the hop 4.0 ms (> 1.0), no PostgreSQL row
     met = [t["met"] for t in report.targets(rows, hop)]
-    assert met == [True, False, False, True, False, False, None]
+    assert met == [True, False, False, True, False, False, False, False, None]
+    judged = {t["name"]: t["value"] for t in report.targets(rows, hop)}
+    assert judged["delegation hop (remote - local tool, p50), ms"] == 4.0
     assert rows[2]["ratios"]["vs_a2a-sdk"]["spawn_cpu_s"] == 2.0
     # The node on PostgreSQL: throughput against a2a-sdk's, CPU of node and database apart,
     # statements per task over every task the node ran (warm-up, latency, levels, soak).

@@ -178,6 +178,19 @@ def targets(rows: list[dict[str, Any]], hop: dict[str, Any] | None) -> list[dict
             1.2,
             at_most=True,
         ),
+        # Issue 19 items 1 and 2: the LLM agent's turn, and the hop in milliseconds.
+        _target(
+            "LLM agent node (coord-local, scripted model) peak throughput / bare a2a-sdk",
+            _ratio(_get(_ok(rows, LOCAL), "peak_rps"), _get(a2a, "peak_rps")),
+            2.0,
+            at_most=False,
+        ),
+        _target(
+            "delegation hop (remote - local tool, p50), ms",
+            hop.get("hop_ms") if hop else None,
+            1.0,
+            at_most=True,
+        ),
         _target(
             "node on PostgreSQL (mesh-node-pg) peak throughput / bare a2a-sdk (in-memory)",
             _ratio(_get(_ok(rows, MESH_PG), "peak_rps"), _get(a2a, "peak_rps")),
