@@ -23,8 +23,9 @@ on the page and the API): nothing of an answer is repeated but its status code.
 
 A round probes at most ``budget`` instances (``PROBES_PER_ROUND``): with more, they take turns
 (each is probed every ceil(instances / budget) rounds), while every instance past its TTL is
-found critical in every round (no request needed). Heartbeats are the primary signal; a killed
-node is critical within one TTL at worst, and within a round when its turn comes first.
+found critical in every round (no request needed) and every instance whose heartbeats are late
+(a third of the TTL) is probed first. Heartbeats are the primary signal; a killed node is
+critical within a round of being late (its port refused), within one TTL at worst.
 
 At most ``concurrency`` probes run at once (``MAX_CONCURRENT_PROBES``, below the client's
 ``max_connections``): the rest wait their turn here, where waiting is cheap, not in the HTTP
@@ -407,18 +408,32 @@ class Prober:
     def _silent(self, inst: InstanceRecord) -> bool:
         return self._clock() - max(inst.last_heartbeat_at, self._started_at) > self._ttl_s
 
+    def _late(self, inst: InstanceRecord) -> bool:
+        """Its heartbeats overdue by a third of the TTL (two missed at a node's default
+        interval): probed in the next round, not when its turn comes."""
+        return self._clock() - max(inst.last_heartbeat_at, self._started_at) > self._ttl_s / 3
+
     def _this_round(self, instances: list[InstanceRecord]) -> list[InstanceRecord]:
         """Every instance past its TTL (no request: it is critical) and at most ``budget``
-        others, in turn: with more instances than that, each is probed every few rounds and
-        its heartbeats (the primary signal) speak for it in between."""
+        others: the late ones first (oldest heartbeat first), then the rest in turn. With more
+        instances than the budget, each is probed every few rounds and its heartbeats (the
+        primary signal) speak for it in between; one that stops heartbeating is probed within
+        a round of being late, so a killed node (its port refused) is critical well within one
+        TTL, where waiting for its turn took up to ceil(instances / budget) rounds past it."""
         fresh = [inst for inst in instances if not self._silent(inst)]
         if len(fresh) <= self._budget:
             return instances
-        fresh.sort(key=lambda inst: inst.instance_id)
-        start = self._cursor % len(fresh)
-        picked = (fresh[start:] + fresh[:start])[: self._budget]
-        self._cursor = start + self._budget
-        chosen = {inst.instance_id for inst in picked}
+        late = sorted((i for i in fresh if self._late(i)), key=lambda i: i.last_heartbeat_at)
+        late = late[: self._budget]
+        chosen = {inst.instance_id for inst in late}
+        rest = sorted(
+            (i for i in fresh if i.instance_id not in chosen), key=lambda i: i.instance_id
+        )
+        room = self._budget - len(late)
+        if rest and room:
+            start = self._cursor % len(rest)
+            chosen.update(i.instance_id for i in (rest[start:] + rest[:start])[:room])
+            self._cursor = start + room
         return [i for i in instances if i.instance_id in chosen or self._silent(i)]
 
     def _warn_size(self, count: int) -> None:

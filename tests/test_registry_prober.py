@@ -106,3 +106,36 @@ def test_status_reasons_never_repeat_what_an_answer_says(tmp_path: Path) -> None
             assert piece in FAKE_STATUS
             for text in (page, api, reg.proc.output()):
                 assert piece not in text
+
+
+async def test_an_instance_whose_heartbeats_are_late_is_probed_in_the_next_round(
+    tmp_path: Path,
+) -> None:
+    """Past the probe budget instances take turns; one that stopped heartbeating must not wait
+    for its turn (at 10,000 instances and a budget of 1,000 a killed node waited ten rounds and
+    was found only by its TTL, 33.9 s after the kill against a 30 s TTL)."""
+    from registry.prober import Prober
+    from registry.sqlite_store import SqliteRegistryStore
+    from registry.store import InstanceRecord
+
+    now = 1_000_000.0
+    store = await SqliteRegistryStore.open(tmp_path / "registry.db")
+    async with httpx.AsyncClient() as http:
+        prober = Prober(store, http, ttl_s=30.0, budget=3, clock=lambda: now - 100.0)
+        prober._clock = lambda: now  # started 100 s ago: heartbeats, not start-up, count
+
+        def inst(name: str, beat_ago: float) -> InstanceRecord:
+            return InstanceRecord(name, "a", f"http://127.0.0.1:1/{name}", "1",
+                                  last_heartbeat_at=now - beat_ago)  # fmt: skip
+
+        fleet = [inst(f"i-{n}", 1.0) for n in range(9)] + [inst("z-late", 12.0)]
+        fleet.append(inst("z-silent", 31.0))  # past its TTL: in every round, outside the budget
+        first = {i.instance_id for i in prober._this_round(fleet)}
+        assert {"z-late", "z-silent"} <= first
+        assert len(first - {"z-silent"}) == 3  # the budget holds, the late one within it
+        # The rest still take turns: every fresh instance is probed within a few rounds.
+        seen = set(first)
+        for _ in range(5):
+            seen |= {i.instance_id for i in prober._this_round(fleet)}
+        assert seen == {i.instance_id for i in fleet}
+    await store.aclose()
