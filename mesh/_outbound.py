@@ -22,7 +22,7 @@ import httpx
 
 from mesh._errors import FetchFailed
 from mesh._netguard import AddressRefused
-from mesh._pool import MeshTransport, Resolver, open_checked
+from mesh._pool import Resolver, open_checked, plain_mesh_transport
 from mesh._tls import verify_failure
 
 __all__ = ["BoundedResponse", "FetchFailed", "bounded_get", "get_once"]
@@ -95,10 +95,8 @@ async def bounded_get(
 def _resolver_for(http: httpx.AsyncClient, url: httpx.URL) -> Resolver | None:
     """The checking backend of the mesh transport ``http`` sends ``url`` through, when
     ``get_once`` may go around httpx: nothing of the client's own would be missed."""
-    if http.auth is not None or any(http.event_hooks.values()):
-        return None
-    transport = http._transport_for_url(url)
-    backend = transport.backend if isinstance(transport, MeshTransport) else None
+    transport = plain_mesh_transport(http, url)
+    backend = transport.backend if transport is not None else None
     return backend if isinstance(backend, Resolver) else None
 
 

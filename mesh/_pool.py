@@ -90,6 +90,7 @@ __all__ = [
     "Resolver",
     "create_transport",
     "open_checked",
+    "plain_mesh_transport",
 ]
 
 _LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
@@ -550,6 +551,18 @@ class MeshTransport(httpx.AsyncHTTPTransport):
         if self.direct is not None:
             await self.direct.aclose()
         await super().__aexit__(exc_type, exc_value, traceback)
+
+
+def plain_mesh_transport(http: httpx.AsyncClient, url: httpx.URL) -> MeshTransport | None:
+    """The ``MeshTransport`` ``http`` sends ``url`` through, when going around httpx misses
+    nothing of the client's own (no auth, no event hooks): ``A2APeer.send``'s direct pool and
+    the registry's probes (``mesh._outbound.get_once``) ask it; None for any other client."""
+    if http.auth is not None or any(http.event_hooks.values()):
+        return None
+    # httpx has no public way to ask which transport (or mount) serves a URL; it is pinned
+    # below 1.0, where this is stable (as the pool replaced in ``create_transport``).
+    transport = http._transport_for_url(url)
+    return transport if isinstance(transport, MeshTransport) else None
 
 
 def create_transport(

@@ -79,7 +79,7 @@ from mesh._a2a.results import TaskPage, TaskResult, TaskUpdate, as_json
 from mesh._errors import FetchFailed, RemoteError, RemoteReason
 from mesh._failures import NOT_A2A_STATUS, reason_of, status_of
 from mesh._outbound import bounded_get
-from mesh._pool import REPLAYABLE, DirectPool, MeshTransport
+from mesh._pool import REPLAYABLE, DirectPool, plain_mesh_transport
 from mesh._tls import describe_failure, verify_failure
 
 log = logging.getLogger("mesh._a2a.client")
@@ -321,10 +321,8 @@ class A2APeer:
         if self._direct_for is not self.http:
             self._direct_for = self.http
             self._direct = None
-            http = self.http
-            transport = http._transport_for_url(self._url)
-            hooked = any(http.event_hooks.values())
-            if isinstance(transport, MeshTransport) and http.auth is None and not hooked:
+            transport = plain_mesh_transport(self.http, self._url)
+            if transport is not None:
                 self._direct = transport.direct
         return self._direct
 
