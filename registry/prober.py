@@ -405,13 +405,17 @@ class Prober:
             self._metrics.behind.set(1 if self.behind() else 0)
             await self._export()
 
+    def _quiet_s(self, inst: InstanceRecord) -> float:
+        """Seconds since its last heartbeat (or since start-up: none could arrive before)."""
+        return self._clock() - max(inst.last_heartbeat_at, self._started_at)
+
     def _silent(self, inst: InstanceRecord) -> bool:
-        return self._clock() - max(inst.last_heartbeat_at, self._started_at) > self._ttl_s
+        return self._quiet_s(inst) > self._ttl_s
 
     def _late(self, inst: InstanceRecord) -> bool:
         """Its heartbeats overdue by a third of the TTL (two missed at a node's default
         interval): probed in the next round, not when its turn comes."""
-        return self._clock() - max(inst.last_heartbeat_at, self._started_at) > self._ttl_s / 3
+        return self._quiet_s(inst) > self._ttl_s / 3
 
     def _this_round(self, instances: list[InstanceRecord]) -> list[InstanceRecord]:
         """Every instance past its TTL (no request: it is critical) and at most ``budget``
@@ -511,7 +515,7 @@ class Prober:
             await self._store.set_status(inst.instance_id, status, reason, inst.status_changed_at)
 
     async def _check(self, inst: InstanceRecord) -> _Observation:
-        silent_for = self._clock() - max(inst.last_heartbeat_at, self._started_at)
+        silent_for = self._quiet_s(inst)
         if silent_for > self._ttl_s:
             return _Observation(
                 "critical",
