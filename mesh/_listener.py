@@ -23,7 +23,13 @@ def bind_listener(host: str, port: int) -> socket.socket:
     """A bound (not yet listening) TCP socket on ``host:port``, inheritable so uvicorn can use
     it. A busy port or an address that is not this machine's is a ``ConfigError``."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio's own loop (uvicorn's when uvloop is absent) sets TCP_NODELAY
+    # on an accepted connection only when the socket says it is TCP by its proto, and accepted
+    # sockets copy the listener's. Without it uvicorn's two writes of an answer (head, then
+    # body) meet Nagle and the client's delayed ACK: ~45 ms per request instead of ~1
+    # (docs/performance.md "The listening socket"). uvloop sets it either way.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     # A port left in TIME_WAIT by a process that just stopped is free to take again.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
