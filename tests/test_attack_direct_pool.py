@@ -353,3 +353,81 @@ async def test_each_new_connection_goes_only_where_the_network_policy_allows(hos
         finally:
             await allowed.aclose()
             await refused.aclose()
+
+
+# The pool reads a textbook answer (HTTP/1.1, a final status, one Content-Length) itself and
+# hands any other to h11 from its first byte: the tests below hold its own reading to h11's.
+
+
+async def test_an_answer_that_says_connection_close_is_whole_and_its_connection_not_kept() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nContent-Length: 4\r\n\r\nreal"
+    async with scripted(lambda n: (answer, False)) as server, direct() as pool:
+        assert await _post(pool, server.port) == (200, b"real")
+        assert await _post(pool, server.port) == (200, b"real")
+        assert server.connections == 2
+        assert pool._idle == []
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\ncontent-LENGTH:   4  \r\nX-Empty:\r\n\r\nreal",
+        b"HTTP/1.1 200 \r\nContent-Length: 4\r\n\r\nreal",
+        b"HTTP/1.1 200\r\nContent-Length: 4\r\n\r\nreal",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\nreal",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 4, 4\r\n\r\nreal",
+    ],
+    ids=["spacing-and-case", "empty-reason", "no-reason", "repeated-length", "listed-length"],
+)
+async def test_headers_as_http_allows_them_are_read_and_the_connection_kept(answer: bytes) -> None:
+    async with scripted(lambda n: (answer, False)) as server, direct() as pool:
+        assert await _post(pool, server.port) == (200, b"real")
+        assert await _post(pool, server.port) == (200, b"real")
+        assert server.connections == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nreal!",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -4\r\n\r\nreal",
+        b"HTTP/1.1 200 OK\r\nBad Name: x\r\nContent-Length: 4\r\n\r\nreal",
+        b"HTTP/1.1 2000 OK\r\nContent-Length: 4\r\n\r\nreal",
+    ],
+    ids=["conflicting-lengths", "negative-length", "space-in-name", "status"],
+)
+async def test_a_malformed_head_is_a_protocol_error(answer: bytes) -> None:
+    async with scripted(lambda n: (answer, False)) as server, direct() as pool:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await _post(pool, server.port)
+        assert pool._idle == []
+
+
+async def test_an_error_answer_is_cut_at_its_cap_and_the_next_answer_is_its_own() -> None:
+    error = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 10000\r\n\r\n"
+    error += b"e" * 10_000
+    async with scripted(lambda n: (error if n == 0 else OK, False)) as server, direct() as pool:
+        status, body = await pool.post(
+            httpx.URL(f"http://127.0.0.1:{server.port}/"),
+            [],
+            b"{}",
+            timeout=5.0,
+            connect_timeout=5.0,
+            max_bytes=100_000,
+            too_large=TooLarge,
+            error_bytes=4096,
+        )
+        assert (status, body) == (500, b"e" * 4096)
+        assert await _post(pool, server.port) == (200, b"real")
+
+
+@pytest.mark.parametrize(
+    "header", [("Host", "elsewhere"), ("Content-Length", "1"), ("Transfer-Encoding", "chunked")]
+)
+async def test_a_header_the_pool_writes_itself_is_refused_before_anything_is_sent(
+    header: tuple[str, str],
+) -> None:
+    async with scripted(lambda n: (OK, False)) as server, direct() as pool:
+        with pytest.raises(httpx.LocalProtocolError):
+            await _post(pool, server.port, headers=[header])
+        assert server.requests == []
