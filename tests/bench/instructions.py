@@ -1,0 +1,356 @@
+"""Instructions per request, counted by cachegrind: a measure a loaded machine does not move.
+
+    python -m tests.bench.instructions                       # mesh-node and coord-local
+    python -m tests.bench.instructions --rows coord-local --n1 96 --n2 384
+    python -m tests.bench.instructions --tree /tmp/me/before # another checkout, same method
+    python -m tests.bench.instructions --no-valgrind         # CPU per request only
+
+Each row's agent is served in process, without HTTP: its real app (``Node(agent, settings)``,
+its lifespan, its SQLite file in a temporary folder) called as ASGI with the bench's own request
+body, ``--concurrency`` requests at a time on uvloop, every answer checked. Instructions per
+request are the difference of two runs under ``valgrind --tool=cachegrind`` that do the same
+start-up and warm-up and then N1 and N2 requests, divided by N2 - N1: start-up, warm-up and exit
+cancel, both threads and C code (SQLite, pydantic-core, protobuf) count. ``PYTHONHASHSEED`` is
+fixed so two runs of one tree walk the same hash orders. CPU per request comes from a plain run
+(no valgrind) of N2 requests: ``process_time`` around the measured requests.
+
+``--tree`` runs the measured processes inside another checkout (its working directory and
+``PYTHONPATH``), so ``mesh`` and the bench agents are that tree's, whichever tree this file is
+from; the tree needs ``tests/bench/scenarios.py`` and ``tests/bench/agents/``. See
+docs/performance.md "Method".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ROWS", "Measure", "main"]
+
+THIS = Path(__file__).resolve()
+ROOT = THIS.parents[2]
+# The same switch `mesh serve` sets before a2a is imported (mesh._cli.serve._quiet_sdk_tracing).
+SDK_TRACING = "OTEL_INSTRUMENTATION_A2A_SDK_ENABLED"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@dataclass(frozen=True)
+class InProcRow:
+    """One agent served in process, and what the bench sends it."""
+
+    agent: str
+    # "text": the coordinator's text message; "score": the typed data part with skill "score".
+    request: str
+
+
+ROWS: dict[str, InProcRow] = {
+    "mesh-node": InProcRow("tests.bench.agents.specialist:agent", "score"),
+    "coord-local": InProcRow("tests.bench.agents.coordinator:local", "text"),
+}
+
+
+@dataclass(frozen=True)
+class Measure:
+    """What one measured process reports."""
+
+    requests: int
+    cpu_s: float
+    wall_s: float
+
+
+# ---- the measured process ----------------------------------------------------------------
+
+
+def _load(spec: str) -> Any:
+    import importlib
+
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _split(total: int, workers: int) -> list[int]:
+    return [total // workers + (1 if w < total % workers else 0) for w in range(workers)]
+
+
+async def _serve(row: InProcRow, warmup: int, requests: int, concurrency: int) -> Measure:
+    # Imported here, in the measured process, from the tree on its sys.path.
+    from mesh._node import Node
+    from mesh._settings import NodeSettings
+    from tests.bench.scenarios import (
+        A2A_HEADERS,
+        COMPLETED,
+        SCORE_PARTS,
+        SCORE_TEXT,
+        SCORED,
+        send_message_body,
+    )
+
+    if row.request == "text":
+        template, expect = send_message_body(SCORE_TEXT, None), SCORED
+    else:
+        template, expect = send_message_body(SCORE_PARTS, "score"), COMPLETED
+    base_headers = [(b"content-type", b"application/json")] + [
+        (k.lower().encode(), v.encode()) for k, v in A2A_HEADERS.items()
+    ]
+    agent = _load(row.agent)
+    with tempfile.TemporaryDirectory(prefix="mesh-ir-") as tmp:
+        node = Node(agent, NodeSettings(data_dir=Path(tmp), registry=None))
+        app = node.app
+        async with app.router.lifespan_context(app) as state:
+            lifespan_state = dict(state or {})
+
+            async def one(unique: str) -> None:
+                body = template.replace("{{ID}}", unique).encode()
+                scope = {
+                    "type": "http",
+                    "asgi": {"version": "3.0"},
+                    "http_version": "1.1",
+                    "method": "POST",
+                    "scheme": "http",
+                    "path": "/",
+                    "raw_path": b"/",
+                    "query_string": b"",
+                    "root_path": "",
+                    "headers": [*base_headers, (b"content-length", str(len(body)).encode())],
+                    "client": ("127.0.0.1", 40000),
+                    "server": ("127.0.0.1", 80),
+                    "state": dict(lifespan_state),
+                }
+                sent = False
+
+                async def receive() -> dict[str, Any]:
+                    nonlocal sent
+                    if not sent:
+                        sent = True
+                        return {"type": "http.request", "body": body, "more_body": False}
+                    await asyncio.Event().wait()  # no disconnect: the answer is awaited
+                    raise AssertionError("unreachable")
+
+                chunks: list[bytes] = []
+                status = 0
+
+                async def send(message: dict[str, Any]) -> None:
+                    nonlocal status
+                    if message["type"] == "http.response.start":
+                        status = message["status"]
+                    elif message["type"] == "http.response.body":
+                        chunks.append(message.get("body", b""))
+
+                await app(scope, receive, send)
+                text = b"".join(chunks).decode()
+                if status != 200 or expect not in text:
+                    raise RuntimeError(f"bad answer (HTTP {status}): {text[:300]}")
+
+            async def run(total: int, run_id: str) -> None:
+                async def worker(w: int, k: int) -> None:
+                    for i in range(k):
+                        await one(f"{run_id}-{w}-{i}")
+
+                shares = _split(total, concurrency)
+                await asyncio.gather(*(worker(w, k) for w, k in enumerate(shares)))
+
+            await run(warmup, "warm")
+            # As `mesh serve` does once ready (mesh._cli.serve.collect_from_here).
+            gc.freeze()
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            await run(requests, "load")
+            cpu1, wall1 = time.process_time(), time.perf_counter()
+    return Measure(requests=requests, cpu_s=cpu1 - cpu0, wall_s=wall1 - wall0)
+
+
+def _inner(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="instructions --inner")
+    parser.add_argument("row")
+    parser.add_argument("--requests", type=int, required=True)
+    parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    os.environ.setdefault(SDK_TRACING, "false")
+    # What `mesh serve` logs (the task's line at INFO), to this process's stderr.
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    import uvloop
+
+    measure = uvloop.run(_serve(ROWS[args.row], args.warmup, args.requests, args.concurrency))
+    args.out.write_text(json.dumps(measure.__dict__))
+    return 0
+
+
+# ---- the driver ----------------------------------------------------------------------------
+
+_IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+
+
+def _command(tree: Path, row: str, n: int, opts: argparse.Namespace, out: Path) -> list[str]:
+    # Run this file by path in the tree's interpreter state (cwd and PYTHONPATH = the tree):
+    # `-m` would take the tree's copy, which an older tree does not have, and running the file
+    # as a script would put tests/bench (its profile.py) ahead of the standard library.
+    boot = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"
+    return [
+        sys.executable,
+        "-c",
+        boot,
+        str(THIS),
+        "--inner",
+        row,
+        "--requests",
+        str(n),
+        "--warmup",
+        str(opts.warmup),
+        "--concurrency",
+        str(opts.concurrency),
+        "--out",
+        str(out),
+    ]
+
+
+def _env(tree: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(tree)
+    env["PYTHONHASHSEED"] = "0"
+    env.setdefault(SDK_TRACING, "false")
+    return env
+
+
+def _run(argv: list[str], tree: Path, work: Path, what: str) -> None:
+    log = work / "stderr.log"
+    with log.open("w") as err:
+        proc = subprocess.run(
+            argv, cwd=tree, env=_env(tree), stdout=err, stderr=err, check=False, timeout=3600
+        )
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"{what} exited with {proc.returncode}:\n{tail}")
+
+
+def plain(tree: Path, row: str, n: int, opts: argparse.Namespace, work: Path) -> Measure:
+    """One run without valgrind: CPU and wall time of ``n`` requests after the warm-up."""
+    out = work / f"{row}-{n}.json"
+    _run(_command(tree, row, n, opts, out), tree, work, f"{row} ({n} requests)")
+    return Measure(**json.loads(out.read_text()))
+
+
+def instructions(tree: Path, row: str, n: int, opts: argparse.Namespace, work: Path) -> int:
+    """Instructions the whole process executed (start-up, warm-up, ``n`` requests, exit)."""
+    out, vlog = work / f"{row}-{n}-vg.json", work / f"{row}-{n}.valgrind"
+    valgrind = [
+        "valgrind",
+        "--tool=cachegrind",
+        "--cache-sim=no",
+        "--cachegrind-out-file=/dev/null",
+        f"--log-file={vlog}",
+    ]
+    _run(valgrind + _command(tree, row, n, opts, out), tree, work, f"valgrind {row} ({n})")
+    found = _IREFS.search(vlog.read_text())
+    if found is None:
+        raise RuntimeError(f"no 'I refs' line in {vlog}")
+    return int(found[1].replace(",", ""))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.bench.instructions",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--rows", default=",".join(ROWS), help=f"comma-separated, of: {', '.join(ROWS)}"
+    )
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        default=ROOT,
+        help="the checkout to measure (default: the one this file is in)",
+    )
+    parser.add_argument("--n1", type=int, default=96, help="requests of the short run (96)")
+    parser.add_argument("--n2", type=int, default=384, help="requests of the long run (384)")
+    parser.add_argument("--warmup", type=int, default=200, help="requests before both (200)")
+    parser.add_argument("--concurrency", type=int, default=16, help="requests at a time (16)")
+    parser.add_argument(
+        "--no-valgrind", action="store_true", help="CPU per request only (no instruction count)"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+    args.rows = [r for r in args.rows.split(",") if r]
+    unknown = sorted(set(args.rows) - set(ROWS))
+    if unknown or not args.rows:
+        parser.error(f"--rows: unknown {unknown}; choose from {sorted(ROWS)}")
+    if not 0 <= args.n1 < args.n2:
+        parser.error("--n1 and --n2: give 0 <= N1 < N2")
+    if args.warmup < 0 or args.concurrency < 1:
+        parser.error("--warmup must be >= 0 and --concurrency >= 1")
+    args.tree = args.tree.resolve()
+    if not (args.tree / "tests" / "bench" / "scenarios.py").is_file():
+        parser.error(f"--tree: {args.tree} has no tests/bench/scenarios.py")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure each row; print the table (and write ``--json``). Returns the exit status."""
+    args = parse_args(argv)
+    skip = ""
+    if args.no_valgrind:
+        skip = "--no-valgrind"
+    elif shutil.which("valgrind") is None:
+        skip = "valgrind is not installed (apt-get install valgrind, or run .ci/system-deps)"
+    if skip:
+        print(f"instructions: not counted: {skip}", file=sys.stderr)
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="mesh-ir-run-") as tmp:
+        work = Path(tmp)
+        for row in args.rows:
+            print(f"instructions: {row} ...", file=sys.stderr, flush=True)
+            run = plain(args.tree, row, args.n2, args, work)
+            result: dict[str, Any] = {
+                "row": row,
+                "cpu_ms_per_request": round(1000 * run.cpu_s / run.requests, 3),
+                "wall_ms_per_request": round(1000 * run.wall_s / run.requests, 3),
+                "ir_per_request": None,
+            }
+            if not skip:
+                short = instructions(args.tree, row, args.n1, args, work)
+                long = instructions(args.tree, row, args.n2, args, work)
+                result["ir"] = [short, long]
+                result["ir_per_request"] = (long - short) // (args.n2 - args.n1)
+            results.append(result)
+    print(render(results, args))
+    if args.json:
+        args.json.write_text(json.dumps({"tree": str(args.tree), "rows": results}, indent=2))
+    return 0
+
+
+def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The table: one line per row."""
+    lines = [
+        f"tree {args.tree}  N1={args.n1} N2={args.n2} warm-up={args.warmup} "
+        f"concurrency={args.concurrency}",
+        f"{'row':<14}{'Ir/request':>14}{'CPU ms/req':>12}{'wall ms/req':>13}",
+    ]
+    for r in results:
+        ir = r["ir_per_request"]
+        shown = f"{ir / 1e6:.3f} M" if ir is not None else "-"
+        lines.append(
+            f"{r['row']:<14}{shown:>14}{r['cpu_ms_per_request']:>12.3f}"
+            f"{r['wall_ms_per_request']:>13.3f}"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--inner"]:
+        sys.exit(_inner(sys.argv[2:]))
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""``python -m tests.bench.instructions`` works end to end with tiny counts: the plain run (CPU
+per request) always, the cachegrind count when valgrind is installed. Numbers are not asserted
+beyond being positive: they are what the tool is for, not what a test can know."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.bench.instructions import ROWS, parse_args
+from tests.support import ROOT, clean_env
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.bench.instructions", *argv],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.mark.integration
+def test_every_row_serves_in_process_and_gives_cpu_per_request(tmp_path: Path) -> None:
+    out = tmp_path / "ir.json"
+    tiny = ("--n1", "2", "--n2", "6", "--warmup", "2", "--concurrency", "2")
+    proc = _run("--no-valgrind", *tiny, "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Ir/request" in proc.stdout
+    assert "not counted: --no-valgrind" in proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["row"] for r in rows] == list(ROWS)
+    for row in rows:
+        assert row["cpu_ms_per_request"] > 0
+        assert row["wall_ms_per_request"] > 0
+        assert row["ir_per_request"] is None
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(
+    shutil.which("valgrind") is None,
+    reason="needs valgrind on PATH to count instructions: apt-get install valgrind "
+    "(.ci/system-deps installs it)",
+)
+def test_instructions_per_request_are_counted_by_cachegrind(tmp_path: Path) -> None:
+    out = tmp_path / "ir.json"
+    tiny = ("--n1", "1", "--n2", "9", "--warmup", "1", "--concurrency", "1")
+    proc = _run("--rows", "mesh-node", *tiny, "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    short, long = row["ir"]
+    assert 0 < short < long
+    assert row["ir_per_request"] == (long - short) // 8 > 0
+    assert " M" in proc.stdout.splitlines()[-1]
+
+
+def test_bad_options_are_refused_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, named in (
+        (["--rows", "nope"], "--rows"),
+        (["--n1", "10", "--n2", "10"], "--n2"),
+        (["--concurrency", "0"], "--concurrency"),
+        (["--tree", "/"], "--tree"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args(argv)
+        assert exit_info.value.code == 2
+        assert named in capsys.readouterr().err
