@@ -36,7 +36,7 @@ from jsonrpc.jsonrpc2 import JSONRPC20Response  # type: ignore[import-untyped]
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from mesh._a2a.fastpath import TAKEN, FastPath
+from mesh._a2a.fastpath import FastPath
 from mesh._a2a.fastpath_json import response_json, send_request
 from mesh._a2a.handler import MeshRequestHandler
 
@@ -70,9 +70,11 @@ class FastRoute:
         if prepared is None:
             return False
         request_id, params = prepared
-        if not self.fastpath.takes(params):
-            return False
+        # Decided in the call's context: the message's metadata is read once, for the run too
+        # (``MeshExecutor.read_request``), and the run's kind is marked for the store.
         context = self._context(scope, params)
+        if not self.fastpath.takes(params, context):
+            return False
         context.state["method"] = "SendMessage"
         context.state["request_id"] = request_id
         try:
@@ -92,9 +94,11 @@ class FastRoute:
         """Answer ``body`` (the parsed JSON of a REST ``POST /message:send``) when the fast path
         takes it; False, with nothing sent, when the SDK's REST route must handle it."""
         params = self._params(body)
-        if params is None or not self.fastpath.takes(params):
+        if params is None:
             return False
         context = self._context(scope, params)
+        if not self.fastpath.takes(params, context):
+            return False
         response: Response
         try:
             response = _A2AJSONResponse(await self._call(params, context))
@@ -109,7 +113,6 @@ class FastRoute:
 
     def _context(self, scope: Scope, params: SendMessageRequest) -> ServerCallContext:
         context = self._contexts.build(Request(scope))
-        context.state[TAKEN] = True  # decided: the handler need not ask again
         context.tenant = params.tenant
         return context
 
