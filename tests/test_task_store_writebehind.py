@@ -18,9 +18,9 @@ from a2a.types import ListTasksRequest, Message, Role, Task, TaskState, TaskStat
 from agents.applicants import APPLICANTS
 from mesh._a2a.client import A2APeer
 from mesh._a2a.idempotency import IdempotencyKeys
-from mesh._a2a.store import SqliteTaskStore, mark_blocking_send
+from mesh._a2a.store import SqliteTaskStore, mark_blocking_send, mark_single_write
 from mesh._sqlite import Database
-from tests.support import clean_env, free_port, running
+from tests.support import clean_env, eventually, free_port, running
 
 CTX = ServerCallContext()
 
@@ -172,6 +172,103 @@ async def test_blocking_send_does_not_wait_for_the_first_save(tmp_path: Path) ->
         again = IdempotencyKeys(db)
         await again.initialize()
         assert await again.claim(key) == task_id
+    finally:
+        await db.aclose()
+
+
+def _count_row_writes(path: Path) -> None:
+    """Count every insert and update of a2a_tasks rows (another connection, one file)."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.executescript(
+            "create table row_writes (n integer not null); insert into row_writes values (0);"
+            "create trigger count_insert after insert on a2a_tasks "
+            "begin update row_writes set n = n + 1; end;"
+            "create trigger count_update after update on a2a_tasks "
+            "begin update row_writes set n = n + 1; end;"
+        )
+    finally:
+        conn.close()
+
+
+def _row_writes(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return int(conn.execute("select n from row_writes").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def _single_write_send() -> ServerCallContext:
+    context = ServerCallContext()
+    mark_blocking_send(context)
+    mark_single_write(context)
+    return context
+
+
+async def test_a_quick_single_write_run_writes_its_task_once_with_its_key(
+    tmp_path: Path,
+) -> None:
+    """A function skill's blocking send (``mark_single_write``) that ends at once: its first
+    state is never written, the final one takes its place with the idempotency key."""
+    db, store = await _open(tmp_path)
+    path = tmp_path / "node.db"
+    _count_row_writes(path)
+    keys = IdempotencyKeys(db, store=store)
+    await keys.initialize()
+    key = ("", "caller-c", "msg-3")
+    context = _single_write_send()
+    try:
+        task_id = store.id_generator().generate(IDGeneratorContext())
+        assert await keys.claim(key) is None
+        await store.save(_task(task_id, TaskState.TASK_STATE_SUBMITTED), context)
+        await keys.record(key, task_id)  # after the first save, as the executor does
+        await store.save(_task(task_id, TaskState.TASK_STATE_WORKING), context)
+        got = await store.get(task_id, context)
+        assert got is not None
+        assert got.status.state == TaskState.TASK_STATE_WORKING
+        commits = db.commits
+        await store.save(_task(task_id, TaskState.TASK_STATE_COMPLETED, "done"), context)
+        assert db.commits == commits + 1
+        assert _disk(path, task_id) == TaskState.TASK_STATE_COMPLETED
+        assert _row_writes(path) == 1  # one insert: no first state written, then replaced
+        keys.end(key)
+    finally:
+        await db.aclose()
+    db, _ = await _open(tmp_path)
+    try:
+        again = IdempotencyKeys(db)
+        await again.initialize()
+        assert await again.claim(key) == task_id  # the key rode with the final state
+    finally:
+        await db.aclose()
+
+
+async def test_a_long_single_write_run_has_its_first_state_on_disk(tmp_path: Path) -> None:
+    """A run that lasts: its first state (and key) reach the disk on their own, before the
+    final one, as any blocking send's; a listing sees an unwritten first state at once."""
+    db, store = await _open(tmp_path)
+    path = tmp_path / "node.db"
+    keys = IdempotencyKeys(db, store=store)
+    await keys.initialize()
+    key = ("", "caller-d", "msg-4")
+    context = _single_write_send()
+    try:
+        task_id = store.id_generator().generate(IDGeneratorContext())
+        assert await keys.claim(key) is None
+        await store.save(_task(task_id, TaskState.TASK_STATE_SUBMITTED), context)
+        await keys.record(key, task_id)
+        duplicate = asyncio.ensure_future(keys.claim(key))
+        await eventually(lambda: _disk(path, task_id) == TaskState.TASK_STATE_SUBMITTED)
+        assert await asyncio.wait_for(duplicate, 5) == task_id  # the key is on disk with it
+        await store.save(_task(task_id, TaskState.TASK_STATE_COMPLETED), context)
+        assert _disk(path, task_id) == TaskState.TASK_STATE_COMPLETED
+        keys.end(key)
+
+        listed = store.id_generator().generate(IDGeneratorContext())
+        await store.save(_task(listed, TaskState.TASK_STATE_SUBMITTED), _single_write_send())
+        page = await store.list(ListTasksRequest(status=TaskState.TASK_STATE_SUBMITTED), CTX)
+        assert [t.id for t in page.tasks] == [listed]
     finally:
         await db.aclose()
 

@@ -71,6 +71,7 @@ from mesh._a2a.executor import NEW_CONTEXT
 from mesh._a2a.fastpath_required import missing_required
 from mesh._a2a.json_text import json_object
 from mesh._a2a.states import TERMINAL_STATES
+from mesh._a2a.store import mark_single_write
 from mesh._errors import SkillInputError
 
 if TYPE_CHECKING:
@@ -245,7 +246,12 @@ class FastPath:
             # goes to the SDK's handler, which loads the task from the store either way).
             return True
         # A function skill that may ask (``ctx.ask``) goes through the SDK.
-        return skill.typed and skill.handler is not None and not skill.asks
+        taken = skill.typed and skill.handler is not None and not skill.asks
+        if taken and context is not None:
+            # Its run writes no resume point and no session: the store may write its task's
+            # first state with its last.
+            mark_single_write(context)
+        return taken
 
     async def send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
         """Run the new task of ``params`` to its end; the task (or the executor's message).

@@ -22,7 +22,12 @@ and task ids this node just generated (``id_generator``) are known to be absent 
 
 For a new task of a blocking send the first save is queued but not awaited: the client hears
 of the task only with its final state, whose commit comes after (same queue, in order), so
-the promise holds with one wait less. Streaming sends await it (the client sees the task at
+the promise holds with one wait less. When the run writes nothing else to the database before
+its task settles (``mark_single_write``: a function skill on the fast path), the first save is
+not even queued for ``DEFER_S``: a final state that comes sooner is written in its place, with
+what was staged for it (the idempotency key), in one write instead of three; a run that lasts
+longer has its first save queued then, as before. Listings, ``trace`` and a shutdown write
+such a first save before they read or end anything. Streaming sends await it (the client sees the task at
 once, and its idempotency key rides in that transaction). The store learns which save belongs
 to a blocking send from the call context every save gets (``mark_blocking_send``: a key of
 ``ServerCallContext.state``, the SDK's place for a server's own per-request data).
@@ -71,10 +76,12 @@ __all__ = [
     "DEADLINE",
     "INTERRUPTED",
     "SHUTDOWN",
+    "SINGLE_WRITE",
     "STOPPED_REASONS",
     "Recovery",
     "SqliteTaskStore",
     "mark_blocking_send",
+    "mark_single_write",
     "stopped_text",
 ]
 
@@ -98,6 +105,13 @@ _STOPPED_TEXT = {
 #: streaming, not return_immediately). The request handler sets it; every save of the task
 #: gets that call context (the SDK's ``TaskStore`` contract: owner scoping reads it too).
 BLOCKING_SEND = "mesh.blocking_send"
+#: Key of ``ServerCallContext.state``: the run of this blocking send writes nothing else to the
+#: database before its task settles (no resume point, no session), so nothing can be committed
+#: ahead of its first save if that save waits for the final one (``mark_single_write``).
+SINGLE_WRITE = "mesh.single_write"
+#: How long a first save that may be replaced by its final one waits before it is queued (a
+#: function skill's run takes microseconds; a longer run is on disk in its first state by then).
+FIRST_SAVE_WAIT_S = 0.005
 # Fresh ids not yet saved: normally one per request in flight. A bound against a leak from
 # requests that end before their first save; clearing only costs a read per id.
 _MAX_FRESH = 10_000
@@ -200,8 +214,16 @@ def mark_blocking_send(context: ServerCallContext) -> None:
     context.state[BLOCKING_SEND] = True
 
 
-def _row(owner: str, task: Task, data: bytes) -> tuple[Any, ...]:
-    """The columns of ``_UPSERT`` for ``task`` stored as ``data``."""
+def mark_single_write(context: ServerCallContext) -> None:
+    """Tell the store that the run of ``context`` (a blocking send) writes nothing else to the
+    database before its task settles: its first save may wait for its final one (see the
+    module docstring)."""
+    context.state[SINGLE_WRITE] = True
+
+
+def _row(owner: str, task: Task, data: bytes, created_ns: int | None = None) -> tuple[Any, ...]:
+    """The columns of ``_UPSERT`` for ``task`` stored as ``data`` (first saved at
+    ``created_ns``, now when not given)."""
     return (
         owner,
         task.id,
@@ -210,7 +232,7 @@ def _row(owner: str, task: Task, data: bytes) -> tuple[Any, ...]:
         _timestamp_ns(task),
         data,
         _trace_id(task),
-        time.time_ns(),
+        time.time_ns() if created_ns is None else created_ns,
     )
 
 
@@ -407,6 +429,9 @@ class SqliteTaskStore(TaskStore):
         self._staged: dict[TaskKey, list[tuple[Statement, asyncio.Future[None]]]] = {}
         # Messages (by id, per task id) whose parts never reach the stored history.
         self._redact: dict[str, set[str]] = {}
+        # First saves not queued yet (``SINGLE_WRITE``): the bytes and time of each.
+        self._unwritten: dict[TaskKey, tuple[bytes, int]] = {}
+        self._unwritten_timer: asyncio.TimerHandle | None = None
 
     def redact(self, task_id: str, message_id: str) -> None:
         """Store message ``message_id`` of the task's history with its parts replaced by
@@ -432,7 +457,7 @@ class SqliteTaskStore(TaskStore):
         (its first save in this process), or on its own when that save already happened.
         The future resolves once it is committed."""
         key = (owner, task_id)
-        if key in self._live:
+        if key in self._live and key not in self._unwritten:
             written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._db.write_soon(fn).add_done_callback(
                 lambda done: _settle_staged([(fn, written)], done, task_id)
@@ -466,7 +491,16 @@ class SqliteTaskStore(TaskStore):
         self._fresh.discard(task.id)
         self._live[key] = data
         self._dirty.discard(key)
-        row = _row(owner, task, data)
+        if lazy and context.state.get(SINGLE_WRITE) is True:
+            # Not even queued yet: its final state may come first and take its place.
+            self._unwritten[key] = (data, time.time_ns())
+            if self._unwritten_timer is None:
+                self._unwritten_timer = asyncio.get_running_loop().call_later(
+                    FIRST_SAVE_WAIT_S, self._write_unwritten
+                )
+            return
+        first = self._unwritten.pop(key, None)
+        row = _row(owner, task, data, None if first is None else first[1])
         staged = self._staged.pop(key, [])
         runner = None if settled else self.runner
 
@@ -478,9 +512,7 @@ class SqliteTaskStore(TaskStore):
                 fn(conn)
 
         if lazy:
-            self._db.write_soon(write).add_done_callback(
-                lambda done: _settle_staged(staged, done, task.id)
-            )
+            self._queue_lazily(task.id, write, staged)
             return
         try:
             await self._db.write(write)
@@ -496,6 +528,48 @@ class SqliteTaskStore(TaskStore):
                 future.set_result(None)
         if feed is not None:
             feed.publish(owner, task.id, data)
+
+    def _queue_lazily(
+        self,
+        task_id: str,
+        write: Statement,
+        staged: list[tuple[Statement, asyncio.Future[None]]],
+    ) -> None:
+        """Queue ``write`` without waiting; ``staged`` learn its outcome."""
+        try:
+            queued = self._db.write_soon(write)
+        except Exception as exc:  # the database is closed
+            _fail_staged(staged, exc)
+            return
+        queued.add_done_callback(lambda done: _settle_staged(staged, done, task_id))
+
+    def _write_unwritten(self) -> None:
+        """Queue every first save still waiting for its final one (``SINGLE_WRITE``), each with
+        what was staged for it, as a blocking send's first save is queued."""
+        if self._unwritten_timer is not None:
+            self._unwritten_timer.cancel()
+            self._unwritten_timer = None
+        unwritten, self._unwritten = self._unwritten, {}
+        for (owner, task_id), (data, created_ns) in unwritten.items():
+            row = _row(owner, _parse(data), data, created_ns)
+            staged = self._staged.pop((owner, task_id), [])
+            runner = self.runner
+
+            def write(
+                conn: sqlite3.Connection,
+                row: tuple[Any, ...] = row,
+                staged: list[tuple[Statement, asyncio.Future[None]]] = staged,
+                runner: str | None = runner,
+                owner: str = owner,
+                task_id: str = task_id,
+            ) -> None:
+                conn.execute(_UPSERT, row)
+                if runner is not None:
+                    conn.execute(_RUNNER, (owner, task_id, runner))
+                for fn, _ in staged:
+                    fn(conn)
+
+            self._queue_lazily(task_id, write, staged)
 
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
         owner = self._owner(context)
@@ -583,6 +657,7 @@ class SqliteTaskStore(TaskStore):
 
     async def _write_dirty(self) -> None:
         """Persist the in-memory states of in-flight tasks (before a listing)."""
+        self._write_unwritten()
         rows = []
         for key in list(self._dirty):
             rows.append(_row(key[0], _parse(self._live[key]), self._live[key]))
@@ -832,6 +907,7 @@ class SqliteTaskStore(TaskStore):
         """At shutdown, once nothing runs any more: write every task still in flight in this
         process FAILED with reason ``shutdown`` (the executor ends the tasks it runs itself;
         this catches any it could not). ``then(conn, ended)`` runs in the same transaction."""
+        self._write_unwritten()
         at = Timestamp()
         at.GetCurrentTime()
         ended: Ended = []
@@ -858,6 +934,7 @@ class SqliteTaskStore(TaskStore):
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
         owner = self._owner(context)
+        self._write_unwritten()  # queued before the delete, as they would have been
         self._live.pop((owner, task_id), None)
         self._dirty.discard((owner, task_id))
         await self._db.write(
