@@ -230,6 +230,11 @@ class Runner:
         self._items: list[Tool | Toolset] = [
             item if isinstance(item, Tool | Toolset) else as_tool(item) for item in agent.tools
         ]
+        # Which items are tools (the rest expand per turn), decided once: ``isinstance`` on a
+        # runtime-checkable Protocol walks its members on every call (~10 us a turn).
+        self._expand: list[tuple[Tool] | Toolset] = [
+            (item,) if isinstance(item, Tool) else item for item in self._items
+        ]
         self.locks = locks if locks is not None else SessionLocks()
         # Tool declarations by the tool's id (``_declaration``), bounded.
         self._declared: dict[int, tuple[Tool, dict[str, Any], ToolDeclaration]] = {}
@@ -888,8 +893,8 @@ class Runner:
 
     async def _tools(self, ctx: ToolContext) -> dict[str, Tool]:
         tools: dict[str, Tool] = {}
-        for item in self._items:
-            expanded: Sequence[Tool] = [item] if isinstance(item, Tool) else await item.tools(ctx)
+        for item in self._expand:
+            expanded = item if isinstance(item, tuple) else await item.tools(ctx)
             for t in expanded:
                 if t.name in tools:
                     raise ConfigError(
