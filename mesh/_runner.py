@@ -559,13 +559,15 @@ class Runner:
                 temperature=self.agent.temperature,
             )
             response: ModelResponse | None = None
-            streamed = stream() if callable(stream) else stream
-            async for item in self._call_model(request, base_ctx, stream=streamed):
-                if isinstance(item, Event):
-                    yield item
-                else:
-                    response = item
-            assert response is not None  # _call_model always ends with a response
+            if stream() if callable(stream) else stream:
+                async for item in self._stream_model(request, base_ctx):
+                    if isinstance(item, Event):
+                        yield item
+                    else:
+                        response = item
+                assert response is not None  # _stream_model always ends with a response
+            else:
+                response = await self._generate(request, base_ctx)
             if response.usage is not None:
                 turn.usage = turn.usage + response.usage
             calls = response.content.function_calls
@@ -620,58 +622,73 @@ class Runner:
             "raise Agent(max_model_calls=...) or make the tools return what the model needs"
         )
 
-    async def _call_model(
-        self, request: ModelRequest, ctx: ToolContext, *, stream: bool
-    ) -> AsyncGenerator[Event | ModelResponse, None]:
-        """Yield partial events (streaming), then the one complete response."""
+    async def _generate(self, request: ModelRequest, ctx: ToolContext) -> ModelResponse:
+        """One model call nobody reads partial text of (``Model.generate``): a plain await,
+        not a generator of one item."""
         started = time.perf_counter()
-        response: ModelResponse | None = None
         try:
-            if not stream:
-                token = set_current_context(ctx)
-                try:
-                    response = await self.model.generate(request)
-                finally:
-                    reset_current_context(token)
-            else:
-                chunks = self.model.stream(request)
-                try:
-                    while True:
-                        token = set_current_context(ctx)
-                        try:
-                            chunk = await anext(chunks)
-                        except StopAsyncIteration:
-                            break
-                        finally:
-                            reset_current_context(token)
-                        if not chunk.partial:
-                            response = chunk
-                            break
-                        # Partial chunks may carry running usage totals: never counted.
-                        yield Event(
-                            invocation_id=ctx.invocation_id,
-                            author=self.agent.name,
-                            content=chunk.content,
-                            model=self.model.name,
-                            partial=True,
-                        )
-                finally:
-                    aclose = getattr(chunks, "aclose", None)
-                    if aclose is not None:
-                        await aclose()
-                if response is None:
-                    raise ModelError(
-                        f"model {self.model.name!r} ended its stream without a final response"
-                    )
+            token = set_current_context(ctx)
+            try:
+                response = await self.model.generate(request)
+            finally:
+                reset_current_context(token)
         except MeshError:
             self._observe_model(started, None, ok=False)
             raise
         except Exception as exc:
-            # A model implementation should translate its SDK's errors; this is the backstop.
+            raise self._model_failed(started, exc) from exc
+        self._observe_model(started, response.usage, ok=True)
+        return response
+
+    async def _stream_model(
+        self, request: ModelRequest, ctx: ToolContext
+    ) -> AsyncGenerator[Event | ModelResponse, None]:
+        """Yield partial events as the model streams, then the one complete response."""
+        started = time.perf_counter()
+        response: ModelResponse | None = None
+        try:
+            chunks = self.model.stream(request)
+            try:
+                while True:
+                    token = set_current_context(ctx)
+                    try:
+                        chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    finally:
+                        reset_current_context(token)
+                    if not chunk.partial:
+                        response = chunk
+                        break
+                    # Partial chunks may carry running usage totals: never counted.
+                    yield Event(
+                        invocation_id=ctx.invocation_id,
+                        author=self.agent.name,
+                        content=chunk.content,
+                        model=self.model.name,
+                        partial=True,
+                    )
+            finally:
+                aclose = getattr(chunks, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            if response is None:
+                raise ModelError(
+                    f"model {self.model.name!r} ended its stream without a final response"
+                )
+        except MeshError:
             self._observe_model(started, None, ok=False)
-            raise ModelError(f"model {self.model.name!r} failed: {exc!r}") from exc
+            raise
+        except Exception as exc:
+            raise self._model_failed(started, exc) from exc
         self._observe_model(started, response.usage, ok=True)
         yield response
+
+    def _model_failed(self, started: float, exc: Exception) -> ModelError:
+        """Observe a model call that failed with ``exc`` (not a ``MeshError``): the error to
+        raise. A model implementation should translate its SDK's errors; this is the backstop."""
+        self._observe_model(started, None, ok=False)
+        return ModelError(f"model {self.model.name!r} failed: {exc!r}")
 
     async def _run_tools(
         self,
