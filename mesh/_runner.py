@@ -748,6 +748,10 @@ class Runner:
             # A failed tool's writes are dropped: its state change did not happen.
             return PendingCall(call.id, call.name, result, ctx.state_delta if ok else {})
 
+        if len(calls) == 1:
+            # One call: nothing runs beside it, so no task of its own (a task, a TaskGroup
+            # and a loop iteration less a turn; docs/runtime.md "Tools").
+            return [await run_one(calls[0])]
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(run_one(call)) for call in calls]
         return [task.result() for task in tasks]
