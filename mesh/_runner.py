@@ -138,18 +138,41 @@ class SessionLocks:
         held = self._held.get((user_id, session_id))
         return held[1][0] if held else 0
 
-    @contextlib.asynccontextmanager
-    async def hold(self, user_id: str, session_id: str) -> AsyncIterator[None]:
-        key = (user_id, session_id)
-        lock, users = self._held.setdefault(key, (asyncio.Lock(), [0]))
+    def hold(self, user_id: str, session_id: str) -> _Held:
+        """``async with locks.hold(user, session):`` the session's turn runs alone."""
+        return _Held(self._held, (user_id, session_id))
+
+
+class _Held:
+    """One hold of a session's lock (``SessionLocks.hold``): a plain async context manager,
+    not a generator's, since every turn takes one."""
+
+    __slots__ = ("_held", "_key")
+
+    def __init__(
+        self, held: dict[tuple[str, str], tuple[asyncio.Lock, list[int]]], key: tuple[str, str]
+    ) -> None:
+        self._held = held
+        self._key = key
+
+    async def __aenter__(self) -> None:
+        lock, users = self._held.setdefault(self._key, (asyncio.Lock(), [0]))
         users[0] += 1
         try:
-            async with lock:
-                yield
-        finally:
-            users[0] -= 1
-            if users[0] == 0:  # nobody waits: forget the lock, the dict stays small
-                del self._held[key]
+            await lock.acquire()
+        except BaseException:
+            self._leave(users)
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        lock, users = self._held[self._key]
+        lock.release()
+        self._leave(users)
+
+    def _leave(self, users: list[int]) -> None:
+        users[0] -= 1
+        if users[0] == 0:  # nobody waits: forget the lock, the dict stays small
+            del self._held[self._key]
 
 
 @dataclass(frozen=True)
@@ -171,10 +194,19 @@ class RunResult:
     artifacts: list[Artifact] = field(default_factory=list)
 
 
+#: A turn's usage before its first model response (``_plus``: the first one is taken as is).
+_NO_USAGE = Usage()
+
+
+def _plus(total: Usage, usage: Usage) -> Usage:
+    """``total + usage``, without building a sum for the first response."""
+    return usage if total is _NO_USAGE else total + usage
+
+
 @dataclass
 class _Turn:
     events: list[Event] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
+    usage: Usage = _NO_USAGE
     final: Event | None = None
     session_id: str = ""
     attached: list[Artifact] = field(default_factory=list)
@@ -569,7 +601,7 @@ class Runner:
             else:
                 response = await self._generate(request, base_ctx)
             if response.usage is not None:
-                turn.usage = turn.usage + response.usage
+                turn.usage = _plus(turn.usage, response.usage)
             calls = response.content.function_calls
             event_meta: dict[str, Any] = {}
             if response.finish_reason:

@@ -463,11 +463,11 @@ class SkillDispatcher:
             metadata["traceparent"] = ctx.traceparent
         if ctx.deadline is not None:
             metadata["deadline"] = ctx.deadline
-        usage = Usage()
+        usage: Usage | None = None
         final: Event | None = None
         async for event in turn(runner, schema, metadata, _live(ctx, progress)):
             if not event.partial and event.usage is not None:
-                usage = usage + event.usage
+                usage = event.usage if usage is None else usage + event.usage
             if event.final:
                 final = event
             elif progress is not None:
@@ -475,4 +475,8 @@ class SkillDispatcher:
         if final is None:
             raise RunError("the turn ended without a final answer")
         data = final.metadata.get("data") if schema is not None else None
-        return Outcome(data=data if isinstance(data, dict) else None, text=final.text, usage=usage)
+        return Outcome(
+            data=data if isinstance(data, dict) else None,
+            text=final.text,
+            usage=usage if usage is not None else Usage(),
+        )
