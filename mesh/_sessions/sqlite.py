@@ -103,6 +103,7 @@ class SqliteSessionStore:
         self._pending: dict[_Key, list[asyncio.Future[Any]]] = {}
         # The group of each session's queued writes that has not reached the database thread.
         self._open: dict[_Key, _Group] = {}
+        self._schema_ready = False
 
     def _queue(self, key: _Key, write: Callable[[sqlite3.Connection], Any]) -> None:
         """Queue ``write`` for ``key``'s session without waiting for its commit. Writes queued
@@ -134,7 +135,9 @@ class SqliteSessionStore:
                 raise exc
 
     async def _ready(self) -> None:
-        await self.db.ensure_schema("mesh_sessions", _SCHEMA)
+        if not self._schema_ready:  # every append asks: no coroutine of the Database's then
+            await self.db.ensure_schema("mesh_sessions", _SCHEMA)
+            self._schema_ready = True
 
     async def get(self, user_id: str, session_id: str) -> Session | None:
         await self._ready()
@@ -225,10 +228,15 @@ class SqliteSessionStore:
         data = event.model_dump_json()
         now = time.time()
         key = (session.user_id, session.id)
-        if not durable and not event.state_delta:
+        if not event.state_delta:
             # Most events change no state: the row's updated_at (and that the session exists)
             # is all there is to write besides the event, no state read and written again.
-            self._queue(key, functools.partial(_insert_event, session, event, data, now))
+            write = functools.partial(_insert_event, session, event, data, now)
+            if durable:
+                await self.db.write(write)
+                await self.sync(session)  # committed before this one: reports their errors
+            else:
+                self._queue(key, write)
             session.events.append(event)
             session.updated_at = now
             return session
