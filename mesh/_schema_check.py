@@ -185,6 +185,8 @@ _NO_FORMATS = FormatChecker(formats=())
 _Entry = tuple[Validator, bool, _Fast | None]
 _cache: OrderedDict[str, _Entry | SchemaViolation] = OrderedDict()
 _cache_lock = threading.Lock()
+# ``json.dumps`` with arguments builds an encoder per call; this one is made once.
+_key_of = json.JSONEncoder(separators=(",", ":"), default=repr).encode
 
 
 def _compiled(schema: Mapping[str, Any]) -> _Entry:
@@ -192,7 +194,7 @@ def _compiled(schema: Mapping[str, Any]) -> _Entry:
     float is made an int), cached by content: callers rebuild their tools (and copy the
     schemas) every turn, and checking a schema costs ~0.6 ms against ~5 us for the key."""
     try:
-        key = json.dumps(schema, separators=(",", ":"), default=repr)
+        key = _key_of(schema)
     except (RecursionError, ValueError) as exc:  # ValueError: a dict that contains itself
         raise _schema_problem("the skill's schema nests too deeply to check") from exc
     with _cache_lock:

@@ -145,6 +145,8 @@ class A2APeer:
         self._url = httpx.URL(self.base_url)
         self._direct_for: httpx.AsyncClient | None = None
         self._direct: DirectPool | None = None
+        # ``_direct_headers``' last list, by what it was made of.
+        self._merged: tuple[Any, list[tuple[str, str]]] | None = None
 
     @property
     def name(self) -> str:
@@ -252,13 +254,9 @@ class A2APeer:
         connect = configured.connect
         if total is not None:
             connect = total if connect is None else min(connect, total)
-        # The call's headers over the client's, by name, as httpx merges them.
-        headers = self._client_headers()
-        for name, value in (*jsonrpc.HEADERS.items(), *self._call_headers().items()):
-            headers[name.lower()] = value
         status, answer = await direct.post(
             self._url,
-            list(headers.items()),
+            self._direct_headers(),
             content,
             timeout=total,
             connect_timeout=connect,
@@ -325,6 +323,21 @@ class A2APeer:
             if transport is not None:
                 self._direct = transport.direct
         return self._direct
+
+    def _direct_headers(self) -> list[tuple[str, str]]:
+        """The headers of a direct call: the call's over the client's, by name, as httpx
+        merges them; the same list while neither changes (a fresh credential changes them
+        every call)."""
+        call = self._call_headers()
+        key = (tuple(self.http.headers.raw), tuple(call.items()))
+        if self._merged is not None and self._merged[0] == key:
+            return self._merged[1]
+        headers = self._client_headers()
+        for name, value in (*jsonrpc.HEADERS.items(), *call.items()):
+            headers[name.lower()] = value
+        merged = list(headers.items())
+        self._merged = (key, merged)
+        return merged
 
     def _client_headers(self) -> dict[str, str]:
         """The client's own headers (lower-case names), as httpx would send them, asking for

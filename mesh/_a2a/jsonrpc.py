@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import uuid
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +27,8 @@ HEADERS = {VERSION_HEADER: PROTOCOL_VERSION_CURRENT, "Content-Type": "applicatio
 _ERRORS = {code: error for error, code in JSON_RPC_ERROR_CODE_MAP.items()}
 _ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
 _ids = itertools.count(1)
+# ``json.dumps`` with arguments builds an encoder per call; one, made once, writes the same.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def send_message_body(
@@ -50,7 +52,7 @@ def send_message_body(
         {"text": payload} if isinstance(payload, str) else {"data": payload, "mediaType": JSON_MODE}
     )
     message: dict[str, Any] = {
-        "messageId": message_id or uuid.uuid4().hex,
+        "messageId": message_id or os.urandom(16).hex(),
         "role": "ROLE_USER",
         "parts": [part],
     }
@@ -70,7 +72,7 @@ def send_message_body(
         "jsonrpc": "2.0",
     }
     try:
-        return json.dumps(body, separators=(",", ":")).encode()
+        return _encode(body).encode()
     except (TypeError, ValueError) as exc:
         raise InvalidParamsError(f"the payload is not JSON: {exc}") from exc
 
