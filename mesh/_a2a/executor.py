@@ -536,7 +536,8 @@ class MeshExecutor(AgentExecutor):
 
     def _validate(self, req: _Request, message: Message | None) -> tuple[Skill, BaseModel | str]:
         parts = list(message.parts) if message is not None else []
-        data = get_data_parts(parts)
+        # get_data_parts' values by json_format's rules without its descriptor walk.
+        data = [to_json(part.data) for part in parts if part.HasField("data")]
         texts = get_text_parts(parts)
         # Text-only clients send a typed skill's input as a JSON object in text.
         as_text = None if data else json_object(parts)
