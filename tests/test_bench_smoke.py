@@ -14,7 +14,18 @@ import pytest
 
 from tests.bench import report
 from tests.bench.__main__ import parse_args
-from tests.bench.scenarios import A2A, ADK, ADK_REMOTE, FLOOR, MESH, MESH_PG, ROWS
+from tests.bench.scenarios import (
+    A2A,
+    ADK,
+    ADK_REMOTE,
+    FLOOR,
+    LLM_SPECIALIST,
+    LOCAL_LLM,
+    MESH,
+    MESH_PG,
+    REMOTE_LLM,
+    ROWS,
+)
 from tests.support import ROOT, clean_env
 
 ADK_ROWS = (ADK, ADK_REMOTE)
@@ -85,7 +96,7 @@ def test_quick_bench_writes_one_table_and_its_json(tmp_path: Path) -> None:
             assert proc_facts["cpu_s"] > 0
     assert rows[FLOOR]["ratios"][f"vs_{FLOOR}"]["peak_rps"] == 1.0
     assert rows[A2A]["ratios"][f"vs_{A2A}"]["latency_p50"] == 1.0
-    assert len(result["targets"]) == 9
+    assert len(result["targets"]) == 10
     for target in result["targets"]:
         assert target["met"] in {True, False, None}
         # A target is judged exactly when the rows it needs were measured.
@@ -159,6 +170,9 @@ def test_targets_and_ratios_come_from_the_rows_of_the_run() -> None:
         | {"cpu_ms_per_request": 1.5},
         _row(ADK, p50=7.0, rps=100, rss=160, spawn=1.5),
         _row(ADK_REMOTE, p50=17.5, rps=60, rss=230, spawn=1.5),
+        _row(LLM_SPECIALIST, p50=5.0, rps=180, rss=90, spawn=1.0),
+        _row(LOCAL_LLM, p50=4.5, rps=190, rss=90, spawn=1.0),
+        _row(REMOTE_LLM, p50=10.25, rps=90, rss=180, spawn=1.0),
     ]
     report.add_ratios(rows)
     assert rows[2]["ratios"]["vs_a2a-sdk"]["peak_rps"] == 1.5
@@ -172,12 +186,31 @@ def test_targets_and_ratios_come_from_the_rows_of_the_run() -> None:
     assert hop["signed_extra_cpu_ms"] == 0.5
     # ADK's hop to the same node, its remote row minus its local one.
     assert hop["adk_hop_ms"] == 10.5
+    # The LLM specialist's hop: its remote row minus its local one (5.75 ms) is its own turn
+    # (the specialist alone, 5.0 ms) plus 0.75 ms, within the 1.0 ms.
+    assert hop["llm_hop_ms"] == 5.75
+    assert hop["llm_hop_over_turn_ms"] == 0.75
     # throughput 1.5x (>= 1), hop 2x (> 1.5), RSS 1.25x (> 1.2), growth 0, spawn 2x (> 1.2)
-    # in wall time and in CPU, the LLM node 0.5x (< 2), the hop 4.0 ms (> 1.0), no PostgreSQL row
+    # in wall time and in CPU, the LLM node 0.5x (< 2), the hop 4.0 ms (> 1.0), the LLM
+    # specialist's hop its turn + 0.75 ms (<= + 1.0), no PostgreSQL row
     met = [t["met"] for t in report.targets(rows, hop)]
-    assert met == [True, False, False, True, False, False, False, False, None]
+    assert met == [True, False, False, True, False, False, False, False, True, None]
     judged = {t["name"]: t["value"] for t in report.targets(rows, hop)}
     assert judged["delegation hop (remote - local tool, p50), ms"] == 4.0
+    printed = report.render(
+        {"rows": [], "options": {"levels": []}, "delegation": hop, "targets": []}
+    )
+    assert (
+        "LLM specialist hop: 5.75 ms (coord-remote-llm 10.25 - coord-local-llm 4.50) = its own "
+        "turn 5.00 (llm-specialist alone) + 0.75 ms (target: + at most 1.0)" in printed
+    )
+    # Without the specialist alone, the hop is reported but the bound is not judged.
+    alone = [r for r in rows if r["key"] != LLM_SPECIALIST]
+    partial = report.delegation(alone)
+    assert partial is not None
+    assert partial["llm_hop_ms"] == 5.75
+    assert "llm_hop_over_turn_ms" not in partial
+    assert report.targets(alone, partial)[-2]["met"] is None
     assert rows[2]["ratios"]["vs_a2a-sdk"]["spawn_cpu_s"] == 2.0
     # The node on PostgreSQL: throughput against a2a-sdk's, CPU of node and database apart,
     # statements per task over every task the node ran (warm-up, latency, levels, soak).

@@ -23,8 +23,11 @@ __all__ = [
     "ADK",
     "ADK_REMOTE",
     "FLOOR",
+    "LLM_SPECIALIST",
+    "LOCAL_LLM",
     "MESH",
     "MESH_PG",
+    "REMOTE_LLM",
     "ROWS",
     "SIGNED",
     "Ctx",
@@ -39,6 +42,11 @@ MESH_PG = "mesh-node-pg"
 LOCAL = "coord-local"
 REMOTE = "coord-remote"
 SIGNED = "coord-remote-signed"
+# The LLM specialist hop: the specialist alone, then a coordinator asking it over A2A and the
+# same coordinator with its work in process.
+LLM_SPECIALIST = "llm-specialist"
+LOCAL_LLM = "coord-local-llm"
+REMOTE_LLM = "coord-remote-llm"
 ADK = "adk"
 ADK_REMOTE = "adk-coord-remote"
 
@@ -333,6 +341,53 @@ ROWS: tuple[Row, ...] = (
         ),
         target=_a2a_target(SCORE_TEXT, None, SCORED, {"Authorization": f"Bearer {BENCH_TOKEN}"}),
         missing=_need("mesh._node", "mesh._cli.serve", "mesh._remote", "mesh._identity"),
+    ),
+    Row(
+        key=LLM_SPECIALIST,
+        label="LLM specialist alone (scripted model) -> local tool",
+        servers=(
+            ServerSpec(
+                "analyst",
+                _mesh_serve("tests.bench.agents.analyst:agent", "analyst"),
+                env=_modules_file("analyst"),
+            ),
+        ),
+        target=_a2a_target(SCORE_TEXT, None, SCORED),
+        missing=_need("mesh._node", "mesh._cli.serve"),
+    ),
+    Row(
+        key=LOCAL_LLM,
+        label="coordinator (scripted model) -> the LLM specialist's work in process",
+        servers=(
+            ServerSpec(
+                "lead",
+                _mesh_serve("tests.bench.agents.analyst:local_lead", "lead"),
+                env=_modules_file("lead"),
+            ),
+        ),
+        target=_a2a_target(SCORE_TEXT, None, SCORED),
+        missing=_need("mesh._node", "mesh._cli.serve"),
+    ),
+    Row(
+        key=REMOTE_LLM,
+        label="coordinator (scripted model) -> remote() -> LLM specialist node",
+        servers=(
+            ServerSpec(
+                "analyst",
+                _mesh_serve("tests.bench.agents.analyst:agent", "analyst"),
+                env=_modules_file("analyst"),
+            ),
+            ServerSpec(
+                "lead",
+                _mesh_serve("tests.bench.agents.analyst:remote_lead", "lead"),
+                env=lambda ctx: {
+                    **_modules_file("lead")(ctx),
+                    "BENCH_PEER_URL": ctx.url("analyst"),
+                },
+            ),
+        ),
+        target=_a2a_target(SCORE_TEXT, None, SCORED),
+        missing=_need("mesh._node", "mesh._cli.serve", "mesh._remote"),
     ),
     # What a user would pick instead (issue 19 item 7): Google ADK, its LlmAgent on a fake
     # model with the coordinator's turn, served by its own to_a2a under uvicorn.
