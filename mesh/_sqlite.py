@@ -1,16 +1,39 @@
-"""``Database``: the node's one SQLite file, one connection, one thread.
+"""``Database``: the node's one SQLite file, one connection, committed from the event loop.
 
-Every store of a node (sessions, A2A tasks, idempotency keys) shares one ``Database``. All
-statements run on a single dedicated thread that owns the connection, so the event loop never
-blocks on disk and there is exactly one writer (SQLite's rule anyway) with no per-request
-connection. WAL keeps readers from other processes (``mesh`` CLI, backups) unblocked.
+Every store of a node (sessions, A2A tasks, idempotency keys) shares one ``Database``: one
+connection, so one writer (SQLite's rule anyway) and no per-request connection. WAL keeps
+readers from other processes (``mesh`` CLI, backups) unblocked.
 
-Group commit: ``read`` and ``write`` calls queue up on the event loop and a flusher hands
-everything queued to the database thread in one hop; the writes of that batch share one
-``begin immediate ... commit`` (each in its own savepoint, so a write that raises is rolled back
-alone and its caller gets the error). A ``write`` returns only after its commit, so whatever a
-caller acknowledges after ``await db.write(...)`` is on disk. Under load, concurrent requests
-share a commit and a thread hop instead of paying one each.
+Group commit: ``read`` and ``write`` calls queue up on the event loop and are run together as
+one batch; the writes of a batch share one ``begin immediate ... commit`` (each in its own
+savepoint, so a write that raises is rolled back alone and its caller gets the error). A
+``write`` returns only after its commit, so whatever a caller acknowledges after
+``await db.write(...)`` is on disk.
+
+Where a batch runs: on the event loop's own thread, when that cannot stall it. A batch is a few
+statements and, with ``synchronous=normal`` in WAL, a commit is a write to the WAL file without
+fsync: ~0.1 ms, less than handing it to a thread and back (executor queue, futex wake, the GIL
+handed over twice, the loop's self-pipe: ~0.3 ms of CPU a request, docs/performance.md "The
+database thread"). What may block goes to the database thread (one, ``mesh-sqlite``) instead:
+
+* a WAL checkpoint (the copy into the database file and its fsync): the connection's
+  auto-checkpoint is off, and the thread checkpoints on a second connection of its own,
+  ``PASSIVE`` (beside the writer) every ``CHECKPOINT_EVERY`` commits; when the writer kept the
+  WAL from starting over and it passed ``WAL_RESTART_FRAMES``, the rest is copied holding the
+  connection (the loop's batches meanwhile go to the thread, after it), so the WAL stays
+  bounded;
+* a lock held by another connection (the ``mesh`` CLI, a backup, a second process): on the loop
+  the connection does not wait (busy timeout 0); a busy batch goes to the thread, which waits up
+  to 5 s as before;
+* a slow disk: a batch that took more than ``SLOW_BATCH_S`` on the loop sends the batches after
+  it to the thread for ``SLOW_HOLD_S`` (logged as a warning, at most once a minute);
+* the heavy known operations (``migrate``, ``ensure_schema``, ``ping``, closing), and whatever
+  runs while the thread holds the connection (a lock decides who uses it: never both at once).
+
+While a batch runs on the thread, what is queued meanwhile goes together in the next one, as
+before. Under load on the loop, the batch is what the requests of one loop iteration queued.
+``PgDatabase`` (``mesh._pg``) runs every batch on its thread: a round trip to a server is not
+something to wait for on the loop.
 
     db = await Database.open(path)
     rows = await db.read(lambda conn: conn.execute("select ...").fetchall())
@@ -24,8 +47,11 @@ last version, recording it in ``mesh_schema``; ``ensure_schema`` runs one idempo
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import sqlite3
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,10 +64,26 @@ __all__ = ["Database"]
 
 T = TypeVar("T")
 
+log = logging.getLogger("mesh.sqlite")
+
 _COMPONENT = re.compile(r"[a-z_][a-z0-9_]*")
 
 #: How long a ``write_soon`` may wait for company before it is flushed on its own.
 DEFER_S = 0.005
+#: A batch that took longer on the event loop sends the batches after it to the database
+#: thread for ``SLOW_HOLD_S`` (a slow or saturated disk; a loaded host's preemption too).
+SLOW_BATCH_S = 0.002
+SLOW_HOLD_S = 1.0
+#: Commits between two checkpoints (``PASSIVE``) on the database thread: SQLite's own
+#: auto-checkpoint (1,000 pages) came every ~250 commits of a node's small transactions.
+CHECKPOINT_EVERY = 200
+#: A WAL longer than this after a checkpoint beside the writer (it kept appending while the
+#: checkpoint ran, so the WAL never started over) is checkpointed again holding the writer
+#: back: ~16 MB at 4 KiB pages.
+WAL_RESTART_FRAMES = 4000
+#: How long a batch on the database thread waits for a lock another connection holds.
+_BUSY_WAIT_MS = 5000
+_WARN_EVERY_S = 60.0
 
 
 @dataclass(slots=True)
@@ -57,24 +99,96 @@ class _Op:
 _Outcome = tuple[bool, Any]
 
 
+class _Busy(Exception):
+    """A batch on the loop met a lock another connection holds: the thread runs it."""
+
+
+def _busy(exc: BaseException) -> bool:
+    """A lock held by another connection (SQLITE_BUSY and its extended codes)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF == 5
+
+
+try:  # Linux: a thread's own resource usage
+    from resource import RUSAGE_THREAD, getrusage
+
+    def _waits() -> int:
+        """How often this thread has waited (blocked: on the disk, a lock) so far: a thread
+        only preempted by a busy host does not count (those switches are involuntary)."""
+        return getrusage(RUSAGE_THREAD).ru_nvcsw
+
+except ImportError:  # elsewhere a slow batch is told by its time alone
+
+    def _waits() -> int:
+        return -1
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    conn.execute("pragma journal_mode=wal")
+    # NORMAL is durable across process crashes in WAL mode (only an OS crash can lose the last
+    # transactions), at a fraction of FULL's fsync cost; and a commit does not fsync at all,
+    # which is what lets the event loop commit itself.
+    conn.execute("pragma synchronous=normal")
+    # Never wait on the loop: a busy batch goes to the thread, which sets _BUSY_WAIT_MS.
+    conn.execute("pragma busy_timeout=0")
+    # Checkpoints are the thread's (Database._checkpoint): never inside a commit on the loop.
+    conn.execute("pragma wal_autocheckpoint=0")
+    conn.execute("pragma foreign_keys=on")
+    return conn
+
+
+def _connect_checkpointer(path: str) -> sqlite3.Connection:
+    # PASSIVE checkpoints wait for nobody: no busy timeout.
+    return sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+
+
 class Database:
     #: Which SQL the connection speaks (``mesh._pg.PgDatabase``: "postgresql"; the stores
     #: write SQLite's, translated there) and the driver's error class.
     dialect = "sqlite"
     driver_error: type[Exception] = sqlite3.Error
 
-    def __init__(self, conn: sqlite3.Connection, executor: ThreadPoolExecutor, path: str) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        executor: ThreadPoolExecutor,
+        path: str,
+        checkpointer: sqlite3.Connection | None = None,
+    ) -> None:
         self._conn = conn
         self._executor = executor
         self.path = path
         self._closed = False
         self._schemas: set[str] = set()
         self._queue: list[_Op] = []
+        #: The task handing batches to the database thread, while it has some.
         self._flusher: asyncio.Task[None] | None = None
+        #: The loop's turn to run what is queued (``_drain``), while one is scheduled.
+        self._draining: asyncio.Handle | None = None
         self._deferred: asyncio.TimerHandle | None = None
-        #: Batches handed to the database thread and transactions committed (tests, bench).
+        #: Who uses the connection: the loop takes it without waiting, the thread waits.
+        self._lock = threading.Lock()
+        #: Batches run on the loop (SQLite; ``PgDatabase`` runs them all on its thread).
+        self._inline = self.dialect == "sqlite"
+        #: Until when (``loop.time()``) batches go to the thread after a slow one.
+        self._thread_until = 0.0
+        self._warned_at = -_WARN_EVERY_S
+        #: Whether the connection now waits for locks (on the thread) or not (on the loop).
+        self._waiting = False
+        self._checkpointer = checkpointer
+        self._checkpoint: asyncio.Future[None] | None = None
+        self._checkpoint_at = CHECKPOINT_EVERY
+        #: Batches run (on the loop or the thread), of them on the loop, transactions
+        #: committed, slow batches on the loop, checkpoints done (tests, bench).
         self.batches = 0
+        self.inline_batches = 0
         self.commits = 0
+        self.slow_batches = 0
+        self.checkpoints = 0
+        #: The WAL's length in frames after the last checkpoint.
+        self.wal_frames = 0
 
     @classmethod
     async def open(cls, path: str | Path) -> Database:
@@ -84,24 +198,23 @@ class Database:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mesh-sqlite")
 
-        def connect() -> sqlite3.Connection:
-            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            conn.row_factory = sqlite3.Row
-            conn.execute("pragma journal_mode=wal")
-            # NORMAL is durable across process crashes in WAL mode (only an OS crash can lose
-            # the last transactions), at a fraction of FULL's fsync cost.
-            conn.execute("pragma synchronous=normal")
-            conn.execute("pragma busy_timeout=5000")
-            conn.execute("pragma foreign_keys=on")
-            return conn
+        def connect() -> tuple[sqlite3.Connection, sqlite3.Connection | None]:
+            conn = _connect(path)
+            if path == ":memory:":  # no WAL, nothing to checkpoint
+                return conn, None
+            try:
+                return conn, _connect_checkpointer(path)
+            except sqlite3.Error:
+                conn.close()
+                raise
 
         loop = asyncio.get_running_loop()
         try:
-            conn = await loop.run_in_executor(executor, connect)
+            conn, checkpointer = await loop.run_in_executor(executor, connect)
         except sqlite3.Error as exc:
             executor.shutdown(wait=False)
             raise StoreError(f"cannot open database {path}: {exc}") from exc
-        return cls(conn, executor, path)
+        return cls(conn, executor, path, checkpointer)
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` on the database thread (in the next batch)."""
@@ -133,11 +246,11 @@ class Database:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append(_Op(fn, write, future))
-        if self._flusher is None:
+        if self._flusher is None and self._draining is None:
             if not defer:
                 self._start_flush()
             elif self._deferred is None:
-                # Nobody waits for it: let it ride with the next awaited operation (one hop
+                # Nobody waits for it: let it ride with the next awaited operation (one batch
                 # for both), or go on its own shortly.
                 self._deferred = loop.call_later(DEFER_S, self._start_flush)
         return future
@@ -146,20 +259,68 @@ class Database:
         if self._deferred is not None:
             self._deferred.cancel()
             self._deferred = None
-        if self._flusher is None and self._queue:
-            self._flusher = asyncio.get_running_loop().create_task(
-                self._flush(), name="mesh-sqlite-flush"
+        if self._flusher is None and self._draining is None and self._queue:
+            loop = asyncio.get_running_loop()
+            if not self._inline:
+                self._flusher = loop.create_task(self._flush(), name="mesh-sqlite-flush")
+                return
+            # At the end of this loop iteration: what the other ready callbacks queue meanwhile
+            # goes in the same batch.
+            self._draining = loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        """On the loop: run what is queued as one batch, here when that cannot stall the loop,
+        else hand it to the thread (``_flush``)."""
+        self._draining = None
+        if not self._queue or self._flusher is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if self._inline and loop.time() >= self._thread_until:
+            batch, self._queue = self._queue, []
+            started, waits = time.perf_counter(), _waits()
+            try:
+                outcomes = self._run_inline(batch)
+            except Exception as exc:  # as on the thread (_flush): the batch fails, not the loop
+                outcomes = [(False, exc)] * len(batch)
+            if outcomes is not None:
+                elapsed = time.perf_counter() - started
+                # Slow because the thread waited (the disk), not because the host preempted it.
+                if elapsed > SLOW_BATCH_S and (waits < 0 or _waits() != waits):
+                    self._slow(loop, elapsed)
+                self._settle(batch, outcomes)
+                return
+            # Busy (another connection holds the lock, or the thread the connection): the
+            # thread runs it, waiting.
+            self._queue = batch + self._queue
+        self._flusher = loop.create_task(self._flush(), name="mesh-sqlite-flush")
+
+    def _slow(self, loop: asyncio.AbstractEventLoop, elapsed: float) -> None:
+        self.slow_batches += 1
+        self._thread_until = loop.time() + SLOW_HOLD_S
+        now = loop.time()
+        if now - self._warned_at >= _WARN_EVERY_S:
+            self._warned_at = now
+            log.warning(
+                "database %s: a batch took %.1f ms on the event loop (over %.1f ms): batches go "
+                "to the database thread for %.1f s; a slow or saturated disk? (%d such batches "
+                "so far; this is logged at most once a minute)",
+                self.path,
+                elapsed * 1000,
+                SLOW_BATCH_S * 1000,
+                SLOW_HOLD_S,
+                self.slow_batches,
             )
 
     async def _flush(self) -> None:
-        """Hand everything queued to the database thread, batch after batch, until empty.
-        While one batch runs, the next one accumulates: that is the group commit."""
+        """Hand everything queued to the database thread, batch after batch, until empty or
+        the loop may run batches again. While one batch runs, the next one accumulates: that
+        is the group commit."""
         loop = asyncio.get_running_loop()
         try:
             while self._queue:
                 batch, self._queue = self._queue, []
                 try:
-                    outcomes = await loop.run_in_executor(self._executor, self._run_batch, batch)
+                    outcomes = await loop.run_in_executor(self._executor, self._run_held, batch)
                 except asyncio.CancelledError:
                     closed = StoreError(f"database {self.path}: flush cancelled")
                     for op in batch + self._queue:
@@ -169,28 +330,67 @@ class Database:
                     raise
                 except Exception as exc:  # the executor is gone (closing): fail the batch
                     outcomes = [(False, exc)] * len(batch)
-                for op, (ok, value) in zip(batch, outcomes, strict=True):
-                    if op.future.done():  # the caller was cancelled
-                        continue
-                    if ok:
-                        op.future.set_result(value)
-                    elif isinstance(value, self.driver_error):
-                        op.future.set_exception(StoreError(f"database {self.path}: {value}"))
-                    else:
-                        op.future.set_exception(value)
+                self._settle(batch, outcomes)
+                if self._inline and loop.time() >= self._thread_until:
+                    break  # the rest, if any, on the loop (_drain)
         finally:
             self._flusher = None
+        self._start_flush()
+
+    def _settle(self, batch: list[_Op], outcomes: list[_Outcome]) -> None:
+        for op, (ok, value) in zip(batch, outcomes, strict=True):
+            if op.future.done():  # the caller was cancelled
+                continue
+            if ok:
+                op.future.set_result(value)
+            elif isinstance(value, self.driver_error):
+                op.future.set_exception(StoreError(f"database {self.path}: {value}"))
+            else:
+                op.future.set_exception(value)
+        if self.commits >= self._checkpoint_at:
+            self._start_checkpoint()
+
+    def _run_inline(self, batch: list[_Op]) -> list[_Outcome] | None:
+        """On the loop: the batch, without waiting for any lock; None when one is held (the
+        connection by the thread, the database by another connection) and nothing was done."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._waiting:
+                self._conn.execute("pragma busy_timeout=0")
+                self._waiting = False
+            outcomes = self._run_batch(batch)
+        except _Busy:
+            return None
+        finally:
+            self._lock.release()
+        self.inline_batches += 1
+        return outcomes
+
+    def _run_held(self, batch: list[_Op]) -> list[_Outcome]:
+        """On the database thread: ``_run_batch`` holding the connection, waiting for locks."""
+        with self._lock:
+            if self._inline and not self._waiting:
+                self._conn.execute(f"pragma busy_timeout={_BUSY_WAIT_MS}")
+                self._waiting = True
+            return self._run_batch(batch)
 
     def _run_batch(self, batch: list[_Op]) -> list[_Outcome]:
-        """On the database thread: the batch's reads and writes in order, writes in one
-        transaction, each write in a savepoint."""
+        """The batch's reads and writes in order, writes in one transaction, each write in a
+        savepoint. On the loop (not waiting for locks), a lock another connection holds raises
+        ``_Busy`` before anything is done: the thread runs the batch instead. (A read-only
+        batch that met one, rare in WAL, e.g. a recovery, is run again whole: reads change
+        nothing.)"""
         conn = self._conn
         self.batches += 1
+        nowait = self._inline and not self._waiting
         writes = any(op.write for op in batch)
         if writes:
             try:
                 conn.execute("begin immediate")
             except self.driver_error as exc:
+                if nowait and _busy(exc):
+                    raise _Busy from exc
                 return [(False, exc)] * len(batch)
         outcomes: list[_Outcome] = []
         for op in batch:
@@ -198,6 +398,8 @@ class Database:
                 try:
                     outcomes.append((True, op.fn(conn)))
                 except Exception as exc:
+                    if nowait and not writes and _busy(exc):
+                        raise _Busy from exc
                     outcomes.append((False, exc))
                 continue
             conn.execute("savepoint op")
@@ -223,6 +425,38 @@ class Database:
                     (False, exc) if op.write else o for op, o in zip(batch, outcomes, strict=True)
                 ]
         return outcomes
+
+    def _start_checkpoint(self) -> None:
+        """Checkpoint on the database thread, on its own connection (one at a time)."""
+        if self._checkpointer is None or self._checkpoint is not None or self._closed:
+            return
+        self._checkpoint_at = self.commits + CHECKPOINT_EVERY
+        loop = asyncio.get_running_loop()
+        self._checkpoint = loop.run_in_executor(self._executor, self._run_checkpoint)
+        self._checkpoint.add_done_callback(self._checkpointed)
+
+    def _run_checkpoint(self) -> None:
+        """On the database thread: copy the WAL into the file beside the writer (``PASSIVE``
+        waits for nobody). A writer that kept committing meanwhile keeps the WAL from starting
+        over (that needs all of it copied when a transaction begins): past
+        ``WAL_RESTART_FRAMES``, copy the rest holding the connection, so the next transaction
+        starts the WAL over; the loop's batches meanwhile come to this thread, after it."""
+        conn = self._checkpointer
+        assert conn is not None
+        _, frames, _ = conn.execute("pragma wal_checkpoint(passive)").fetchone()
+        if frames > WAL_RESTART_FRAMES:  # (what was added while it ran is not in frames)
+            with self._lock:
+                _, frames, _ = conn.execute("pragma wal_checkpoint(passive)").fetchone()
+        self.checkpoints += 1
+        self.wal_frames = frames
+
+    def _checkpointed(self, future: asyncio.Future[None]) -> None:
+        self._checkpoint = None
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:  # the next one may do better; the file stays consistent
+            log.warning("database %s: checkpoint failed: %s", self.path, exc)
 
     async def migrate(self, component: str, steps: Sequence[str]) -> int:
         """Bring ``component``'s tables to version ``len(steps)``: run each SQL script of
@@ -281,25 +515,52 @@ class Database:
         self._schemas.add(name)
 
     async def _submit(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(conn)`` on the database thread, holding the connection (heavy or rare work:
+        schemas, health checks), waiting for locks."""
         if self._closed:
             raise StoreError(f"database {self.path} is closed")
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, fn, self._conn)
+            return await loop.run_in_executor(self._executor, self._held, fn)
         except sqlite3.Error as exc:
             raise StoreError(f"database {self.path}: {exc}") from exc
+
+    def _held(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        with self._lock:
+            if not self._waiting:
+                self._conn.execute(f"pragma busy_timeout={_BUSY_WAIT_MS}")
+                self._waiting = True
+            return fn(self._conn)
 
     async def ping(self) -> None:
         """Cheap health check: raises ``StoreError`` when the file cannot be read."""
         await self._submit(lambda conn: conn.execute("select 1").fetchone())
 
     async def aclose(self) -> None:
+        """Commit what is queued, then close the connections and the thread."""
         if self._closed:
             return
-        self._start_flush()
-        if self._flusher is not None:  # let queued writes commit
-            await asyncio.shield(self._flusher)
+        # Let queued writes commit: on the loop now, or through the thread.
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
+        while self._queue or self._flusher is not None:
+            if self._flusher is not None:
+                await asyncio.shield(self._flusher)
+                continue
+            if self._draining is not None:
+                self._draining.cancel()
+                self._draining = None
+            self._drain()
+        self._closed = True  # no checkpoint starts any more
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._conn.close)
-        self._closed = True
+        if self._checkpoint is not None:
+            await asyncio.shield(self._checkpoint)
+        await loop.run_in_executor(self._executor, self._close_held)
         self._executor.shutdown(wait=True)
+
+    def _close_held(self) -> None:
+        with self._lock:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+            self._conn.close()
