@@ -579,13 +579,16 @@ class Runner:
             if e.invocation_id == invocation_id and e.author == self.agent.name
         )
         calls: list[FunctionCall] = []
+        # Read from the session once; the loop adds what it appends (well-formed: a response's
+        # calls and then their responses).
+        history = _history(session)
         while made < limit:
             made += 1
             # A store may hand back a new Session object: keep the context's view current.
             base_ctx.session_state = MappingProxyType(session.state)
             request = ModelRequest(
                 system_instruction=self.agent.instruction,
-                contents=_history(session),
+                contents=history,
                 tools=declarations,
                 response_schema=response_schema,
                 temperature=self.agent.temperature,
@@ -645,6 +648,8 @@ class Runner:
             tool_event = self._tool_event(done, invocation_id, {})
             session = await self.sessions.append_event(session, tool_event, durable=False)
             turn.events.append(tool_event)
+            assert tool_event.content is not None
+            history = (*history, response.content, tool_event.content)
             yield tool_event
         # The last response still asked for tools. They ran, but the model will not see
         # their results in this turn; the history stays well-formed for the next one.

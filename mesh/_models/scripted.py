@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,6 +174,7 @@ class _Match:
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][\w.-]*)(?:\|(\w+))?\}")
 _WHOLE = re.compile(r"^\{([A-Za-z_][\w.-]*)(?:\|(\w+))?\}$")
 _MISSING = object()
+_NOT_NUMBER = re.compile(r"[^\d.eE+-]")
 
 
 @dataclass
@@ -225,7 +227,7 @@ def _on_error(on_error: str | Mapping[str, str], error_type: str) -> str:
 def _number(value: Any) -> Any:
     if not isinstance(value, str):
         return value
-    cleaned = re.sub(r"[^\d.eE+-]", "", value)  # "400,000" / "$1 200.50" -> digits
+    cleaned = _NOT_NUMBER.sub("", value)  # "400,000" / "$1 200.50" -> digits
     try:
         number = float(cleaned)
     except ValueError:
@@ -256,6 +258,8 @@ def _as_text(value: Any) -> str:
         return value
     if value is None:
         return ""
+    if type(value) is int:  # json.dumps's text of an int, without the encoder
+        return str(value)
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return json.dumps(value)
@@ -358,6 +362,9 @@ class ScriptedModel(Model):
         self.name = name
         # Word counts of instructions and tool declarations (``_counted``), bounded.
         self._words: dict[str | int, tuple[str | ToolDeclaration, int]] = {}
+        # Word counts of contents (``_content_counted``), bounded; weak: a session's contents
+        # are not kept alive by the model.
+        self._content_words: dict[int, tuple[weakref.ref[Content], int]] = {}
 
     async def generate(self, request: ModelRequest) -> ModelResponse:
         return self._whole(request)
@@ -498,10 +505,23 @@ class ScriptedModel(Model):
 
     def _usage(self, request: ModelRequest, content: Content) -> Usage:
         prompt = self._counted(request.system_instruction or "")
-        prompt += sum(_content_words(c) for c in request.contents)
+        prompt += sum(self._content_counted(c) for c in request.contents)
         prompt += sum(self._counted(t) for t in request.tools)
-        output = _content_words(content)
+        output = self._content_counted(content)
         return Usage(input_tokens=prompt, output_tokens=output, total_tokens=prompt + output)
+
+    def _content_counted(self, content: Content) -> int:
+        """The words of a content, counted once while it lives: the history is in every
+        request of a turn, and counting a call or a tool's response means encoding it as
+        JSON (a real model's client does not: its usage comes with the response)."""
+        known = self._content_words.get(id(content))
+        if known is not None and known[0]() is content:
+            return known[1]
+        words = _content_words(content)
+        if len(self._content_words) >= _MAX_COUNTED:
+            self._content_words.clear()
+        self._content_words[id(content)] = (weakref.ref(content), words)
+        return words
 
     def _counted(self, item: str | ToolDeclaration) -> int:
         """The words of an instruction or a tool declaration, counted once: they are in every

@@ -182,7 +182,11 @@ class SqliteSessionStore:
     ) -> Session:
         await self._ready()
         session = Session.new(user_id, session_id, state)
-        state_json = _dumps(session.state, what=f"initial state of session {session.id!r}")
+        state_json = (
+            _dumps(session.state, what=f"initial state of session {session.id!r}")
+            if session.state
+            else "{}"  # a turn's new session: no encoder for nothing
+        )
 
         def insert(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
