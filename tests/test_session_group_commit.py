@@ -144,3 +144,32 @@ async def test_a_group_of_queued_writes_fails_together_and_is_reported(tmp_path:
             await store.sync(ghost)
     finally:
         await db.aclose()
+
+
+async def test_queued_events_without_state_are_one_update_and_their_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events that change no state, queued one after the other, are stored by one update of
+    the session row (to the last one's time) and their inserts, in order; an event with a
+    delta between them keeps its place and its state."""
+    monkeypatch.setattr(mesh._sqlite, "DEFER_S", 60.0)  # the queued ones in one group
+    db = await Database.open(tmp_path / "node.db")
+    statements: list[str] = []
+    try:
+        store = SqliteSessionStore(db)
+        session = await store.create("u1", "s1")
+        db._conn.set_trace_callback(statements.append)
+        for text, delta in [("a", {}), ("b", {}), ("c", {"k": 1}), ("d", {})]:
+            event = Event(author="user", content=Content.user(text), state_delta=delta)
+            await store.append_event(session, event, durable=False)
+        await store.append_event(session, Event(author="user", content=Content.user("e")))
+        db._conn.set_trace_callback(None)
+        touched = [s for s in statements if s.startswith("update mesh_sessions")]
+        assert len(touched) == 4  # a and b together, c (its state too), d, e
+        stored = await store.get("u1", "s1")
+        assert stored is not None
+        assert [e.text for e in stored.events] == ["a", "b", "c", "d", "e"]
+        assert stored.state == {"k": 1}
+        assert stored.updated_at == session.updated_at  # the last event's time
+    finally:
+        await db.aclose()

@@ -10,14 +10,14 @@ queue their write (``Database.write_soon``) and return at once; the turn's last 
 (durable) or ``sync`` returns once they are all committed, with the error of any that failed.
 The writes commit in queue order, so what a turn acknowledges is on disk as before. Queued
 writes of a session that are still waiting for the database thread run as one operation
-(``_Group``: one savepoint, and they fail together); an event that changes no state is one
-update of the session's ``updated_at`` and one insert, without reading the state.
+(``_Group``: one savepoint, and they fail together); events that change no state are one
+update of the session's ``updated_at`` and their inserts, without reading the state (one update
+for those queued one after the other, ``_Appends``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import sqlite3
@@ -80,11 +80,16 @@ class _Group:
         self._lock = threading.Lock()
 
     def add(self, write: Callable[[sqlite3.Connection], Any]) -> bool:
-        """Join the group (False: it runs or ran already)."""
+        """Join the group (False: it runs or ran already). Events that change no state,
+        queued one after the other, become one ``_Appends``."""
         with self._lock:
             if self._sealed:
                 return False
-            self._writes.append(write)
+            last = self._writes[-1]
+            if isinstance(write, _Appends) and isinstance(last, _Appends):
+                last.extend(write)
+            else:
+                self._writes.append(write)
             return True
 
     def __call__(self, conn: sqlite3.Connection) -> None:
@@ -235,7 +240,7 @@ class SqliteSessionStore:
         if not event.state_delta:
             # Most events change no state: the row's updated_at (and that the session exists)
             # is all there is to write besides the event, no state read and written again.
-            write = functools.partial(_insert_event, session, event, data, now)
+            write = _Appends(session, event, data, now)
             if durable:
                 await self.db.write(write)
                 await self.sync(session)  # committed before this one: reports their errors
@@ -392,21 +397,37 @@ class SqliteSessionStore:
         """Nothing to release: the ``Database`` belongs to whoever opened it."""
 
 
-def _insert_event(
-    session: Session, event: Event, data: str, now: float, conn: sqlite3.Connection
-) -> None:
-    """Store ``event`` (its JSON ``data``), which changes no state, in ``session``."""
-    touched = conn.execute(
-        "update mesh_sessions set updated_at=? where user_id=? and id=?",
-        (now, session.user_id, session.id),
-    )
-    if touched.rowcount != 1:
-        raise StoreError(f"no session {session.id!r} of user {session.user_id!r} to append to")
-    conn.execute(
-        "insert into mesh_session_events "
-        "(user_id, session_id, event_id, author, timestamp, data) values (?,?,?,?,?,?)",
-        (session.user_id, session.id, event.id, event.author, event.timestamp, data),
-    )
+class _Appends:
+    """Events of one session that change no state, stored in order: the session row's
+    ``updated_at`` (which also says the session exists) once, to the last one's time, then
+    the events' rows. Several queued in a row (``_Group.add``) are one update and one
+    ``executemany``; what is stored is what one write per event stored."""
+
+    __slots__ = ("_key", "_now", "_rows")
+
+    def __init__(self, session: Session, event: Event, data: str, now: float) -> None:
+        self._key = (session.user_id, session.id)
+        self._now = now
+        self._rows = [(session.user_id, session.id, event.id, event.author, event.timestamp, data)]
+
+    def extend(self, later: _Appends) -> None:
+        """Store ``later``'s events after these (the same session's)."""
+        self._rows += later._rows
+        self._now = later._now
+
+    def __call__(self, conn: sqlite3.Connection) -> None:
+        user_id, session_id = self._key
+        touched = conn.execute(
+            "update mesh_sessions set updated_at=? where user_id=? and id=?",
+            (self._now, user_id, session_id),
+        )
+        if touched.rowcount != 1:
+            raise StoreError(f"no session {session_id!r} of user {user_id!r} to append to")
+        conn.executemany(
+            "insert into mesh_session_events "
+            "(user_id, session_id, event_id, author, timestamp, data) values (?,?,?,?,?,?)",
+            self._rows,
+        )
 
 
 def _dumps(value: Mapping[str, Any], *, what: str) -> str:
