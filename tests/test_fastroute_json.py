@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from a2a.helpers import new_data_part
 from a2a.types import (
     Artifact,
     Message,
@@ -25,7 +26,7 @@ from a2a.types import (
 from google.protobuf.json_format import MessageToDict, ParseDict, SerializeToJsonError
 from google.protobuf.struct_pb2 import Struct, Value
 
-from mesh._a2a.fastpath_json import response_json, send_request, to_json
+from mesh._a2a.fastpath_json import data_part, response_json, send_request, to_json
 from tests.test_node_fastpath import _same, _send, fast_and_sdk
 
 WEIRD: dict[str, Any] = {
@@ -146,6 +147,35 @@ def test_a_message_answer_is_message_to_dict() -> None:
     assert json.dumps(to_json(response)) == json.dumps(MessageToDict(response))
     assert response_json(message) == MessageToDict(response)
     assert json.dumps(response_json(message)) == json.dumps({"message": MessageToDict(message)})
+
+
+DATA_VALUES: list[Any] = [
+    {"applicantId": "a-1001", "score": 396, "tier": "D"},
+    WEIRD,
+    {},
+    [1, [], {}, None, True, "x", 2.5],
+    "text",
+    None,
+    3,
+    {"nan": float("nan"), "tuple": (1, 2)},  # what ParseDict takes too
+]
+
+
+@pytest.mark.parametrize("value", DATA_VALUES, ids=range(len(DATA_VALUES)))
+def test_data_parts_are_new_data_parts(value: Any) -> None:
+    mine, theirs = data_part(value, "application/json"), new_data_part(value, "application/json")
+    assert mine.SerializeToString(deterministic=True) == theirs.SerializeToString(
+        deterministic=True
+    )
+
+
+@pytest.mark.parametrize("value", [{"huge": 10**400}, {1: 2}, {"set": {1, 2}}])
+def test_a_data_part_json_cannot_hold_gets_new_data_parts_error(value: Any) -> None:
+    with pytest.raises(Exception) as theirs:  # noqa: PT011 - whichever ParseDict raises
+        new_data_part(value)
+    with pytest.raises(type(theirs.value)) as mine:
+        data_part(value)
+    assert str(mine.value) == str(theirs.value)
 
 
 def test_a_value_json_cannot_hold_gets_message_to_dicts_error() -> None:

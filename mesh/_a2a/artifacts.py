@@ -31,6 +31,7 @@ import pydantic_core
 from a2a.helpers import new_data_part, new_text_part
 from a2a.types import Part
 
+from mesh._a2a.fastpath_json import data_part
 from mesh._artifacts import Artifact, File
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def answer_parts(data: dict[str, Any] | None, text: str, *, typed: bool) -> list
         return [new_text_part(text, media_type=_TEXT)]
     value = data or {}
     rendered = pydantic_core.to_json(value).decode()
-    return [new_data_part(value, media_type=_JSON), new_text_part(rendered, media_type=_TEXT)]
+    return [data_part(value, media_type=_JSON), new_text_part(rendered, media_type=_TEXT)]
 
 
 def _part(value: Any) -> Part:
