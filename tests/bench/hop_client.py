@@ -1,5 +1,6 @@
 """The client side of one delegation, measured against candidate HTTP clients
-(``python -m tests.bench.hop_client``; issue 19 item 2).
+(``python -m tests.bench.hop_client``; issue 19 item 2). ``--breakdown`` times where one
+call's wall time goes instead (``breakdown``).
 
 It starts one ``bench-bureau`` node (typed skill ``score``, the fast path) and sends it the
 delegation's blocking ``SendMessage`` from this process, one call at a time on one kept-alive
@@ -382,6 +383,87 @@ async def measure(url: str, ways: list[str], n: int, runs: int) -> dict[str, dic
     }
 
 
+# The ways ``breakdown`` times (those through ``mesh._pool.DirectPool``).
+_DIRECT_WAYS = ("remote-tool", "a2apeer")
+# The stages of one call ``breakdown`` times (ms, medians over the calls).
+STAGES = ("before_write", "write", "to_first_byte", "first_to_last_byte", "after_answer", "total")
+
+
+async def breakdown(url: str, way: str, n: int) -> dict[str, float]:
+    """Where one call's wall time goes, for a way through ``mesh._pool.DirectPool``: the
+    client's work before the request is written, the write itself, the wait for the answer's
+    first byte, from it to the last read, the client's work after it (the ``STAGES``, p50 ms);
+    the reads per call, the client's CPU per call and the specialist's own mean task time from
+    its ``/metrics`` (``mesh_task_duration_seconds``), over ``n`` sequential calls."""
+    from mesh import _pool
+
+    marks: dict[str, float] = {}
+    read, write = _pool._read, asyncio.StreamWriter.write
+
+    async def timed_read(reader: asyncio.StreamReader) -> bytes:
+        data = await read(reader)
+        marks.setdefault("first", time.perf_counter())
+        marks["last"] = time.perf_counter()
+        marks["reads"] = marks.get("reads", 0) + 1
+        return data
+
+    def timed_write(self: asyncio.StreamWriter, data: Any) -> None:
+        marks["write0"] = time.perf_counter()
+        write(self, data)
+        marks["write1"] = time.perf_counter()
+
+    async def task_seconds() -> tuple[float, float]:
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(url + "/metrics")).text
+        total = count = 0.0
+        for line in text.splitlines():
+            if line.startswith("mesh_task_duration_seconds_sum"):
+                total += float(line.split()[-1])
+            elif line.startswith("mesh_task_duration_seconds_count"):
+                count += float(line.split()[-1])
+        return total, count
+
+    _pool._read = timed_read
+    asyncio.StreamWriter.write = timed_write  # type: ignore[method-assign]
+    try:
+        call, close = await WAYS[way](url)
+        for _ in range(100):
+            await call()
+        rows: list[tuple[float, ...]] = []
+        sum0, count0 = await task_seconds()
+        cpu0 = time.process_time()
+        for _ in range(n):
+            marks.clear()
+            start = time.perf_counter()
+            await call()
+            end = time.perf_counter()
+            rows.append(
+                (
+                    marks["write0"] - start,
+                    marks["write1"] - marks["write0"],
+                    marks["first"] - marks["write1"],
+                    marks["last"] - marks["first"],
+                    end - marks["last"],
+                    end - start,
+                    marks["reads"],
+                )
+            )
+        cpu = time.process_time() - cpu0
+        sum1, count1 = await task_seconds()
+        await close()
+    finally:
+        _pool._read = read
+        asyncio.StreamWriter.write = write  # type: ignore[method-assign]
+    found = {
+        stage: 1000 * statistics.median(row[index] for row in rows)
+        for index, stage in enumerate(STAGES)
+    }
+    found["reads_per_call"] = statistics.mean(row[-1] for row in rows)
+    found["client_cpu_ms"] = 1000 * cpu / n
+    found["specialist_task_ms"] = 1000 * (sum1 - sum0) / max(1.0, count1 - count0)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=300, help="calls per way per round")
@@ -389,8 +471,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ways", default=",".join(WAYS), help="comma-separated")
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop (as uvicorn does)")
     parser.add_argument("--json", type=Path, help="write the result here")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="where each call's wall time goes (remote-tool, a2apeer: through DirectPool)",
+    )
     args = parser.parse_args(argv)
     ways = [w for w in args.ways.split(",") if w]
+    if args.breakdown:
+        return _main_breakdown(args, [w for w in ways if w in _DIRECT_WAYS])
     if "aiohttp" in ways:
         try:
             import aiohttp  # noqa: F401
@@ -419,6 +508,41 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.runs} rounds x {args.n} calls per way, load average {load[0]:.2f}")
     if args.json:
         args.json.write_text(json.dumps({"ways": found, "load": load[0]}, indent=2))
+    return 0
+
+
+def _main_breakdown(args: argparse.Namespace, ways: list[str]) -> int:
+    if not ways:
+        print(f"--breakdown times the ways through DirectPool: {_DIRECT_WAYS}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = Ctx(ports={"bureau": free_port()}, tmp=Path(tmp))
+        spec = ServerSpec("bureau", _mesh_serve("tests.bench.agents.specialist:agent", "bureau"))
+        proc, _ = spawn(spec, ctx, 60.0)
+        try:
+            found: dict[str, dict[str, float]] = {}
+            for way in ways:
+                run = breakdown(ctx.url("bureau"), way, args.n * args.runs)
+                if args.uvloop:
+                    import uvloop
+
+                    found[way] = uvloop.run(run)
+                else:
+                    found[way] = asyncio.run(run)
+        finally:
+            proc.terminate()
+    print(f"{'way':14}" + "".join(f"{stage:>19}" for stage in STAGES))
+    for way, row in found.items():
+        print(f"{way:14}" + "".join(f"{row[stage]:>19.3f}" for stage in STAGES))
+    for way, row in found.items():
+        print(
+            f"{way}: {row['reads_per_call']:.2f} reads a call, client CPU "
+            f"{row['client_cpu_ms']:.3f} ms a call, the specialist's own task "
+            f"{row['specialist_task_ms']:.3f} ms (mean)"
+        )
+    print(f"p50 ms over {args.n * args.runs} calls per way, load average {os.getloadavg()[0]:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps({"breakdown": found}, indent=2))
     return 0
 
 
