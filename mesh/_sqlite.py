@@ -27,6 +27,11 @@ database thread"). What may block goes to the database thread (one, ``mesh-sqlit
   to 5 s as before;
 * a slow disk: a batch that took more than ``SLOW_BATCH_S`` on the loop sends the batches after
   it to the thread for ``SLOW_HOLD_S`` (logged as a warning, at most once a minute);
+* a long statement (a listing's scan no index serves, a big delete: CPU in SQLite, which waits
+  for no disk when the pages are cached): a batch still running on the loop after
+  ``LOOP_BUDGET_S`` is interrupted (SQLite's progress handler), rolled back and run again
+  whole on the thread, where the statement releases the GIL and the loop runs on (its
+  operations may thus run twice, as on PostgreSQL: SQL only);
 * the heavy known operations (``migrate``, ``ensure_schema``, ``ping``, closing), and whatever
   runs while the thread holds the connection (a lock decides who uses it: never both at once).
 
@@ -84,6 +89,12 @@ WAL_RESTART_FRAMES = 4000
 #: How long a batch on the database thread waits for a lock another connection holds.
 _BUSY_WAIT_MS = 5000
 _WARN_EVERY_S = 60.0
+#: A batch still running on the loop after this long is interrupted, rolled back and run on
+#: the thread: a statement that is long in CPU (a scan no index serves, a big delete), with
+#: the pages cached, waits for no disk, so ``SLOW_BATCH_S`` would not tell it.
+LOOP_BUDGET_S = 0.02
+# SQLite VM instructions between two looks at the clock (~tens of microseconds of a scan).
+_PROGRESS_OPS = 10_000
 
 
 @dataclass(slots=True)
@@ -104,9 +115,10 @@ class _Busy(Exception):
 
 
 def _busy(exc: BaseException) -> bool:
-    """A lock held by another connection (SQLITE_BUSY and its extended codes)."""
+    """A lock held by another connection (SQLITE_BUSY and its extended codes), or a batch on
+    the loop interrupted past ``LOOP_BUDGET_S`` (SQLITE_INTERRUPT)."""
     code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF == 5
+    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF in (5, 9)
 
 
 try:  # Linux: a thread's own resource usage
@@ -355,14 +367,21 @@ class Database:
         connection by the thread, the database by another connection) and nothing was done."""
         if not self._lock.acquire(blocking=False):
             return None
+        conn = self._conn
+        deadline = time.perf_counter() + LOOP_BUDGET_S
+        conn.set_progress_handler(lambda: time.perf_counter() > deadline, _PROGRESS_OPS)
         try:
             if self._waiting:
-                self._conn.execute("pragma busy_timeout=0")
+                conn.execute("pragma busy_timeout=0")
                 self._waiting = False
             outcomes = self._run_batch(batch)
         except _Busy:
+            conn.set_progress_handler(None, 0)
+            if conn.in_transaction:  # interrupted: none of it stays (SQLite may have undone it)
+                conn.execute("rollback")
             return None
         finally:
+            conn.set_progress_handler(None, 0)
             self._lock.release()
         self.inline_batches += 1
         return outcomes
@@ -380,7 +399,8 @@ class Database:
         savepoint. On the loop (not waiting for locks), a lock another connection holds raises
         ``_Busy`` before anything is done: the thread runs the batch instead. (A read-only
         batch that met one, rare in WAL, e.g. a recovery, is run again whole: reads change
-        nothing.)"""
+        nothing.) So does a batch interrupted past ``LOOP_BUDGET_S`` (``_run_inline`` rolls
+        back what it wrote)."""
         conn = self._conn
         self.batches += 1
         nowait = self._inline and not self._waiting
@@ -398,7 +418,7 @@ class Database:
                 try:
                     outcomes.append((True, op.fn(conn)))
                 except Exception as exc:
-                    if nowait and not writes and _busy(exc):
+                    if nowait and _busy(exc):  # run again whole on the thread
                         raise _Busy from exc
                     outcomes.append((False, exc))
                 continue
@@ -409,6 +429,8 @@ class Database:
                 # and their error is raised here (mesh._pg.PgConnection).
                 conn.execute("release op")
             except Exception as exc:
+                if nowait and _busy(exc):  # interrupted: the batch runs again on the thread
+                    raise _Busy from exc
                 conn.execute("rollback to op")
                 conn.execute("release op")
                 outcomes.append((False, exc))
