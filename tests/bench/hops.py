@@ -1,0 +1,175 @@
+"""The two hops of issue 19 item 2 on a loaded machine: every setup up at once, 1-connection
+bursts in alternated rounds, the hops taken per round.
+
+    python -m tests.bench.hops                    # 8 rounds of 2 s per row (~2.5 minutes)
+    python -m tests.bench.hops --rounds 12 --seconds 3 --json /tmp/hops.json
+
+``make bench`` measures each row's p50 in its own minute, so on a machine other work loads the
+hop (a difference of two p50s) takes whatever the load did between them: several milliseconds
+either way. Here the rows' servers all run together and each round gives every row one burst
+(wrk, 1 connection, the bench's request and check), in an order reversed every other round, so
+a drift in load falls on both sides of each difference. Per round: the typed hop
+``coord-remote - coord-local`` and the LLM specialist's excess ``coord-remote-llm -
+coord-local-llm - llm-specialist`` (docs/performance.md "The rows"). At the end, the hops from
+each row's lowest p50 over the rounds (its least disturbed burst: load only adds to a p50),
+then the median of the per-round hops and their range. Not a substitute for ``make bench`` on
+a quiet machine, a way to read the hops when there is none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.bench.harness import spawn
+from tests.bench.load import Target, run_wrk, warm_up, wrk_path
+from tests.bench.scenarios import (
+    LLM_SPECIALIST,
+    LOCAL,
+    LOCAL_LLM,
+    MESH,
+    REMOTE,
+    REMOTE_LLM,
+    ROWS,
+    Ctx,
+)
+from tests.support import Proc, free_port
+
+__all__ = ["KEYS", "hops", "main"]
+
+KEYS = (MESH, LOCAL, REMOTE, LLM_SPECIALIST, LOCAL_LLM, REMOTE_LLM)
+
+
+def hops(p50: dict[str, float]) -> dict[str, float]:
+    """The typed hop and the LLM specialist's excess over its own turn, from one round."""
+    return {
+        "typed_hop_ms": round(p50[REMOTE] - p50[LOCAL], 3),
+        "llm_hop_over_turn_ms": round(p50[REMOTE_LLM] - p50[LOCAL_LLM] - p50[LLM_SPECIALIST], 3),
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.bench.hops",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--rounds", type=int, default=8, help="rounds (8)")
+    parser.add_argument("--seconds", type=int, default=2, help="seconds per burst (2)")
+    parser.add_argument("--warmup", type=int, default=300, help="checked requests per row (300)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rounds here")
+    args = parser.parse_args(argv)
+    for name in ("rounds", "seconds", "warmup"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    return args
+
+
+def _start(tmp: Path) -> tuple[list[Proc], dict[str, Target]]:
+    rows = {r.key: r for r in ROWS}
+    procs: list[Proc] = []
+    targets: dict[str, Target] = {}
+    try:
+        for key in KEYS:
+            row = rows[key]
+            ctx = Ctx(ports={s.name: free_port() for s in row.servers}, tmp=tmp / key)
+            ctx.tmp.mkdir(parents=True)
+            for spec in row.servers:
+                procs.append(spawn(spec, ctx, 60.0)[0])
+            targets[key] = row.target(ctx)
+    except BaseException:
+        _stop(procs)
+        raise
+    return procs, targets
+
+
+def _stop(procs: list[Proc]) -> None:
+    for proc in reversed(procs):
+        with contextlib.suppress(Exception):
+            proc.terminate()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the rounds; print each and the medians (and write ``--json``)."""
+    args = parse_args(argv)
+    try:
+        wrk_path()
+    except RuntimeError as exc:
+        print(f"hops: {exc}", file=sys.stderr)
+        return 2
+    for key in KEYS:
+        row = next(r for r in ROWS if r.key == key)
+        reason = row.missing()
+        if reason:
+            print(f"hops: cannot run {key}: {reason}", file=sys.stderr)
+            return 2
+    rounds: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="mesh-hops-") as tmp:
+        procs, targets = _start(Path(tmp))
+        try:
+            for key, target in targets.items():
+                warm_up(target, requests=args.warmup, run_id=f"{uuid.uuid4().hex[:8]}-{key}")
+            for n in range(args.rounds):
+                order = KEYS if n % 2 == 0 else tuple(reversed(KEYS))
+                p50: dict[str, float] = {}
+                for key in order:
+                    run = run_wrk(
+                        targets[key],
+                        connections=1,
+                        duration_s=args.seconds,
+                        run_id=f"{uuid.uuid4().hex[:8]}-{n}",
+                    )
+                    if run.errors:
+                        raise RuntimeError(f"{key}: {run.errors} bad answers: {run.first_error}")
+                    p50[key] = run.latency_ms["p50"]
+                found = {"load": round(os.getloadavg()[0], 2), "p50_ms": p50, **hops(p50)}
+                rounds.append(found)
+                print(
+                    f"round {n + 1}: load {found['load']:.1f}  "
+                    + "  ".join(f"{k} {p50[k]:.2f}" for k in KEYS)
+                    + f"  | typed hop {found['typed_hop_ms']:.2f}"
+                    f"  LLM hop over its turn {found['llm_hop_over_turn_ms']:.2f}",
+                    flush=True,
+                )
+        finally:
+            _stop(procs)
+    summary = {
+        name: {
+            "median": statistics.median(r[name] for r in rounds),
+            "min": min(r[name] for r in rounds),
+            "max": max(r[name] for r in rounds),
+        }
+        for name in ("typed_hop_ms", "llm_hop_over_turn_ms")
+    }
+    # Each row's least disturbed burst: load only ever adds to a p50, so the lowest of a row's
+    # rounds is the nearest to what a quiet machine gives (how near: docs/performance.md "The
+    # LLM specialist hop").
+    lowest = {key: min(r["p50_ms"][key] for r in rounds) for key in KEYS}
+    from_lowest = {"p50_ms": lowest, **hops(lowest)}
+    for name, label in (
+        ("typed_hop_ms", "typed hop (coord-remote - coord-local)"),
+        ("llm_hop_over_turn_ms", "LLM hop over its turn (remote-llm - local-llm - specialist)"),
+    ):
+        s = summary[name]
+        print(
+            f"{label}: from each row's lowest p50 {from_lowest[name]:.2f} ms; per round: median "
+            f"{s['median']:.2f} ms over {len(rounds)} rounds ({s['min']:.2f} .. {s['max']:.2f}); "
+            "target <= 1.0"
+        )
+    print("each row's lowest p50: " + "  ".join(f"{k} {lowest[k]:.2f}" for k in KEYS))
+    if args.json:
+        result = {"rounds": rounds, "summary": summary, "from_lowest": from_lowest}
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
