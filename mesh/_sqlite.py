@@ -576,8 +576,8 @@ class Database:
             self._drain()
         self._closed = True  # no checkpoint starts any more
         loop = asyncio.get_running_loop()
-        if self._checkpoint is not None:
-            await asyncio.shield(self._checkpoint)
+        if self._checkpoint is not None:  # its error, if any, is logged (_checkpointed)
+            await asyncio.wait([self._checkpoint])
         await loop.run_in_executor(self._executor, self._close_held)
         self._executor.shutdown(wait=True)
 

@@ -5,6 +5,7 @@ the database thread. Real SQLite files, a second real connection for the lock.""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sqlite3
 import threading
@@ -34,6 +35,10 @@ def _on_disk(path: Path) -> set[str]:
         return {k for (k,) in conn.execute("select k from t")}
     finally:
         conn.close()
+
+
+def _insert_blob(key: str, conn: sqlite3.Connection) -> None:
+    conn.execute("insert into t (k, v) values (?, ?)", (key, b"x" * 3000))
 
 
 class _Threads:
@@ -116,11 +121,7 @@ async def test_the_wal_stays_bounded_checkpointed_off_the_loop(
         page = await db.read(lambda conn: conn.execute("pragma page_size").fetchone()[0])
         commits = 4000
         for i in range(commits):  # one commit each, about two pages each
-            await db.write(
-                lambda conn, i=i: conn.execute(
-                    "insert into t (k, v) values (?, ?)", (f"k{i}", b"x" * 3000)
-                )
-            )
+            await db.write(functools.partial(_insert_blob, f"k{i}"))
         await eventually(lambda: db._checkpoint is None, within=10)
         assert db.checkpoints >= 2
         assert set(where) == {"mesh-sqlite_0"}
@@ -162,3 +163,30 @@ async def test_a_slow_batch_sends_the_next_ones_to_the_thread(
         await eventually(back_on_the_loop, within=10, interval=0.05)
     finally:
         await db.aclose()
+
+
+async def test_a_failing_checkpoint_is_logged_and_close_still_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint that fails while the database closes (a disk error) is logged; ``aclose``
+    still commits, closes and returns."""
+    monkeypatch.setattr(mesh._sqlite, "CHECKPOINT_EVERY", 1)
+    path = tmp_path / "node.db"
+    db = await _open(path)
+    release = threading.Event()
+
+    def failing() -> None:
+        release.wait(10)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    db._run_checkpoint = failing  # type: ignore[method-assign]
+    threads = _Threads()
+    with caplog.at_level(logging.WARNING, logger="mesh.sqlite"):
+        await db.write(threads.insert("a"))
+        await eventually(lambda: db._checkpoint is not None, within=5)
+        closing = asyncio.ensure_future(db.aclose())
+        await eventually(lambda: db._closed, within=5)  # closing waits for the checkpoint
+        release.set()
+        await asyncio.wait_for(closing, 10)
+    assert "checkpoint failed: disk I/O error" in caplog.text
+    assert _on_disk(path) == {"a"}

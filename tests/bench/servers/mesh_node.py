@@ -17,6 +17,7 @@ import collections
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,9 @@ def _count_db_calls() -> None:
     def counted_batch(self: Database, batch: Any) -> Any:
         before = self.commits
         out = run_batch(self, batch)
-        DB_CALLS["[thread hops]"] += 1
+        # mesh._sqlite runs a batch on the loop's thread when it can (no hop).
+        on_loop = threading.current_thread() is threading.main_thread()
+        DB_CALLS["[batches on the loop]" if on_loop else "[thread hops]"] += 1
         DB_CALLS["[commits]"] += self.commits - before
         return out
 
