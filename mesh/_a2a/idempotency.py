@@ -200,8 +200,12 @@ class IdempotencyKeys:
             self.end(key)
             raise
         if found is not None:
-            fut.set_result(found)
-            self._pending.pop(key, None)
+            # The key's write may have settled this claim already (``_settle``: it commits
+            # with its task's final state, after the first send's ``end`` let this one in).
+            if not fut.done():
+                fut.set_result(found)
+            if self._pending.get(key) is fut:
+                del self._pending[key]
         return found
 
     async def _read(self, key: MessageKey) -> str | None:
