@@ -175,7 +175,12 @@ class Sweeper:
 
     # -- one sweep ------------------------------------------------------------------------
     async def sweep(self) -> SweepReport:
-        """Delete what the policy no longer keeps, batch after batch."""
+        """Delete what the policy no longer keeps, batch after batch, on the database's thread
+        (a batch of deletes, or of vacuumed pages, takes milliseconds: not on the event loop)."""
+        with self._db.on_thread():
+            return await self._sweep()
+
+    async def _sweep(self) -> SweepReport:
         report = SweepReport()
         started = time.perf_counter()
         if self._tasks is not None:

@@ -32,8 +32,11 @@ database thread"). What may block goes to the database thread (one, ``mesh-sqlit
   ``LOOP_BUDGET_S`` is interrupted (SQLite's progress handler), rolled back and run again
   whole on the thread, where the statement releases the GIL and the loop runs on (its
   operations may thus run twice, as on PostgreSQL: SQL only);
-* the heavy known operations (``migrate``, ``ensure_schema``, ``ping``, closing), and whatever
-  runs while the thread holds the connection (a lock decides who uses it: never both at once).
+* the heavy known operations (``migrate``, ``ensure_schema``, ``ping``, closing; retention's
+  sweeps, inside ``Database.on_thread()``), and whatever runs while the thread holds the
+  connection (a lock decides who uses it: never both at once);
+* a writer faster than the checkpoints: past ``2 * CHECKPOINT_EVERY`` commits during one,
+  batches wait for it on the thread, so the WAL stays bounded.
 
 While a batch runs on the thread, what is queued meanwhile goes together in the next one, as
 before. Under load on the loop, the batch is what the requests of one loop iteration queued.
@@ -52,13 +55,15 @@ last version, recording it in ``mesh_schema``; ``ensure_schema`` runs one idempo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -89,6 +94,9 @@ WAL_RESTART_FRAMES = 4000
 #: How long a batch on the database thread waits for a lock another connection holds.
 _BUSY_WAIT_MS = 5000
 _WARN_EVERY_S = 60.0
+
+#: Inside ``Database.on_thread()``: the operations started go to the database thread.
+_ON_THREAD: ContextVar[bool] = ContextVar("mesh_sqlite_on_thread", default=False)
 #: A batch still running on the loop after this long is interrupted, rolled back and run on
 #: the thread: a statement that is long in CPU (a scan no index serves, a big delete), with
 #: the pages cached, waits for no disk, so ``SLOW_BATCH_S`` would not tell it.
@@ -187,6 +195,8 @@ class Database:
         #: Until when (``loop.time()``) batches go to the thread after a slow one.
         self._thread_until = 0.0
         self._warned_at = -_WARN_EVERY_S
+        #: Whether the queue holds an operation started inside ``on_thread()``.
+        self._heavy = False
         #: Whether the connection now waits for locks (on the thread) or not (on the loop).
         self._waiting = False
         self._checkpointer = checkpointer
@@ -228,8 +238,25 @@ class Database:
             raise StoreError(f"cannot open database {path}: {exc}") from exc
         return cls(conn, executor, path, checkpointer)
 
+    @staticmethod
+    @contextlib.contextmanager
+    def on_thread() -> Iterator[None]:
+        """Operations started inside (by this task, and tasks it starts) run on the database
+        thread, and the batch they are in: work known to be heavy (retention's sweeps, a
+        vacuum) that should not hold the event loop for milliseconds.
+
+            with db.on_thread():
+                await db.write(delete_a_thousand_rows)
+        """
+        token = _ON_THREAD.set(True)
+        try:
+            yield
+        finally:
+            _ON_THREAD.reset(token)
+
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` on the database thread (in the next batch)."""
+        """Run ``fn(conn)`` in the next batch (on the loop's thread or the database's: see the
+        module's doc)."""
         result: T = await self._enqueue(fn, write=False)
         return result
 
@@ -244,8 +271,8 @@ class Database:
 
     def write_soon(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Queue a ``write`` now, without waiting: it commits in queue order, so any write
-        queued after it and awaited implies this one is committed too. It goes to the
-        database thread with the next awaited operation, or after ``DEFER_S`` at most. The
+        queued after it and awaited implies this one is committed too. It goes in the batch of
+        the next awaited operation, or after ``DEFER_S`` at most. The
         future reports the outcome (await it or read it, so an error is not lost)."""
         future: asyncio.Future[T] = self._enqueue(fn, write=True, defer=True)
         return future
@@ -258,6 +285,8 @@ class Database:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append(_Op(fn, write, future))
+        if _ON_THREAD.get():
+            self._heavy = True
         if self._flusher is None and self._draining is None:
             if not defer:
                 self._start_flush()
@@ -287,7 +316,8 @@ class Database:
         if not self._queue or self._flusher is not None:
             return
         loop = asyncio.get_running_loop()
-        if self._inline and loop.time() >= self._thread_until:
+        heavy, self._heavy = self._heavy, False
+        if not heavy and self._may_inline(loop):
             batch, self._queue = self._queue, []
             started, waits = time.perf_counter(), _waits()
             try:
@@ -305,6 +335,15 @@ class Database:
             # thread runs it, waiting.
             self._queue = batch + self._queue
         self._flusher = loop.create_task(self._flush(), name="mesh-sqlite-flush")
+
+    def _may_inline(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether the loop may run the next batch itself: SQLite, no slow batch lately, and
+        the checkpoint keeping up (past ``2 * CHECKPOINT_EVERY`` commits during one, batches
+        wait for it on the thread: a writer faster than the disk does not grow the WAL
+        without bound)."""
+        if not self._inline or loop.time() < self._thread_until:
+            return False
+        return self._checkpoint is None or self.commits < self._checkpoint_at + CHECKPOINT_EVERY
 
     def _slow(self, loop: asyncio.AbstractEventLoop, elapsed: float) -> None:
         self.slow_batches += 1
@@ -330,7 +369,7 @@ class Database:
         loop = asyncio.get_running_loop()
         try:
             while self._queue:
-                batch, self._queue = self._queue, []
+                batch, self._queue, self._heavy = self._queue, [], False
                 try:
                     outcomes = await loop.run_in_executor(self._executor, self._run_held, batch)
                 except asyncio.CancelledError:
@@ -343,7 +382,7 @@ class Database:
                 except Exception as exc:  # the executor is gone (closing): fail the batch
                     outcomes = [(False, exc)] * len(batch)
                 self._settle(batch, outcomes)
-                if self._inline and loop.time() >= self._thread_until:
+                if self._may_inline(loop):
                     break  # the rest, if any, on the loop (_drain)
         finally:
             self._flusher = None
