@@ -400,8 +400,8 @@ class SqliteSessionStore:
 class _Appends:
     """Events of one session that change no state, stored in order: the session row's
     ``updated_at`` (which also says the session exists) once, to the last one's time, then
-    the events' rows. Several queued in a row (``_Group.add``) are one update and one
-    ``executemany``; what is stored is what one write per event stored."""
+    the events' rows. Several queued in a row (``_Group.add``) are one update and their
+    inserts; what is stored is what one write per event stored."""
 
     __slots__ = ("_key", "_now", "_rows")
 
@@ -423,11 +423,14 @@ class _Appends:
         )
         if touched.rowcount != 1:
             raise StoreError(f"no session {session_id!r} of user {user_id!r} to append to")
-        conn.executemany(
-            "insert into mesh_session_events "
-            "(user_id, session_id, event_id, author, timestamp, data) values (?,?,?,?,?,?)",
-            self._rows,
-        )
+        # One execute a row, not executemany: on PostgreSQL that waits for its row count (a
+        # round trip), where a plain insert rides in the batch's pipeline.
+        for row in self._rows:
+            conn.execute(
+                "insert into mesh_session_events "
+                "(user_id, session_id, event_id, author, timestamp, data) values (?,?,?,?,?,?)",
+                row,
+            )
 
 
 def _dumps(value: Mapping[str, Any], *, what: str) -> str:
