@@ -277,6 +277,10 @@ class Database:
         future: asyncio.Future[T] = self._enqueue(fn, write=True, defer=True)
         return future
 
+    def flush(self) -> None:
+        """Run what ``write_soon`` queued now, not after ``DEFER_S``: someone waits for it."""
+        self._start_flush()
+
     def _enqueue(
         self, fn: Callable[[sqlite3.Connection], Any], *, write: bool, defer: bool = False
     ) -> Any:

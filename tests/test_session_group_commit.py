@@ -86,8 +86,9 @@ async def test_a_new_sessions_turn_is_one_operation_and_reads_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``new_session=True`` (a node's context made for the request): no read before the turn;
-    its create and queued appends run as one database operation, the final append as another;
-    all of it is on disk when the turn returns."""
+    its create, queued appends and final append run as one database operation, the session's
+    row written once (an insert with the last event's time, no update of it); all of it is on
+    disk when the turn returns."""
     # A loaded machine may take longer than DEFER_S for the turn: the queued writes would go
     # on their own then (correct, but not the one operation counted here).
     monkeypatch.setattr(mesh._sqlite, "DEFER_S", 60.0)
@@ -105,12 +106,18 @@ async def test_a_new_sessions_turn_is_one_operation_and_reads_nothing(
         await runner.run(user_id="u1", session_id="s0", message="approve APP-1 for 10")
         db._run_batch = counted  # type: ignore[method-assign]
         commits, batches = db.commits, db.batches
+        statements: list[str] = []
+        db._conn.set_trace_callback(statements.append)
         result = await runner.run(
             user_id="u1", session_id="s1", message="approve APP-2 for 20", new_session=True
         )
+        db._conn.set_trace_callback(None)
         assert result.text == "Ann Lee: score 712 (B)"
         assert (db.commits - commits, db.batches - batches) == (1, 1)  # no read batch
-        assert operations == [2]  # the queued six in one group, the final append
+        assert operations == [1]  # the queued six and the final append in one group
+        rows = [s for s in statements if "mesh_sessions " in s]
+        assert len(rows) == 1, rows
+        assert rows[0].startswith("insert into mesh_sessions")
     finally:
         await db.aclose()
     await _stored_after_reopen(tmp_path / "node.db", result.events)
@@ -165,7 +172,8 @@ async def test_queued_events_without_state_are_one_update_and_their_rows(
         await store.append_event(session, Event(author="user", content=Content.user("e")))
         db._conn.set_trace_callback(None)
         touched = [s for s in statements if s.startswith("update mesh_sessions")]
-        assert len(touched) == 4  # a and b together, c (its state too), d, e
+        # a and b together, c (its state too), d and the durable e (it joins their group)
+        assert len(touched) == 3
         stored = await store.get("u1", "s1")
         assert stored is not None
         assert [e.text for e in stored.events] == ["a", "b", "c", "d", "e"]

@@ -88,6 +88,10 @@ class _Group:
             last = self._writes[-1]
             if isinstance(write, _Appends) and isinstance(last, _Appends):
                 last.extend(write)
+            elif isinstance(write, _Appends) and isinstance(last, _Create):
+                # The new row takes the events' time itself: no update of it after.
+                write.created = last
+                self._writes[-1] = write
             else:
                 self._writes.append(write)
             return True
@@ -193,14 +197,7 @@ class SqliteSessionStore:
             else "{}"  # a turn's new session: no encoder for nothing
         )
 
-        def insert(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "insert or ignore into mesh_sessions (user_id, id, state, created_at, updated_at) "
-                "values (?, ?, ?, ?, ?)",
-                (user_id, session.id, state_json, session.created_at, session.updated_at),
-            )
-            return cur.rowcount == 1
-
+        insert = _Create(user_id, session.id, state_json, session.created_at, session.updated_at)
         if not durable:
             # The caller read it absent under the session's lock: nobody else creates it
             # (another process that did meanwhile has its row kept; the appends go there).
@@ -242,7 +239,13 @@ class SqliteSessionStore:
             # is all there is to write besides the event, no state read and written again.
             write = _Appends(session, event, data, now)
             if durable:
-                await self.db.write(write)
+                group = self._open.get(key)
+                if group is not None and group.add(write):
+                    # It rides with the session's queued writes (one savepoint, one update of
+                    # the row): their commit is its commit, and sync waits for it.
+                    self.db.flush()
+                else:
+                    await self.db.write(write)
                 await self.sync(session)  # committed before this one: reports their errors
             else:
                 self._queue(key, write)
@@ -397,18 +400,41 @@ class SqliteSessionStore:
         """Nothing to release: the ``Database`` belongs to whoever opened it."""
 
 
+class _Create:
+    """A new session's row (``create(durable=False)``): inserted unless it exists. Joined by
+    the appends queued after it (``_Group.add``), it becomes their ``created``."""
+
+    __slots__ = ("row",)
+
+    def __init__(
+        self, user_id: str, session_id: str, state: str, created_at: float, updated_at: float
+    ) -> None:
+        self.row = (user_id, session_id, state, created_at, updated_at)
+
+    def __call__(self, conn: sqlite3.Connection) -> bool:
+        cur = conn.execute(
+            "insert or ignore into mesh_sessions (user_id, id, state, created_at, updated_at) "
+            "values (?, ?, ?, ?, ?)",
+            self.row,
+        )
+        return cur.rowcount == 1
+
+
 class _Appends:
     """Events of one session that change no state, stored in order: the session row's
     ``updated_at`` (which also says the session exists) once, to the last one's time, then
     the events' rows. Several queued in a row (``_Group.add``) are one update and their
-    inserts; what is stored is what one write per event stored."""
+    inserts; what is stored is what one write per event stored. After a new session's
+    ``created`` row, that row is written with the events' time (or, when it exists, only its
+    ``updated_at`` moves: ``insert or ignore`` and the update did the same), no update."""
 
-    __slots__ = ("_key", "_now", "_rows")
+    __slots__ = ("_key", "_now", "_rows", "created")
 
     def __init__(self, session: Session, event: Event, data: str, now: float) -> None:
         self._key = (session.user_id, session.id)
         self._now = now
         self._rows = [(session.user_id, session.id, event.id, event.author, event.timestamp, data)]
+        self.created: _Create | None = None
 
     def extend(self, later: _Appends) -> None:
         """Store ``later``'s events after these (the same session's)."""
@@ -417,12 +443,21 @@ class _Appends:
 
     def __call__(self, conn: sqlite3.Connection) -> None:
         user_id, session_id = self._key
-        touched = conn.execute(
-            "update mesh_sessions set updated_at=? where user_id=? and id=?",
-            (self._now, user_id, session_id),
-        )
-        if touched.rowcount != 1:
-            raise StoreError(f"no session {session_id!r} of user {user_id!r} to append to")
+        if self.created is not None:
+            # No row count to read (a round trip on PostgreSQL): the row exists after it.
+            conn.execute(
+                "insert into mesh_sessions (user_id, id, state, created_at, updated_at) "
+                "values (?, ?, ?, ?, ?) on conflict (user_id, id) "
+                "do update set updated_at = excluded.updated_at",
+                (*self.created.row[:4], self._now),
+            )
+        else:
+            touched = conn.execute(
+                "update mesh_sessions set updated_at=? where user_id=? and id=?",
+                (self._now, user_id, session_id),
+            )
+            if touched.rowcount != 1:
+                raise StoreError(f"no session {session_id!r} of user {user_id!r} to append to")
         # One execute a row, not executemany: on PostgreSQL that waits for its row count (a
         # round trip), where a plain insert rides in the batch's pipeline.
         for row in self._rows:
