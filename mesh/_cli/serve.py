@@ -241,8 +241,17 @@ def _serve(args: argparse.Namespace) -> int:
             finally:
                 self.should_exit = True
 
+    http: Any = "auto"
+    try:
+        # A sized answer's head and body in one write (mesh/_one_write.py).
+        from mesh._one_write import OneWriteProtocol
+
+        http = OneWriteProtocol
+    except ImportError:  # no httptools (a plain install): uvicorn's h11, two writes
+        pass
     config = uvicorn.Config(
         node.app,
+        http=http,
         log_config=None,
         access_log=False,
         lifespan="on",
