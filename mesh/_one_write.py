@@ -40,18 +40,30 @@ class _HeldHead:
             self._head = None
             self._transport.write(head + bytes(data))
             return
-        cycle = self._protocol.cycle
-        if cycle is not None and cycle is not self._seen and cycle.response_started:
+        if self._holds(data):
+            return
+        self._transport.write(data)
+
+    def _holds(self, data: bytes | bytearray | memoryview) -> bool:
+        """Whether ``data`` is the head of a sized answer, now held for its body."""
+        try:
+            cycle = self._protocol.cycle
+            if cycle is None or cycle is self._seen or not cycle.response_started:
+                return False
             self._seen = cycle
-            if (
+            sized = (
                 cycle.chunked_encoding is False
                 and cycle.expected_content_length > 0
                 and not cycle.response_complete
                 and cycle.scope["method"] != "HEAD"
-            ):
-                self._head = bytes(data)
-                return
-        self._transport.write(data)
+            )
+        except (AttributeError, KeyError):
+            # These are uvicorn's internals (its cycle's state), not an API: if a release
+            # moves them, answers go out as uvicorn writes them (two writes), never wrong.
+            return False
+        if sized:
+            self._head = bytes(data)
+        return sized
 
     def close(self) -> None:
         # An app that failed between its head and its body: the head goes out, as uvicorn's

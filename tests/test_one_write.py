@@ -169,3 +169,27 @@ def test_head_and_sized_answers_on_one_connection() -> None:
         # A HEAD answer has no body to wait for: its head goes out alone, at once.
         assert _segments_per_answer(sock, port, "HEAD") == 1
         assert [_segments_per_answer(sock, port) for _ in range(3)] == [1, 1, 1]
+
+
+def test_uvicorn_internals_moved_means_two_writes_not_a_broken_answer() -> None:
+    """The held head reads uvicorn's cycle state, which is not an API: when a release renames
+    it, the answer goes out as uvicorn writes it (head, then body), never lost or held."""
+    from mesh._one_write import _HeldHead
+
+    written: list[bytes] = []
+
+    class Transport:
+        def write(self, data: bytes) -> None:
+            written.append(bytes(data))
+
+    class Cycle:  # a cycle of some future uvicorn: started, but no chunked_encoding attribute
+        response_started = True
+        scope = {"method": "GET"}
+
+    class Protocol:
+        cycle = Cycle()
+
+    held = _HeldHead(Transport(), Protocol())  # type: ignore[arg-type]
+    held.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+    held.write(b"{}")
+    assert written == [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n", b"{}"]
