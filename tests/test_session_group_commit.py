@@ -8,6 +8,7 @@ that fails is not lost: the next durable append of the session, or ``sync``, rai
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -179,5 +180,33 @@ async def test_queued_events_without_state_are_one_update_and_their_rows(
         assert [e.text for e in stored.events] == ["a", "b", "c", "d", "e"]
         assert stored.state == {"k": 1}
         assert stored.updated_at == session.updated_at  # the last event's time
+    finally:
+        await db.aclose()
+
+
+async def test_a_sync_cancelled_while_it_waits_leaves_its_writes_to_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn cancelled while ``sync`` waits for its one group: the group still commits, in
+    order, and the store and database go on (the wait is on the group's own future)."""
+    monkeypatch.setattr(mesh._sqlite, "DEFER_S", 60.0)  # the group waits until flushed
+    db = await Database.open(tmp_path / "node.db")
+    try:
+        store = SqliteSessionStore(db)
+        session = await store.create("u1", "s1")
+        await store.append_event(session, Event(author="user", content=Content.user("a")))
+        await store.append_event(
+            session, Event(author="user", content=Content.user("b")), durable=False
+        )
+        waiter = asyncio.ensure_future(store.sync(session))
+        await asyncio.sleep(0)  # one loop turn: it waits for the group now
+        assert not waiter.done()
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await store.append_event(session, Event(author="user", content=Content.user("c")))
+        stored = await store.get("u1", "s1")
+        assert stored is not None
+        assert [e.text for e in stored.events] == ["a", "b", "c"]
     finally:
         await db.aclose()

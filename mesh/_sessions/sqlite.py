@@ -18,6 +18,7 @@ for those queued one after the other, ``_Appends``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sqlite3
@@ -133,7 +134,11 @@ class SqliteSessionStore:
         pending = self._pending.pop(key, None)
         if not pending:
             return
-        if not all(future.done() for future in pending):
+        if len(pending) == 1:  # a turn's one group: no asyncio.wait (a waiter, callbacks, sets)
+            if not pending[0].done():
+                with contextlib.suppress(Exception):  # raised below, as for several
+                    await pending[0]
+        elif not all(future.done() for future in pending):
             await asyncio.wait(pending)
         for future in pending:
             exc = future.exception()
