@@ -214,6 +214,26 @@ def mark_blocking_send(context: ServerCallContext) -> None:
     context.state[BLOCKING_SEND] = True
 
 
+def _task_write(
+    row: tuple[Any, ...],
+    owner: str,
+    task_id: str,
+    runner: str | None,
+    staged: list[tuple[Statement, asyncio.Future[None]]],
+) -> Statement:
+    """The write of a task's row (``_row``), with this replica as its runner when given (its
+    first save here) and what was staged to ride in the same transaction."""
+
+    def write(conn: sqlite3.Connection) -> None:
+        conn.execute(_UPSERT, row)
+        if runner is not None:
+            conn.execute(_RUNNER, (owner, task_id, runner))
+        for fn, _ in staged:
+            fn(conn)
+
+    return write
+
+
 def mark_single_write(context: ServerCallContext) -> None:
     """Tell the store that the run of ``context`` (a blocking send) writes nothing else to the
     database before its task settles: its first save may wait for its final one (see the
@@ -504,13 +524,7 @@ class SqliteTaskStore(TaskStore):
         staged = self._staged.pop(key, [])
         runner = None if settled else self.runner
 
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute(_UPSERT, row)
-            if runner is not None:  # its first save here: this replica runs it
-                conn.execute(_RUNNER, (owner, task.id, runner))
-            for fn, _ in staged:
-                fn(conn)
-
+        write = _task_write(row, owner, task.id, runner, staged)
         if lazy:
             self._queue_lazily(task.id, write, staged)
             return
@@ -553,22 +567,7 @@ class SqliteTaskStore(TaskStore):
         for (owner, task_id), (data, created_ns) in unwritten.items():
             row = _row(owner, _parse(data), data, created_ns)
             staged = self._staged.pop((owner, task_id), [])
-            runner = self.runner
-
-            def write(
-                conn: sqlite3.Connection,
-                row: tuple[Any, ...] = row,
-                staged: list[tuple[Statement, asyncio.Future[None]]] = staged,
-                runner: str | None = runner,
-                owner: str = owner,
-                task_id: str = task_id,
-            ) -> None:
-                conn.execute(_UPSERT, row)
-                if runner is not None:
-                    conn.execute(_RUNNER, (owner, task_id, runner))
-                for fn, _ in staged:
-                    fn(conn)
-
+            write = _task_write(row, owner, task_id, self.runner, staged)
             self._queue_lazily(task_id, write, staged)
 
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
