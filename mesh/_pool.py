@@ -327,10 +327,15 @@ def _request_head(url: httpx.URL, headers: Sequence[tuple[str, str]]) -> tuple[b
         if lower in _OWN:
             raise httpx.LocalProtocolError(f"{name} is written by the pool")
         if lower == b"connection":
-            closes = closes or b"close" in {v.strip() for v in raw_value.lower().split(b",")}
+            closes = closes or _says_close(raw_value)
         out += (raw_name, b": ", raw_value, b"\r\n")
     out.append(b"Content-Length: ")
     return b"".join(out), closes
+
+
+def _says_close(value: bytes) -> bool:
+    """Whether a ``Connection`` header's value asks to close the connection."""
+    return b"close" in {v.strip() for v in value.lower().split(b",")}
 
 
 @dataclass
@@ -340,6 +345,7 @@ class _Head:
     status: int
     length: int
     closes: bool
+    #: A Content-Encoding other than identity (the answer is refused), else None.
     encoding: bytes | None
 
 
@@ -367,8 +373,8 @@ def _textbook(head: bytes) -> _Head | None:
         elif name == b"transfer-encoding":
             return None
         elif name == b"connection":
-            closes = closes or b"close" in {v.strip() for v in value.lower().split(b",")}
-        elif name == b"content-encoding" and (encoding is None or value.lower() != b"identity"):
+            closes = closes or _says_close(value)
+        elif name == b"content-encoding" and value.lower() != b"identity":
             encoding = value  # any but identity refuses the answer, in whichever header
     if length is None:
         return None
@@ -508,7 +514,7 @@ class DirectPool:
                     keep = keep and not closes
                     return status, answer
                 status = head.status
-                if head.encoding is not None and head.encoding.lower() != b"identity":
+                if head.encoding is not None:
                     raise httpx.DecodingError(f"an answer in {head.encoding.decode()!r}")
                 if status < 400 and head.length > max_bytes:
                     raise too_large()
