@@ -84,6 +84,10 @@ def test_the_topology_counts_the_loan_desks_calls(desk: tuple[Desk, str]) -> Non
         assert [(e["skill"], e["calls_total"]) for e in bureau] == [("score", N)]
         verifier = edge(topo, "loan-officer", "income-verifier")
         assert sum(e["calls_total"] for e in verifier) == N, verifier
+        # Each node's own task count comes from its own /metrics, gathered apart from the
+        # officer's edges: it may trail them by a gathering.
+        assert agent(topo, "loan-officer")["tasks"]["calls_total"] == N
+        assert agent(topo, "credit-bureau")["tasks"]["calls_total"] == N
         # The archivist's node is up when start_node returns; its registration follows.
         assert "archivist" in [a["name"] for a in topo["agents"]], "archivist not registered"
         return topo
