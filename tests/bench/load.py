@@ -82,9 +82,16 @@ def wrk_path() -> str:
 
 
 def run_wrk(
-    target: Target, *, connections: int, duration_s: int, run_id: str, timeout_s: float = 10.0
+    target: Target,
+    *,
+    connections: int,
+    duration_s: int,
+    run_id: str,
+    timeout_s: float = 10.0,
+    script: Path = LUA,
 ) -> LoadResult:
-    """Load ``target`` with ``connections`` keep-alive connections for ``duration_s`` seconds."""
+    """Load ``target`` with ``connections`` keep-alive connections for ``duration_s`` seconds.
+    ``script``: ``wrk.lua`` or a script that loads it and adds to it (tests.bench.idle_gap)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         fh.write(target.body)
         template = fh.name
@@ -95,7 +102,7 @@ def run_wrk(
         f"-d{duration_s}s",
         f"--timeout={timeout_s:g}s",
         "-s",
-        str(LUA),
+        str(script),
         target.url,
         "--",
         template,
