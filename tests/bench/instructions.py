@@ -1,9 +1,10 @@
 """Instructions per request, counted by cachegrind: a measure a loaded machine does not move.
 
-    python -m tests.bench.instructions                       # mesh-node and coord-local
+    python -m tests.bench.instructions                       # every row
     python -m tests.bench.instructions --rows coord-local --n1 96 --n2 384
     python -m tests.bench.instructions --tree /tmp/me/before # another checkout, same method
     python -m tests.bench.instructions --no-valgrind         # CPU per request only
+    python -m tests.bench.instructions --rows coord-local,coord-remote --concurrency 1  # the hop
 
 Each row's agent is served in process, without HTTP: its real app (``Node(agent, settings)``,
 its lifespan, its SQLite file in a temporary folder) called as ASGI with the bench's own request
@@ -13,6 +14,13 @@ start-up and warm-up and then N1 and N2 requests, divided by N2 - N1: start-up, 
 cancel, both threads and C code (SQLite, pydantic-core, protobuf) count. ``PYTHONHASHSEED`` is
 fixed so two runs of one tree walk the same hash orders. CPU per request comes from a plain run
 (no valgrind) of N2 requests: ``process_time`` around the measured requests.
+
+``coord-remote``'s tool is the ``bench-bureau`` specialist over A2A: the driver starts that peer
+once per row as a plain ``mesh serve`` process of the same tree (never under valgrind, on a free
+port, ``BENCH_PEER_URL`` pointing at it) and the three runs share it; only the coordinator's
+instructions are counted. Its answers are checked as ``coord-local``'s (the scored text). At
+``--concurrency 1`` (the hop's setting) ``coord-remote`` - ``coord-local`` is what the hop costs
+the coordinator.
 
 ``--tree`` runs the measured processes inside another checkout (its working directory and
 ``PYTHONPATH``), so ``mesh`` and the bench agents are that tree's, whichever tree this file is
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -34,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,12 +64,21 @@ class InProcRow:
     agent: str
     # "text": the coordinator's text message; "score": the typed data part with skill "score".
     request: str
+    # The agent a remote tool calls, served by the driver in its own plain process, or None.
+    peer: str | None = None
 
 
 ROWS: dict[str, InProcRow] = {
     "mesh-node": InProcRow("tests.bench.agents.specialist:agent", "score"),
     "coord-local": InProcRow("tests.bench.agents.coordinator:local", "text"),
+    "coord-remote": InProcRow(
+        "tests.bench.agents.coordinator:remote_agent",
+        "text",
+        peer="tests.bench.agents.specialist:agent",
+    ),
 }
+# The coordinator reads its peer's address from here when its module is imported.
+PEER_URL = "BENCH_PEER_URL"
 
 
 @dataclass(frozen=True)
@@ -218,33 +237,102 @@ def _command(tree: Path, row: str, n: int, opts: argparse.Namespace, out: Path) 
     ]
 
 
-def _env(tree: Path) -> dict[str, str]:
+def _env(tree: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(extra or {})
     env["PYTHONPATH"] = str(tree)
     env["PYTHONHASHSEED"] = "0"
     env.setdefault(SDK_TRACING, "false")
     return env
 
 
-def _run(argv: list[str], tree: Path, work: Path, what: str) -> None:
+def _run(argv: list[str], tree: Path, work: Path, what: str, env: dict[str, str]) -> None:
     log = work / "stderr.log"
     with log.open("w") as err:
         proc = subprocess.run(
-            argv, cwd=tree, env=_env(tree), stdout=err, stderr=err, check=False, timeout=3600
+            argv,
+            cwd=tree,
+            env=_env(tree, env),
+            stdout=err,
+            stderr=err,
+            check=False,
+            timeout=3600,
         )
     if proc.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"{what} exited with {proc.returncode}:\n{tail}")
 
 
-def plain(tree: Path, row: str, n: int, opts: argparse.Namespace, work: Path) -> Measure:
+def _healthy(port: int) -> bool:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2.0)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def peer(
+    tree: Path, row: InProcRow, work: Path, timeout_s: float = 60.0
+) -> Iterator[dict[str, str]]:
+    """Serve ``row``'s peer (if it has one) in a plain process of ``tree`` while the row runs:
+    ``mesh serve`` on a free port, its own data folder, no registry; its log in ``work``.
+    Yields what the measured processes add to their environment (the peer's URL)."""
+    if row.peer is None:
+        yield {}
+        return
+    from tests.support import free_port
+
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.bench.servers.mesh_node",
+        "serve",
+        row.peer,
+        "--port",
+        str(port),
+        "--data-dir",
+        str(work / "peer"),
+        "--no-register",
+    ]
+    log = work / "peer.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, cwd=tree, env=_env(tree), stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _healthy(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                raise RuntimeError(f"peer {row.peer} did not become healthy:\n{tail}")
+            time.sleep(0.02)
+        yield {PEER_URL: f"http://127.0.0.1:{port}"}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def plain(
+    tree: Path, row: str, n: int, opts: argparse.Namespace, work: Path, env: dict[str, str]
+) -> Measure:
     """One run without valgrind: CPU and wall time of ``n`` requests after the warm-up."""
     out = work / f"{row}-{n}.json"
-    _run(_command(tree, row, n, opts, out), tree, work, f"{row} ({n} requests)")
+    _run(_command(tree, row, n, opts, out), tree, work, f"{row} ({n} requests)", env)
     return Measure(**json.loads(out.read_text()))
 
 
-def instructions(tree: Path, row: str, n: int, opts: argparse.Namespace, work: Path) -> int:
+def instructions(
+    tree: Path, row: str, n: int, opts: argparse.Namespace, work: Path, env: dict[str, str]
+) -> int:
     """Instructions the whole process executed (start-up, warm-up, ``n`` requests, exit)."""
     out, vlog = work / f"{row}-{n}-vg.json", work / f"{row}-{n}.valgrind"
     valgrind = [
@@ -254,7 +342,7 @@ def instructions(tree: Path, row: str, n: int, opts: argparse.Namespace, work: P
         "--cachegrind-out-file=/dev/null",
         f"--log-file={vlog}",
     ]
-    _run(valgrind + _command(tree, row, n, opts, out), tree, work, f"valgrind {row} ({n})")
+    _run(valgrind + _command(tree, row, n, opts, out), tree, work, f"valgrind {row} ({n})", env)
     found = _IREFS.search(vlog.read_text())
     if found is None:
         raise RuntimeError(f"no 'I refs' line in {vlog}")
@@ -314,23 +402,31 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         for row in args.rows:
             print(f"instructions: {row} ...", file=sys.stderr, flush=True)
-            run = plain(args.tree, row, args.n2, args, work)
-            result: dict[str, Any] = {
-                "row": row,
-                "cpu_ms_per_request": round(1000 * run.cpu_s / run.requests, 3),
-                "wall_ms_per_request": round(1000 * run.wall_s / run.requests, 3),
-                "ir_per_request": None,
-            }
-            if not skip:
-                short = instructions(args.tree, row, args.n1, args, work)
-                long = instructions(args.tree, row, args.n2, args, work)
-                result["ir"] = [short, long]
-                result["ir_per_request"] = (long - short) // (args.n2 - args.n1)
+            with peer(args.tree, ROWS[row], work) as env:
+                result = _measure(row, args, work, skip, env)
             results.append(result)
     print(render(results, args))
     if args.json:
         args.json.write_text(json.dumps({"tree": str(args.tree), "rows": results}, indent=2))
     return 0
+
+
+def _measure(
+    row: str, args: argparse.Namespace, work: Path, skip: str, env: dict[str, str]
+) -> dict[str, Any]:
+    run = plain(args.tree, row, args.n2, args, work, env)
+    result: dict[str, Any] = {
+        "row": row,
+        "cpu_ms_per_request": round(1000 * run.cpu_s / run.requests, 3),
+        "wall_ms_per_request": round(1000 * run.wall_s / run.requests, 3),
+        "ir_per_request": None,
+    }
+    if not skip:
+        short = instructions(args.tree, row, args.n1, args, work, env)
+        long = instructions(args.tree, row, args.n2, args, work, env)
+        result["ir"] = [short, long]
+        result["ir_per_request"] = (long - short) // (args.n2 - args.n1)
+    return result
 
 
 def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
