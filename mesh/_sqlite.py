@@ -455,6 +455,8 @@ class Database:
                 if nowait and _busy(exc):
                     raise _Busy from exc
                 return [(False, exc)] * len(batch)
+        if writes and len(batch) == 1 and self._inline:  # SQLite (PostgreSQL: its own way)
+            return self._run_one(batch[0], nowait)
         outcomes: list[_Outcome] = []
         for op in batch:
             if not op.write:
@@ -490,6 +492,27 @@ class Database:
                     (False, exc) if op.write else o for op, o in zip(batch, outcomes, strict=True)
                 ]
         return outcomes
+
+    def _run_one(self, op: _Op, nowait: bool) -> list[_Outcome]:
+        """A batch of one write (most of them at low load), its transaction begun: no
+        savepoint, its own transaction undoes a failure (two statements less)."""
+        conn = self._conn
+        try:
+            value = op.fn(conn)
+        except Exception as exc:
+            if nowait and _busy(exc):  # interrupted: the batch runs again on the thread
+                raise _Busy from exc
+            if conn.in_transaction:
+                conn.execute("rollback")
+            return [(False, exc)]
+        try:
+            conn.execute("commit")
+            self.commits += 1
+        except self.driver_error as exc:
+            if conn.in_transaction:
+                conn.execute("rollback")
+            return [(False, exc)]
+        return [(True, value)]
 
     def _start_checkpoint(self) -> None:
         """Checkpoint on the database thread, on its own connection (one at a time)."""

@@ -82,6 +82,28 @@ async def test_a_failing_write_rolls_back_alone(tmp_path: Path) -> None:
         await db.aclose()
 
 
+async def test_a_lone_failing_write_leaves_nothing_and_the_next_one_lands(
+    tmp_path: Path,
+) -> None:
+    """A batch of one write runs without a savepoint: its failure undoes its transaction."""
+    db = await _open(tmp_path)
+
+    def half_then_fail(conn: sqlite3.Connection) -> None:
+        conn.execute("insert into t (k, v) values ('bad-1', 1)")
+        raise ValueError("boom")
+
+    try:
+        with pytest.raises(ValueError, match="boom"):
+            await db.write(half_then_fail)
+        await db.write(_insert("a", 1))
+        with pytest.raises(StoreError):
+            await db.write(_insert("a", 2))  # a constraint error: the caller's StoreError
+        await db.write(_insert("b", 2))
+        assert _on_disk(tmp_path / "node.db") == {"a": 1, "b": 2}
+    finally:
+        await db.aclose()
+
+
 async def test_reads_in_a_batch_see_earlier_writes(tmp_path: Path) -> None:
     db = await _open(tmp_path)
     try:
