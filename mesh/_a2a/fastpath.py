@@ -49,11 +49,13 @@ from a2a.server.agent_execution import RequestContext, RequestContextBuilder
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event, EventQueue
 from a2a.server.tasks import TaskManager, TaskStore
+from a2a.server.tasks.task_manager import append_artifact_to_task
 from a2a.types import (
     Message,
     Role,
     SendMessageRequest,
     Task,
+    TaskArtifactUpdateEvent,
     TaskState,
     TaskStatus,
     TaskStatusUpdateEvent,
@@ -97,8 +99,18 @@ class AppliedEvents(EventQueue):
     that does not exist. A violation raises ``InvalidAgentResponseError`` (an ``A2AError``: the
     caller gets it as the SDK's handler would give it)."""
 
-    def __init__(self, manager: TaskManager) -> None:
+    def __init__(
+        self,
+        manager: TaskManager,
+        store: TaskStore | None = None,
+        context: ServerCallContext | None = None,
+    ) -> None:
         self.manager = manager
+        # Given the manager's store and call context, an update to the task is applied here
+        # and saved directly (``_fold``): what ``TaskManager.save_task_event`` does with it,
+        # without its per-event work. Without them, every event goes through the manager.
+        self._store = store
+        self._context = context
         #: The task as the last applied event left it (None until the first task event).
         self.task: Task | None = None
         #: The answer of an executor that answered with a message instead of a task.
@@ -110,7 +122,18 @@ class AppliedEvents(EventQueue):
 
     async def apply(self, event: Event) -> None:
         """Save ``event`` to the task and hand it to the subscribers."""
-        self.task = await self.manager.save_task_event(event)
+        store, context, task = self._store, self._context, self.task
+        if (
+            store is None
+            or context is None
+            or task is None
+            or not isinstance(event, TaskStatusUpdateEvent | TaskArtifactUpdateEvent)
+            or event.task_id != self.manager.task_id  # the manager refuses it
+        ):
+            self.task = await self.manager.save_task_event(event)
+        else:
+            _apply_update(task, event)
+            await store.save(task, context)
         for tap in self.taps:
             tap.put_nowait(event)
 
@@ -179,6 +202,19 @@ class AppliedEvents(EventQueue):
         await self.apply(
             TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=failed)
         )
+
+
+def _apply_update(task: Task, event: TaskStatusUpdateEvent | TaskArtifactUpdateEvent) -> None:
+    """Apply an update to ``task`` (the manager's current task, the same object) in place, as
+    ``TaskManager.save_task_event`` does before it saves it."""
+    if isinstance(event, TaskStatusUpdateEvent):
+        if task.status.HasField("message"):
+            task.history.append(task.status.message)
+        if event.metadata:
+            task.metadata.MergeFrom(event.metadata)
+        task.status.CopyFrom(event.status)
+    else:
+        append_artifact_to_task(task, event)
 
 
 @dataclass
@@ -278,7 +314,9 @@ class FastPath:
                 task_id=task_id,
                 context_id=request.context_id,
                 initial_message=request.message,
-            )
+            ),
+            self.store,
+            context,
         )
         await self._run(request, events)
         if events.message is not None:
