@@ -195,6 +195,11 @@ class RemoteAgent:
             breakers=self.breakers,
         )
         self._cards = CardCache(card_ttl_s)
+        # The tools declared from the card ``_cards`` holds now, and that card: the same
+        # while it is (it keeps one dict until it reads the card again), so a turn neither
+        # restores the skills' schemas from the card again nor makes new tools (the runner's
+        # declaration of a tool holds while it is the same object).
+        self._declared: tuple[dict[str, Any], tuple[RemoteSkillTool, ...]] | None = None
 
     @property
     def peer(self) -> str:
@@ -263,6 +268,9 @@ class RemoteAgent:
             # Declared anyway: calling it retries resolution and reports why it fails.
             log.warning("%s: card unavailable, declaring %s without schema", self.peer, self.skill)
             return [self._placeholder(self.skill)]
+        declared = self._declared
+        if declared is not None and declared[0] is card:
+            return list(declared[1])
         skills = [s for s in card.get("skills", []) if isinstance(s, Mapping) and s.get("id")]
         if self.skill is not None:
             skills = [s for s in skills if s["id"] == self.skill]
@@ -272,7 +280,11 @@ class RemoteAgent:
                     f"agent {self.peer!r} has no skill {self.skill!r}; it offers {offered}"
                 )
         schemas = _skill_schemas(card)
-        return [self._tool(schemas, str(s["id"]), str(s.get("description", ""))) for s in skills]
+        tools = tuple(
+            self._tool(schemas, str(s["id"]), str(s.get("description", ""))) for s in skills
+        )
+        self._declared = (card, tools)
+        return list(tools)
 
     def _tool(
         self, schemas: Mapping[str, Mapping[str, Any]], skill_id: str, description: str
