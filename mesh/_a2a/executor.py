@@ -63,6 +63,7 @@ from mesh._a2a.questions import question_message, question_metadata, waiting_sta
 from mesh._a2a.relay import STREAMED, Followers, Relay
 from mesh._a2a.states import INTERRUPTED_STATES
 from mesh._a2a.store import DEADLINE, SHUTDOWN, WAIT_DEADLINE_TEXT, stopped_text
+from mesh._a2a.updater import MeshTaskUpdater
 from mesh._a2a.waits import CHILDREN, WAITING, WaitClock, WaitStore
 from mesh._artifacts import ATTACHMENTS, File
 from mesh._asks import TASKS_EXTENSION, ChildWaiting, Question, Recorded, Suspend, answer_of
@@ -253,7 +254,7 @@ class MeshExecutor(AgentExecutor):
                     history=[message] if message is not None else [],
                 )
             )
-        updater = TaskUpdater(event_queue, task_id, context_id)
+        updater = MeshTaskUpdater(event_queue, task_id, context_id)
         key = None
         if self.keys is not None and message is not None:
             key = message_key(message, context.call_context)
@@ -969,7 +970,7 @@ class MeshExecutor(AgentExecutor):
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         task = context.current_task
         context_id = task.context_id if task is not None else str(context.context_id)
-        updater = TaskUpdater(event_queue, str(context.task_id), context_id)
+        updater = MeshTaskUpdater(event_queue, str(context.task_id), context_id)
         self.forget(_owner(context.call_context), str(context.task_id))
         await updater.update_status(
             TaskState.TASK_STATE_CANCELED,
