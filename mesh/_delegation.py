@@ -123,7 +123,8 @@ def context_key(peer: str) -> str:
 
 
 class SkillTool(Protocol):
-    """What a delegation needs of the tool that stands for a remote skill."""
+    """What a delegation needs of the tool that stands for a remote skill. Its schemas are
+    never changed in place (their compiled checks are kept by the object: ``check(fixed=)``)."""
 
     @property
     def name(self) -> str: ...
@@ -737,7 +738,7 @@ def check_arguments(tool: SkillTool, args: Mapping[str, Any]) -> dict[str, Any] 
     if tool.input_schema is None:
         return dict(args)
     try:
-        value = check(dict(args), tool.input_schema)
+        value = check(dict(args), tool.input_schema, fixed=True)
     except SchemaViolation as exc:
         raise ToolError(
             f"invalid arguments for {tool.name}: {exc}",
@@ -773,7 +774,7 @@ def check_answer(peer: str, tool: SkillTool, result: TaskResult) -> Any:
     if tool.output_schema is None:
         return result.data
     try:
-        return check(result.data, tool.output_schema)
+        return check(result.data, tool.output_schema, fixed=True)
     except SchemaViolation as exc:
         raise RemoteError(
             f"{peer} answered {skill!r} with data that does not match its output schema: {exc}",

@@ -344,6 +344,24 @@ async def call_with_failover(
         if on_retry is not None:
             on_retry(tried[-1] if tried else "", exc)
 
+    effective = _failover_policy(policy)
+    return await effective.run(one, deadline=deadline, clock=clock, on_retry=retried)
+
+
+# ``_failover_policy``'s answers, by the caller's policy (one per toolset, the same call after
+# call), each held so no other policy takes its id meanwhile.
+_FAILOVER_POLICIES: dict[int, tuple[RetryPolicy, RetryPolicy]] = {}
+_FAILOVER_KEPT = 64
+
+
+def _failover_policy(policy: RetryPolicy) -> RetryPolicy:
+    """What ``call_with_failover`` runs ``policy`` as: the attempt timeout applied per instance
+    (not by ``run``), and a failure because every breaker is open retried too. Made once per
+    policy (frozen: it cannot change)."""
+    found = _FAILOVER_POLICIES.get(id(policy))
+    if found is not None and found[0] is policy:
+        return found[1]
+
     def retryable(exc: BaseException) -> bool:
         # All breakers open: retrying after the backoff may find a half-open probe slot.
         return isinstance(exc, CircuitOpen) or policy.retryable(exc)
@@ -354,9 +372,12 @@ async def call_with_failover(
         max_delay=policy.max_delay,
         multiplier=policy.multiplier,
         jitter=policy.jitter,
-        attempt_timeout=None,  # applied per instance above
+        attempt_timeout=None,  # applied per instance (call_with_failover's ``one``)
         sleep=policy.sleep,
         rng=policy.rng,
         retryable=retryable,
     )
-    return await effective.run(one, deadline=deadline, clock=clock, on_retry=retried)
+    if len(_FAILOVER_POLICIES) >= _FAILOVER_KEPT:
+        _FAILOVER_POLICIES.clear()
+    _FAILOVER_POLICIES[id(policy)] = (policy, effective)
+    return effective

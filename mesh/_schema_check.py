@@ -47,13 +47,15 @@ _SLOW: Any = object()
 _Fast = Callable[[Any], Any]
 
 
-def check(value: Any, schema: Mapping[str, Any]) -> Any:
+def check(value: Any, schema: Mapping[str, Any], *, fixed: bool = False) -> Any:
     """``value`` (integral floats made ints where the schema wants integers) or
     ``SchemaViolation`` listing every problem found.
 
-    The value is never changed in place: a coerced value is a copy.
+    The value is never changed in place: a coerced value is a copy. ``fixed``: ``schema`` is
+    never changed in place (a remote tool's, made once from a card), so its compiled check is
+    found by the object itself rather than by its content.
     """
-    validator, has_integers, fast = _compiled(schema)
+    validator, has_integers, fast = _held(schema) if fixed else _compiled(schema)
     if fast is not None:
         # Most values a caller sends are valid: a check compiled to plain Python vouches for
         # them at a tenth of jsonschema's cost; anything it cannot vouch for takes the full way.
@@ -215,6 +217,22 @@ def _compiled(schema: Mapping[str, Any]) -> _Entry:
     if isinstance(found, SchemaViolation):
         raise found
     return found
+
+
+# Compiled checks of ``fixed`` schemas, by the schema object: no key to encode per check (a
+# remote call checks two). Each schema is held here, so no other object takes its id meanwhile.
+_fixed: dict[int, tuple[Mapping[str, Any], _Entry]] = {}
+
+
+def _held(schema: Mapping[str, Any]) -> _Entry:
+    found = _fixed.get(id(schema))
+    if found is not None and found[0] is schema:
+        return found[1]
+    entry = _compiled(schema)  # a schema that is no JSON Schema raises, and is not kept
+    if len(_fixed) >= _CACHE_SIZE:
+        _fixed.clear()
+    _fixed[id(schema)] = (schema, entry)
+    return entry
 
 
 def _compile(schema: Mapping[str, Any]) -> Validator | SchemaViolation:

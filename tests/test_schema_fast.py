@@ -149,3 +149,24 @@ def test_schemas_the_fast_way_does_not_do_still_get_checked() -> None:
         check({"next": {"next": 1}}, recursive)
     with pytest.raises(SchemaViolation):
         check({"a": 1}, {"type": "object", "not": {"required": ["a"]}})
+
+
+def test_a_fixed_schema_is_checked_as_its_content_says_and_a_bad_one_every_time() -> None:
+    # ``fixed``: the compiled check is found by the schema object (a remote tool's schemas),
+    # each object its own check; a schema that is no JSON Schema is refused at every call.
+    needs_name = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}},
+        "required": ["name"],
+    }
+    needs_age = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
+    for _ in range(2):
+        assert check({"name": "a"}, needs_name, fixed=True) == {"name": "a"}
+        assert check({"age": 3.0}, needs_age, fixed=True) == {"age": 3}
+        with pytest.raises(SchemaViolation, match="name"):
+            check({"age": 3}, needs_name, fixed=True)
+        with pytest.raises(SchemaViolation, match="age"):
+            check({"name": "a"}, needs_age, fixed=True)
+        with pytest.raises(SchemaViolation, match="not valid JSON Schema"):
+            check({}, {"type": 12}, fixed=True)
+    assert check({"name": "a"}, dict(needs_name), fixed=True) == {"name": "a"}

@@ -147,6 +147,8 @@ class A2APeer:
         self._direct: DirectPool | None = None
         # ``_direct_headers``' last list, by what it was made of.
         self._merged: tuple[Any, list[tuple[str, str]]] | None = None
+        # Whether the card speaks HTTP+JSON only, by the card it was read of (asked per send).
+        self._rest: tuple[AgentCard, bool] | None = None
 
     @property
     def name(self) -> str:
@@ -186,7 +188,7 @@ class A2APeer:
                 task_id=task_id,
             )
 
-        if self._card is not None and _rest_only(self._card):
+        if self._card is not None and self._rest_only(self._card):
             return await over(rest=True)
         try:
             return await over(rest=False)
@@ -302,6 +304,13 @@ class A2APeer:
             return await read_bounded(response, max_bytes=self.max_answer_bytes)
         finally:
             await response.aclose()
+
+    def _rest_only(self, card: AgentCard) -> bool:
+        """``_rest_only(card)``, worked out once per card (a card is replaced, never changed)."""
+        known = self._rest
+        if known is None or known[0] is not card:
+            known = self._rest = (card, _rest_only(card))
+        return known[1]
 
     def _refused(self, body: bytes, skill: str | None) -> RemoteError:
         # A call policy's refusal (mesh._policy) says who may not call what.
