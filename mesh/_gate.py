@@ -268,9 +268,27 @@ class RequestGate:
             await self._shutting_down(send, method, rest=False)
             return
 
-        receive = replay(body, receive)
-        del body  # the app holds the only reference from here on
+        service = node.service
+        fast = service.fastroute if service is not None and method == "SendMessage" else None
+        # The fast route's outcome: None when it leaves the request to the SDK's route, else
+        # whether its answer is a result (it sends the answer itself, unwatched). True while
+        # it runs: one that raises counts as the watch counts an answer it never saw start.
+        answered: bool | None = None
+        try:
+            # Counted until the answer is sent: a drain waits for the last event of a stream.
+            with node.exchanges:
+                if fast is not None:
+                    answered = True
+                    answered = await fast.answer(parsed, scope, send)
+                if answered is None:
+                    del parsed  # the SDK's route parses the body itself
+                    await self._sdk_route(scope, method, replay(body, receive), send)
+        finally:
+            if answered is not None:
+                node.metrics.request(method, ok=answered)
 
+    async def _sdk_route(self, scope: Scope, method: str, receive: Receive, send: Send) -> None:
+        """The SDK's route answers the request, counted by its answer."""
         status = 200
         is_json = False
         first_chunk = b""
@@ -285,18 +303,12 @@ class RequestGate:
                 first_chunk = bytes(message.get("body", b""))[:16]
             await send(message)
 
-        service = node.service
-        fast = service.fastroute if service is not None and method == "SendMessage" else None
         try:
-            # Counted until the answer is sent: a drain waits for the last event of a stream.
-            with node.exchanges:
-                if fast is None or not await fast.serve(parsed, scope, receive, watch):
-                    del parsed  # the SDK's route parses the body itself
-                    await self.app(scope, receive, watch)
+            await self.app(scope, receive, watch)
         finally:
             # JSON-RPC errors are HTTP 200 with {"error": ...} (the SDK writes "error" first).
             ok = status < 400 and not (is_json and first_chunk.startswith(b'{"error"'))
-            node.metrics.request(method, ok=ok)
+            self.node.metrics.request(method, ok=ok)
 
     async def _serve_rest(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
         node = self.node

@@ -25,8 +25,17 @@ from a2a.types import (
 )
 from google.protobuf.json_format import MessageToDict, ParseDict, SerializeToJsonError
 from google.protobuf.struct_pb2 import Struct, Value
+from starlette.responses import JSONResponse
 
-from mesh._a2a.fastpath_json import data_part, response_json, send_request, to_json
+from mesh._a2a.fastpath_json import (
+    data_part,
+    dumps,
+    response_json,
+    response_text,
+    rpc_result,
+    send_request,
+    to_json,
+)
 from tests.test_node_fastpath import _same, _send, fast_and_sdk
 
 WEIRD: dict[str, Any] = {
@@ -300,3 +309,55 @@ async def test_the_fast_route_answers_as_the_sdk_route(tmp_path: Path) -> None:
     assert first["parts"][0]["data"] == {"key": "grüße 🙂 \u2028", "n": float(2**40)}
     assert first["metadata"]["extra"] == json.loads(json.dumps(WEIRD), parse_int=float)
     assert rejected["result"]["task"]["status"]["state"] == "TASK_STATE_REJECTED"
+
+
+def _stamped(seconds: int, nanos: int) -> Task:
+    status = TaskStatus(state=TaskState.TASK_STATE_WORKING)
+    status.timestamp.seconds = seconds
+    status.timestamp.nanos = nanos
+    return Task(id="t", status=status)
+
+
+STAMPS = [
+    (1796122264, 654271000),
+    (1796122264, 654271001),  # the same second, remembered
+    (1796122264, 0),
+    (1796122265, 654000000),
+    (1796122265, 654271000),
+    (0, 1),
+    (-62135596800, 0),
+    (253402300799, 999999999),
+]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [*_tasks(), _message("direct", metadata=_struct(WEIRD))] + [_stamped(*s) for s in STAMPS],
+    ids=lambda answer: getattr(answer, "id", "") or "empty",
+)
+def test_answer_bytes_are_json_dumps_of_the_dict(answer: Task | Message) -> None:
+    """The answer written as text in one pass is byte for byte what JSONResponse writes of
+    response_json's dict (and of the SDK route's JSON-RPC envelope around it)."""
+    assert response_text(answer).encode() == dumps(response_json(answer))
+    for request_id in (1, 0, -7, 2**70, "r-1", 'ünï "quoted" \u2028 🙂', ""):
+        envelope = {"result": response_json(answer), "id": request_id, "jsonrpc": "2.0"}
+        assert rpc_result(answer, request_id) == dumps(envelope)
+    assert dumps(envelope) == JSONResponse(envelope).body
+
+
+@pytest.mark.parametrize("stamp", [(253402300800, 0), (-62135596801, 5), (1, -1), (1, 10**9)])
+def test_a_timestamp_out_of_range_is_its_own_error(stamp: tuple[int, int]) -> None:
+    with pytest.raises(ValueError, match="Timestamp is not valid") as theirs:
+        response_json(_stamped(*stamp))
+    with pytest.raises(ValueError, match="Timestamp is not valid") as mine:
+        response_text(_stamped(*stamp))
+    assert str(mine.value) == str(theirs.value)
+
+
+def test_what_the_text_cannot_write_is_message_to_dicts() -> None:
+    left = Task(id="t", metadata=_struct({"n": float("nan")}))
+    with pytest.raises(SerializeToJsonError) as theirs:
+        MessageToDict(SendMessageResponse(task=left))
+    with pytest.raises(SerializeToJsonError) as mine:
+        rpc_result(left, 1)
+    assert str(mine.value) == str(theirs.value)

@@ -27,6 +27,7 @@ from a2a.helpers import new_text_part
 from a2a.server.agent_execution import RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
+from a2a.server.routes import DefaultServerCallContextBuilder
 from a2a.server.tasks import InMemoryTaskStore, TaskStore
 from a2a.types import (
     CancelTaskRequest,
@@ -43,6 +44,8 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 from google.protobuf.json_format import ParseDict
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.authentication import AuthCredentials, SimpleUser
+from starlette.requests import Request
 
 from mesh._a2a.card import build_card
 from mesh._a2a.dispatcher import SkillDispatcher
@@ -585,6 +588,49 @@ async def test_the_store_knows_a_blocking_send_on_both_paths(fastpath: bool) -> 
         await handler.aclose()
 
 
+async def test_a_function_skill_saves_its_task_first_and_last() -> None:
+    """A run that settles without waiting saves its task twice (the store's first state and
+    its last), not once per event; a run that waits has its WORKING state saved meanwhile,
+    for GetTask and CancelTask to find."""
+    store = _Recording(InMemoryTaskStore())
+    handler = MeshRequestHandler(
+        executor=MeshExecutor(SkillDispatcher(worker_agent)),
+        task_store=store,
+        agent_card=build_card(worker_agent, "http://127.0.0.1:1"),
+        keys=IdempotencyKeys(None),
+    )
+    try:
+        answer = await handler.on_message_send(
+            _params(_send({"key": "f"}, "echo")), ServerCallContext()
+        )
+        assert isinstance(answer, Task)
+        assert [s for s, _ in store.blocking] == [
+            TaskState.TASK_STATE_SUBMITTED,
+            TaskState.TASK_STATE_COMPLETED,
+        ]
+        stored = await store.get(answer.id, ServerCallContext())
+        assert stored is not None
+        assert [m.parts[0].text for m in stored.history[1:]] == ["running skill 'echo'"]
+        assert len(stored.artifacts) == 1
+        store.blocking = []
+        sending = asyncio.ensure_future(
+            handler.on_message_send(_params(_send({"seconds": 0.3}, "slow")), ServerCallContext())
+        )
+        await eventually(
+            lambda: any(s == TaskState.TASK_STATE_WORKING for s, _ in store.blocking),
+            what="the slow task's WORKING state to be saved",
+        )
+        listed = await store.list(ListTasksRequest(), ServerCallContext())
+        running = [t for t in listed.tasks if t.status.state == TaskState.TASK_STATE_WORKING]
+        assert [t.status.message.parts[0].text for t in running] == ["running skill 'slow'"]
+        done = await sending
+        assert isinstance(done, Task)
+        assert done.status.state == TaskState.TASK_STATE_COMPLETED
+        assert [s for s, _ in store.blocking][-1] == TaskState.TASK_STATE_COMPLETED
+    finally:
+        await handler.aclose()
+
+
 class _SlowCancel(_Recording):
     """A real store whose CANCELED save waits for the test to let it through."""
 
@@ -643,3 +689,34 @@ async def test_a_second_cancel_does_not_cut_the_first(fastpath: bool) -> None:
             assert result.status.state == TaskState.TASK_STATE_CANCELED
     finally:
         await handler.aclose()
+
+
+async def test_the_fast_routes_call_context_is_the_builders(service: A2AService) -> None:
+    """The call context the fast route builds from the scope is the one the SDK's
+    ``DefaultServerCallContextBuilder`` builds from a Starlette ``Request`` of it."""
+    route = service.fastroute
+    assert route is not None
+    params = _params(_send({"key": "x"}, "echo"))
+    params.tenant = "acme"
+    scope = _scope()
+    scope["headers"] += [
+        (b"a2a-extensions", b"https://x.example/a, https://x.example/b"),
+        (b"x-twice", b"first"),
+        (b"a2a-extensions", b" ,https://x.example/c"),
+        (b"x-twice", b"second"),
+        (b"x-latin", "caf\xe9".encode("latin-1")),
+    ]
+    with_user = {**scope, "user": SimpleUser("ada"), "auth": AuthCredentials(["a"])}
+    for each in (scope, _scope(None), with_user):
+        mine = route._context(each, params)
+        theirs = DefaultServerCallContextBuilder().build(Request(each))
+        theirs.tenant = params.tenant
+        assert mine.state == theirs.state
+        assert mine.tenant == theirs.tenant == "acme"
+        assert mine.requested_extensions == theirs.requested_extensions
+        assert type(mine.user) is type(theirs.user)
+        assert mine.user.is_authenticated == theirs.user.is_authenticated
+        assert mine.user.user_name == theirs.user.user_name
+    assert route._context(scope, params).requested_extensions == {
+        f"https://x.example/{c}" for c in "abc"
+    }

@@ -15,7 +15,9 @@ turn's request and ~40 us to write its answer, ~4 % of a turn. Here:
   ``ListFields``, enum names, int64 as strings, bytes as base64, ``Struct``/``Value`` as
   JSON, ``Timestamp`` as RFC 3339), so the bytes sent are the same. A type it has no plan for
   (``Any``, wrappers, ``float`` fields, custom enum JSON names), or a value it refuses (a
-  ``NaN`` number), goes to ``MessageToDict``, whose result or error is the answer.
+  ``NaN`` number), goes to ``MessageToDict``, whose result or error is the answer;
+* ``response_text`` and ``rpc_result`` write the answer's JSON text itself, in one pass, the
+  bytes ``json.dumps`` writes of ``response_json``'s dict (see "writing text" below).
 
 tests/test_fastroute_json.py compares both with ``json_format`` on many requests and tasks.
 """
@@ -23,8 +25,10 @@ tests/test_fastroute_json.py compares both with ``json_format`` on many requests
 from __future__ import annotations
 
 import base64
+import json
 import math
 from collections.abc import Callable
+from json.encoder import encode_basestring
 from typing import Any
 
 from a2a.helpers import new_data_part
@@ -43,7 +47,15 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message as ProtoMessage
 from google.protobuf.struct_pb2 import ListValue, Struct, Value
 
-__all__ = ["data_part", "response_json", "send_request", "to_json"]
+__all__ = [
+    "data_part",
+    "dumps",
+    "response_json",
+    "response_text",
+    "rpc_result",
+    "send_request",
+    "to_json",
+]
 
 _Convert = Callable[[Any], Any]
 
@@ -359,3 +371,217 @@ _SPECIAL: dict[str, _Convert] = {
 }
 #: Well-known types with a JSON form of their own that this does not write.
 _LEFT = frozenset({"google.protobuf.Any", "google.protobuf.Empty"})
+
+
+# --- writing text ---------------------------------------------------------------------------
+#
+# The answer's bytes are ``json.dumps`` of ``response_json``'s dict (``dumps``, what Starlette's
+# ``JSONResponse`` writes). Building that dict and then walking it again in ``json.dumps`` is
+# two passes; a chat turn's answer is written here in one, as text: the same plans as above
+# (same fields, order and refusals), each writing its JSON where ``to_json`` makes a value, with
+# the pieces ``json.dumps`` itself uses (``encode_basestring`` for strings, ``float.__repr__``
+# and ``int.__repr__`` for numbers). tests/test_fastroute_json.py compares the bytes.
+
+_quote: Callable[[str], str] = encode_basestring
+_float_text = float.__repr__
+_int_text = int.__repr__
+_isfinite = math.isfinite
+
+#: Text plans by message type; None for a type left to ``MessageToDict``.
+_TEXT_PLANS: dict[Descriptor, _Convert | None] = {}
+
+
+def dumps(value: Any) -> bytes:
+    """``value`` as Starlette's ``JSONResponse`` writes it."""
+    return json.dumps(
+        value, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode("utf-8")
+
+
+def response_text(answer: Task | Message) -> str:
+    """The JSON text of ``response_json(answer)``, as ``dumps`` writes it (decoded), and its
+    error for an answer it cannot write."""
+    key = '{"task":' if isinstance(answer, Task) else '{"message":'
+    try:
+        return key + _message_text(answer) + "}"
+    except _Unplanned:
+        return json.dumps(
+            response_json(answer), ensure_ascii=False, allow_nan=False, separators=(",", ":")
+        )
+
+
+def rpc_result(answer: Task | Message, request_id: str | int) -> bytes:
+    """``dumps`` of the SDK route's envelope of ``response_json(answer)`` (its
+    ``JSONRPC20Response(result=..., _id=request_id).data``: result, id, jsonrpc), and
+    ``response_json``'s error for an answer it cannot write."""
+    rid = _quote(request_id) if isinstance(request_id, str) else _int_text(request_id)
+    return f'{{"result":{response_text(answer)},"id":{rid},"jsonrpc":"2.0"}}'.encode()
+
+
+def _message_text(message: ProtoMessage) -> str:
+    desc = message.DESCRIPTOR
+    try:
+        plan = _TEXT_PLANS[desc]
+    except KeyError:
+        plan = _TEXT_PLANS[desc] = _text_plan(desc)
+    if plan is None:
+        raise _Unplanned
+    text: str = plan(message)
+    return text
+
+
+def _text_plan(desc: Descriptor) -> _Convert | None:
+    special = _SPECIAL_TEXT.get(desc.full_name)
+    if special is not None:
+        return special
+    if desc.file.name == "google/protobuf/wrappers.proto" or desc.full_name in _LEFT:
+        return None
+    names: dict[FieldDescriptor, str] = {}
+    converts: dict[FieldDescriptor, _Convert] = {}
+    for field in desc.fields:
+        convert = _field_text(field)
+        if convert is None:
+            return None
+        names[field] = _quote(field.json_name) + ":"
+        converts[field] = convert
+
+    def regular(message: Any) -> str:
+        try:
+            members = [f"{names[f]}{converts[f](value)}" for f, value in message.ListFields()]
+        except KeyError:
+            raise _Unplanned from None  # an extension
+        return "{" + ",".join(members) + "}"
+
+    return regular
+
+
+def _field_text(field: FieldDescriptor) -> _Convert | None:
+    entry = field.message_type
+    if entry is not None and entry.GetOptions().map_entry:
+        value = _single_text(entry.fields_by_name["value"])
+        if value is None:
+            return None
+        return lambda mapping: (
+            "{" + ",".join([f"{_quote(_map_key(k))}:{value(mapping[k])}" for k in mapping]) + "}"
+        )
+    single = _single_text(field)
+    if single is None:
+        return None
+    if field.is_repeated:
+        return lambda values: "[" + ",".join([single(item) for item in values]) + "]"
+    return single
+
+
+def _single_text(field: FieldDescriptor) -> _Convert | None:
+    kind = field.cpp_type
+    if kind == FieldDescriptor.CPPTYPE_MESSAGE:
+        return _message_text
+    if kind == FieldDescriptor.CPPTYPE_ENUM:
+        return _enum_text(field)
+    if kind == FieldDescriptor.CPPTYPE_STRING:
+        if field.type == FieldDescriptor.TYPE_BYTES:
+            return lambda raw: '"' + base64.b64encode(raw).decode("utf-8") + '"'
+        return _quote
+    if kind == FieldDescriptor.CPPTYPE_BOOL:
+        return _bool_text
+    if kind in (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64):
+        return lambda number: '"' + _int_text(number) + '"'
+    if kind in (FieldDescriptor.CPPTYPE_INT32, FieldDescriptor.CPPTYPE_UINT32):
+        return _int_text
+    if kind == FieldDescriptor.CPPTYPE_DOUBLE:
+        return _double_text
+    return None  # float: as _single
+
+
+def _bool_text(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _double_text(value: float) -> str:
+    if _isfinite(value):
+        return _float_text(value)
+    return f'"{_double(value)}"'
+
+
+def _enum_text(field: FieldDescriptor) -> _Convert | None:
+    convert = _enum(field)
+    if convert is None:
+        return None
+    if field.enum_type.full_name == "google.protobuf.NullValue":
+        return lambda _: "null"
+    texts = {
+        number: _quote(value.name) for number, value in field.enum_type.values_by_number.items()
+    }
+
+    def text(number: int) -> str:
+        known = texts.get(number)
+        if known is not None:
+            return known
+        return _int_text(convert(number))  # an open enum's number; a closed one's refusal
+
+    return text
+
+
+def _value_text(value: Value) -> str:
+    which = value.WhichOneof("kind")
+    if which == "string_value":
+        return _quote(value.string_value)
+    if which == "number_value":
+        number = value.number_value
+        if not _isfinite(number):
+            raise _Unplanned  # MessageToDict's error
+        return _float_text(number)
+    if which == "struct_value":
+        return _struct_text(value.struct_value)
+    if which == "bool_value":
+        return "true" if value.bool_value else "false"
+    if which == "list_value":
+        return _list_text(value.list_value)
+    return "null"
+
+
+def _struct_text(struct: Struct) -> str:
+    fields = struct.fields
+    return "{" + ",".join([f"{_quote(key)}:{_value_text(fields[key])}" for key in fields]) + "}"
+
+
+def _list_text(values: ListValue) -> str:
+    return "[" + ",".join([_value_text(value) for value in values.values]) + "]"
+
+
+def _text_text(message: Any) -> str:
+    return _quote(message.ToJsonString())
+
+
+#: The last second a timestamp was written in, and its date text: answers written within one
+#: second share it (``Timestamp.ToJsonString`` builds a ``datetime`` for each).
+_second: tuple[int, str] = (0, "1970-01-01T00:00:00")
+
+
+def _timestamp_text(stamp: Any) -> str:
+    """``_text_text(stamp)``: the second's text remembered, the fraction as it writes it."""
+    global _second
+    seconds, nanos = stamp.seconds, stamp.nanos
+    if not 0 <= nanos < 1_000_000_000:
+        return _text_text(stamp)  # its error
+    if seconds != _second[0]:
+        whole = type(stamp)(seconds=seconds).ToJsonString()  # "...Z", or its error
+        _second = (seconds, whole[:-1])
+    date = _second[1]
+    if nanos == 0:
+        return f'"{date}Z"'
+    if nanos % 1_000_000 == 0:
+        return f'"{date}.{nanos // 1_000_000:03d}Z"'
+    if nanos % 1000 == 0:
+        return f'"{date}.{nanos // 1000:06d}Z"'
+    return f'"{date}.{nanos:09d}Z"'
+
+
+_SPECIAL_TEXT: dict[str, _Convert] = {
+    "google.protobuf.Value": _value_text,
+    "google.protobuf.Struct": _struct_text,
+    "google.protobuf.ListValue": _list_text,
+    "google.protobuf.Timestamp": _timestamp_text,
+    "google.protobuf.Duration": _text_text,
+    "google.protobuf.FieldMask": _text_text,
+}

@@ -7,11 +7,14 @@ context before it calls the handler: about 0.13 ms of CPU per request, a tenth o
 spends on a function skill's task. For the requests the fast path takes, the gate hands its
 parse here instead (``mesh._gate``), and this does the route's work with the SDK's own public
 pieces: the request read into ``SendMessageRequest`` (``mesh._a2a.fastpath_json``, with
-``ParseDict`` for what it does not read), the ``A2A-Version`` check
-(``validate_version``), the call context (``DefaultServerCallContextBuilder``), the handler's
+``ParseDict`` for what it does not read), the ``A2A-Version`` check (``validate_version``'s,
+called only for a version other than the one it wants), the call context
+``DefaultServerCallContextBuilder`` builds (made from the scope's headers without a Starlette
+``Request``, unless an authentication middleware put a user there), the handler's
 ``on_message_send`` (idempotency, then ``FastPath``), and the answer or error body
-(``build_error_response``; the answer as ``MessageToDict`` writes it, by
-``fastpath_json.response_json``). Every other request (a malformed one included: it gets the SDK's
+(``build_error_response``; the answer the bytes Starlette's ``JSONResponse`` writes of
+``MessageToDict``'s dict, written in one pass by ``fastpath_json.rpc_result``, and sent as
+``JSONResponse`` sends them: ``Content-Length``, ``Content-Type``, the body). Every other request (a malformed one included: it gets the SDK's
 own error) goes on to the SDK's route untouched: ``serve`` returns False before sending
 anything. The REST answer is what the SDK's REST route sends: ``application/a2a+json`` with the
 ``SendMessageResponse``, or the binding's error payload (``build_rest_error_payload``) with its
@@ -23,6 +26,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Literal
 
+from a2a.auth.user import UnauthenticatedUser
+from a2a.extensions.common import HTTP_EXTENSION_HEADER, get_requested_extensions
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import build_error_response
 from a2a.server.routes import DefaultServerCallContextBuilder
@@ -33,10 +38,10 @@ from a2a.utils.errors import A2AError, InternalError
 from a2a.utils.version_validator import validate_version
 from google.protobuf.json_format import ParseDict
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
 
 from mesh._a2a.fastpath import FastPath
-from mesh._a2a.fastpath_json import response_json, send_request
+from mesh._a2a.fastpath_json import dumps, response_text, rpc_result, send_request
 from mesh._a2a.handler import MeshRequestHandler
 
 if TYPE_CHECKING:
@@ -48,6 +53,12 @@ __all__ = ["FastRoute"]
 
 log = logging.getLogger("mesh._a2a")
 
+# The headers the route reads, as the ASGI server hands them (lowercase names).
+_EXTENSIONS = HTTP_EXTENSION_HEADER.lower().encode("latin-1")
+_VERSION = constants.VERSION_HEADER.lower()
+_JSON = b"application/json"
+_A2A_JSON = constants.A2A_JSON_MEDIA_TYPE.encode("latin-1")
+
 
 class FastRoute:
     """Answers the JSON-RPC ``SendMessage`` requests ``fastpath`` takes (see the module
@@ -58,38 +69,45 @@ class FastRoute:
     ) -> None:
         self.fastpath = fastpath
         self.metrics = metrics
+        self._handler = handler
         # The route's version check, as the SDK's route applies it to the same call.
-        self._send = validate_version(constants.PROTOCOL_VERSION_1_0)(handler.on_message_send)
+        self._checked = validate_version(constants.PROTOCOL_VERSION_1_0)(handler.on_message_send)
         self._contexts = DefaultServerCallContextBuilder()
 
     async def serve(self, body: Any, scope: Scope, receive: Receive, send: Send) -> bool:
         """Answer ``body`` (the parsed JSON-RPC request) when the fast path takes it; False,
         with nothing sent, when the SDK's route must handle it."""
+        return await self.answer(body, scope, send) is not None
+
+    async def answer(self, body: Any, scope: Scope, send: Send) -> bool | None:
+        """``serve`` for the gate: None when the SDK's route must handle ``body`` (nothing
+        sent), else whether the answer sent is a result (False: a JSON-RPC error)."""
         prepared = self._prepare(body)
         if prepared is None:
-            return False
+            return None
         request_id, params = prepared
         # Decided in the call's context: the message's metadata is read once, for the run too
         # (``MeshExecutor.read_request``), and the run's kind is marked for the store.
         context = self._context(scope, params)
         if not self.fastpath.takes(params, context):
-            return False
+            return None
         context.state["method"] = "SendMessage"
         context.state["request_id"] = request_id
         try:
-            result = await self._call(params, context)
-            # JSONRPC20Response(result=..., _id=...).data, the SDK route's envelope: the same
-            # dict (keys in its order) without the library's property setters (~7 us).
-            data = {"result": result, "id": request_id, "jsonrpc": "2.0"}
+            answer = rpc_result(await self._call(params, context), request_id)
         except A2AError as exc:
-            data = build_error_response(request_id, exc)
+            error = dumps(build_error_response(request_id, exc))
         except Exception as exc:
             # As the SDK's route does with an unexpected error: JSON-RPC -32603.
             log.exception("SendMessage failed")
-            data = build_error_response(request_id, InternalError(message=str(exc)))
-        await JSONResponse(data)(scope, receive, send)
+            error = dumps(build_error_response(request_id, InternalError(message=str(exc))))
+        else:
+            await _send_json(send, 200, answer, _JSON)
+            self._count("jsonrpc")
+            return True
+        await _send_json(send, 200, error, _JSON)
         self._count("jsonrpc")
-        return True
+        return False
 
     async def serve_rest(self, body: Any, scope: Scope, receive: Receive, send: Send) -> bool:
         """Answer ``body`` (the parsed JSON of a REST ``POST /message:send``) when the fast path
@@ -100,29 +118,56 @@ class FastRoute:
         context = self._context(scope, params)
         if not self.fastpath.takes(params, context):
             return False
-        response: Response
         try:
-            response = _A2AJSONResponse(await self._call(params, context))
+            answer = response_text(await self._call(params, context)).encode()
         except Exception as exc:
             if not isinstance(exc, A2AError):
                 log.exception("SendMessage failed")  # as the SDK's REST route logs it
             payload = build_rest_error_payload(exc)
             response = JSONResponse(payload, status_code=int(payload["error"]["code"]))
-        await response(scope, receive, send)
+            await response(scope, receive, send)
+        else:
+            # What the SDK's REST route sends: the response, application/a2a+json.
+            await _send_json(send, 200, answer, _A2A_JSON)
         self._count("rest")
         return True
 
     def _context(self, scope: Scope, params: SendMessageRequest) -> ServerCallContext:
-        context = self._contexts.build(Request(scope))
-        context.tenant = params.tenant
-        return context
+        """The call context ``DefaultServerCallContextBuilder`` builds for this request, with
+        the request's tenant."""
+        if "auth" in scope or "user" in scope:
+            # An authentication middleware's user: the builder reads it through a Request.
+            context = self._contexts.build(Request(scope))
+            context.tenant = params.tenant
+            return context
+        # Without one, what the builder reads is the headers: ``dict(request.headers)`` (each
+        # name's first value) and the extensions asked for; read here from the scope itself.
+        headers: dict[str, str] = {}
+        extensions: list[str] = []
+        for name, value in scope["headers"]:
+            if name == _EXTENSIONS:
+                extensions.append(value.decode("latin-1"))
+            key = name.decode("latin-1")
+            if key not in headers:
+                headers[key] = value.decode("latin-1")
+        return ServerCallContext(
+            user=UnauthenticatedUser(),
+            state={"headers": headers},
+            requested_extensions=get_requested_extensions(extensions),
+            tenant=params.tenant,
+        )
 
     def _count(self, binding: Literal["jsonrpc", "rest"]) -> None:
         if self.metrics is not None:
             self.metrics.fastpath_send(binding)
 
     async def _call(self, params: SendMessageRequest, context: ServerCallContext) -> Any:
-        return response_json(await self._send(params, context))
+        headers = context.state["headers"]
+        version = headers.get(constants.VERSION_HEADER) or headers.get(_VERSION)
+        if version == constants.PROTOCOL_VERSION_1_0:
+            # The version the check wants, which it lets through.
+            return await self._handler.on_message_send(params, context)
+        return await self._checked(params, context)  # its own verdict, its own error
 
     def _prepare(self, body: Any) -> tuple[str | int, SendMessageRequest] | None:
         """The request id and params of a ``SendMessage`` request, else None."""
@@ -160,7 +205,8 @@ class FastRoute:
         return params
 
 
-class _A2AJSONResponse(JSONResponse):
-    """The SDK's REST answers' media type."""
-
-    media_type = constants.A2A_JSON_MEDIA_TYPE
+async def _send_json(send: Send, status: int, body: bytes, media_type: bytes) -> None:
+    """What Starlette's ``JSONResponse`` sends (``Content-Length``, then ``Content-Type``)."""
+    headers = [(b"content-length", str(len(body)).encode("latin-1")), (b"content-type", media_type)]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
