@@ -427,7 +427,7 @@ class Delegation:
                 ):
                     result = await self._message.send(peer, timeout=timeout)
                 else:
-                    result = await self._blocking_or_long(peer, timeout, after)
+                    result = await self._blocking_or_long(peer, after)
         except RemoteError as exc:
             if exc.reason == "unavailable":
                 raise RemoteError.unavailable(self.peer, skill, exc.detail) from exc
@@ -492,22 +492,20 @@ class Delegation:
                 reason="deadline",
             ) from None
 
-    async def _blocking_or_long(
-        self,
-        peer: A2APeer,
-        timeout: float,  # noqa: ASYNC109 - the HTTP timeout of the blocking send
-        after: float,
-    ) -> TaskResult:
-        """The blocking send, unless it is still open after ``after`` seconds: then the call
-        goes long. The blocking request is dropped (the child's task goes on) and the same
-        message, re-sent without waiting, gives the child's task as it is now (the peer
-        deduplicates by message id); the call is then pending on it like a declared long one."""
+    async def _blocking_or_long(self, peer: A2APeer, after: float) -> TaskResult:
+        """The blocking send, unless it is still open after ``after`` seconds (sooner than the
+        deadline): then the call goes long. The blocking request is dropped (the child's task
+        goes on) and the same message, re-sent without waiting, gives the child's task as it is
+        now (the peer deduplicates by message id); the call is then pending on it like a
+        declared long one."""
         assert self._message is not None
         try:
-            async with asyncio.timeout(after):
-                return await self._message.send(peer, timeout=timeout)
-        except TimeoutError:
-            pass
+            # The send's own timeout is the switch: the request is dropped at ``after`` as a
+            # timer around the send would drop it, with one timer fewer per call.
+            return await self._message.send(peer, timeout=after)
+        except RemoteError as exc:
+            if exc.reason != "deadline":
+                raise
         self.long_running = True
         log.info(
             "%s %r: still running after %.1fs, followed from here on",

@@ -59,6 +59,8 @@ _SNAKE = re.compile(r"_([a-z])")
 
 
 def _camel(name: str) -> str:
+    if "_" not in name:  # camelCase already (every node's since): no regex call per key
+        return name
     return _SNAKE.sub(lambda m: m.group(1).upper(), name)
 
 
