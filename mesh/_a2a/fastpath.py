@@ -38,6 +38,7 @@ both and compares them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -72,8 +73,8 @@ from a2a.utils.task import validate_history_length
 from mesh._a2a.executor import NEW_CONTEXT
 from mesh._a2a.fastpath_required import missing_required
 from mesh._a2a.json_text import json_object
-from mesh._a2a.states import TERMINAL_STATES
-from mesh._a2a.store import mark_single_write
+from mesh._a2a.states import SETTLED_STATES, TERMINAL_STATES
+from mesh._a2a.store import SINGLE_WRITE, mark_single_write
 from mesh._errors import SkillInputError
 
 if TYPE_CHECKING:
@@ -107,10 +108,19 @@ class AppliedEvents(EventQueue):
     ) -> None:
         self.manager = manager
         # Given the manager's store and call context, an update to the task is applied here
-        # and saved directly (``_fold``): what ``TaskManager.save_task_event`` does with it,
-        # without its per-event work. Without them, every event goes through the manager.
+        # and saved directly (``_apply_update``): what ``TaskManager.save_task_event`` does
+        # with it, without its per-event work. Without them, every event goes through the
+        # manager.
         self._store = store
         self._context = context
+        # A run that writes nothing else before its task settles (``SINGLE_WRITE``): an update
+        # that leaves the task unsettled is saved once the run lets the loop go, not at once,
+        # so a run that settles without waiting on anything (a function skill's microseconds)
+        # saves its task twice, first and last, instead of once per event. Whoever reads the
+        # task meanwhile (GetTask, CancelTask, a duplicate) runs only once the run waits.
+        self._later = context is not None and context.state.get(SINGLE_WRITE) is True
+        self._save_soon: asyncio.Handle | None = None
+        self._saving: asyncio.Future[None] | None = None
         #: The task as the last applied event left it (None until the first task event).
         self.task: Task | None = None
         #: The answer of an executor that answered with a message instead of a task.
@@ -133,9 +143,43 @@ class AppliedEvents(EventQueue):
             self.task = await self.manager.save_task_event(event)
         else:
             _apply_update(task, event)
-            await store.save(task, context)
+            if self._later and task.status.state not in SETTLED_STATES:
+                if self._save_soon is None:
+                    loop = asyncio.get_running_loop()
+                    self._save_soon = loop.call_soon(self._save_unsettled, store, context)
+            else:
+                await self._saved_unsettled()
+                await store.save(task, context)
         for tap in self.taps:
             tap.put_nowait(event)
+
+    def _save_unsettled(self, store: TaskStore, context: ServerCallContext) -> None:
+        """The run let the loop go with an unsettled state not saved yet: save it now."""
+        self._save_soon = None
+        saving = asyncio.ensure_future(self._save_if_unsettled(store, context, self._saving))
+        saving.add_done_callback(_log_failed_save)
+        self._saving = saving
+
+    async def _save_if_unsettled(
+        self, store: TaskStore, context: ServerCallContext, before: asyncio.Future[None] | None
+    ) -> None:
+        if before is not None:  # saves of one task in the order of its states
+            with contextlib.suppress(Exception):
+                await before
+        # The state the run left, unless it settled since (its own save writes that one).
+        task = self.task
+        if task is not None and task.status.state not in SETTLED_STATES:
+            await store.save(task, context)
+
+    async def _saved_unsettled(self) -> None:
+        """Before a settled state is saved: the unsettled one not saved yet never is; one
+        being saved is waited for (its error is the run's, as an at-once save's was)."""
+        if self._save_soon is not None:
+            self._save_soon.cancel()
+            self._save_soon = None
+        saving, self._saving = self._saving, None
+        if saving is not None:
+            await saving
 
     def close(self) -> None:
         """The run ended: every subscription ends after what it was given."""
@@ -202,6 +246,11 @@ class AppliedEvents(EventQueue):
         await self.apply(
             TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=failed)
         )
+
+
+def _log_failed_save(saving: asyncio.Future[None]) -> None:
+    if not saving.cancelled() and saving.exception() is not None:
+        log.warning("could not save a running task's state: %s", saving.exception())
 
 
 def _apply_update(task: Task, event: TaskStatusUpdateEvent | TaskArtifactUpdateEvent) -> None:
