@@ -588,6 +588,49 @@ async def test_the_store_knows_a_blocking_send_on_both_paths(fastpath: bool) -> 
         await handler.aclose()
 
 
+async def test_a_function_skill_saves_its_task_first_and_last() -> None:
+    """A run that settles without waiting saves its task twice (the store's first state and
+    its last), not once per event; a run that waits has its WORKING state saved meanwhile,
+    for GetTask and CancelTask to find."""
+    store = _Recording(InMemoryTaskStore())
+    handler = MeshRequestHandler(
+        executor=MeshExecutor(SkillDispatcher(worker_agent)),
+        task_store=store,
+        agent_card=build_card(worker_agent, "http://127.0.0.1:1"),
+        keys=IdempotencyKeys(None),
+    )
+    try:
+        answer = await handler.on_message_send(
+            _params(_send({"key": "f"}, "echo")), ServerCallContext()
+        )
+        assert isinstance(answer, Task)
+        assert [s for s, _ in store.blocking] == [
+            TaskState.TASK_STATE_SUBMITTED,
+            TaskState.TASK_STATE_COMPLETED,
+        ]
+        stored = await store.get(answer.id, ServerCallContext())
+        assert stored is not None
+        assert [m.parts[0].text for m in stored.history[1:]] == ["running skill 'echo'"]
+        assert len(stored.artifacts) == 1
+        store.blocking = []
+        sending = asyncio.ensure_future(
+            handler.on_message_send(_params(_send({"seconds": 0.3}, "slow")), ServerCallContext())
+        )
+        await eventually(
+            lambda: any(s == TaskState.TASK_STATE_WORKING for s, _ in store.blocking),
+            what="the slow task's WORKING state to be saved",
+        )
+        listed = await store.list(ListTasksRequest(), ServerCallContext())
+        running = [t for t in listed.tasks if t.status.state == TaskState.TASK_STATE_WORKING]
+        assert [t.status.message.parts[0].text for t in running] == ["running skill 'slow'"]
+        done = await sending
+        assert isinstance(done, Task)
+        assert done.status.state == TaskState.TASK_STATE_COMPLETED
+        assert [s for s, _ in store.blocking][-1] == TaskState.TASK_STATE_COMPLETED
+    finally:
+        await handler.aclose()
+
+
 class _SlowCancel(_Recording):
     """A real store whose CANCELED save waits for the test to let it through."""
 
