@@ -487,12 +487,14 @@ class _RuleBreaker(MeshExecutor):
             await event_queue.enqueue_event(update)
             return
         first = Task(
-            id=task_id,
+            id="another-task" if self.fault == "task of another id" else task_id,
             context_id=context_id,
             status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
             history=[context.message] if context.message is not None else [],
         )
         await event_queue.enqueue_event(first)
+        if self.fault == "update of another task":
+            update.task_id = "another-task"
         await event_queue.enqueue_event(update)
         if self.fault == "message in task mode":
             await event_queue.enqueue_event(
@@ -526,7 +528,16 @@ async def _break_rule(fault: str, *, fastpath: bool) -> tuple[str, int | None]:
     return type(raised.value).__name__, states[0] if states else None
 
 
-@pytest.mark.parametrize("fault", ["update before task", "message in task mode", "raises"])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "update before task",
+        "message in task mode",
+        "raises",
+        "task of another id",
+        "update of another task",
+    ],
+)
 async def test_the_sdks_rules_on_agent_events_hold_on_both_paths(fault: str) -> None:
     fast = await _break_rule(fault, fastpath=True)
     sdk = await _break_rule(fault, fastpath=False)
@@ -535,6 +546,8 @@ async def test_the_sdks_rules_on_agent_events_hold_on_both_paths(fault: str) -> 
         "update before task": ("InvalidAgentResponseError", None),
         "message in task mode": ("InvalidAgentResponseError", TaskState.TASK_STATE_FAILED),
         "raises": ("RuntimeError", TaskState.TASK_STATE_FAILED),
+        "task of another id": ("InvalidParamsError", None),
+        "update of another task": ("InvalidParamsError", TaskState.TASK_STATE_FAILED),
     }
     assert fast == expected[fault]
 

@@ -102,17 +102,25 @@ class AppliedEvents(EventQueue):
 
     def __init__(
         self,
-        manager: TaskManager,
+        manager: TaskManager | None,
         store: TaskStore | None = None,
         context: ServerCallContext | None = None,
+        *,
+        task_id: str = "",
+        context_id: str = "",
+        initial_message: Message | None = None,
     ) -> None:
-        self.manager = manager
-        # Given the manager's store and call context, an update to the task is applied here
-        # and saved directly (``_apply_update``): what ``TaskManager.save_task_event`` does
-        # with it, without its per-event work. Without them, every event goes through the
-        # manager.
+        # Given the store and the call context, the task's events are applied here and saved
+        # directly (the first ``Task``, then each update by ``_apply_update``): what
+        # ``TaskManager.save_task_event`` does with them, without its per-event work; the
+        # manager is made only for what else comes (``manager``). Without them, every event
+        # goes through ``manager``.
+        self._manager = manager
         self._store = store
         self._context = context
+        self._task_id = manager.task_id or "" if manager is not None else task_id
+        self._context_id = manager.context_id or "" if manager is not None else context_id
+        self._initial_message = initial_message
         # A run that writes nothing else before its task settles (``SINGLE_WRITE``): an update
         # that leaves the task unsettled is saved once the run lets the loop go, not at once,
         # so a run that settles without waiting on anything (a function skill's microseconds)
@@ -130,15 +138,46 @@ class AppliedEvents(EventQueue):
         #: Subscribers' queues: each applied event, then None when the run ends.
         self.taps: list[asyncio.Queue[Event | None]] = []
 
+    @property
+    def manager(self) -> TaskManager:
+        """The SDK's ``TaskManager`` of the task (made on first use when not given)."""
+        if self._manager is None:
+            if self._store is None or self._context is None:
+                raise RuntimeError("AppliedEvents needs a TaskManager or a store and a context")
+            self._manager = TaskManager(
+                task_store=self._store,
+                context=self._context,
+                task_id=self._task_id,
+                context_id=self._context_id or None,
+                initial_message=self._initial_message,
+            )
+        return self._manager
+
+    @property
+    def context_id(self) -> str:
+        """The context id of the task's events (the manager's, when there is one)."""
+        if self._manager is not None:
+            return self._manager.context_id or ""
+        return self._context_id
+
     async def apply(self, event: Event) -> None:
         """Save ``event`` to the task and hand it to the subscribers."""
         store, context, task = self._store, self._context, self.task
-        if (
-            store is None
-            or context is None
-            or task is None
-            or not isinstance(event, TaskStatusUpdateEvent | TaskArtifactUpdateEvent)
-            or event.task_id != self.manager.task_id  # the manager refuses it
+        if store is None or context is None:
+            self.task = await self.manager.save_task_event(event)
+        elif task is None:
+            if (
+                isinstance(event, Task)
+                and event.id == self._task_id
+                and (not self.context_id or event.context_id == self.context_id)
+            ):
+                await store.save(event, context)  # the manager's checks passed, its save
+                self.task = event
+            else:
+                self.task = await self.manager.save_task_event(event)
+        elif (
+            not isinstance(event, TaskStatusUpdateEvent | TaskArtifactUpdateEvent)
+            or event.task_id != self._task_id  # the manager refuses it
         ):
             self.task = await self.manager.save_task_event(event)
         else:
@@ -210,7 +249,9 @@ class AppliedEvents(EventQueue):
             self._refuse(f"Agent should enqueue Task before {type(event).__name__} event")
         else:
             # The SDK's consumer takes the context of each update (TaskManager checks it).
-            self.manager.context_id = event.context_id
+            self._context_id = event.context_id
+            if self._manager is not None:
+                self._manager.context_id = event.context_id
         await self.apply(event)
 
     def _refuse(self, message: str) -> NoReturn:
@@ -228,14 +269,14 @@ class AppliedEvents(EventQueue):
                 FAILED_TEXT,
                 role=Role.ROLE_AGENT,
                 task_id=task_id,
-                context_id=self.manager.context_id or None,
+                context_id=self.context_id or None,
             )
         )
         task = self.task
         if task is None:
             if not by_agent:
                 return
-            created = await self.manager.ensure_task_id(task_id, self.manager.context_id or "")
+            created = await self.manager.ensure_task_id(task_id, self.context_id)
             task = Task()
             task.CopyFrom(created)
             task.status.CopyFrom(failed)
@@ -254,8 +295,8 @@ def _log_failed_save(saving: asyncio.Future[None]) -> None:
 
 
 def _apply_update(task: Task, event: TaskStatusUpdateEvent | TaskArtifactUpdateEvent) -> None:
-    """Apply an update to ``task`` (the manager's current task, the same object) in place, as
-    ``TaskManager.save_task_event`` does before it saves it."""
+    """Apply an update to ``task`` in place, as ``TaskManager.save_task_event`` does to its
+    current task before it saves it."""
     if isinstance(event, TaskStatusUpdateEvent):
         if task.status.HasField("message"):
             task.history.append(task.status.message)
@@ -357,15 +398,12 @@ class FastPath:
             context.state[NEW_CONTEXT] = request.context_id
         task_id = str(request.task_id)
         events = AppliedEvents(
-            TaskManager(
-                task_store=self.store,
-                context=context,
-                task_id=task_id,
-                context_id=request.context_id,
-                initial_message=request.message,
-            ),
+            None,
             self.store,
             context,
+            task_id=task_id,
+            context_id=str(request.context_id),
+            initial_message=request.message,
         )
         await self._run(request, events)
         if events.message is not None:
