@@ -48,6 +48,8 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from fastapi import FastAPI
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mesh._a2a import server
@@ -61,7 +63,7 @@ from mesh._rpc_body import RpcRefused, parse_json, parse_rpc_body
 if TYPE_CHECKING:
     from mesh._node import Node
 
-__all__ = ["METHODS", "POLICY_DENIED", "RequestGate"]
+__all__ = ["METHODS", "POLICY_DENIED", "GatedApp", "RequestGate"]
 
 #: The JSON-RPC error code of a call the call policy refuses (HTTP 403; an implementation-defined
 #: server error, outside the codes A2A defines).
@@ -106,6 +108,38 @@ _SDK_DISPATCHER_LOG = logging.getLogger("a2a.server.routes.jsonrpc_dispatcher")
 _log = logging.getLogger("mesh._gate")
 
 
+class GatedApp(FastAPI):
+    """A node's FastAPI app behind its ``gate``, which every HTTP request passes first: the
+    gate answers it (its refusals, the fast route's sends) or passes it on to FastAPI itself
+    (``behind_gate``), so that what the fast route answers skips FastAPI's machinery: its
+    per-request check of OpenTelemetry's providers (``NativeTelemetry.enabled``, ~32 k
+    instructions a request when none is set), its telemetry and body-limit middleware, as
+    ``registry.app.RegistryApp`` does for the registry's hot routes. An error the gate raises
+    is answered by Starlette's ``ServerErrorMiddleware``, with the app's own handler, as when
+    the gate was a middleware inside it."""
+
+    gate: ASGIApp | None = None
+    _front: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.gate is None or scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        front = self._front
+        if front is None:
+            # Made at the first request, as FastAPI makes its middleware stack.
+            handler = next(
+                (h for key, h in self.exception_handlers.items() if key in (500, Exception)),
+                None,
+            )
+            front = self._front = ServerErrorMiddleware(self.gate, handler, debug=self.debug)
+        await front(scope, receive, send)
+
+    async def behind_gate(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """FastAPI itself: where the gate passes on what it does not answer."""
+        await super().__call__(scope, receive, send)
+
+
 class _Busy(Exception):
     """Holding a body of ``size`` bytes would pass ``max_inflight_bytes``."""
 
@@ -114,7 +148,8 @@ class _Busy(Exception):
 
 
 class RequestGate:
-    """Pure-ASGI middleware of a node's JSON-RPC route (see the module docstring)."""
+    """The pure-ASGI gate of a node's A2A routes (see the module docstring), in front of the
+    node's FastAPI app (``GatedApp``): ``app`` is FastAPI itself."""
 
     def __init__(self, app: ASGIApp, node: Node) -> None:
         self.app = app

@@ -35,7 +35,7 @@ from mesh import __version__
 from mesh._a2a.server import A2AService
 from mesh._agent import Agent
 from mesh._errors import ConfigError
-from mesh._gate import METHODS, RequestGate
+from mesh._gate import METHODS, GatedApp, RequestGate
 from mesh._health import Health
 from mesh._inflight import InFlight
 from mesh._introspect import introspect
@@ -444,7 +444,7 @@ class Node:
         }
 
     def _build_app(self) -> FastAPI:
-        app = FastAPI(
+        app = GatedApp(
             title=f"mesh node: {self.agent.name}",
             version=self.agent.version,
             lifespan=self._lifespan,
@@ -489,7 +489,7 @@ class Node:
                 )
             )
 
-        app.add_middleware(RequestGate, node=self)
+        app.gate = RequestGate(app.behind_gate, node=self)
         return app
 
     async def _trace_tasks(self, trace_id: str, request: Request) -> Response:
