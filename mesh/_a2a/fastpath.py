@@ -50,7 +50,6 @@ from a2a.server.agent_execution import RequestContext, RequestContextBuilder
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event, EventQueue
 from a2a.server.tasks import TaskManager, TaskStore
-from a2a.server.tasks.task_manager import append_artifact_to_task
 from a2a.types import (
     Message,
     Role,
@@ -304,7 +303,28 @@ def _apply_update(task: Task, event: TaskStatusUpdateEvent | TaskArtifactUpdateE
             task.metadata.MergeFrom(event.metadata)
         task.status.CopyFrom(event.status)
     else:
-        append_artifact_to_task(task, event)
+        _append_artifact(task, event)
+
+
+def _append_artifact(task: Task, event: TaskArtifactUpdateEvent) -> None:
+    """The SDK's ``append_artifact_to_task`` without its tracing wrapper (a span per call):
+    a new artifact is added, one of the same id replaced, or (``append``) extended; appending
+    to an artifact that does not exist is the agent's error."""
+    new = event.artifact
+    for existing in task.artifacts:
+        if existing.artifact_id == new.artifact_id:
+            if event.append:
+                existing.parts.extend(new.parts)
+                existing.metadata.update(dict(new.metadata.items()))
+            else:
+                existing.CopyFrom(new)
+            return
+    if event.append:
+        raise InvalidAgentResponseError(
+            f"append=True for nonexistent artifact_id={new.artifact_id!r} in task {task.id!r}. "
+            "The artifact must be created (append=False) before appending parts to it."
+        )
+    task.artifacts.append(new)
 
 
 @dataclass
