@@ -402,6 +402,9 @@ class DirectPool:
         # Request heads by URL and headers (a peer's are the same call after call), bounded.
         self._heads: dict[tuple[bytes, bytes, tuple[tuple[str, str], ...]], tuple[bytes, bool]]
         self._heads = {}
+        # The last URL posted to, with its origin, path and netloc (httpx.URL's properties
+        # parse on every read; a peer posts to one URL object call after call).
+        self._last_url: tuple[httpx.URL, tuple[str, str, int], bytes, bytes] | None = None
 
     async def post(
         self,
@@ -426,9 +429,13 @@ class DirectPool:
         ``DecodingError`` (an encoded answer: none is asked for)."""
         if self._closed:
             raise RuntimeError("the client is closed")
-        scheme = url.scheme
-        origin = (scheme, url.host, url.port or _DEFAULT_PORTS.get(scheme, 80))
-        key = (url.raw_path, url.netloc, tuple(headers))
+        last = self._last_url
+        if last is None or last[0] is not url:  # httpx.URL is immutable: the same one reads same
+            scheme = url.scheme
+            origin = (scheme, url.host, url.port or _DEFAULT_PORTS.get(scheme, 80))
+            last = self._last_url = (url, origin, url.raw_path, url.netloc)
+        _, origin, raw_path, netloc = last
+        key = (raw_path, netloc, tuple(headers))
         found = self._heads.get(key)
         if found is None:
             found = _request_head(url, headers)
