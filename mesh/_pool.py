@@ -226,10 +226,18 @@ def _as_httpx() -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        for found, mapped in _HTTPX_ERRORS:
-            if isinstance(exc, found):
-                raise mapped(str(exc)) from exc
-        raise
+        mapped = _httpx_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+
+
+def _httpx_error(exc: Exception) -> httpx.HTTPError | None:
+    """``exc`` as httpx raises it, or None when it is not one of httpcore's or h11's."""
+    for found, mapped in _HTTPX_ERRORS:
+        if isinstance(exc, found):
+            return mapped(str(exc))
+    return None
 
 
 @runtime_checkable
@@ -493,7 +501,7 @@ class DirectPool:
         reader, writer = connection.reader, connection.writer
         keep = False
         try:
-            with _as_httpx():
+            try:  # _as_httpx, without a context manager's generator per exchange
                 try:
                     writer.write(request)
                     await writer.drain()
@@ -549,6 +557,11 @@ class DirectPool:
                     and _quiet(connection)
                 )
                 return status, received[start:wanted]
+            except Exception as exc:
+                mapped = _httpx_error(exc)
+                if mapped is None:
+                    raise
+                raise mapped from exc
         finally:
             if keep and not self._closed:
                 self._release(connection)

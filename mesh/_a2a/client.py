@@ -218,7 +218,8 @@ class A2APeer:
         task_id: str | None,
     ) -> TaskResult:
         """``send`` as one JSON-RPC request built and read by ``mesh._a2a.jsonrpc``."""
-        with self._errors(skill or ""):
+        # ``_errors``' translation, without a context manager's generator per call.
+        try:
             content = jsonrpc.send_message_body(
                 payload,
                 skill=skill,
@@ -234,6 +235,10 @@ class A2APeer:
             else:
                 answer = await self._post_httpx(content, timeout, skill)
             result = jsonrpc.result_of(answer)
+        except RemoteError:
+            raise
+        except (A2AError, httpx.HTTPError) as exc:
+            raise self._translated(exc, skill or "") from exc
         if isinstance(task := result.get("task"), Mapping):
             return TaskResult.from_json(task)
         if isinstance(message := result.get("message"), Mapping):
@@ -630,14 +635,18 @@ class A2APeer:
 
     @contextmanager
     def _errors(self, skill: str = "") -> Iterator[None]:
-        """The one place a2a-sdk and httpx errors become ``RemoteError``."""
+        """Where a2a-sdk and httpx errors become ``RemoteError`` (``_translated``, the one
+        translation; ``_send_jsonrpc`` applies it without this context manager)."""
         try:
             yield
         except RemoteError:
             raise
         except (A2AError, httpx.HTTPError) as exc:
-            reason, message = self._translate(exc)
-            raise RemoteError(message, peer=self.name, skill=skill, reason=reason) from exc
+            raise self._translated(exc, skill) from exc
+
+    def _translated(self, exc: A2AError | httpx.HTTPError, skill: str) -> RemoteError:
+        reason, message = self._translate(exc)
+        return RemoteError(message, peer=self.name, skill=skill, reason=reason)
 
     def _translate(self, exc: A2AError | httpx.HTTPError) -> tuple[RemoteReason, str]:
         """Why a call failed (only "unavailable" is retried, at another instance), and what
