@@ -13,13 +13,26 @@ import pytest
 from a2a.helpers import new_text_part
 from a2a.server.context import ServerCallContext
 from a2a.server.id_generator import IDGeneratorContext
-from a2a.types import ListTasksRequest, Message, Role, Task, TaskState, TaskStatus
+from a2a.types import (
+    ListTasksRequest,
+    Message,
+    Role,
+    SendMessageRequest,
+    Task,
+    TaskState,
+    TaskStatus,
+)
 
 from agents.applicants import APPLICANTS
+from mesh._a2a.card import build_card
 from mesh._a2a.client import A2APeer
+from mesh._a2a.dispatcher import SkillDispatcher
+from mesh._a2a.executor import MeshExecutor
+from mesh._a2a.handler import MeshRequestHandler
 from mesh._a2a.idempotency import IdempotencyKeys
 from mesh._a2a.store import SqliteTaskStore, mark_blocking_send, mark_single_write
 from mesh._sqlite import Database
+from tests.node_agents import agent as worker_agent
 from tests.support import clean_env, eventually, free_port, running
 
 CTX = ServerCallContext()
@@ -241,6 +254,37 @@ async def test_a_quick_single_write_run_writes_its_task_once_with_its_key(
         await again.initialize()
         assert await again.claim(key) == task_id  # the key rode with the final state
     finally:
+        await db.aclose()
+
+
+async def test_a_fast_send_through_the_handler_writes_its_task_once(tmp_path: Path) -> None:
+    """The fast path gets its task ids from the store's generator (so the store knows them
+    absent, and the first save of a function skill's send waits for its final one): one row
+    write and one commit per send, with its idempotency key."""
+    db, store = await _open(tmp_path)
+    path = tmp_path / "node.db"
+    _count_row_writes(path)
+    keys = IdempotencyKeys(db, store=store)
+    await keys.initialize()
+    handler = MeshRequestHandler(
+        executor=MeshExecutor(SkillDispatcher(worker_agent), keys=keys),
+        task_store=store,
+        agent_card=build_card(worker_agent, "http://127.0.0.1:1"),
+        keys=keys,
+    )
+    message = Message(role=Role.ROLE_USER, message_id="m-fast")
+    message.parts.add().data.struct_value.update({"key": "k"})
+    message.metadata.update({"skill": "echo"})
+    try:
+        commits = db.commits
+        task = await handler.on_message_send(SendMessageRequest(message=message), CTX)
+        assert isinstance(task, Task)
+        assert task.status.state == TaskState.TASK_STATE_COMPLETED
+        assert db.commits == commits + 1
+        assert _row_writes(path) == 1
+        assert await keys.claim(("", "", "m-fast")) == task.id
+    finally:
+        await handler.aclose()
         await db.aclose()
 
 

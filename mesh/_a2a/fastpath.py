@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -49,6 +50,7 @@ from a2a.helpers import get_text_parts, new_text_message
 from a2a.server.agent_execution import RequestContext, RequestContextBuilder
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event, EventQueue
+from a2a.server.id_generator import IDGenerator, IDGeneratorContext
 from a2a.server.tasks import TaskManager, TaskStore
 from a2a.types import (
     Message,
@@ -87,6 +89,9 @@ log = logging.getLogger("mesh._a2a")
 FAILED_TEXT = "the agent's run failed with an internal error (details in the node log)"
 #: Key of ``ServerCallContext.state``: whether the fast path takes the call's send.
 TAKEN = "mesh.fastpath"
+#: What a task id generator is told of a new task here: nothing (the SDK's builder tells its
+#: own the request's context id, which uuid4 generators ignore).
+_NO_IDS = IDGeneratorContext()
 
 
 class AppliedEvents(EventQueue):
@@ -341,11 +346,17 @@ class FastPath:
     """Runs eligible blocking sends (see the module docstring) for one node's handler."""
 
     def __init__(
-        self, executor: MeshExecutor, store: TaskStore, contexts: RequestContextBuilder
+        self,
+        executor: MeshExecutor,
+        store: TaskStore,
+        contexts: RequestContextBuilder,
+        ids: IDGenerator | None = None,
     ) -> None:
         self.executor = executor
         self.store = store
         self.contexts = contexts
+        #: The task id generator ``contexts`` was given (None: the SDK's default, uuid4).
+        self.ids = ids
         #: Tasks running here now, by id.
         self.running: dict[str, _Running] = {}
 
@@ -405,18 +416,21 @@ class FastPath:
         if missing_required(params):
             validate_proto_required_fields(params)  # raises the SDK's own error
         validate_history_length(params.configuration)
-        named_context = params.message.context_id  # the builder fills it in when empty
+        named_context = params.message.context_id
+        # The ids the builder would make (its generators are given none of the request:
+        # ``IDGeneratorContext``, a pydantic model, made once here, not twice per request).
+        ids = self.ids
+        task_id = ids.generate(_NO_IDS) if ids is not None else str(uuid.uuid4())
         request = await self.contexts.build(
             context=context,
             params=params,
-            task_id=None,
-            context_id=params.message.context_id or None,
+            task_id=task_id,
+            context_id=named_context or str(uuid.uuid4()),
             task=None,
         )
         if not named_context:
             # Made for this request just now: no session has it (the turn need not read one).
             context.state[NEW_CONTEXT] = request.context_id
-        task_id = str(request.task_id)
         events = AppliedEvents(
             None,
             self.store,

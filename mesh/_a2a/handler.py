@@ -232,7 +232,7 @@ class MeshRequestHandler(RequestHandler):
         self.fastpath: FastPath | None = None
         skills = executor.dispatcher.agent.all_skills
         if fastpath and any(s.llm or (s.typed and s.handler is not None) for s in skills):
-            self.fastpath = FastPath(executor, self.task_store, self.request_contexts)
+            self.fastpath = FastPath(executor, self.task_store, self.request_contexts, ids)
         executor.clock.expire = self._expire
 
     async def aclose(self) -> None:
