@@ -54,7 +54,8 @@ __all__ = ["FastRoute"]
 log = logging.getLogger("mesh._a2a")
 
 # The headers the route reads, as the ASGI server hands them (lowercase names).
-_EXTENSIONS = HTTP_EXTENSION_HEADER.lower().encode("latin-1")
+_EXTENSIONS_NAME = HTTP_EXTENSION_HEADER.lower()
+_EXTENSIONS = _EXTENSIONS_NAME.encode("latin-1")
 _VERSION = constants.VERSION_HEADER.lower()
 _JSON = b"application/json"
 _A2A_JSON = constants.A2A_JSON_MEDIA_TYPE.encode("latin-1")
@@ -142,14 +143,17 @@ class FastRoute:
             return context
         # Without one, what the builder reads is the headers: ``dict(request.headers)`` (each
         # name's first value) and the extensions asked for; read here from the scope itself.
-        headers: dict[str, str] = {}
-        extensions: list[str] = []
-        for name, value in scope["headers"]:
-            if name == _EXTENSIONS:
-                extensions.append(value.decode("latin-1"))
-            key = name.decode("latin-1")
-            if key not in headers:
-                headers[key] = value.decode("latin-1")
+        raw = scope["headers"]
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in raw}
+        if len(headers) != len(raw):
+            # A name given twice: its first value, as Starlette's Headers reads it.
+            headers = {}
+            for name, value in raw:
+                headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+        if _EXTENSIONS_NAME not in headers:
+            # The builder's user and extensions when none is asked for: the defaults.
+            return ServerCallContext(state={"headers": headers}, tenant=params.tenant)
+        extensions = [value.decode("latin-1") for name, value in raw if name == _EXTENSIONS]
         return ServerCallContext(
             user=UnauthenticatedUser(),
             state={"headers": headers},
