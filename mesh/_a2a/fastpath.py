@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -73,6 +72,7 @@ from a2a.utils.task import validate_history_length
 
 from mesh._a2a.executor import NEW_CONTEXT
 from mesh._a2a.fastpath_required import missing_required
+from mesh._a2a.ids import uuid4_text
 from mesh._a2a.json_text import json_object
 from mesh._a2a.states import SETTLED_STATES, TERMINAL_STATES
 from mesh._a2a.store import SINGLE_WRITE, mark_single_write
@@ -420,12 +420,12 @@ class FastPath:
         # The ids the builder would make (its generators are given none of the request:
         # ``IDGeneratorContext``, a pydantic model, made once here, not twice per request).
         ids = self.ids
-        task_id = ids.generate(_NO_IDS) if ids is not None else str(uuid.uuid4())
+        task_id = ids.generate(_NO_IDS) if ids is not None else uuid4_text()
         request = await self.contexts.build(
             context=context,
             params=params,
             task_id=task_id,
-            context_id=named_context or str(uuid.uuid4()),
+            context_id=named_context or uuid4_text(),
             task=None,
         )
         if not named_context:

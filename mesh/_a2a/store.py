@@ -65,6 +65,7 @@ from a2a.utils.task import ListTasksCursor, decode_list_tasks_cursor, encode_lis
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from mesh._a2a.ids import uuid4_text
 from mesh._a2a.states import INTERRUPTED_STATES, SETTLED_STATES, TERMINAL_STATES
 from mesh._a2a.task_feed import ACK_S, POLL_S, TaskFeed
 from mesh._a2a.waits import TASKS_SCHEMA_V2, WAITING, delete_waits
@@ -287,7 +288,7 @@ class _FreshIds(IDGenerator):
         self._fresh = fresh
 
     def generate(self, context: IDGeneratorContext) -> str:
-        task_id = str(uuid.uuid4())
+        task_id = uuid4_text()
         if len(self._fresh) >= _MAX_FRESH:
             self._fresh.clear()
         self._fresh.add(task_id)

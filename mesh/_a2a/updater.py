@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +31,7 @@ from a2a.types import (
 )
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from mesh._a2a.ids import uuid4_text
 from mesh._a2a.states import TERMINAL_STATES
 
 __all__ = ["MeshTaskUpdater"]
@@ -94,7 +94,7 @@ class MeshTaskUpdater(TaskUpdater):
                 task_id=self.task_id,
                 context_id=self.context_id,
                 artifact=Artifact(
-                    artifact_id=artifact_id or str(uuid.uuid4()),
+                    artifact_id=artifact_id or uuid4_text(),
                     name=name,
                     parts=parts,
                     metadata=metadata,
@@ -112,7 +112,7 @@ class MeshTaskUpdater(TaskUpdater):
             role=Role.ROLE_AGENT,
             task_id=self.task_id,
             context_id=self.context_id,
-            message_id=str(uuid.uuid4()),
+            message_id=uuid4_text(),
             metadata=metadata,
             parts=parts,
         )
