@@ -346,7 +346,7 @@ def _says_close(value: bytes) -> bool:
     return b"close" in {v.strip() for v in value.lower().split(b",")}
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Head:
     """A textbook answer's status line and headers, as ``_textbook`` read them."""
 
@@ -357,9 +357,28 @@ class _Head:
     encoding: bytes | None
 
 
+# The last heads ``_textbook`` read: a peer's answers repeat theirs byte for byte (the same
+# Date within a second, the same length for the same shape of answer).
+_HEADS_READ: dict[bytes, _Head | None] = {}
+_HEADS_READ_KEPT = 16
+
+
 def _textbook(head: bytes) -> _Head | None:
     """``head`` (an answer's status line and headers, without the blank line) when it is one
-    this module reads without h11; None for anything else."""
+    this module reads without h11; None for anything else. The same bytes read the same: the
+    last few are kept (a ``_Head`` is never changed)."""
+    try:
+        return _HEADS_READ[head]
+    except KeyError:
+        pass
+    found = _read_head(head)
+    if len(_HEADS_READ) >= _HEADS_READ_KEPT:
+        _HEADS_READ.clear()
+    _HEADS_READ[head] = found
+    return found
+
+
+def _read_head(head: bytes) -> _Head | None:
     lines = head.split(b"\r\n")
     found = _STATUS.fullmatch(lines[0])
     if found is None:
