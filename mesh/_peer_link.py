@@ -238,12 +238,13 @@ class PeerLink:
 
     def peer_at(self, url: str) -> A2APeer:
         """The ``A2APeer`` for ``url`` (not admitted: see ``admit``)."""
-        from mesh._a2a.client import CARD_TIMEOUT_S, MAX_ANSWER_BYTES, A2APeer
-
         http = self._http
         assert http is not None, "ready() first"
         peer = self._peers.get(url)
         if peer is None or peer.http is not http:
+            # Imported here, once per new peer: not an import statement per call.
+            from mesh._a2a.client import CARD_TIMEOUT_S, MAX_ANSWER_BYTES, A2APeer
+
             # A card read outside any call (declaring tools) is bounded by the call's deadline.
             peer = self._peers[url] = A2APeer(
                 http,
