@@ -17,13 +17,15 @@ the SDK's handler refuses (a required field missing, a negative ``historyLength`
 here with the same error.
 
 Built only from the SDK's public interfaces, so a minor SDK upgrade needs no change here: the
-request context comes from the ``RequestContextBuilder`` the handler built (the same ids as
-the SDK path), the work is ``MeshExecutor.execute`` (metrics, log line, idempotency key,
-deadline, REJECTED on invalid input) in the request's own asyncio task, and its events reach
-the store through ``AppliedEvents``: an ``EventQueue`` (the interface the SDK gives executors)
-that applies each event at once with the SDK's ``TaskManager``, under the rules the SDK's own
-consumer enforces on an agent's events (``InvalidAgentResponseError``). The answer is the task
-as ``TaskManager.save_task_event`` returned it last.
+request context comes from the ``RequestContextBuilder`` the handler built (given the ids its
+generators would make), the work is ``MeshExecutor.execute`` (metrics, log line, idempotency
+key, deadline, REJECTED on invalid input) in the request's own asyncio task, and its events
+reach the store through ``AppliedEvents``: an ``EventQueue`` (the interface the SDK gives
+executors) that applies each event at once as the SDK's ``TaskManager.save_task_event`` does
+(the manager itself only for what else comes), under the rules the SDK's own consumer enforces
+on an agent's events (``InvalidAgentResponseError``). The answer is the task as the last event
+left it. A function skill's run (``SINGLE_WRITE``) saves an unsettled state only once it lets
+the loop go: a run that settles at once saves its task first and last, nothing between.
 
 A task run here is outside the SDK's registry of active tasks, so ``FastPath`` keeps its own
 record of them: ``CancelTask`` stops one and ``SubscribeToTask`` follows one
