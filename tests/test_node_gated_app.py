@@ -8,6 +8,7 @@ calls it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -130,3 +131,69 @@ async def test_an_error_in_the_gate_is_starlettes_500(
         b"content-type": b"text/plain; charset=utf-8",
     }
     assert sent[1]["body"] == b"Internal Server Error"
+
+
+async def _slow(app: FastAPI, given: bytes, declared: int) -> asyncio.Task[list[dict[str, Any]]]:
+    """A request whose body stops after ``given`` of ``declared`` bytes: its task, which
+    returns what the app sent."""
+    sent: list[dict[str, Any]] = []
+    first = True
+
+    async def receive() -> dict[str, Any]:
+        nonlocal first
+        if first:
+            first = False
+            return {"type": "http.request", "body": given, "more_body": True}
+        await asyncio.Event().wait()  # the rest never comes
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/",
+        "headers": [(b"content-length", str(declared).encode())],
+        "query_string": b"",
+    }
+
+    async def call() -> list[dict[str, Any]]:
+        await app(scope, receive, send)
+        return sent
+
+    return asyncio.ensure_future(call())
+
+
+async def test_bodies_late_by_the_timeout_are_408_in_turn(tmp_path: Path) -> None:
+    """The body timeout (one timer for the reads' deadlines): each late body gets its 408 once
+    it is late, a request in between is served, and a read cancelled from outside is
+    cancelled, not timed out."""
+    node = Node(agent, NodeSettings(data_dir=tmp_path, registry=None, body_timeout_s=0.3))
+    app = node.app
+    async with app.router.lifespan_context(app):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        first = await _slow(app, b'{"jsonrpc"', 200)
+        await asyncio.sleep(0.1)
+        second = await _slow(app, b"{", 100)
+        cancelled = await _slow(app, b"{", 100)
+        body = json.dumps(_send({"key": "k", "n": 2}, "echo")).encode()
+        status, _, answer = await _call(app, "POST", "/", body)
+        assert status == 200, answer
+        cancelled.cancel()
+        sent = await first
+        first_at = loop.time() - started
+        assert sent[0]["status"] == 408
+        assert (b"connection", b"close") in sent[0]["headers"]
+        assert b"MESH_BODY_TIMEOUT" in sent[1]["body"]
+        assert b"(10 bytes did" in sent[1]["body"]
+        assert (await second)[0]["status"] == 408
+        second_at = loop.time() - started
+        assert 0.3 <= first_at < second_at
+        assert second_at >= 0.4
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        # Served after them as before.
+        status, _, _ = await _call(app, "POST", "/", body)
+        assert status == 200
