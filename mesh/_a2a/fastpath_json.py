@@ -481,7 +481,10 @@ def _field_text(field: FieldDescriptor) -> _Convert | None:
 def _single_text(field: FieldDescriptor) -> _Convert | None:
     kind = field.cpp_type
     if kind == FieldDescriptor.CPPTYPE_MESSAGE:
-        return _message_text
+        # A well-known type's writer bound now (its plan is always itself); others found by
+        # their type at each call (a type may hold itself).
+        special = _SPECIAL_TEXT.get(field.message_type.full_name)
+        return _message_text if special is None else special
     if kind == FieldDescriptor.CPPTYPE_ENUM:
         return _enum_text(field)
     if kind == FieldDescriptor.CPPTYPE_STRING:
