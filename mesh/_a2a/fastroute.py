@@ -14,8 +14,9 @@ called only for a version other than the one it wants), the call context
 ``on_message_send`` (idempotency, then ``FastPath``), and the answer or error body
 (``build_error_response``; the answer the bytes Starlette's ``JSONResponse`` writes of
 ``MessageToDict``'s dict, written in one pass by ``fastpath_json.rpc_result``, and sent as
-``JSONResponse`` sends them: ``Content-Length``, ``Content-Type``, the body). Every other request (a malformed one included: it gets the SDK's
-own error) goes on to the SDK's route untouched: ``serve`` returns False before sending
+``JSONResponse`` sends them: ``Content-Length``, ``Content-Type``, the body). Every other
+request (a malformed one included: it gets the SDK's own error) goes on to the SDK's route
+untouched: ``serve`` returns False (``answer``, the gate's call, None) before sending
 anything. The REST answer is what the SDK's REST route sends: ``application/a2a+json`` with the
 ``SendMessageResponse``, or the binding's error payload (``build_rest_error_payload``) with its
 HTTP status. Each request answered here counts in ``mesh_fastpath_sends_total`` by binding.
