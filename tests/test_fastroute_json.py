@@ -6,6 +6,8 @@ builds; what it does not take is left to them, errors included."""
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
+from enum import IntEnum, StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +160,18 @@ def test_a_message_answer_is_message_to_dict() -> None:
     assert json.dumps(response_json(message)) == json.dumps({"message": MessageToDict(message)})
 
 
+class _Tier(StrEnum):
+    A = "A"
+
+
+class _Rank(IntEnum):
+    FIRST = 1
+
+
+class _Flag(int):
+    """An int subclass that is not a bool."""
+
+
 DATA_VALUES: list[Any] = [
     {"applicantId": "a-1001", "score": 396, "tier": "D"},
     WEIRD,
@@ -167,6 +181,11 @@ DATA_VALUES: list[Any] = [
     None,
     3,
     {"nan": float("nan"), "tuple": (1, 2)},  # what ParseDict takes too
+    # Subclasses of the JSON types (a skill's enums, an ordered dict): taken as their base.
+    OrderedDict(
+        [("tier", _Tier.A), ("rank", _Rank.FIRST), ("flag", _Flag(True)), ("sub", OrderedDict())]
+    ),
+    [_Tier.A, [_Rank.FIRST, []], OrderedDict(a=[{}])],
 ]
 
 

@@ -158,23 +158,52 @@ def _configuration(config: SendMessageConfiguration, raw: Any) -> bool:
 
 
 def _struct(struct: Struct, raw: dict[str, Any]) -> None:
-    # As ParseDict: Clear marks an empty Struct present.
-    struct.Clear()
+    """``raw`` into ``struct``, a new one (as every caller's is): its entries make it present;
+    as ParseDict, Clear marks an empty one present."""
+    if not raw:
+        struct.Clear()
+        return
+    fields = struct.fields
     for key, item in raw.items():
-        _value(struct.fields[key], item)
+        _value(fields[key], item)
 
 
 def _value(value: Value, raw: Any) -> None:
-    """``raw`` (a parsed JSON value) into ``value``, as ``ParseDict`` converts a ``Value``."""
+    """``raw`` (a parsed JSON value) into ``value``, a new one, as ``ParseDict`` converts a
+    ``Value``. The exact JSON types first (what a parse makes), by type; a subclass (a str or
+    int enum, an OrderedDict) after, by isinstance."""
+    kind = type(raw)
+    if kind is str:
+        value.string_value = raw
+    elif kind is dict:
+        _struct(value.struct_value, raw)
+    elif kind is int or kind is float:
+        value.number_value = raw
+    elif kind is bool:
+        value.bool_value = raw
+    elif raw is None:
+        value.null_value = 0
+    elif kind is list:
+        _list(value, raw)
+    else:
+        _value_of_subclass(value, raw)
+
+
+def _list(value: Value, raw: list[Any]) -> None:
+    items = value.list_value
+    if not raw:
+        items.Clear()  # present, as an empty Struct
+        return
+    values = items.values
+    for item in raw:
+        _value(values.add(), item)
+
+
+def _value_of_subclass(value: Value, raw: Any) -> None:
     if isinstance(raw, dict):
         _struct(value.struct_value, raw)
     elif isinstance(raw, list):
-        items = value.list_value
-        items.Clear()
-        for item in raw:
-            _value(items.values.add(), item)
-    elif raw is None:
-        value.null_value = 0
+        _list(value, raw)
     elif isinstance(raw, bool):
         value.bool_value = raw
     elif isinstance(raw, str):
