@@ -601,10 +601,10 @@ async def test_the_store_knows_a_blocking_send_on_both_paths(fastpath: bool) -> 
         await handler.aclose()
 
 
-async def test_a_function_skill_saves_its_task_first_and_last() -> None:
-    """A run that settles without waiting saves its task twice (the store's first state and
-    its last), not once per event; a run that waits has its WORKING state saved meanwhile,
-    for GetTask and CancelTask to find."""
+async def test_a_function_skill_that_settles_at_once_saves_its_task_once() -> None:
+    """A run that settles without letting the loop run saves its task once, in its final
+    form (mesh._a2a.one_shot), not once per event nor first and last; a run that waits has
+    its WORKING state saved meanwhile, for GetTask and CancelTask to find."""
     store = _Recording(InMemoryTaskStore())
     handler = MeshRequestHandler(
         executor=MeshExecutor(SkillDispatcher(worker_agent)),
@@ -617,10 +617,7 @@ async def test_a_function_skill_saves_its_task_first_and_last() -> None:
             _params(_send({"key": "f"}, "echo")), ServerCallContext()
         )
         assert isinstance(answer, Task)
-        assert [s for s, _ in store.blocking] == [
-            TaskState.TASK_STATE_SUBMITTED,
-            TaskState.TASK_STATE_COMPLETED,
-        ]
+        assert [s for s, _ in store.blocking] == [TaskState.TASK_STATE_COMPLETED]
         stored = await store.get(answer.id, ServerCallContext())
         assert stored is not None
         assert [m.parts[0].text for m in stored.history[1:]] == ["running skill 'echo'"]

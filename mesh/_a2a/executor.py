@@ -59,6 +59,7 @@ from mesh._a2a.fastpath_json import to_json
 from mesh._a2a.idempotency import IdempotencyKeys, MessageKey, message_key
 from mesh._a2a.json_text import json_object
 from mesh._a2a.metadata_keys import CALLER_TASK, CHILDREN_USAGE, TOOL_CALLS, USAGE, read, usage_json
+from mesh._a2a.one_shot import OneShotQueue, OneShotUpdater, stepped
 from mesh._a2a.questions import question_message, question_metadata, waiting_state
 from mesh._a2a.relay import STREAMED, Followers, Relay
 from mesh._a2a.states import INTERRUPTED_STATES
@@ -245,20 +246,29 @@ class MeshExecutor(AgentExecutor):
         if isinstance(direct, _Direct):
             await self._reply(direct, context_id, event_queue)
             return
-        if current is None:
-            await event_queue.enqueue_event(
-                Task(
-                    id=task_id,
-                    context_id=context_id,
-                    status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
-                    history=[message] if message is not None else [],
-                )
-            )
-        updater = MeshTaskUpdater(event_queue, task_id, context_id)
         key = None
         if self.keys is not None and message is not None:
-            key = message_key(message, context.call_context)
-            if key is not None:
+            key = message_key(message, call)
+        updater: MeshTaskUpdater
+        if current is None and isinstance(event_queue, OneShotQueue) and event_queue.one_shot:
+            # A function skill's new task on the fast path: its events are held until it
+            # settles or lets the loop run (mesh._a2a.one_shot); its key goes with its first
+            # save, as below.
+            keys = self.keys
+            record = functools.partial(keys.record, key, task_id) if keys and key else None
+            updater = OneShotUpdater(event_queue, task_id, context_id, message, record)
+        else:
+            if current is None:
+                await event_queue.enqueue_event(
+                    Task(
+                        id=task_id,
+                        context_id=context_id,
+                        status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                        history=[message] if message is not None else [],
+                    )
+                )
+            updater = MeshTaskUpdater(event_queue, task_id, context_id)
+            if self.keys is not None and key is not None:
                 await self.keys.record(key, task_id)
 
         started = time.monotonic()
@@ -662,6 +672,8 @@ class MeshExecutor(AgentExecutor):
         when = None if req.deadline is None else loop.time() + (req.deadline - time.time())
         # No await between this check and registering the scope: stop() sees every skill.
         if self.stopping:
+            if isinstance(updater, OneShotUpdater):
+                await updater.release()  # its key is recorded before it is released
             await self._end_shutdown(updater, task_id, req)
             return "failed"
         # Without a task store no task waits: a session's mark is left by a failed run.
@@ -682,7 +694,7 @@ class MeshExecutor(AgentExecutor):
                                     skill, pending, answers, ctx, user_id=user_id, progress=progress
                                 )
                             else:
-                                result = await self.dispatcher.run(
+                                run = self.dispatcher.run(
                                     skill,
                                     payload,
                                     ctx,
@@ -691,6 +703,11 @@ class MeshExecutor(AgentExecutor):
                                     waiting=waiting,
                                     new_session=new_context,
                                 )
+                                if isinstance(updater, OneShotUpdater) and updater.held:
+                                    # Its events go out before the loop runs, if it does.
+                                    result = await stepped(run, updater.release)
+                                else:
+                                    result = await run
                             break
                         except TurnSuspended as paused:
                             if paused.questions or self.waits is None:

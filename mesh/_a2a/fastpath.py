@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, NoReturn
 from a2a.helpers import get_text_parts, new_text_message
 from a2a.server.agent_execution import RequestContext, RequestContextBuilder
 from a2a.server.context import ServerCallContext
-from a2a.server.events import Event, EventQueue
+from a2a.server.events import Event
 from a2a.server.id_generator import IDGenerator, IDGeneratorContext
 from a2a.server.tasks import TaskManager, TaskStore
 from a2a.types import (
@@ -76,6 +76,7 @@ from mesh._a2a.executor import NEW_CONTEXT
 from mesh._a2a.fastpath_required import missing_required
 from mesh._a2a.ids import uuid4_text
 from mesh._a2a.json_text import json_object
+from mesh._a2a.one_shot import OneShotQueue, append_artifact
 from mesh._a2a.states import SETTLED_STATES, TERMINAL_STATES
 from mesh._a2a.store import SINGLE_WRITE, mark_single_write
 from mesh._errors import SkillInputError
@@ -96,7 +97,7 @@ TAKEN = "mesh.fastpath"
 _NO_IDS = IDGeneratorContext()
 
 
-class AppliedEvents(EventQueue):
+class AppliedEvents(OneShotQueue):
     """The ``EventQueue`` an executor writes to on the fast path: each event is applied to its
     task by ``manager`` as it arrives (no queue, no consumer task).
 
@@ -135,6 +136,7 @@ class AppliedEvents(EventQueue):
         self._later = context is not None and context.state.get(SINGLE_WRITE) is True
         self._save_soon: asyncio.Handle | None = None
         self._saving: asyncio.Future[None] | None = None
+        self.one_shot = self._later
         #: The task as the last applied event left it (None until the first task event).
         self.task: Task | None = None
         #: The answer of an executor that answered with a message instead of a task.
@@ -226,6 +228,17 @@ class AppliedEvents(EventQueue):
         if saving is not None:
             await saving
 
+    async def settle(self, task: Task) -> None:
+        """The task of a run that published no event before (``OneShotUpdater``), in its
+        final form: saved once, as its last event's save would have saved it."""
+        store, context = self._store, self._context
+        if store is None or context is None or self.task is not None or self.message is not None:
+            raise RuntimeError("AppliedEvents settles only a new task, with a store and a context")
+        self.task = task
+        await store.save(task, context)
+        for tap in self.taps:
+            tap.put_nowait(task)
+
     def close(self) -> None:
         """The run ended: every subscription ends after what it was given."""
         for tap in self.taps:
@@ -310,28 +323,7 @@ def _apply_update(task: Task, event: TaskStatusUpdateEvent | TaskArtifactUpdateE
             task.metadata.MergeFrom(event.metadata)
         task.status.CopyFrom(event.status)
     else:
-        _append_artifact(task, event)
-
-
-def _append_artifact(task: Task, event: TaskArtifactUpdateEvent) -> None:
-    """The SDK's ``append_artifact_to_task`` without its tracing wrapper (a span per call):
-    a new artifact is added, one of the same id replaced, or (``append``) extended; appending
-    to an artifact that does not exist is the agent's error."""
-    new = event.artifact
-    for existing in task.artifacts:
-        if existing.artifact_id == new.artifact_id:
-            if event.append:
-                existing.parts.extend(new.parts)
-                existing.metadata.update(dict(new.metadata.items()))
-            else:
-                existing.CopyFrom(new)
-            return
-    if event.append:
-        raise InvalidAgentResponseError(
-            f"append=True for nonexistent artifact_id={new.artifact_id!r} in task {task.id!r}. "
-            "The artifact must be created (append=False) before appending parts to it."
-        )
-    task.artifacts.append(new)
+        append_artifact(task, event.artifact, append=event.append)
 
 
 @dataclass

@@ -1,0 +1,302 @@
+"""A new task's run in one shot: no events while nobody can see them, its final task built once.
+
+A function skill's run on the fast path (a blocking send, ``SINGLE_WRITE``) publishes four
+events (the task SUBMITTED, WORKING, the answer artifact, COMPLETED), each made, applied to
+the task and handed to the store, for a handler that usually returns without ever letting the
+loop run. While the loop has not run, nobody can have read, followed, canceled or sent a
+duplicate of the task: no event of it is observable until it settles. So ``OneShotUpdater``
+holds them (the arguments of each update, no event made) and, at the terminal update, builds
+the task in its final form from them, exactly as the events would have left it (history,
+status with its message and timestamp, artifacts, metadata), for one save
+(``OneShotQueue.settle``).
+
+A run that is about to let the loop run (its handler awaits something real: ``stepped``), or
+that publishes anything else first (an interrupted state, an append to an artifact), is
+released: its held events go out as they would have (the task SUBMITTED, then the executor's
+``on_start``, its idempotency key, then each held update in order) and from then on every
+update is an event, as any run's. So a handler that awaits shows its WORKING state to
+GetTask, SubscribeToTask, CancelTask and duplicate sends as before.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from a2a.server.events import EventQueue
+from a2a.types import (
+    Artifact,
+    Message,
+    Part,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import InvalidAgentResponseError
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from mesh._a2a.ids import uuid4_text
+from mesh._a2a.states import TERMINAL_STATES
+from mesh._a2a.updater import MeshTaskUpdater
+
+__all__ = ["OneShotQueue", "OneShotUpdater", "append_artifact", "stepped"]
+
+T = TypeVar("T")
+
+
+class OneShotQueue(EventQueue):
+    """An ``EventQueue`` that also takes a new task in its final form at once (``settle``):
+    what it would hold after the events that made it, saved once."""
+
+    #: Whether the run writing to it may be held (``OneShotUpdater``): nothing else writes to
+    #: the database for the task before it settles.
+    one_shot: bool = False
+
+    async def settle(self, task: Task) -> None:
+        """The task of a run whose events were all held, in its final (terminal) form."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class _Status:
+    state: TaskState
+    message: Message | None
+    #: Epoch ns, microsecond precision (``MeshTaskUpdater``'s), or the caller's timestamp.
+    at: int | Timestamp
+    metadata: dict[str, Any] | None
+
+    def timestamp(self) -> Timestamp:
+        if isinstance(self.at, Timestamp):
+            return self.at
+        return Timestamp(seconds=self.at // 1_000_000_000, nanos=self.at % 1_000_000_000)
+
+    def event(self, task_id: str, context_id: str) -> TaskStatusUpdateEvent:
+        status = TaskStatus(state=self.state, message=self.message, timestamp=self.timestamp())
+        return TaskStatusUpdateEvent(
+            task_id=task_id, context_id=context_id, metadata=self.metadata, status=status
+        )
+
+
+@dataclass(frozen=True)
+class _Artifact:
+    artifact: Artifact
+    last_chunk: bool | None
+
+    def event(self, task_id: str, context_id: str) -> TaskArtifactUpdateEvent:
+        return TaskArtifactUpdateEvent(
+            task_id=task_id,
+            context_id=context_id,
+            artifact=self.artifact,
+            append=False,
+            last_chunk=self.last_chunk,
+        )
+
+
+def _now_ns() -> int:
+    """Now in epoch ns, to the microsecond (``MeshTaskUpdater``'s status timestamps)."""
+    return time.time_ns() // 1000 * 1000
+
+
+class OneShotUpdater(MeshTaskUpdater):
+    """The updater of a new task whose events are held until it settles or lets the loop run
+    (see the module docstring). ``first`` is the message that started the task; ``on_start``
+    runs once its first state is published, or before its final one is saved."""
+
+    def __init__(
+        self,
+        events: OneShotQueue,
+        task_id: str,
+        context_id: str,
+        first: Message | None,
+        on_start: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(events, task_id, context_id)
+        self.events = events
+        self._first = first
+        self._on_start = on_start
+        # The updates held, in order; None once released (or settled).
+        self._held: list[_Status | _Artifact] | None = []
+
+    @property
+    def held(self) -> bool:
+        """Whether nothing of the task was published yet."""
+        return self._held is not None
+
+    async def release(self) -> None:
+        """Publish what was held, as the run would have published it: the task SUBMITTED,
+        ``on_start``, then each update. Nothing when released already."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        first = self._first
+        await self.events.enqueue_event(
+            Task(
+                id=self.task_id,
+                context_id=self.context_id,
+                status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                history=[first] if first is not None else [],
+            )
+        )
+        if self._on_start is not None:
+            await self._on_start()
+        for update in held:
+            await self.events.enqueue_event(update.event(self.task_id, self.context_id))
+
+    async def update_status(
+        self,
+        state: TaskState,
+        message: Message | None = None,
+        timestamp: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        held = self._held
+        if held is None or (state != TaskState.TASK_STATE_WORKING and state not in TERMINAL_STATES):
+            await self.release()
+            await super().update_status(state, message, timestamp, metadata)
+            return
+        if self._ended:
+            raise RuntimeError(f"Task {self.task_id} is already in a terminal state.")
+        at: int | Timestamp
+        if timestamp:
+            at = Timestamp()
+            at.FromDatetime(datetime.fromisoformat(timestamp.replace("Z", "+00:00")))
+        else:
+            at = _now_ns()
+        held.append(_Status(state, message, at, metadata))
+        if state in TERMINAL_STATES:
+            self._ended = True
+            task = self._final(held)
+            self._held = None  # anything after this is an event of the settled task
+            if self._on_start is not None:
+                await self._on_start()
+            await self.events.settle(task)
+
+    async def add_artifact(
+        self,
+        parts: list[Part],
+        artifact_id: str | None = None,
+        name: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        append: bool | None = None,
+        last_chunk: bool | None = None,
+        extensions: list[str] | None = None,
+    ) -> None:
+        held = self._held
+        if held is None or append:
+            await self.release()
+            await super().add_artifact(
+                parts, artifact_id, name, metadata, append, last_chunk, extensions
+            )
+            return
+        artifact = Artifact(
+            artifact_id=artifact_id or uuid4_text(),
+            name=name,
+            parts=parts,
+            metadata=metadata,
+            extensions=extensions,
+        )
+        held.append(_Artifact(artifact, last_chunk))
+
+    def _final(self, held: list[_Status | _Artifact]) -> Task:
+        """The task as its events would leave it (``TaskManager``'s rules, as
+        ``mesh._a2a.fastpath.AppliedEvents`` applies them)."""
+        first = self._first
+        task = Task(
+            id=self.task_id,
+            context_id=self.context_id,
+            status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+            history=[first] if first is not None else [],
+        )
+        for update in held:
+            if isinstance(update, _Artifact):
+                append_artifact(task, update.artifact, append=False)
+                continue
+            status = task.status
+            if status.HasField("message"):
+                task.history.append(status.message)
+            if update.metadata:
+                task.metadata.update(update.metadata)
+            status.Clear()
+            status.state = update.state
+            if update.message is not None:
+                status.message.CopyFrom(update.message)
+            if isinstance(update.at, Timestamp):
+                status.timestamp.CopyFrom(update.at)
+            else:
+                status.timestamp.seconds = update.at // 1_000_000_000
+                status.timestamp.nanos = update.at % 1_000_000_000
+        return task
+
+
+def append_artifact(task: Task, new: Artifact, *, append: bool) -> None:
+    """The SDK's ``append_artifact_to_task`` without its tracing wrapper (a span per call):
+    a new artifact is added, one of the same id replaced, or (``append``) extended; appending
+    to an artifact that does not exist is the agent's error."""
+    for existing in task.artifacts:
+        if existing.artifact_id == new.artifact_id:
+            if append:
+                existing.parts.extend(new.parts)
+                existing.metadata.update(dict(new.metadata.items()))
+            else:
+                existing.CopyFrom(new)
+            return
+    if append:
+        raise InvalidAgentResponseError(
+            f"append=True for nonexistent artifact_id={new.artifact_id!r} in task {task.id!r}. "
+            "The artifact must be created (append=False) before appending parts to it."
+        )
+    task.artifacts.append(new)
+
+
+async def stepped(run: Coroutine[Any, Any, T], release: Callable[[], Awaitable[None]]) -> T:
+    """``await run``, where ``release`` is awaited first if ``run`` does not end in its first
+    step (it waits on something: the loop runs before it ends) or ends by a ``BaseException``
+    that is no ``Exception`` (a suspension, a cancellation: endings the run publishes as
+    events). An ``Exception`` it raises at once is the caller's to end the run with, held."""
+    try:
+        waiting_on = run.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    except Exception:
+        raise
+    except BaseException:
+        await release()
+        raise
+    try:
+        await release()
+    except BaseException:
+        run.close()
+        raise
+    return await _rest(run, waiting_on)
+
+
+@types.coroutine
+def _rest(run: Coroutine[Any, Any, T], waiting_on: Any) -> Generator[Any, Any, T]:
+    """The rest of ``run`` after its first step yielded ``waiting_on``: what ``await run``
+    would have done from there (``yield from``'s rules: values sent and exceptions thrown in
+    go to ``run``; closing closes it)."""
+    while True:
+        try:
+            sent = yield waiting_on
+        except GeneratorExit:
+            run.close()
+            raise
+        except BaseException as exc:
+            try:
+                waiting_on = run.throw(exc)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+        else:
+            try:
+                waiting_on = run.send(sent)
+            except StopIteration as done:
+                result = done.value
+                return result
