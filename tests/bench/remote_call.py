@@ -30,12 +30,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.bench.instructions import LOG_FORMAT, PEER_URL, ROWS, _env, peer
-
 __all__ = ["main"]
 
 THIS = Path(__file__).resolve()
 ROOT = THIS.parents[2]
+# As tests.bench.instructions logs (imported by the driver only: the measured process runs in
+# the measured tree, whose copy of it may be older).
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 async def _calls(url: str, warmup: int, calls: int) -> float:
@@ -118,6 +119,8 @@ def _run(tree: Path, url: str, calls: int, args: argparse.Namespace, work: Path)
             f"--log-file={vlog}",
             *argv,
         ]
+    from tests.bench.instructions import _env
+
     log = work / "stderr.log"
     with log.open("w") as err:
         proc = subprocess.run(
@@ -146,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--n1 and --n2: give 0 <= N1 < N2")
     if not args.no_valgrind and shutil.which("valgrind") is None:
         parser.error("valgrind is not installed (or give --no-valgrind)")
+    from tests.bench.instructions import PEER_URL, ROWS, peer
+
     tree = args.tree.resolve()
     with tempfile.TemporaryDirectory(prefix="mesh-call-") as tmp:
         work = Path(tmp)
