@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import re
-import secrets
 from dataclasses import dataclass
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "current_traceparent",
     "ensure_traceparent",
     "trace_id_of",
+    "traceparent_text",
 ]
 
 #: The metadata key (message and task) that carries the header value.
@@ -56,19 +57,10 @@ class TraceParent:
     @classmethod
     def parse(cls, header: str | None) -> TraceParent | None:
         """The parsed header, or None when it is missing or invalid."""
-        if not header or not isinstance(header, str):
+        ids = _ids(header)
+        if ids is None:
             return None
-        match = _HEADER.match(header.strip())
-        if match is None:
-            return None
-        version, trace_id, span_id, flags, rest = match.groups()
-        # Version ff is forbidden; version 00 allows nothing after the flags. Higher versions
-        # may append fields, which we drop (we speak version 00).
-        if version == "ff" or (version == "00" and rest):
-            return None
-        if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
-            return None
-        return cls(trace_id=trace_id, span_id=span_id, flags=flags, version="00")
+        return cls(trace_id=ids[0], span_id=ids[1], flags=ids[2], version="00")
 
     @classmethod
     def new(cls, *, sampled: bool = True) -> TraceParent:
@@ -96,15 +88,41 @@ class TraceParent:
         return self.format()
 
 
+def _ids(header: str | None) -> tuple[str, str, str] | None:
+    """The trace id, span id and flags of a valid header; None when it is missing or invalid."""
+    if not header or not isinstance(header, str):
+        return None
+    match = _HEADER.match(header.strip())
+    if match is None:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    # Version ff is forbidden; version 00 allows nothing after the flags. Higher versions
+    # may append fields, which we drop (we speak version 00).
+    if version == "ff" or (version == "00" and rest):
+        return None
+    if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
+        return None
+    return trace_id, span_id, flags
+
+
 def ensure_traceparent(header: str | None) -> TraceParent:
     """The parsed header, or a new trace when it is missing or invalid."""
     return TraceParent.parse(header) or TraceParent.new()
 
 
+def traceparent_text(header: str | None) -> str:
+    """``ensure_traceparent(header).format()`` without the ``TraceParent`` (a frozen
+    dataclass: every task reads its message's header once)."""
+    ids = _ids(header)
+    if ids is None:
+        return f"00-{_random_hex(16, _ZERO_TRACE)}-{_random_hex(8, _ZERO_SPAN)}-01"
+    return f"00-{ids[0]}-{ids[1]}-{ids[2]}"
+
+
 def trace_id_of(header: str | None) -> str | None:
     """The trace id of a header value, None when it is missing or invalid."""
-    parsed = TraceParent.parse(header)
-    return parsed.trace_id if parsed else None
+    ids = _ids(header)
+    return ids[0] if ids is not None else None
 
 
 class TraceLogFilter(logging.Filter):
@@ -122,7 +140,7 @@ class TraceLogFilter(logging.Filter):
 def _random_hex(nbytes: int, zero: str) -> str:
     # All zeros is invalid; the odds are 2**-64 at worst, but the loop makes it impossible.
     for _ in range(8):
-        value = secrets.token_hex(nbytes)
+        value = os.urandom(nbytes).hex()  # secrets.token_hex's source, without its two calls
         if value != zero:
             return value
     raise RuntimeError("the random source returned zeros eight times")  # pragma: no cover

@@ -73,8 +73,10 @@ def read(metadata: Mapping[str, Any], key: str) -> Any:
 
 
 def usage_json(usage: Usage) -> dict[str, int]:
-    """``usage`` as written into task metadata (``{"inputTokens": ..., ...}``)."""
-    return {_camel(name): value for name, value in usage.as_dict().items()}
+    """``usage`` as written into task metadata (``{"inputTokens": ..., ...}``): its fields in
+    their order, as ``as_dict`` gives them (a frozen model of ints, extra fields forbidden),
+    each name turned camelCase once, not per task."""
+    return {camel: getattr(usage, name) for name, camel in _USAGE_KEYS}
 
 
 def usage_counts(value: Any) -> dict[str, int]:
@@ -93,3 +95,7 @@ def usage_counts(value: Any) -> dict[str, int]:
 def total_tokens(counts: Mapping[str, int]) -> int:
     """The total of ``usage_counts``: ``totalTokens`` when reported, else input plus output."""
     return counts.get("totalTokens") or counts.get("inputTokens", 0) + counts.get("outputTokens", 0)
+
+
+#: ``Usage``'s fields and their camelCase names (``usage_json``).
+_USAGE_KEYS = tuple((name, _camel(name)) for name in Usage.model_fields)
