@@ -362,7 +362,7 @@ class SkillDispatcher:
         ``waiting``: whether the task a waiting session names still waits (``Runner``).
         ``new_session``: the context id was made for this request (no session has it)."""
         if not skill.llm:
-            return await self._call_handler(skill, payload, ctx)
+            return await self.call(skill, payload, ctx)
         text = payload if isinstance(payload, str) else payload.model_dump_json()
         turn = _stream(
             user_id, ctx.context_id, message=text, waiting=waiting, new_session=new_session
@@ -403,7 +403,9 @@ class SkillDispatcher:
             return await self._llm_typed(skill, turn, ctx, user_id, progress)
         return await self._turn(self.runner, turn, None, ctx, progress)
 
-    async def _call_handler(self, skill: Skill, payload: Any, ctx: SkillContext) -> Outcome:
+    async def call(self, skill: Skill, payload: Any, ctx: SkillContext | None = None) -> Outcome:
+        """A function skill's handler on its validated input, and its output validated (what
+        ``run`` does for one); ``ctx`` may be None for a handler that takes no context."""
         assert skill.handler is not None
         args = (payload, ctx) if skill.takes_context else (payload,)
         result = skill.handler(*args)

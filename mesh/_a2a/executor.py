@@ -33,6 +33,7 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +76,7 @@ from mesh._metrics import NodeMetrics, TaskOutcome
 from mesh._pending import PendingTurn, TurnSuspended
 from mesh._settings import NodeSettings
 from mesh._skills import Skill, SkillContext
-from mesh._tracing import ensure_traceparent
+from mesh._tracing import traceparent_text
 
 __all__ = ["ANSWER", "DIRECT", "NEW_CONTEXT", "REQUEST", "RESUME", "MeshExecutor", "answers_named"]
 
@@ -538,9 +539,7 @@ class MeshExecutor(AgentExecutor):
             caller=str(meta.get("caller") or ""),
             # Every task gets a trace: the caller's when it sent a valid one, a new one otherwise,
             # so the task's log line and its delegations can always be correlated.
-            traceparent=ensure_traceparent(
-                traceparent if isinstance(traceparent, str) else None
-            ).format(),
+            traceparent=traceparent_text(traceparent if isinstance(traceparent, str) else None),
             deadline=_deadline(meta.get("deadline")),
             metadata=meta,
         )
@@ -627,6 +626,15 @@ class MeshExecutor(AgentExecutor):
                 message=updater.new_agent_message([new_text_part(f"resuming skill '{skill.id}'")]),
                 metadata={TASKS_EXTENSION: {"questions": []}},
             )
+        loop = asyncio.get_running_loop()
+        when = None if req.deadline is None else loop.time() + (req.deadline - time.time())
+        if (
+            isinstance(updater, OneShotUpdater)
+            and updater.held
+            and not skill.llm
+            and not skill.takes_context
+        ):
+            return await self._run_held(skill, payload, req, context, updater, task_id, when)
         ctx = SkillContext(
             skill_id=skill.id,
             task_id=task_id,
@@ -668,8 +676,6 @@ class MeshExecutor(AgentExecutor):
         async def progress(event: Event) -> None:
             await self._progress(updater, answer, event)
 
-        loop = asyncio.get_running_loop()
-        when = None if req.deadline is None else loop.time() + (req.deadline - time.time())
         # No await between this check and registering the scope: stop() sees every skill.
         if self.stopping:
             if isinstance(updater, OneShotUpdater):
@@ -721,15 +727,79 @@ class MeshExecutor(AgentExecutor):
                             pending, answers = paused.turn, {}
                 finally:
                     self._running.discard(scope)
-        except Suspend as asked:
+        except (Suspend, TurnSuspended, ChildWaiting, Exception) as exc:
+            return await self._ended_by(exc, skill, req, context, updater, task_id, resumed, ctx)
+        await self._attachments(updater, ctx)
+        await self._publish(updater, answer, skill, result, req, _sum_usage(children))
+        return "completed"
+
+    async def _run_held(
+        self,
+        skill: Skill,
+        payload: BaseModel | str,
+        req: _Request,
+        context: RequestContext,
+        updater: OneShotUpdater,
+        task_id: str,
+        when: float | None,
+    ) -> TaskOutcome:
+        """``_run``'s rest for a function skill whose handler takes no context, on a task
+        whose events are held (``mesh._a2a.one_shot``): no context, relay or deadline scope is
+        made for a handler that ends in its first step; one that waits is released first and
+        goes on under its deadline, as in ``_run``."""
+        if self.stopping:
+            await updater.release()  # its key is recorded before it is released
+            await self._end_shutdown(updater, task_id, req)
+            return "failed"
+        try:
+            result = await stepped(
+                self.dispatcher.call(skill, payload),
+                updater.release,
+                functools.partial(self._under_deadline, when=when),
+            )
+        except (Suspend, TurnSuspended, ChildWaiting, Exception) as exc:
+            return await self._ended_by(exc, skill, req, context, updater, task_id, None, None)
+        answer = AnswerStream(updater, skill.id, _not_live)
+        await self._publish(updater, answer, skill, result, req, {})
+        return "completed"
+
+    async def _under_deadline(self, rest: Awaitable[Outcome], when: float | None) -> Outcome:
+        """``rest`` of a run under its deadline scope, cut by ``stop()`` like any run's (at
+        once when it was called since the run started)."""
+        async with asyncio.timeout_at(when) as scope:
+            if self.stopping:
+                scope.reschedule(asyncio.get_running_loop().time())
+            self._running.add(scope)
+            try:
+                return await rest
+            finally:
+                self._running.discard(scope)
+
+    async def _ended_by(
+        self,
+        exc: BaseException,
+        skill: Skill,
+        req: _Request,
+        context: RequestContext,
+        updater: TaskUpdater,
+        task_id: str,
+        resumed: _Resumed | None,
+        ctx: SkillContext | None,
+    ) -> TaskOutcome:
+        """End the run whose skill raised ``exc`` (its deadline, a question, an error): the
+        task's last state, published through ``updater`` (``ctx``: the skill's context,
+        None when its handler takes none)."""
+        if isinstance(exc, Suspend):
             request = resumed.request if resumed is not None else None
-            return await self._suspend(asked, skill, req, context, updater, request)
-        except TurnSuspended as paused:
+            return await self._suspend(exc, skill, req, context, updater, request)
+        if isinstance(exc, TurnSuspended):
             request = resumed.request if resumed is not None else None
             # Its tools do not run again on the resume: what they attached goes out now.
             await self._attachments(updater, ctx)
-            return await self._suspend_turn(paused, skill, req, context, updater, request, user_id)
-        except ChildWaiting as waiting:
+            user_id = _owner(context.call_context) or req.caller or "a2a"
+            return await self._suspend_turn(exc, skill, req, context, updater, request, user_id)
+        if isinstance(exc, ChildWaiting):
+            waiting = exc
             # A function skill called a remote skill that asks: only an LLM turn relays the
             # question (its remote tool's call waits); the child is not left waiting in vain.
             if waiting.cancel is not None:
@@ -751,7 +821,7 @@ class MeshExecutor(AgentExecutor):
                 req,
             )
             return "failed"
-        except TimeoutError:
+        if isinstance(exc, TimeoutError):
             if self.stopping:
                 await self._end_shutdown(updater, task_id, req)
                 return "failed"
@@ -759,25 +829,21 @@ class MeshExecutor(AgentExecutor):
                 updater, TaskState.TASK_STATE_FAILED, "deadline", "deadline exceeded", req
             )
             return "failed"
-        except (SkillInputError, SessionWaiting) as exc:
+        if isinstance(exc, SkillInputError | SessionWaiting):
             await self._end(updater, TaskState.TASK_STATE_REJECTED, "rejected", str(exc), req)
             return "rejected"
-        except MeshError as exc:
+        if isinstance(exc, MeshError):
             await self._end(updater, TaskState.TASK_STATE_FAILED, "failed", str(exc), req)
             return "failed"
-        except Exception:
-            log.exception("skill %r raised", skill.id)
-            await self._end(
-                updater,
-                TaskState.TASK_STATE_FAILED,
-                "failed",
-                f"skill '{skill.id}' failed with an internal error (details in the node log)",
-                req,
-            )
-            return "failed"
-        await self._attachments(updater, ctx)
-        await self._publish(updater, answer, skill, result, req, _sum_usage(children))
-        return "completed"
+        log.error("skill %r raised", skill.id, exc_info=exc)
+        await self._end(
+            updater,
+            TaskState.TASK_STATE_FAILED,
+            "failed",
+            f"skill '{skill.id}' failed with an internal error (details in the node log)",
+            req,
+        )
+        return "failed"
 
     async def _suspend(
         self,
@@ -920,9 +986,11 @@ class MeshExecutor(AgentExecutor):
             TaskState.TASK_STATE_WORKING, message=updater.new_agent_message(parts, meta)
         )
 
-    async def _attachments(self, updater: TaskUpdater, ctx: SkillContext) -> None:
+    async def _attachments(self, updater: TaskUpdater, ctx: SkillContext | None) -> None:
         """Publish what the run attached (``ctx.attach``, a tool's ``ctx.attach``), one
-        artifact each, and empty the list."""
+        artifact each, and empty the list (nothing without a context)."""
+        if ctx is None:
+            return
         attached = ctx.metadata.get(ATTACHMENTS) or []
         for artifact in attached:
             await updater.add_artifact(
@@ -997,6 +1065,10 @@ class MeshExecutor(AgentExecutor):
 
 
 async def _never(task_id: str) -> bool:
+    return False
+
+
+def _not_live() -> bool:
     return False
 
 

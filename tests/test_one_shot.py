@@ -1,0 +1,227 @@
+"""mesh._a2a.one_shot: a held run's task is built to the byte as its events would have left it,
+and ``stepped`` awaits a coroutine as ``await`` does, releasing first when it will wait."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from a2a.helpers import new_text_part
+from a2a.server.context import ServerCallContext
+from a2a.server.tasks import InMemoryTaskStore
+from a2a.types import Message, Part, Role, Task, TaskState, TaskStatus
+
+from mesh._a2a.fastpath import AppliedEvents
+from mesh._a2a.one_shot import OneShotUpdater, stepped
+from mesh._a2a.store import SINGLE_WRITE
+from mesh._a2a.updater import MeshTaskUpdater
+
+TASK, CONTEXT = "task-1", "context-1"
+ZEROS = {
+    "inputTokens": 0,
+    "outputTokens": 0,
+    "cachedTokens": 0,
+    "thinkingTokens": 0,
+    "totalTokens": 0,
+}
+TRACE = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+
+
+def _message(text: str, message_id: str, role: Role = Role.ROLE_AGENT) -> Message:
+    return Message(
+        role=role,
+        message_id=message_id,
+        task_id=TASK,
+        context_id=CONTEXT,
+        parts=[new_text_part(text)],
+    )
+
+
+def _answer() -> list[Part]:
+    return [new_text_part('{"score": 1}', media_type="text/plain")]
+
+
+def _events(store: InMemoryTaskStore | None = None) -> AppliedEvents:
+    context = ServerCallContext()
+    context.state[SINGLE_WRITE] = True
+    first = _message("score me", "m-0", Role.ROLE_USER)
+    return AppliedEvents(
+        None,
+        store or InMemoryTaskStore(),
+        context,
+        task_id=TASK,
+        context_id=CONTEXT,
+        initial_message=first,
+    )
+
+
+async def _run(updater: MeshTaskUpdater, ending: str, trace: str) -> None:
+    """One run's updates, as the executor makes them."""
+    meta: dict[str, Any] = {"skill": "score", "caller": "coordinator", "traceparent": trace}
+    if ending == "rejected":
+        error = {"reason": "rejected", "message": "invalid input"}
+        await updater.update_status(
+            TaskState.TASK_STATE_REJECTED,
+            message=_message("invalid input", "m-2"),
+            metadata={**meta, "error": error},
+        )
+        return
+    await updater.start_work(_message("running skill 'score'", "m-1"))
+    if ending == "failed":
+        error = {"reason": "failed", "message": "it broke"}
+        await updater.update_status(
+            TaskState.TASK_STATE_FAILED,
+            message=_message("it broke", "m-2"),
+            metadata={**meta, "error": error},
+        )
+        return
+    if ending == "attached":
+        await updater.add_artifact(
+            [new_text_part("a note")],
+            artifact_id="a-1",
+            name="note",
+            metadata={"description": "a note"},
+            last_chunk=True,
+        )
+    await updater.add_artifact(
+        _answer(), artifact_id=f"answer-{TASK}", name="score", append=False, last_chunk=True
+    )
+    await updater.update_status(
+        TaskState.TASK_STATE_COMPLETED,
+        metadata={**meta, "callerTask": "up-1", "usage": ZEROS, "childrenUsage": {}},
+    )
+
+
+@pytest.mark.parametrize("ending", ["completed", "attached", "failed", "rejected"])
+async def test_the_held_task_is_the_events_task_to_the_byte(ending: str) -> None:
+    for n in range(20):  # each trace a new string: the metadata kept by shape is reused
+        trace = f"00-{n:032x}-{'c' * 16}-01"
+        by_events = _events()
+        first = by_events._initial_message
+        assert first is not None
+        await by_events.enqueue_event(
+            Task(
+                id=TASK,
+                context_id=CONTEXT,
+                status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                history=[first],
+            )
+        )
+        await _run(MeshTaskUpdater(by_events, TASK, CONTEXT), ending, trace)
+        store = InMemoryTaskStore()
+        held = _events(store)
+        updater = OneShotUpdater(held, TASK, CONTEXT, held._initial_message)
+        await _run(updater, ending, trace)
+        assert not updater.held
+        expected, built = by_events.task, held.task
+        assert expected is not None
+        assert built is not None
+        assert await store.get(TASK, ServerCallContext()) == built
+        gap = built.status.timestamp.ToNanoseconds() - expected.status.timestamp.ToNanoseconds()
+        assert 0 <= gap < 10**9
+        built.status.timestamp.CopyFrom(expected.status.timestamp)  # the one difference
+        assert built.SerializeToString() == expected.SerializeToString()
+
+
+async def test_a_released_run_publishes_its_start_then_its_updates() -> None:
+    events = _events()
+    started: list[str] = []
+
+    async def on_start() -> None:
+        assert events.task is not None  # after the first state
+        started.append(events.task.id)
+
+    updater = OneShotUpdater(events, TASK, CONTEXT, events._initial_message, on_start)
+    await updater.start_work(_message("running skill 'score'", "m-1"))
+    assert events.task is None
+    await updater.release()
+    assert started == [TASK]
+    assert events.task is not None
+    assert events.task.status.state == TaskState.TASK_STATE_WORKING
+    assert [m.message_id for m in events.task.history] == ["m-0"]
+    await updater.release()  # once only
+    assert started == [TASK]
+    await updater.update_status(TaskState.TASK_STATE_COMPLETED)
+    assert events.task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert [m.message_id for m in events.task.history] == ["m-0", "m-1"]
+    with pytest.raises(RuntimeError, match="terminal"):
+        await updater.update_status(TaskState.TASK_STATE_WORKING)
+
+
+async def test_an_interrupted_state_or_an_append_releases_the_run() -> None:
+    for update in ("input", "append"):
+        events = _events()
+        updater = OneShotUpdater(events, TASK, CONTEXT, events._initial_message)
+        if update == "input":
+            await updater.update_status(TaskState.TASK_STATE_INPUT_REQUIRED)
+        else:
+            with pytest.raises(Exception, match="nonexistent artifact"):
+                await updater.add_artifact(_answer(), artifact_id="x", append=True)
+        assert not updater.held
+        assert events.task is not None
+
+
+async def test_stepped_awaits_as_await_does() -> None:
+    released: list[bool] = []
+
+    async def release() -> None:
+        released.append(True)
+
+    async def at_once() -> int:
+        return 1
+
+    async def later() -> int:
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return 2
+
+    async def raising() -> int:
+        raise ValueError("no")
+
+    async def suspending() -> int:
+        raise KeyboardInterrupt
+
+    assert await stepped(at_once(), release) == 1
+    assert released == []
+    with pytest.raises(ValueError, match="no"):
+        await stepped(raising(), release)
+    assert released == []
+    assert await stepped(later(), release) == 2
+    assert released == [True]
+    with pytest.raises(KeyboardInterrupt):
+        await stepped(suspending(), release)
+    assert released == [True, True]
+
+
+async def test_stepped_passes_a_cancellation_on() -> None:
+    caught: list[str] = []
+
+    async def release() -> None:
+        pass
+
+    async def sleeper() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            caught.append("canceled")
+            raise
+        return "slept"
+
+    async def shrugging() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return "went on"
+        return "slept"
+
+    running = asyncio.ensure_future(stepped(sleeper(), release))
+    await asyncio.sleep(0.01)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert caught == ["canceled"]
+    going = asyncio.ensure_future(stepped(shrugging(), release))
+    await asyncio.sleep(0.01)
+    going.cancel()
+    assert await going == "went on"
