@@ -206,32 +206,39 @@ class OneShotUpdater(MeshTaskUpdater):
 
     def _final(self, held: list[_Status | _Artifact]) -> Task:
         """The task as its events would leave it (``TaskManager``'s rules, as
-        ``mesh._a2a.fastpath.AppliedEvents`` applies them)."""
+        ``mesh._a2a.fastpath.AppliedEvents`` applies them: a new status moves the one before's
+        message to the history and merges its metadata; an artifact is added, or replaces one
+        of its id), made at once from the lists the updates leave."""
         first = self._first
+        history = [first] if first is not None else []
+        artifacts: list[Artifact] = []
+        metadata: list[dict[str, Any]] = []
+        last: _Status | None = None
+        for update in held:
+            if isinstance(update, _Artifact):
+                new = update.artifact
+                for i, existing in enumerate(artifacts):
+                    if existing.artifact_id == new.artifact_id:
+                        artifacts[i] = new
+                        break
+                else:
+                    artifacts.append(new)
+                continue
+            if last is not None and last.message is not None:
+                history.append(last.message)
+            if update.metadata:
+                metadata.append(update.metadata)
+            last = update
+        assert last is not None  # a held run ends with its terminal status
         task = Task(
             id=self.task_id,
             context_id=self.context_id,
-            status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
-            history=[first] if first is not None else [],
+            status=TaskStatus(state=last.state, message=last.message, timestamp=last.timestamp()),
+            history=history,
+            artifacts=artifacts,
         )
-        for update in held:
-            if isinstance(update, _Artifact):
-                append_artifact(task, update.artifact, append=False)
-                continue
-            status = task.status
-            if status.HasField("message"):
-                task.history.append(status.message)
-            if update.metadata:
-                merge_metadata(task.metadata, update.metadata)
-            status.Clear()
-            status.state = update.state
-            if update.message is not None:
-                status.message.CopyFrom(update.message)
-            if isinstance(update.at, Timestamp):
-                status.timestamp.CopyFrom(update.at)
-            else:
-                status.timestamp.seconds = update.at // 1_000_000_000
-                status.timestamp.nanos = update.at % 1_000_000_000
+        for values in metadata:
+            merge_metadata(task.metadata, values)
         return task
 
 
