@@ -24,8 +24,10 @@ reach the store through ``AppliedEvents``: an ``EventQueue`` (the interface the 
 executors) that applies each event at once as the SDK's ``TaskManager.save_task_event`` does
 (the manager itself only for what else comes), under the rules the SDK's own consumer enforces
 on an agent's events (``InvalidAgentResponseError``). The answer is the task as the last event
-left it. A function skill's run (``SINGLE_WRITE``) saves an unsettled state only once it lets
-the loop go: a run that settles at once saves its task first and last, nothing between.
+left it. A function skill's run (``SINGLE_WRITE``) makes no event while it has not let the loop
+go (``mesh._a2a.one_shot``): a run that settles at once has its task built in its final form
+and saved once (``AppliedEvents.settle``); one that waits publishes its events then, and saves
+an unsettled state once it lets the loop go.
 
 A task run here is outside the SDK's registry of active tasks, so ``FastPath`` keeps its own
 record of them: ``CancelTask`` stops one and ``SubscribeToTask`` follows one
