@@ -3,15 +3,17 @@ and their rows (``mesh._a2a.traces``), on a real SQLite file."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
 from pathlib import Path
 
 from a2a.server.context import ServerCallContext
+from a2a.server.id_generator import IDGeneratorContext
 from a2a.types import Message, Role, Task, TaskState, TaskStatus
 
-from mesh._a2a.store import SqliteTaskStore
+from mesh._a2a.store import SqliteTaskStore, mark_blocking_send, mark_single_write
 from mesh._a2a.traces import MAX_VALUE_BYTES, TraceTaskRow, tasks_of_trace
 from mesh._eval.trace import Trace
 from mesh._sqlite import Database
@@ -99,6 +101,34 @@ async def test_the_tasks_of_a_trace_running_or_ended_from_an_index(tmp_path: Pat
     finally:
         conn.close()
     assert "a2a_tasks_by_trace" in " ".join(str(r) for r in plan)
+
+
+async def test_a_task_saved_first_when_it_settles_started_when_its_id_was_made(
+    tmp_path: Path,
+) -> None:
+    """A function skill's run saves its task once, at its end (``SINGLE_WRITE``): its row's
+    start is when the node made its id, so the path view's duration is its run's, not 0."""
+    db = await Database.open(tmp_path / "node.db")
+    try:
+        store = SqliteTaskStore(db)
+        await store.initialize()
+        made = time.time_ns()
+        task_id = store.id_generator().generate(IDGeneratorContext())
+        await asyncio.sleep(0.02)  # the run: a duration to measure, not a wait for anything
+        task = _task(task_id, TaskState.TASK_STATE_COMPLETED, meta_trace=TRACE)
+        context = ServerCallContext()
+        mark_blocking_send(context)
+        mark_single_write(context)
+        await store.save(task, context)
+        ((_, _, created),) = await store.trace(TRACE)
+        assert created is not None
+        assert made <= created < task.status.timestamp.ToNanoseconds()
+        (row,) = (await tasks_of_trace(store, db, "credit-bureau", TRACE)).tasks
+        assert row.started_at is not None
+        assert row.ended_at is not None
+        assert row.ended_at - row.started_at >= 0.015
+    finally:
+        await db.aclose()
 
 
 async def test_long_inputs_are_cut(tmp_path: Path) -> None:

@@ -282,16 +282,18 @@ def _timestamp_ns(task: Task) -> int:
 
 
 class _FreshIds(IDGenerator):
-    """Task ids for new tasks (uuid4, like the SDK's), remembered as not stored yet."""
+    """Task ids for new tasks (uuid4, like the SDK's), remembered as not stored yet, with when
+    each was made: the task's start (a run saved first when it settles, ``SINGLE_WRITE``, is
+    first saved at its end; its row's ``created_at`` is still its start)."""
 
-    def __init__(self, fresh: set[str]) -> None:
+    def __init__(self, fresh: dict[str, int]) -> None:
         self._fresh = fresh
 
     def generate(self, context: IDGeneratorContext) -> str:
         task_id = uuid4_text()
         if len(self._fresh) >= _MAX_FRESH:
             self._fresh.clear()
-        self._fresh.add(task_id)
+        self._fresh[task_id] = time.time_ns()
         return task_id
 
 
@@ -444,8 +446,8 @@ class SqliteTaskStore(TaskStore):
         # In-flight tasks: the latest state (bytes), maybe newer than the row on disk.
         self._live: dict[TaskKey, bytes] = {}
         self._dirty: set[TaskKey] = set()
-        # Ids generated here and never saved: get() knows they are absent.
-        self._fresh: set[str] = set()
+        # Ids generated here and never saved (get() knows they are absent), with when each was.
+        self._fresh: dict[str, int] = {}
         # Statements to commit with the next persisted save of a task (idempotency keys).
         self._staged: dict[TaskKey, list[tuple[Statement, asyncio.Future[None]]]] = {}
         # Messages (by id, per task id) whose parts never reach the stored history.
@@ -508,20 +510,20 @@ class SqliteTaskStore(TaskStore):
             return
         # A new task of a blocking send: nobody learns of it before its final state, which is
         # committed after this row (one queue, in order), so the first write is not awaited.
-        lazy = not settled and task.id in self._fresh and context.state.get(BLOCKING_SEND) is True
-        self._fresh.discard(task.id)
+        born = self._fresh.pop(task.id, None)
+        lazy = not settled and born is not None and context.state.get(BLOCKING_SEND) is True
         self._live[key] = data
         self._dirty.discard(key)
         if lazy and context.state.get(SINGLE_WRITE) is True:
             # Not even queued yet: its final state may come first and take its place.
-            self._unwritten[key] = (data, time.time_ns())
+            self._unwritten[key] = (data, born or time.time_ns())
             if self._unwritten_timer is None:
                 self._unwritten_timer = asyncio.get_running_loop().call_later(
                     FIRST_SAVE_WAIT_S, self._write_unwritten
                 )
             return
         first = self._unwritten.pop(key, None)
-        row = _row(owner, task, data, None if first is None else first[1])
+        row = _row(owner, task, data, born if first is None else first[1])
         staged = self._staged.pop(key, [])
         runner = None if settled else self.runner
 
