@@ -17,6 +17,8 @@ from tests.support import ROOT, clean_env
 
 def test_the_hops_of_one_round() -> None:
     p50 = {
+        "fastapi": 0.25,
+        "fastapi-relay": 0.75,
         "mesh-node": 1.0,
         "coord-local": 1.75,
         "coord-remote": 3.25,
@@ -24,7 +26,7 @@ def test_the_hops_of_one_round() -> None:
         "coord-local-llm": 1.5,
         "coord-remote-llm": 4.0,
     }
-    assert hops(p50) == {"typed_hop_ms": 1.5, "llm_hop_over_turn_ms": 0.75}
+    assert hops(p50) == {"floor_hop_ms": 0.5, "typed_hop_ms": 1.5, "llm_hop_over_turn_ms": 0.75}
 
 
 def test_bad_options_are_refused_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:
@@ -52,7 +54,8 @@ def test_one_round_of_every_hop_row(tmp_path: Path) -> None:
     (found,) = json.loads(out.read_text())["rounds"]
     assert set(found["p50_ms"]) == set(KEYS)
     assert all(v > 0 for v in found["p50_ms"].values())
-    assert found["typed_hop_ms"] == hops(found["p50_ms"])["typed_hop_ms"]
+    assert {k: found[k] for k in hops(found["p50_ms"])} == hops(found["p50_ms"])
     # One round: each row's lowest p50 is that round's.
     assert json.loads(out.read_text())["from_lowest"]["p50_ms"] == found["p50_ms"]
     assert "LLM hop over its turn (remote-llm - local-llm - specialist): from each" in proc.stdout
+    assert "floor hop (fastapi-relay - fastapi): from each" in proc.stdout

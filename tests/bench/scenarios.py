@@ -23,6 +23,8 @@ __all__ = [
     "ADK",
     "ADK_REMOTE",
     "FLOOR",
+    "FLOOR_RELAY",
+    "HOP_FLOOR_ROWS",
     "LLM_SPECIALIST",
     "LOCAL_LLM",
     "MESH",
@@ -36,6 +38,8 @@ __all__ = [
 ]
 
 FLOOR = "fastapi"
+# The floor's hop (``tests.bench.hops``): the bare echo asked through a bare FastAPI relay.
+FLOOR_RELAY = "fastapi-relay"
 A2A = "a2a-sdk"
 MESH = "mesh-node"
 MESH_PG = "mesh-node-pg"
@@ -199,27 +203,30 @@ def _a2a_target(
     return build
 
 
+def _echo_argv(server: str) -> Callable[[Ctx], list[str]]:
+    return lambda ctx: [
+        PY,
+        "-m",
+        "tests.bench.servers.fastapi_echo",
+        "--port",
+        str(ctx.ports[server]),
+    ]
+
+
+def _echo_target(server: str) -> Callable[[Ctx], Target]:
+    return lambda ctx: Target(
+        url=ctx.url(server) + "/echo",
+        body=json.dumps({"applicant_id": ID, "amount": 25000}, separators=(",", ":")),
+        expect='"applicant_id"',
+    )
+
+
 ROWS: tuple[Row, ...] = (
     Row(
         key=FLOOR,
         label="bare FastAPI JSON echo",
-        servers=(
-            ServerSpec(
-                "fastapi",
-                lambda ctx: [
-                    PY,
-                    "-m",
-                    "tests.bench.servers.fastapi_echo",
-                    "--port",
-                    str(ctx.ports["fastapi"]),
-                ],
-            ),
-        ),
-        target=lambda ctx: Target(
-            url=ctx.url("fastapi") + "/echo",
-            body=json.dumps({"applicant_id": ID, "amount": 25000}, separators=(",", ":")),
-            expect='"applicant_id"',
-        ),
+        servers=(ServerSpec("fastapi", _echo_argv("fastapi")),),
+        target=_echo_target("fastapi"),
     ),
     Row(
         key=A2A,
@@ -411,5 +418,31 @@ ROWS: tuple[Row, ...] = (
         ),
         target=_a2a_target(SCORE_TEXT, None, SCORED),
         missing=_need("google.adk", "mesh._node", "mesh._cli.serve"),
+    ),
+)
+
+# Not in the table: the hop's floor on this machine, beside mesh's hops in ``tests.bench.hops``
+# (``fastapi-relay`` - ``fastapi``: what one HTTP call between two bare Python processes adds).
+HOP_FLOOR_ROWS: tuple[Row, ...] = (
+    ROWS[0],
+    Row(
+        key=FLOOR_RELAY,
+        label="bare FastAPI relay -> bare FastAPI JSON echo",
+        servers=(
+            ServerSpec("upstream", _echo_argv("upstream")),
+            ServerSpec(
+                "relay",
+                lambda ctx: [
+                    PY,
+                    "-m",
+                    "tests.bench.servers.fastapi_relay",
+                    "--port",
+                    str(ctx.ports["relay"]),
+                    "--upstream",
+                    ctx.url("upstream") + "/echo",
+                ],
+            ),
+        ),
+        target=_echo_target("relay"),
     ),
 )
