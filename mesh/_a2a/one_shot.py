@@ -43,7 +43,7 @@ from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from mesh._a2a.ids import uuid4_text
-from mesh._a2a.states import TERMINAL_STATES
+from mesh._a2a.states import TERMINAL_STATES, WORKING
 from mesh._a2a.updater import MeshTaskUpdater
 
 __all__ = ["OneShotQueue", "OneShotUpdater", "append_artifact", "merge_metadata", "stepped"]
@@ -157,7 +157,7 @@ class OneShotUpdater(MeshTaskUpdater):
         metadata: dict[str, Any] | None = None,
     ) -> None:
         held = self._held
-        if held is None or (state != TaskState.TASK_STATE_WORKING and state not in TERMINAL_STATES):
+        if held is None or (state != WORKING and state not in TERMINAL_STATES):
             await self.release()
             await super().update_status(state, message, timestamp, metadata)
             return

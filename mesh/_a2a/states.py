@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from a2a.types import TaskState
 
-__all__ = ["INTERRUPTED_STATES", "SETTLED_STATES", "TERMINAL_STATES"]
+__all__ = ["COMPLETED", "INTERRUPTED_STATES", "SETTLED_STATES", "TERMINAL_STATES", "WORKING"]
 
 #: The task is over: nothing changes it any more.
 TERMINAL_STATES = frozenset(
@@ -26,3 +26,11 @@ INTERRUPTED_STATES = frozenset(
 )
 #: Where a blocking send answers: terminal or interrupted.
 SETTLED_STATES = TERMINAL_STATES | INTERRUPTED_STATES
+
+# The states every task's run names, read once: ``TaskState.X`` is found by the enum wrapper's
+# ``__getattr__`` only after the plain lookup failed (an AttributeError made and dropped, ~4,000
+# instructions a read on a typed fast-path request).
+#: The task runs.
+WORKING = TaskState.TASK_STATE_WORKING
+#: The task finished its work.
+COMPLETED = TaskState.TASK_STATE_COMPLETED

@@ -36,6 +36,10 @@ from mesh._a2a.states import TERMINAL_STATES
 
 __all__ = ["MeshTaskUpdater"]
 
+# Read once: an enum value by attribute goes through the wrapper's ``__getattr__`` after a
+# failed lookup (see ``mesh._a2a.states``).
+_AGENT = Role.ROLE_AGENT
+
 
 def _now() -> Timestamp:
     """Now, to the microsecond (what ``Timestamp.FromDatetime(datetime.now(UTC))`` gives)."""
@@ -109,7 +113,7 @@ class MeshTaskUpdater(TaskUpdater):
         self, parts: list[Part], metadata: dict[str, Any] | None = None
     ) -> Message:
         return Message(
-            role=Role.ROLE_AGENT,
+            role=_AGENT,
             task_id=self.task_id,
             context_id=self.context_id,
             message_id=uuid4_text(),
