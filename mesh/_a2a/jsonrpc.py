@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import pydantic_core
 from a2a.client import A2AClientError
 from a2a.utils.constants import PROTOCOL_VERSION_CURRENT, VERSION_HEADER
 from a2a.utils.errors import JSON_RPC_ERROR_CODE_MAP, InvalidParamsError
@@ -82,7 +83,7 @@ def result_of(content: bytes) -> Mapping[str, Any]:
     SDK's transport raises for its code; anything that is not a JSON-RPC answer,
     ``A2AClientError``."""
     try:
-        answer = json.loads(content)
+        answer = _loads(content)
     except ValueError as exc:
         raise A2AClientError(f"JSON Decode Error: {exc}") from exc
     if not isinstance(answer, dict):
@@ -108,3 +109,15 @@ def result_of(content: bytes) -> Mapping[str, Any]:
     if not isinstance(result, dict):
         raise A2AClientError("Invalid JSON-RPC response: it has no 'result' object")
     return result
+
+
+def _loads(content: bytes) -> Any:
+    """``json.loads(content)``, read by pydantic-core's parser first (~3x faster on a
+    delegation's answer) to the same values for every text it reads (floats, big integers,
+    duplicate keys, ``NaN``/``Infinity``; tests/test_rpc_answer_json.py). What it refuses (a lone
+    surrogate, a BOM, UTF-16, nesting past its depth, an integer json refuses too, any malformed
+    text) goes to ``json.loads``: read as before, or refused with json's own error."""
+    try:
+        return pydantic_core.from_json(content)
+    except ValueError:
+        return json.loads(content)

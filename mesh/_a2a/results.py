@@ -17,7 +17,7 @@ import base64
 import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message as ProtoMessage
@@ -53,9 +53,10 @@ def _state(value: Any) -> str:
     return name.removeprefix("TASK_STATE_").lower().replace("_", "-")
 
 
-def _is_map(value: Any) -> bool:
-    # A parsed answer's objects are dicts: that check first (the ABC's costs ~10x more).
-    return type(value) is dict or isinstance(value, Mapping)
+def _is_map(value: Any) -> TypeGuard[Mapping[str, Any]]:
+    # A parsed answer's objects are dicts: that check first (the ABC's costs ~10x more), and
+    # a missing one (None) is no mapping without asking the ABC.
+    return type(value) is dict or (value is not None and isinstance(value, Mapping))
 
 
 def _parts(holder: Any) -> list[Mapping[str, Any]]:
@@ -135,14 +136,19 @@ def artifact_from_json(artifact: Mapping[str, Any]) -> Artifact:
     )
 
 
+# Values ``_whole`` leaves as they are, by exact type (not float, dict or list, nor a subclass).
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def _whole(value: Any) -> Any:
     """Undo protobuf's numbers-are-doubles for whole numbers (``712.0`` -> ``712``)."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         return int(value)
     if isinstance(value, dict):
-        return {k: _whole(v) for k, v in value.items()}
+        # A plain member is kept without a call of its own (most of a typed answer's are).
+        return {k: v if type(v) in _PLAIN else _whole(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_whole(v) for v in value]
+        return [v if type(v) in _PLAIN else _whole(v) for v in value]
     return value
 
 
@@ -213,15 +219,16 @@ class TaskResult:
         artifacts = [a for a in task.get("artifacts") or () if _is_map(a)]
         # A mesh node's answer is the artifact named after its skill; the rest are attachments.
         skill = metadata.get("skill")
-        answer = [a for a in artifacts if skill and a.get("name") == skill] or artifacts
+        answer = (skill and [a for a in artifacts if a.get("name") == skill]) or artifacts
         for artifact in answer:
             parts = _parts(artifact)
             if data is None:
                 data = _first_data(artifact, parts)
             texts.extend(_texts(artifact, parts))
-        status = _mapping(task.get("status"))
+        raw_status = task.get("status")
+        status: Mapping[str, Any] = raw_status if _is_map(raw_status) else {}
         message = status.get("message")
-        status_text = "\n".join(_texts(message))
+        status_text = "\n".join(_texts(message)) if message is not None else ""
         state = _state(status.get("state"))
         error: dict[str, Any] | None = None
         if state in FAILED_STATES:
