@@ -420,7 +420,9 @@ class MeshExecutor(AgentExecutor):
         metadata, else any skill of the agent). For a ``reply="message"`` skill, invalid input
         is ``InvalidParamsError`` naming the field (no task to reject), and the checked input
         is kept in ``call.state`` for the run."""
-        types = {media_type(p) for p in message.parts}
+        # ``[:]``: the parts as a list at once (iterating a repeated field indexes it until an
+        # IndexError, made and dropped).
+        types = {media_type(p) for p in message.parts[:]}
         if types <= self._common and not self._replies:
             return
         try:
@@ -554,7 +556,7 @@ class MeshExecutor(AgentExecutor):
         )
 
     def _validate(self, req: _Request, message: Message | None) -> tuple[Skill, BaseModel | str]:
-        parts = list(message.parts) if message is not None else []
+        parts = message.parts[:] if message is not None else []  # (``[:]``: see check_send)
         # get_data_parts' values by json_format's rules without its descriptor walk.
         data = [to_json(part.data) for part in parts if part.HasField("data")]
         texts = get_text_parts(parts)

@@ -380,7 +380,9 @@ class FastPath:
             return False
         try:
             req = self.executor.read_request(params.message, context)
-            parts = list(params.message.parts)
+            # ``[:]``: a repeated field's items as a list at once; ``list()`` (and ``for``)
+            # index it until an IndexError, made and dropped (~2 us).
+            parts = params.message.parts[:]
             # Whether there is one, not its value (get_data_parts converts each to Python).
             has_data = any(part.HasField("data") for part in parts)
             # A typed skill's input as a JSON object in text takes this path too.

@@ -58,6 +58,8 @@ __all__ = [
 ]
 
 _Convert = Callable[[Any], Any]
+# Repeated fields are read as ``values[:]``, a list made at once: iterating the container
+# itself indexes it until an IndexError, made and dropped (~2 us per loop).
 
 _MESSAGE_KEYS = frozenset({"messageId", "role", "parts", "contextId", "metadata"})
 _CONFIG_KEYS = frozenset({"historyLength", "acceptedOutputModes"})
@@ -293,7 +295,7 @@ def _field(field: FieldDescriptor) -> _Convert | None:
     if single is None:
         return None
     if field.is_repeated:
-        return lambda values: [single(item) for item in values]
+        return lambda values: [single(item) for item in values[:]]
     return single
 
 
@@ -389,7 +391,7 @@ def _struct_json(struct: Struct) -> dict[str, Any]:
 
 
 def _list_json(values: ListValue) -> list[Any]:
-    return [_value_json(value) for value in values.values]
+    return [_value_json(value) for value in values.values[:]]
 
 
 def _text_json(message: Any) -> Any:
@@ -503,7 +505,7 @@ def _field_text(field: FieldDescriptor) -> _Convert | None:
     if single is None:
         return None
     if field.is_repeated:
-        return lambda values: "[" + ",".join([single(item) for item in values]) + "]"
+        return lambda values: "[" + ",".join([single(item) for item in values[:]]) + "]"
     return single
 
 
@@ -584,7 +586,7 @@ def _struct_text(struct: Struct) -> str:
 
 
 def _list_text(values: ListValue) -> str:
-    return "[" + ",".join([_value_text(value) for value in values.values]) + "]"
+    return "[" + ",".join([_value_text(value) for value in values.values[:]]) + "]"
 
 
 def _text_text(message: Any) -> str:

@@ -104,6 +104,8 @@ def missing_required(msg: ProtobufMessage) -> bool:
             for item in value.values():
                 if isinstance(item, ProtobufMessage) and missing_required(item):
                     return True
-        elif any(missing_required(item) for item in value):
+        # ``[:]``: the items as a list at once (iterating a repeated field indexes it until an
+        # IndexError, made and dropped).
+        elif any(missing_required(item) for item in value[:]):
             return True
     return False
