@@ -590,7 +590,7 @@ class Delegation:
         """What every message of this delegation carries besides its parts."""
         ctx = self.ctx
         metadata: dict[str, Any] = {
-            "traceparent": str(self.trace.child()),
+            "traceparent": self.trace.child_text(),
             "deadline": self.deadline,
             "caller": ctx.agent_name or self.caller,
         }
@@ -803,10 +803,10 @@ def report_usage(ctx: ToolContext, task_metadata: Mapping[str, Any]) -> None:
     sink = ctx.metadata.get("usage_sink")
     if sink is None:
         return
-    total: dict[str, int] = {}
-    for key in (USAGE, CHILDREN_USAGE):
-        for name, value in usage_counts(read(task_metadata, key)).items():
-            total[name] = total.get(name, 0) + value
+    # Its own counts, its children's added in (usually none: no copy then).
+    total = usage_counts(read(task_metadata, USAGE))
+    for name, value in usage_counts(read(task_metadata, CHILDREN_USAGE)).items():
+        total[name] = total.get(name, 0) + value
     if not total:
         return
     if callable(sink):

@@ -77,6 +77,11 @@ class TraceParent:
             trace_id=self.trace_id, span_id=_random_hex(8, _ZERO_SPAN), flags=self.flags
         )
 
+    def child_text(self) -> str:
+        """``str(self.child())`` without the child (a frozen dataclass made to be formatted
+        once: every delegation sends one)."""
+        return f"00-{self.trace_id}-{_random_hex(8, _ZERO_SPAN)}-{self.flags}"
+
     @property
     def sampled(self) -> bool:
         return bool(int(self.flags, 16) & 0x01)

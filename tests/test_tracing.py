@@ -62,6 +62,22 @@ def test_new_and_child() -> None:
     assert TraceParent.new().trace_id != root.trace_id
 
 
+def test_child_text_is_a_childs_header() -> None:
+    # What a delegation sends: str(child()) without the child object, for any parent version.
+    for parent in (TraceParent.new(), TraceParent.new(sampled=False), TraceParent.parse(VALID)):
+        assert parent is not None
+        text = parent.child_text()
+        child = TraceParent.parse(text)
+        assert child is not None
+        assert str(child) == text
+        assert (child.trace_id, child.flags, child.version) == (parent.trace_id, parent.flags, "00")
+        assert child.span_id != parent.span_id
+        assert text.split("-")[2] != parent.child_text().split("-")[2]
+    higher = TraceParent.parse("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra")
+    assert higher is not None
+    assert higher.child_text().startswith("00-")
+
+
 def test_ensure_keeps_a_valid_trace_and_starts_one_otherwise() -> None:
     assert ensure_traceparent(VALID).trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
     fresh = ensure_traceparent("nonsense")
