@@ -81,6 +81,31 @@ TEXT_PARAMETERS: dict[str, Any] = {
 _OPEN_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
+#: The one line per delegation (docs/delegation.md).
+_DELEGATION_LINE = (
+    "delegation caller=%s peer=%s skill=%s outcome=%s attempts=%d target=%s "
+    "task=%s duration_ms=%.1f trace_id=%s"
+)
+
+
+def _log_delegation(caller: str, peer: str, record: CallRecord, started: float) -> None:
+    """Log the delegation's line. Called, not inlined in ``RemoteAgent.invoke``'s ``finally``:
+    a record's line number is found by scanning its function's line table up to the call
+    (there: past the whole call and its handlers)."""
+    log.info(
+        _DELEGATION_LINE,
+        caller,
+        peer,
+        record.skill,
+        record.outcome,
+        record.attempts,
+        record.target or "-",
+        record.task_id or "-",
+        (record.ended_at - started) * 1000,
+        record.trace_id,
+    )
+
+
 def _is_url(value: str) -> bool:
     return value.startswith(("http://", "https://"))
 
@@ -369,19 +394,7 @@ class RemoteAgent:
             metrics = self._link.metrics
             if metrics is not None:
                 metrics.delegation(self.peer, skill, record.outcome, time.perf_counter() - clock0)
-            log.info(
-                "delegation caller=%s peer=%s skill=%s outcome=%s attempts=%d target=%s "
-                "task=%s duration_ms=%.1f trace_id=%s",
-                ctx.agent_name or self.caller or "-",
-                self.peer,
-                skill,
-                record.outcome,
-                record.attempts,
-                record.target or "-",
-                record.task_id or "-",
-                (record.ended_at - started) * 1000,
-                trace.trace_id,
-            )
+            _log_delegation(ctx.agent_name or self.caller or "-", self.peer, record, started)
 
     def _delegation(
         self, tool: RemoteSkillTool, ctx: ToolContext, trace: TraceParent, record: CallRecord

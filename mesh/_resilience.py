@@ -312,7 +312,8 @@ async def call_with_failover(
         # try of every call does not always pick the same one (crude load spreading).
         start = (number - 1 + offset) % len(current)
         ordered = current[start:] + current[:start]
-        ordered.sort(key=lambda t: tried.count(t))
+        if tried:  # none tried yet: every key would be 0, and the sort is stable
+            ordered.sort(key=lambda t: tried.count(t))
         for target in ordered:
             breaker = breakers.get(target)
             if breaker.allow():

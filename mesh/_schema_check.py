@@ -293,7 +293,7 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
     "boolean": lambda v: isinstance(v, bool),
     "null": lambda v: v is None,
-    "object": lambda v: isinstance(v, Mapping),
+    "object": lambda v: type(v) is dict or isinstance(v, Mapping),  # no ABC call for a dict
     "array": lambda v: isinstance(v, list | tuple),
 }
 
@@ -381,6 +381,10 @@ class _FastCompiler:
         tests = [_TYPES[name] for name in names]
         # An integral float where only an integer fits is that integer (``check``'s coercion).
         coerce = "integer" in names and "number" not in names
+        if len(tests) == 1 and not coerce:
+            # One type, nothing to coerce (most of a model's fields): one test, no loop.
+            test = tests[0]
+            return lambda value: value if test(value) else _SLOW
 
         def typed(value: Any) -> Any:
             for test in tests:
@@ -470,7 +474,7 @@ class _FastCompiler:
             return []
 
         def obj(value: Any) -> Any:
-            if not isinstance(value, Mapping):
+            if type(value) is not dict and not isinstance(value, Mapping):
                 return value
             for name in required:
                 if name not in value:

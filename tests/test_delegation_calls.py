@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -235,7 +237,10 @@ async def test_a_rejected_task_is_a_remote_error_naming_peer_skill_and_reason(
 # -- resilience -------------------------------------------------------------------------------
 
 
-async def test_a_retried_call_runs_the_skill_once(bureau: str) -> None:
+async def test_a_retried_call_runs_the_skill_once(
+    bureau: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="mesh._remote")
     before = metric(bureau, "mesh_tasks_total", skill="score")
     async with flaky_proxy(bureau) as proxy:
         rem = remote("credit-bureau", url=proxy["url"], policy=RetryPolicy(initial_delay=0.05))
@@ -247,6 +252,18 @@ async def test_a_retried_call_runs_the_skill_once(bureau: str) -> None:
     assert result["score"] == BUREAU_SCORES["APP-738"]
     assert rem.recent[-1].attempts == 2
     assert rem.recent[-1].outcome == "ok"
+    # The delegation's one line (docs/delegation.md), as operators read it.
+    call = rem.recent[-1]
+    lines = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("delegation caller=")
+    ]
+    assert len(lines) == 1
+    assert re.fullmatch(
+        rf"delegation caller=test-caller peer=credit-bureau skill=score outcome=ok attempts=2 "
+        rf"target={re.escape(proxy['url'])} task={re.escape(call.task_id)} "
+        rf"duration_ms=\d+\.\d trace_id={call.trace_id}",
+        lines[0],
+    ), lines[0]
     # The node saw two sends of one message and ran the skill once.
     assert metric(bureau, "mesh_tasks_total", skill="score") == before + 1
 

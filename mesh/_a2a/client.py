@@ -175,35 +175,41 @@ class A2APeer:
         whole call except connecting, which the client's own connect timeout bounds when
         sooner (a host that never answers is ``unavailable``: another instance may be up)."""
 
-        async def over(rest: bool) -> TaskResult:
-            way = self._send_rest if rest else self._send_jsonrpc
-            return await way(
-                payload,
-                skill=skill,
-                message_id=message_id,
-                context_id=context_id,
-                metadata=metadata,
-                timeout=timeout,
-                wait=wait,
-                task_id=task_id,
-            )
-
-        if self._card is not None and self._rest_only(self._card):
-            return await over(rest=True)
-        try:
-            return await over(rest=False)
-        except RemoteError as exc:
-            # No JSON-RPC here (404/405: nothing was run): a peer whose card we have not read
-            # yet may speak HTTP+JSON only.
-            if self._card is not None or status_of(exc.__cause__ or exc) not in NOT_A2A_STATUS:
-                raise
+        # Each way called directly (no closure made and awaited per call: every delegation
+        # sends here).
+        if self._card is None or not self._rest_only(self._card):
             try:
-                card = await self.card()
-            except RemoteError:
-                card = None  # nothing there: the JSON-RPC error says so
-            if card is None or not _rest_only(card):
-                raise
-        return await over(rest=True)
+                return await self._send_jsonrpc(
+                    payload,
+                    skill=skill,
+                    message_id=message_id,
+                    context_id=context_id,
+                    metadata=metadata,
+                    timeout=timeout,
+                    wait=wait,
+                    task_id=task_id,
+                )
+            except RemoteError as exc:
+                # No JSON-RPC here (404/405: nothing was run): a peer whose card we have not
+                # read yet may speak HTTP+JSON only.
+                if self._card is not None or status_of(exc.__cause__ or exc) not in NOT_A2A_STATUS:
+                    raise
+                try:
+                    card = await self.card()
+                except RemoteError:
+                    card = None  # nothing there: the JSON-RPC error says so
+                if card is None or not _rest_only(card):
+                    raise
+        return await self._send_rest(
+            payload,
+            skill=skill,
+            message_id=message_id,
+            context_id=context_id,
+            metadata=metadata,
+            timeout=timeout,
+            wait=wait,
+            task_id=task_id,
+        )
 
     async def _send_jsonrpc(
         self,
@@ -239,7 +245,8 @@ class A2APeer:
             raise
         except (A2AError, httpx.HTTPError) as exc:
             raise self._translated(exc, skill or "") from exc
-        if isinstance(task := result.get("task"), Mapping):
+        # A parsed answer's objects are dicts: that check before the ABC's.
+        if type(task := result.get("task")) is dict or isinstance(task, Mapping):
             return TaskResult.from_json(task)
         if isinstance(message := result.get("message"), Mapping):
             return TaskResult.from_message(message)
