@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 from collections.abc import Mapping
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import pydantic_core
@@ -30,6 +31,12 @@ _ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
 _ids = itertools.count(1)
 # ``json.dumps`` with arguments builds an encoder per call; one, made once, writes the same.
 _encode = json.JSONEncoder(separators=(",", ":")).encode
+# What the encoder writes for a str (keys and values): ensure_ascii's escaping.
+_text = encode_basestring_ascii
+_JSON_MODE = _text(JSON_MODE)
+# The request's end after its message: the configuration, then the id's name.
+_WAITING = '},"configuration":{"historyLength":0}},"id":'
+_NOT_WAITING = '},"configuration":{"historyLength":0,"returnImmediately":true}},"id":'
 
 
 def send_message_body(
@@ -45,37 +52,60 @@ def send_message_body(
     """The ``SendMessage`` request for a typed (dict: one data part) or text (str) payload;
     ``wait=False`` asks for the task as soon as it exists (``returnImmediately``); ``task_id``
     sends it to that existing task (an answer to a task waiting for input). A payload that is
-    not JSON is ``InvalidParamsError`` (nothing is sent)."""
+    not JSON is ``InvalidParamsError`` (nothing is sent).
+
+    Written as the one JSON encoder call on the whole request would write it, to the byte
+    (tests/test_rpc_body_bytes.py), with the request's fixed names and values written once here:
+    only the payload goes through the encoder, and the metadata too unless all of it is text
+    and finite numbers (what a delegation sends)."""
     meta: dict[str, Any] = dict(metadata or {})
     if skill:
         meta["skill"] = skill
-    part: dict[str, Any] = (
-        {"text": payload} if isinstance(payload, str) else {"data": payload, "mediaType": JSON_MODE}
-    )
-    message: dict[str, Any] = {
-        "messageId": message_id or os.urandom(16).hex(),
-        "role": "ROLE_USER",
-        "parts": [part],
-    }
-    if context_id:
-        message["contextId"] = context_id
-    if task_id:
-        message["taskId"] = task_id
-    if meta:
-        message["metadata"] = meta
-    configuration: dict[str, Any] = {"historyLength": 0}
-    if not wait:
-        configuration["returnImmediately"] = True
-    body = {
-        "method": "SendMessage",
-        "params": {"message": message, "configuration": configuration},
-        "id": next(_ids),
-        "jsonrpc": "2.0",
-    }
+    request_id = next(_ids)
     try:
-        return _encode(body).encode()
+        # In the order the encoder walks the request (the first problem found is the one told).
+        message = [
+            '{"method":"SendMessage","params":{"message":{"messageId":',
+            _value(message_id or os.urandom(16).hex()),
+            ',"role":"ROLE_USER","parts":[',
+            '{"text":' + _text(payload) + "}"
+            if isinstance(payload, str)
+            else '{"data":' + _encode(payload) + ',"mediaType":' + _JSON_MODE + "}",
+            "]",
+        ]
+        if context_id:
+            message += (',"contextId":', _value(context_id))
+        if task_id:
+            message += (',"taskId":', _value(task_id))
+        if meta:
+            message += (',"metadata":', _plain(meta) or _encode(meta))
     except (TypeError, ValueError) as exc:
         raise InvalidParamsError(f"the payload is not JSON: {exc}") from exc
+    message += (_WAITING if wait else _NOT_WAITING, str(request_id), ',"jsonrpc":"2.0"}')
+    return "".join(message).encode()
+
+
+def _value(value: Any) -> str:
+    # An id is a str (anything else is written as the encoder writes it).
+    return _text(value) if isinstance(value, str) else _encode(value)
+
+
+def _plain(meta: dict[str, Any]) -> str | None:
+    """``meta`` as the encoder writes it when every name is a str and every value a str or a
+    finite float (a delegation's: traceparent, deadline, caller...); None for anything else
+    (the encoder writes it then)."""
+    items = []
+    for name, value in meta.items():
+        if type(name) is not str:
+            return None
+        kind = type(value)
+        if kind is str:
+            items.append(_text(name) + ":" + _text(value))
+        elif kind is float and value - value == 0.0:  # finite: NaN and infinities are not
+            items.append(_text(name) + ":" + float.__repr__(value))
+        else:
+            return None
+    return "{" + ",".join(items) + "}"
 
 
 def result_of(content: bytes) -> Mapping[str, Any]:
