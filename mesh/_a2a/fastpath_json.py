@@ -59,7 +59,10 @@ __all__ = [
 
 _Convert = Callable[[Any], Any]
 # Repeated fields are read as ``values[:]``, a list made at once: iterating the container
-# itself indexes it until an IndexError, made and dropped (~2 us per loop).
+# itself indexes it until an IndexError, made and dropped (~2 us per loop). A message's methods
+# are called from its class (``type(m).ListFields(m)``, ``_which_kind(value, "kind")``): looked
+# up on the instance, a method name is first tried as a field name (~0.15 us each).
+_which_kind = Value.WhichOneof
 
 _MESSAGE_KEYS = frozenset({"messageId", "role", "parts", "contextId", "metadata"})
 _CONFIG_KEYS = frozenset({"historyLength", "acceptedOutputModes"})
@@ -273,7 +276,7 @@ def _plan(desc: Descriptor) -> _Convert | None:
 
     def regular(message: Any) -> dict[str, Any]:
         js = {}
-        for field, value in message.ListFields():
+        for field, value in type(message).ListFields(message):
             planned = fields.get(field)
             if planned is None:
                 raise _Unplanned  # an extension
@@ -368,7 +371,7 @@ def _custom_enum_names() -> bool:
 
 
 def _value_json(value: Value) -> Any:
-    which = value.WhichOneof("kind")
+    which = _which_kind(value, "kind")
     if which is None or which == "null_value":
         return None
     if which == "string_value":
@@ -484,7 +487,9 @@ def _text_plan(desc: Descriptor) -> _Convert | None:
 
     def regular(message: Any) -> str:
         try:
-            members = [f"{names[f]}{converts[f](value)}" for f, value in message.ListFields()]
+            members = [
+                f"{names[f]}{converts[f](value)}" for f, value in type(message).ListFields(message)
+            ]
         except KeyError:
             raise _Unplanned from None  # an extension
         return "{" + ",".join(members) + "}"
@@ -563,7 +568,7 @@ def _enum_text(field: FieldDescriptor) -> _Convert | None:
 
 
 def _value_text(value: Value) -> str:
-    which = value.WhichOneof("kind")
+    which = _which_kind(value, "kind")
     if which == "string_value":
         return _quote(value.string_value)
     if which == "number_value":

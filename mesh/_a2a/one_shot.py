@@ -230,10 +230,15 @@ class OneShotUpdater(MeshTaskUpdater):
                 metadata.append(update.metadata)
             last = update
         assert last is not None  # a held run ends with its terminal status
+        status = TaskStatus(state=last.state, message=last.message)
+        if isinstance(last.at, Timestamp):
+            status.timestamp.CopyFrom(last.at)
+        else:  # set in place: a Timestamp given to TaskStatus is serialized and parsed into it
+            status.timestamp.seconds, status.timestamp.nanos = divmod(last.at, 1_000_000_000)
         task = Task(
             id=self.task_id,
             context_id=self.context_id,
-            status=TaskStatus(state=last.state, message=last.message, timestamp=last.timestamp()),
+            status=status,
             history=history,
             artifacts=artifacts,
         )

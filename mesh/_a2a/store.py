@@ -276,9 +276,23 @@ def _trace_id_in(metadata: Struct) -> str | None:
 
 
 def _timestamp_ns(task: Task) -> int:
-    if task.HasField("status") and task.status.HasField("timestamp"):
-        return int(task.status.timestamp.ToNanoseconds())
-    return -1
+    if not task.HasField("status"):
+        return -1
+    status = task.status
+    if not status.HasField("timestamp"):
+        return -1
+    stamp = status.timestamp
+    seconds: int = stamp.seconds
+    nanos: int = stamp.nanos
+    # ``ToNanoseconds``'s sum, without its Python call and range check where the range holds
+    # (epoch to year 9999); anything else gets its answer or its error.
+    if 0 <= seconds <= _MAX_TIMESTAMP_S and 0 <= nanos < 1_000_000_000:
+        return seconds * 1_000_000_000 + nanos
+    return int(stamp.ToNanoseconds())
+
+
+#: The last second a ``Timestamp`` may hold (9999-12-31T23:59:59Z).
+_MAX_TIMESTAMP_S = 253402300799
 
 
 class _FreshIds(IDGenerator):
