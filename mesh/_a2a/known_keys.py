@@ -38,10 +38,16 @@ class KnownKeys:
         for key in keys:
             self.add(key)
 
-    def _indexes(self, key: Hashable) -> list[int]:
-        # Double hashing (Kirsch-Mitzenmacher): two hashes give all four positions.
-        first, second = hash(key), hash((key, _HASHES)) | 1
-        return [(first + i * second) & self._mask for i in range(_HASHES)]
+    def _indexes(self, key: Hashable) -> tuple[int, int, int, int]:
+        # Double hashing (Kirsch-Mitzenmacher): two hashes give all four (_HASHES) positions,
+        # written out (every send looks its key up: no range, no list).
+        first, second, mask = hash(key), hash((key, _HASHES)) | 1, self._mask
+        return (
+            first & mask,
+            (first + second) & mask,
+            (first + 2 * second) & mask,
+            (first + 3 * second) & mask,
+        )
 
     def add(self, key: Hashable) -> None:
         bits = self._bits
@@ -51,4 +57,10 @@ class KnownKeys:
     def __contains__(self, key: object) -> bool:
         """False: ``key`` was never added. True: it may have been."""
         bits = self._bits
-        return all(bits[i >> 3] & (1 << (i & 7)) for i in self._indexes(key))
+        a, b, c, d = self._indexes(key)
+        return bool(
+            bits[a >> 3] & (1 << (a & 7))
+            and bits[b >> 3] & (1 << (b & 7))
+            and bits[c >> 3] & (1 << (c & 7))
+            and bits[d >> 3] & (1 << (d & 7))
+        )
