@@ -72,13 +72,18 @@ class _Status:
     at: int | Timestamp
     metadata: dict[str, Any] | None
 
-    def timestamp(self) -> Timestamp:
+    def status(self) -> TaskStatus:
+        """The status, its timestamp set in place (a ``Timestamp`` given to ``TaskStatus`` is
+        serialized and parsed into it)."""
+        status = TaskStatus(state=self.state, message=self.message)
         if isinstance(self.at, Timestamp):
-            return self.at
-        return Timestamp(seconds=self.at // 1_000_000_000, nanos=self.at % 1_000_000_000)
+            status.timestamp.CopyFrom(self.at)
+        else:
+            status.timestamp.seconds, status.timestamp.nanos = divmod(self.at, 1_000_000_000)
+        return status
 
     def event(self, task_id: str, context_id: str) -> TaskStatusUpdateEvent:
-        status = TaskStatus(state=self.state, message=self.message, timestamp=self.timestamp())
+        status = self.status()
         return TaskStatusUpdateEvent(
             task_id=task_id, context_id=context_id, metadata=self.metadata, status=status
         )
@@ -230,15 +235,10 @@ class OneShotUpdater(MeshTaskUpdater):
                 metadata.append(update.metadata)
             last = update
         assert last is not None  # a held run ends with its terminal status
-        status = TaskStatus(state=last.state, message=last.message)
-        if isinstance(last.at, Timestamp):
-            status.timestamp.CopyFrom(last.at)
-        else:  # set in place: a Timestamp given to TaskStatus is serialized and parsed into it
-            status.timestamp.seconds, status.timestamp.nanos = divmod(last.at, 1_000_000_000)
         task = Task(
             id=self.task_id,
             context_id=self.context_id,
-            status=status,
+            status=last.status(),
             history=history,
             artifacts=artifacts,
         )
