@@ -221,13 +221,15 @@ def _echo_target(server: str) -> Callable[[Ctx], Target]:
     )
 
 
+_FLOOR_ROW = Row(
+    key=FLOOR,
+    label="bare FastAPI JSON echo",
+    servers=(ServerSpec("fastapi", _echo_argv("fastapi")),),
+    target=_echo_target("fastapi"),
+)
+
 ROWS: tuple[Row, ...] = (
-    Row(
-        key=FLOOR,
-        label="bare FastAPI JSON echo",
-        servers=(ServerSpec("fastapi", _echo_argv("fastapi")),),
-        target=_echo_target("fastapi"),
-    ),
+    _FLOOR_ROW,
     Row(
         key=A2A,
         label="bare a2a-sdk, in-memory store",
@@ -424,7 +426,7 @@ ROWS: tuple[Row, ...] = (
 # Not in the table: the hop's floor on this machine, beside mesh's hops in ``tests.bench.hops``
 # (``fastapi-relay`` - ``fastapi``: what one HTTP call between two bare Python processes adds).
 HOP_FLOOR_ROWS: tuple[Row, ...] = (
-    ROWS[0],
+    _FLOOR_ROW,
     Row(
         key=FLOOR_RELAY,
         label="bare FastAPI relay -> bare FastAPI JSON echo",
