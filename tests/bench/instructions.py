@@ -104,6 +104,19 @@ def _split(total: int, workers: int) -> list[int]:
     return [total // workers + (1 if w < total % workers else 0) for w in range(workers)]
 
 
+def _hold_commits_inline() -> None:
+    """Keep every SQLite batch on the event loop, as on an unloaded node. The node moves its
+    commits to the database thread for a second after a batch that took over
+    ``SLOW_BATCH_S`` (a slow disk, mesh._sqlite); under valgrind a batch runs ~50x slower, so
+    that happened at random moments of a run and moved a row's count by +-0.03 M (mesh-node)
+    to +-0.1 M (the coordinators): the difference of two runs counted the thread hand-offs one
+    run happened to make. Trees from before the switch existed have nothing to hold."""
+    from mesh import _sqlite
+
+    if hasattr(_sqlite, "SLOW_BATCH_S"):
+        _sqlite.SLOW_BATCH_S = float("inf")
+
+
 async def _serve(row: InProcRow, warmup: int, requests: int, concurrency: int) -> Measure:
     # Imported here, in the measured process, from the tree on its sys.path.
     from mesh._node import Node
@@ -124,6 +137,7 @@ async def _serve(row: InProcRow, warmup: int, requests: int, concurrency: int) -
     base_headers = [(b"content-type", b"application/json")] + [
         (k.lower().encode(), v.encode()) for k, v in A2A_HEADERS.items()
     ]
+    _hold_commits_inline()
     agent = _load(row.agent)
     with tempfile.TemporaryDirectory(prefix="mesh-ir-") as tmp:
         node = Node(agent, NodeSettings(data_dir=Path(tmp), registry=None))
