@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench.hops import KEYS, hops, parse_args
+from tests.bench.hops import KEYS, cpu_per_request, hops, parse_args
 from tests.support import ROOT, clean_env
 
 
@@ -27,6 +27,14 @@ def test_the_hops_of_one_round() -> None:
         "coord-remote-llm": 4.0,
     }
     assert hops(p50) == {"floor_hop_ms": 0.5, "typed_hop_ms": 1.5, "llm_hop_over_turn_ms": 0.75}
+
+
+def test_cpu_per_request_of_each_server_over_a_burst() -> None:
+    before = {"bureau": 10.0, "coordinator": 20.0}
+    after = {"bureau": 10.5, "coordinator": 21.25}
+    assert cpu_per_request(before, after, 250) == {"bureau": 2.0, "coordinator": 5.0}
+    # A burst that got no answer divides by one, not by zero.
+    assert cpu_per_request(before, before, 0) == {"bureau": 0.0, "coordinator": 0.0}
 
 
 def test_bad_options_are_refused_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:
@@ -59,3 +67,11 @@ def test_one_round_of_every_hop_row(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["from_lowest"]["p50_ms"] == found["p50_ms"]
     assert "LLM hop over its turn (remote-llm - local-llm - specialist): from each" in proc.stdout
     assert "floor hop (fastapi-relay - fastapi): from each" in proc.stdout
+    # Every server of every row, with the CPU it spent per request in the burst.
+    cpu = json.loads(out.read_text())["cpu_ms_per_request"]
+    assert set(cpu) == set(KEYS)
+    assert set(cpu["coord-remote"]) == {"bureau", "coordinator"}
+    assert all(ms >= 0 for row in cpu.values() for ms in row.values())
+    assert cpu["coord-remote"]["coordinator"] > 0 and cpu["coord-remote"]["bureau"] > 0
+    assert found["cpu_ms_per_request"] == cpu
+    assert "CPU ms per request, median over rounds: fastapi (" in proc.stdout

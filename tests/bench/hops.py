@@ -16,8 +16,10 @@ FastAPI relay that asks it over one kept-alive connection (``tests.bench.servers
 what one HTTP call between two Python processes adds on this machine with nothing of mesh in it
 (two processes that each sleep and wake once a request, the loopback). At the end, the hops from
 each row's lowest p50 over the rounds (its least disturbed burst: load only adds to a p50),
-then the median of the per-round hops and their range. Not a substitute for ``make bench`` on
-a quiet machine, a way to read the hops when there is none.
+then the median of the per-round hops and their range, and each server's CPU per request
+(median over rounds): the same specialist costs more when a coordinator calls it once a turn,
+idle in between, than under wrk back to back. Not a substitute for ``make bench`` on a quiet
+machine, a way to read the hops when there is none.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tests.bench import procstat
 from tests.bench.harness import spawn
 from tests.bench.load import Target, run_wrk, warm_up, wrk_path
 from tests.bench.scenarios import (
@@ -50,7 +53,7 @@ from tests.bench.scenarios import (
 )
 from tests.support import Proc, free_port
 
-__all__ = ["KEYS", "hops", "main"]
+__all__ = ["KEYS", "cpu_per_request", "hops", "main"]
 
 KEYS = (FLOOR, FLOOR_RELAY, MESH, LOCAL, REMOTE, LLM_SPECIALIST, LOCAL_LLM, REMOTE_LLM)
 # Every row this runs, by key: the table's and the floor's relay.
@@ -89,22 +92,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _start(tmp: Path) -> tuple[list[Proc], dict[str, Target]]:
+def _start(tmp: Path) -> tuple[list[Proc], dict[str, Target], dict[str, dict[str, Proc]]]:
+    """Every row's servers, started; its target; its servers by name."""
     rows = _ROWS
     procs: list[Proc] = []
     targets: dict[str, Target] = {}
+    servers: dict[str, dict[str, Proc]] = {}
     try:
         for key in KEYS:
             row = rows[key]
             ctx = Ctx(ports={s.name: free_port() for s in row.servers}, tmp=tmp / key)
             ctx.tmp.mkdir(parents=True)
+            servers[key] = {}
             for spec in row.servers:
-                procs.append(spawn(spec, ctx, 60.0)[0])
+                proc = spawn(spec, ctx, 60.0)[0]
+                procs.append(proc)
+                servers[key][spec.name] = proc
             targets[key] = row.target(ctx)
     except BaseException:
         _stop(procs)
         raise
-    return procs, targets
+    return procs, targets, servers
+
+
+def cpu_per_request(
+    before: dict[str, float], after: dict[str, float], requests: int
+) -> dict[str, float]:
+    """Each server's CPU ms per request over a burst, from its CPU seconds before and after."""
+    return {
+        name: round((after[name] - before[name]) * 1000 / max(requests, 1), 3) for name in after
+    }
+
+
+def _cpu(servers: dict[str, Proc]) -> dict[str, float]:
+    return {name: procstat.cpu_seconds(proc.pid) for name, proc in servers.items()}
 
 
 def _stop(procs: list[Proc]) -> None:
@@ -128,14 +149,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="mesh-hops-") as tmp:
-        procs, targets = _start(Path(tmp))
+        procs, targets, servers = _start(Path(tmp))
         try:
             for key, target in targets.items():
                 warm_up(target, requests=args.warmup, run_id=f"{uuid.uuid4().hex[:8]}-{key}")
             for n in range(args.rounds):
                 order = KEYS if n % 2 == 0 else tuple(reversed(KEYS))
                 p50: dict[str, float] = {}
+                cpu: dict[str, dict[str, float]] = {}
                 for key in order:
+                    before = _cpu(servers[key])
                     run = run_wrk(
                         targets[key],
                         connections=1,
@@ -145,7 +168,13 @@ def main(argv: list[str] | None = None) -> int:
                     if run.errors:
                         raise RuntimeError(f"{key}: {run.errors} bad answers: {run.first_error}")
                     p50[key] = run.latency_ms["p50"]
-                found = {"load": round(os.getloadavg()[0], 2), "p50_ms": p50, **hops(p50)}
+                    cpu[key] = cpu_per_request(before, _cpu(servers[key]), run.requests)
+                found = {
+                    "load": round(os.getloadavg()[0], 2),
+                    "p50_ms": p50,
+                    "cpu_ms_per_request": cpu,
+                    **hops(p50),
+                }
                 rounds.append(found)
                 print(
                     f"round {n + 1}: load {found['load']:.1f}  "
@@ -157,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         finally:
             _stop(procs)
+    servers_of = {key: list(found) for key, found in servers.items()}
     summary = {
         name: {
             "median": statistics.median(r[name] for r in rounds),
@@ -178,8 +208,30 @@ def main(argv: list[str] | None = None) -> int:
             + ("" if name == "floor_hop_ms" else "; target <= 1.0")
         )
     print("each row's lowest p50: " + "  ".join(f"{k} {lowest[k]:.2f}" for k in KEYS))
+    # A server's CPU per request, by who calls it: a specialist called once per coordinator
+    # turn (idle in between) against the same node under wrk back to back (docs/performance.md
+    # "Where the hop's time goes on this host").
+    cpu_median = {
+        key: {
+            name: round(statistics.median(r["cpu_ms_per_request"][key][name] for r in rounds), 3)
+            for name in servers_of[key]
+        }
+        for key in KEYS
+    }
+    print(
+        "CPU ms per request, median over rounds: "
+        + "  ".join(
+            f"{key} (" + ", ".join(f"{name} {ms:.2f}" for name, ms in cpu_median[key].items()) + ")"
+            for key in KEYS
+        )
+    )
     if args.json:
-        result = {"rounds": rounds, "summary": summary, "from_lowest": from_lowest}
+        result = {
+            "rounds": rounds,
+            "summary": summary,
+            "from_lowest": from_lowest,
+            "cpu_ms_per_request": cpu_median,
+        }
         args.json.write_text(json.dumps(result, indent=2))
     return 0
 
