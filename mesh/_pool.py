@@ -85,6 +85,7 @@ import h11
 import httpcore
 import httpx
 
+from mesh import _timeouts
 from mesh._tls import client_context, trusted_ca
 
 __all__ = [
@@ -476,32 +477,32 @@ class DirectPool:
         slots = self._slots
         waiting = True
         try:
-            async with asyncio.timeout(timeout):
-                async with slots:
-                    waiting = False
-                    connection = self._take(origin)
-                    exchange = _Exchange(reused=connection is not None)
-                    if connection is None:
-                        connection = await self._connect(origin, connect_timeout)
-                    try:
-                        return await self._exchange(
-                            connection, exchange, request, closes, max_bytes, too_large, error_bytes
-                        )
-                    except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
-                        if not exchange.reused or exchange.answered:
-                            raise
-                        # A stale kept-alive connection (see the module docstring, 3.).
-                        log.debug("%s on a reused connection to %s: sending it again", exc, url)
+            # One deadline for the exchange without a loop timer of its own (mesh._timeouts).
+            async with _timeouts.timeout(timeout), slots:
+                waiting = False
+                connection = self._take(origin)
+                exchange = _Exchange(reused=connection is not None)
+                if connection is None:
                     connection = await self._connect(origin, connect_timeout)
+                try:
                     return await self._exchange(
-                        connection,
-                        _Exchange(reused=False),
-                        request,
-                        closes,
-                        max_bytes,
-                        too_large,
-                        error_bytes,
+                        connection, exchange, request, closes, max_bytes, too_large, error_bytes
                     )
+                except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
+                    if not exchange.reused or exchange.answered:
+                        raise
+                    # A stale kept-alive connection (see the module docstring, 3.).
+                    log.debug("%s on a reused connection to %s: sending it again", exc, url)
+                connection = await self._connect(origin, connect_timeout)
+                return await self._exchange(
+                    connection,
+                    _Exchange(reused=False),
+                    request,
+                    closes,
+                    max_bytes,
+                    too_large,
+                    error_bytes,
+                )
         except TimeoutError as exc:
             if waiting:
                 raise httpx.PoolTimeout(f"no free connection within {timeout}s") from exc

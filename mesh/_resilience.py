@@ -35,6 +35,7 @@ from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
+from mesh import _timeouts
 from mesh._errors import CircuitOpen, DeadlineExceeded
 from mesh._failures import reason_of
 
@@ -274,7 +275,8 @@ class RetryPolicy:
             raise DeadlineExceeded("the deadline passed before the attempt started")
         if remaining is not None and (limit is None or remaining <= limit):
             try:
-                async with asyncio.timeout(remaining):
+                # The call's deadline without a loop timer of its own (mesh._timeouts).
+                async with _timeouts.timeout(remaining):
                     return await work
             except TimeoutError as exc:
                 raise DeadlineExceeded("the deadline passed during the attempt") from exc

@@ -1,0 +1,164 @@
+"""``timeout(delay)``: what ``asyncio.timeout(delay)`` does, without a loop timer each.
+
+``asyncio.timeout`` makes a timer handle on entry and cancels it on exit: ~29 k instructions
+under uvloop (the handle, its libuv timer started, stopped and closed, and the context
+manager), twice per delegation (the call's deadline in ``RetryPolicy``, the exchange's in
+``DirectPool.post``), and it almost never fires. Here every deadline of a loop waits in one
+heap, and ONE loop timer stands for the earliest: a deadline later than the armed timer (the
+usual case: deadlines of one length set one after another) costs a heap push, and only one
+sooner than every other re-arms the timer.
+
+The rest is ``asyncio.timeout``'s: at its time the task is cancelled; on exit, that
+cancellation taken back (``Task.uncancel``) and no other left, a ``CancelledError`` becomes
+``TimeoutError``; a delay of 0 or less expires at the loop's next iteration; ``None`` never
+expires. Deadlines that are over wait in the heap until their time or until they are most of
+it (then it is rebuilt without them), so a long deadline left early is not kept for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import weakref
+from types import TracebackType
+from typing import Any
+
+__all__ = ["timeout"]
+
+# A deadline's states (Deadline.state).
+_ENTERED, _EXPIRING, _OVER = 0, 1, 2
+# The heap is rebuilt without the deadlines that are over once they are more than this many
+# and more than half of it.
+_STALE_KEPT = 64
+
+
+class timeout:
+    """``async with timeout(delay): ...``: ``asyncio.timeout(delay)`` (see the module
+    docstring)."""
+
+    __slots__ = ("_cancelling", "_delay", "_queued", "_state", "_task", "_wheel", "when")
+
+    def __init__(self, delay: float | None) -> None:
+        self._delay = delay
+        self._state = _ENTERED
+        self._queued = False
+        self.when = math.inf
+
+    async def __aenter__(self) -> timeout:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("Timeout should be used inside a task")
+        self._task: asyncio.Task[Any] | None = task
+        self._cancelling = task.cancelling()
+        delay = self._delay
+        if delay is not None:
+            loop = task.get_loop()
+            now = loop.time()
+            if delay <= 0:
+                loop.call_soon(self._expire)
+            else:
+                self.when = now + delay
+                self._wheel = _wheel(loop)
+                self._wheel.add(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        state, task = self._state, self._task
+        self._state, self._task = _OVER, None
+        if self._queued:
+            self._wheel.over(self)
+        if (
+            state == _EXPIRING
+            and task is not None
+            and task.uncancel() <= self._cancelling
+            and exc_type is asyncio.CancelledError
+        ):
+            # No other cancellation than this deadline's: it is the timeout.
+            raise TimeoutError from exc_val
+
+    def _expire(self) -> None:
+        if self._state == _ENTERED and self._task is not None:
+            self._state = _EXPIRING
+            self._task.cancel()
+
+
+class _Wheel:
+    """The deadlines of one loop, in a heap by time, and the one timer of the earliest."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Not the loop itself: _WHEELS would then keep every loop that ever had a deadline.
+        self.loop = weakref.ref(loop)
+        self.heap: list[tuple[float, int, timeout]] = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = math.inf
+        self.stale = 0  # deadlines in the heap that are over
+        self._order = itertools.count()
+
+    def add(self, deadline: timeout) -> None:
+        when = deadline.when
+        heapq.heappush(self.heap, (when, next(self._order), deadline))
+        deadline._queued = True
+        if when < self.timer_at:
+            self._arm(when)
+
+    def over(self, deadline: timeout) -> None:
+        """``deadline`` is left: kept in the heap until its time, unless most of it is over."""
+        self.stale += 1
+        heap = self.heap
+        if self.stale > _STALE_KEPT and self.stale * 2 > len(heap):
+            for _, _, left in heap:
+                if left._state == _OVER:
+                    left._queued = False
+            heap[:] = [entry for entry in heap if entry[2]._state != _OVER]
+            heapq.heapify(heap)
+            self.stale = 0
+
+    def _arm(self, when: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        loop = self.loop()
+        assert loop is not None  # a deadline of it is being set
+        self.timer = loop.call_at(when, self._fall_due)
+        self.timer_at = when
+
+    def _fall_due(self) -> None:
+        loop = self.loop()
+        assert loop is not None  # it runs this
+        # Every deadline up to the one the timer was armed for is due (a loop may run a timer
+        # a little before its time by its own clock: asyncio.timeout's expire then too).
+        due = max(self.timer_at, loop.time())
+        self.timer, self.timer_at = None, math.inf
+        heap = self.heap
+        while heap and heap[0][0] <= due:
+            deadline = heapq.heappop(heap)[2]
+            deadline._queued = False
+            if deadline._state == _OVER:
+                self.stale -= 1
+            else:
+                deadline._expire()
+        if heap:
+            self._arm(heap[0][0])
+
+
+# The wheel of each loop, and the last one asked for (a process runs one loop, mostly).
+_WHEELS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Wheel] = weakref.WeakKeyDictionary()
+_last: _Wheel | None = None
+
+
+def _wheel(loop: asyncio.AbstractEventLoop) -> _Wheel:
+    global _last
+    last = _last
+    if last is not None and last.loop() is loop:
+        return last
+    found = _WHEELS.get(loop)
+    if found is None:
+        found = _WHEELS[loop] = _Wheel(loop)
+    _last = found
+    return found
