@@ -478,31 +478,32 @@ class DirectPool:
         waiting = True
         try:
             # One deadline for the exchange without a loop timer of its own (mesh._timeouts).
-            async with _timeouts.timeout(timeout), slots:
-                waiting = False
-                connection = self._take(origin)
-                exchange = _Exchange(reused=connection is not None)
-                if connection is None:
+            with _timeouts.timeout(timeout):
+                async with slots:
+                    waiting = False
+                    connection = self._take(origin)
+                    exchange = _Exchange(reused=connection is not None)
+                    if connection is None:
+                        connection = await self._connect(origin, connect_timeout)
+                    try:
+                        return await self._exchange(
+                            connection, exchange, request, closes, max_bytes, too_large, error_bytes
+                        )
+                    except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
+                        if not exchange.reused or exchange.answered:
+                            raise
+                        # A stale kept-alive connection (see the module docstring, 3.).
+                        log.debug("%s on a reused connection to %s: sending it again", exc, url)
                     connection = await self._connect(origin, connect_timeout)
-                try:
                     return await self._exchange(
-                        connection, exchange, request, closes, max_bytes, too_large, error_bytes
+                        connection,
+                        _Exchange(reused=False),
+                        request,
+                        closes,
+                        max_bytes,
+                        too_large,
+                        error_bytes,
                     )
-                except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
-                    if not exchange.reused or exchange.answered:
-                        raise
-                    # A stale kept-alive connection (see the module docstring, 3.).
-                    log.debug("%s on a reused connection to %s: sending it again", exc, url)
-                connection = await self._connect(origin, connect_timeout)
-                return await self._exchange(
-                    connection,
-                    _Exchange(reused=False),
-                    request,
-                    closes,
-                    max_bytes,
-                    too_large,
-                    error_bytes,
-                )
         except TimeoutError as exc:
             if waiting:
                 raise httpx.PoolTimeout(f"no free connection within {timeout}s") from exc

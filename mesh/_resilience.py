@@ -276,7 +276,7 @@ class RetryPolicy:
         if remaining is not None and (limit is None or remaining <= limit):
             try:
                 # The call's deadline without a loop timer of its own (mesh._timeouts).
-                async with _timeouts.timeout(remaining):
+                with _timeouts.timeout(remaining):
                     return await work
             except TimeoutError as exc:
                 raise DeadlineExceeded("the deadline passed during the attempt") from exc

@@ -11,7 +11,7 @@ sooner than every other re-arms the timer.
 The rest is ``asyncio.timeout``'s: at its time the task is cancelled; on exit, that
 cancellation taken back (``Task.uncancel``) and no other left, a ``CancelledError`` becomes
 ``TimeoutError``; a delay of 0 or less expires at the loop's next iteration; ``None`` never
-expires. Deadlines that are over wait in the heap until their time or until they are most of
+expires. It is a plain context manager too (``with``, in a task): nothing in it awaits. Deadlines that are over wait in the heap until their time or until they are most of
 it (then it is rebuilt without them), so a long deadline left early is not kept for long.
 """
 
@@ -35,36 +35,37 @@ _STALE_KEPT = 64
 
 
 class timeout:
-    """``async with timeout(delay): ...``: ``asyncio.timeout(delay)`` (see the module
-    docstring)."""
+    """``with timeout(delay): ...`` (or ``async with``) in a task: ``asyncio.timeout(delay)``
+    (see the module docstring). A plain context manager: entering and leaving it awaits
+    nothing, so ``with`` spares the two coroutines ``async with`` makes."""
 
     __slots__ = ("_cancelling", "_delay", "_queued", "_state", "_task", "_wheel", "when")
 
     def __init__(self, delay: float | None) -> None:
         self._delay = delay
-        self._state = _ENTERED
-        self._queued = False
-        self.when = math.inf
 
-    async def __aenter__(self) -> timeout:
-        task = asyncio.current_task()
+    def __enter__(self) -> timeout:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("Timeout should be used inside a task")
         self._task: asyncio.Task[Any] | None = task
         self._cancelling = task.cancelling()
+        self._state = _ENTERED
+        self._queued = False
         delay = self._delay
-        if delay is not None:
-            loop = task.get_loop()
-            now = loop.time()
-            if delay <= 0:
-                loop.call_soon(self._expire)
-            else:
-                self.when = now + delay
-                self._wheel = _wheel(loop)
-                self._wheel.add(self)
+        if delay is None:
+            self.when = math.inf
+        elif delay <= 0:
+            self.when = loop.time()
+            loop.call_soon(self._expire)
+        else:
+            self.when = loop.time() + delay
+            self._wheel = _wheel(loop)
+            self._wheel.add(self)
         return self
 
-    async def __aexit__(
+    def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc_val: BaseException | None,
@@ -82,6 +83,17 @@ class timeout:
         ):
             # No other cancellation than this deadline's: it is the timeout.
             raise TimeoutError from exc_val
+
+    async def __aenter__(self) -> timeout:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc_val, exc_tb)
 
     def _expire(self) -> None:
         if self._state == _ENTERED and self._task is not None:

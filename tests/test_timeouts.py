@@ -148,7 +148,7 @@ def test_one_loop_timer_serves_deadlines_set_one_after_another() -> None:
 
         loop.call_at = counting  # type: ignore[method-assign]
         for _ in range(50):
-            async with timeout(30):
+            with timeout(30):
                 await asyncio.sleep(0)
         return armed
 
@@ -191,3 +191,31 @@ def test_each_loop_has_its_own_deadlines() -> None:
         return "not expired"
 
     assert [_run(main), _run(main, uv=True), _run(main)] == ["expired"] * 3
+
+
+def test_a_plain_with_in_a_task_is_the_same_timeout() -> None:
+    async def main() -> list[str]:
+        seen: list[str] = []
+        try:
+            with timeout(0.02):
+                await asyncio.sleep(5)
+        except TimeoutError:
+            seen.append("expired")
+        with timeout(5):
+            await asyncio.sleep(0)
+        seen.append("kept")
+        return seen
+
+    assert _run(main, uv=True) == ["expired", "kept"]
+    with pytest.raises(RuntimeError):  # outside a task, as asyncio.timeout refuses
+        asyncio.run(_outside())
+
+
+async def _outside() -> None:
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, _enter_in_thread)
+
+
+def _enter_in_thread() -> None:
+    with timeout(1):
+        pass
