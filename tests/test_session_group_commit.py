@@ -164,7 +164,8 @@ async def test_queued_events_without_state_are_one_update_and_their_rows(
 ) -> None:
     """Events that change no state, queued one after the other, are stored by one update of
     the session row (to the last one's time) and their inserts, in order; an event with a
-    delta between them keeps its place and its state."""
+    delta between them keeps its place and its state, and those queued after it ride in its
+    update (a remote call's turn: the tool event with its peer's context, then the answer)."""
     monkeypatch.setattr(mesh._sqlite, "DEFER_S", 60.0)  # the queued ones in one group
     db = await Database.open(tmp_path / "node.db")
     statements: list[str] = []
@@ -178,13 +179,21 @@ async def test_queued_events_without_state_are_one_update_and_their_rows(
         await store.append_event(session, Event(author="user", content=Content.user("e")))
         db._conn.set_trace_callback(None)
         touched = [s for s in statements if s.startswith("update mesh_sessions")]
-        # a and b together, c (its state too), d and the durable e (it joins their group)
-        assert len(touched) == 3
+        # a and b together; c (its state too) with d and the durable e (it joins the group)
+        assert len(touched) == 2, touched
         stored = await store.get("u1", "s1")
         assert stored is not None
         assert [e.text for e in stored.events] == ["a", "b", "c", "d", "e"]
         assert stored.state == {"k": 1}
         assert stored.updated_at == session.updated_at  # the last event's time
+        # A session that is not there: the event with a delta and those after it fail alike.
+        ghost = Session.new("u1", "gone")
+        for delta in ({"k": 2}, {}):
+            event = Event(author="user", content=Content.user("x"), state_delta=delta)
+            await store.append_event(ghost, event, durable=False)
+        with pytest.raises(StoreError, match="no session 'gone' of user 'u1' to append to"):
+            await store.sync(ghost)
+        assert await store.get("u1", "gone") is None
     finally:
         await db.aclose()
 

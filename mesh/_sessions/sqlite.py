@@ -87,7 +87,7 @@ class _Group:
             if self._sealed:
                 return False
             last = self._writes[-1]
-            if isinstance(write, _Appends) and isinstance(last, _Appends):
+            if isinstance(write, _Appends) and isinstance(last, _Appends | _StateAppend):
                 last.extend(write)
             elif isinstance(write, _Appends) and isinstance(last, _Create):
                 # The new row takes the events' time itself: no update of it after.
@@ -258,29 +258,7 @@ class SqliteSessionStore:
             session.updated_at = now
             return session
         delta_json = _dumps(event.state_delta, what=f"state_delta of event {event.id}")
-
-        def append(conn: sqlite3.Connection) -> dict[str, Any]:
-            row = conn.execute(
-                "select state from mesh_sessions where user_id=? and id=?",
-                (session.user_id, session.id),
-            ).fetchone()
-            if row is None:
-                raise StoreError(
-                    f"no session {session.id!r} of user {session.user_id!r} to append to"
-                )
-            # Merge into the stored state, not the caller's copy: the row is the truth.
-            state = merge_state(json.loads(row["state"]), json.loads(delta_json))
-            conn.execute(
-                "insert into mesh_session_events "
-                "(user_id, session_id, event_id, author, timestamp, data) values (?,?,?,?,?,?)",
-                (session.user_id, session.id, event.id, event.author, event.timestamp, data),
-            )
-            conn.execute(
-                "update mesh_sessions set state=?, updated_at=? where user_id=? and id=?",
-                (json.dumps(state), now, session.user_id, session.id),
-            )
-            return state
-
+        append = _StateAppend(session, event, data, delta_json, now)
         if durable:
             state = await self.db.write(append)
             await self.sync(session)  # committed before this one: reports their errors
@@ -423,6 +401,55 @@ class _Create:
             self.row,
         )
         return cur.rowcount == 1
+
+
+class _StateAppend:
+    """An event that changes its session's state: merged into the stored state, not the
+    caller's copy (the row is the truth), written with the row's ``updated_at``, then the
+    event's row. Events that change no state queued right after it (``_Group.add``) are
+    stored after it, the update taking the last one's time: one update of the row, not one
+    more for them; what is stored is what one write per event stored."""
+
+    __slots__ = ("_delta_json", "_key", "_now", "_rows")
+
+    def __init__(
+        self, session: Session, event: Event, data: str, delta_json: str, now: float
+    ) -> None:
+        self._key = (session.user_id, session.id)
+        self._delta_json = delta_json
+        self._now = now
+        self._rows = [(session.user_id, session.id, event.id, event.author, event.timestamp, data)]
+
+    def extend(self, later: _Appends) -> None:
+        """Store ``later``'s events after this one (the same session's)."""
+        self._rows += later._rows
+        self._now = later._now
+
+    def __call__(self, conn: sqlite3.Connection) -> dict[str, Any]:
+        user_id, session_id = self._key
+        row = conn.execute(
+            "select state from mesh_sessions where user_id=? and id=?", (user_id, session_id)
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"no session {session_id!r} of user {user_id!r} to append to")
+        state = merge_state(json.loads(row["state"]), json.loads(self._delta_json))
+        rows = self._rows
+        conn.execute(
+            "insert into mesh_session_events "
+            "(user_id, session_id, event_id, author, timestamp, data) values (?,?,?,?,?,?)",
+            rows[0],
+        )
+        conn.execute(
+            "update mesh_sessions set state=?, updated_at=? where user_id=? and id=?",
+            (json.dumps(state), self._now, user_id, session_id),
+        )
+        for later in rows[1:]:
+            conn.execute(
+                "insert into mesh_session_events "
+                "(user_id, session_id, event_id, author, timestamp, data) values (?,?,?,?,?,?)",
+                later,
+            )
+        return state
 
 
 class _Appends:
