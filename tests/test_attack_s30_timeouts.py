@@ -1,0 +1,154 @@
+"""Attack cases (session 30) on mesh._timeouts.timeout that hold: the same outcome as
+asyncio.timeout where expiry meets another cancellation, another exception, a nested deadline
+due at once, or a block already left; the next real deadline on time after the one timer fired
+for a stale one; the heap bounded under many long deadlines left early; loops in threads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import uvloop
+
+from mesh import _timeouts
+from mesh._timeouts import timeout
+
+KINDS: list[Callable[[float | None], Any]] = [asyncio.timeout, timeout]
+
+
+def _run(main: Callable[[], Any], uv: bool) -> Any:
+    return uvloop.run(main()) if uv else asyncio.run(main())
+
+
+def _name(exc: BaseException | None) -> str:
+    return type(exc).__name__
+
+
+@pytest.mark.parametrize("uv", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_expiry_meeting_other_events_ends_as_asyncio_timeout(
+    kind: Callable[[float | None], Any], uv: bool
+) -> None:
+    async def main() -> list[Any]:
+        seen: list[Any] = []
+        loop = asyncio.get_running_loop()
+
+        # An outside cancel due in the same iteration as the expiry: a cancellation.
+        async def cancelled_at_expiry() -> None:
+            async with kind(0.02):
+                await asyncio.sleep(1)
+
+        task = asyncio.create_task(cancelled_at_expiry())
+        await asyncio.sleep(0)
+        loop.call_at(loop.time() + 0.02, task.cancel)
+        try:
+            await task
+        except BaseException as exc:
+            seen.append(("both", _name(exc), task.cancelling()))
+
+        # Another exception leaving the block while it expires: that one, uncancelled.
+        try:
+            async with kind(0.01):
+                try:
+                    await asyncio.sleep(1)
+                finally:
+                    raise ValueError("cleanup failed")
+        except BaseException as exc:
+            seen.append(("other", _name(exc), asyncio.current_task().cancelling()))  # type: ignore[union-attr]
+
+        # Nested deadlines both overdue when the loop next looks: the outer's timeout.
+        nested: list[str] = []
+        try:
+            async with kind(0.02):
+                try:
+                    async with kind(0.01):
+                        time.sleep(0.04)  # noqa: ASYNC251 - the loop held past both deadlines
+                        await asyncio.sleep(1)
+                except BaseException as exc:
+                    nested.append(f"inner {_name(exc)}")
+                    raise
+        except BaseException as exc:
+            nested.append(f"outer {_name(exc)}")
+        seen.append(nested)
+
+        # Left before its time: nothing happens at its time.
+        async with kind(0.01):
+            pass
+        await asyncio.sleep(0.03)
+        seen.append(("left", asyncio.current_task().cancelling()))  # type: ignore[union-attr]
+        return seen
+
+    assert _run(main, uv) == [
+        ("both", "CancelledError", 1),
+        ("other", "ValueError", 0),
+        ["inner CancelledError", "outer TimeoutError"],
+        ("left", 0),
+    ]
+
+
+@pytest.mark.parametrize("uv", [False, True])
+def test_the_next_deadline_is_on_time_after_the_timer_fired_for_a_stale_one(uv: bool) -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        for i in range(200):  # the timer is armed for the first of these, all left at once
+            with timeout(0.02 + i * 0.0001):
+                pass
+        started = loop.time()
+        try:
+            with timeout(0.1):
+                await asyncio.sleep(2)
+        except TimeoutError:
+            return loop.time() - started
+        return -1.0
+
+    took = _run(main, uv)
+    assert 0.09 <= took < 0.5
+
+
+@pytest.mark.parametrize("uv", [False, True])
+def test_many_long_deadlines_left_early_keep_the_heap_small(uv: bool) -> None:
+    async def main() -> tuple[int, int]:
+        wheel = None
+        peak = 0
+        for _ in range(20_000):
+            with timeout(30):
+                await asyncio.sleep(0)
+            wheel = wheel or _timeouts._wheel(asyncio.get_running_loop())
+            peak = max(peak, len(wheel.heap))
+        assert wheel is not None
+        return peak, len(wheel.heap)
+
+    peak, left = _run(main, uv)
+    assert peak <= 2 * _timeouts._STALE_KEPT + 2
+    assert left <= peak
+
+
+def test_a_loop_per_thread_at_once_each_expires_its_own() -> None:
+    results: list[Any] = []
+
+    async def work() -> str:
+        loop = asyncio.get_running_loop()
+        for _ in range(50):
+            with timeout(30):
+                await asyncio.sleep(0.001)
+        started = loop.time()
+        try:
+            with timeout(0.05):
+                await asyncio.sleep(2)
+        except TimeoutError:
+            return "expired" if loop.time() - started < 1 else "late"
+        return "kept"
+
+    def thread(uv: bool) -> None:
+        results.append(_run(work, uv))
+
+    threads = [threading.Thread(target=thread, args=(i % 2 == 0,)) for i in range(4)]
+    for each in threads:
+        each.start()
+    for each in threads:
+        each.join()
+    assert results == ["expired"] * 4
