@@ -192,16 +192,17 @@ class RemoteAgent:
     ) -> None:
         if agent is None and url is None:
             raise ConfigError("remote(): give an agent name or url=")
-        if deadline_s <= 0:
+        # "not > 0": NaN is refused too (it compares false with everything, so "<= 0" let it in).
+        if not deadline_s > 0:
             raise ConfigError(f"remote({agent or url!r}): deadline_s must be > 0")
-        if wait_deadline_s <= 0:
+        if not wait_deadline_s > 0:
             raise ConfigError(f"remote({agent or url!r}): wait_deadline_s must be > 0")
         self.agent = agent
         self.url = url.rstrip("/") if url else None
         self.skill = skill
         self.deadline_s = deadline_s
         self.wait_deadline_s = wait_deadline_s
-        if long_after_s is not None and long_after_s <= 0:
+        if long_after_s is not None and not long_after_s > 0:
             raise ConfigError(f"remote({agent or url!r}): long_after_s must be > 0")
         self.long_running = long_running
         self.long_after_s = long_after_s

@@ -27,8 +27,8 @@ from typing import Any
 
 __all__ = ["timeout"]
 
-# A deadline's states (Deadline.state).
-_ENTERED, _EXPIRING, _OVER = 0, 1, 2
+# A deadline's states (timeout._state): made, entered, expiring (its task cancelled), left.
+_CREATED, _ENTERED, _EXPIRING, _OVER = 0, 1, 2, 3
 # The heap is rebuilt without the deadlines that are over once they are more than this many
 # and more than half of it.
 _STALE_KEPT = 64
@@ -43,8 +43,13 @@ class timeout:
 
     def __init__(self, delay: float | None) -> None:
         self._delay = delay
+        self._state = _CREATED
 
     def __enter__(self) -> timeout:
+        if self._state != _CREATED:
+            # As asyncio.timeout: one deadline, entered once (a second entry's slot in the heap
+            # would be the first's, and its expiry would cancel whichever task entered last).
+            raise RuntimeError("Timeout has already been entered")
         loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)
         if task is None:
@@ -56,7 +61,8 @@ class timeout:
         delay = self._delay
         if delay is None:
             self.when = math.inf
-        elif delay <= 0:
+        elif not delay > 0:  # 0, negative or NaN: due now (a NaN in the heap would sit at its
+            # root, never due, and keep every deadline after it from firing)
             self.when = loop.time()
             loop.call_soon(self._expire)
         else:
@@ -104,6 +110,8 @@ class timeout:
 class _Wheel:
     """The deadlines of one loop, in a heap by time, and the one timer of the earliest."""
 
+    __slots__ = ("__weakref__", "_order", "heap", "loop", "stale", "timer", "timer_at")
+
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Not the loop itself: _WHEELS would then keep every loop that ever had a deadline.
         self.loop = weakref.ref(loop)
@@ -148,29 +156,39 @@ class _Wheel:
         due = max(self.timer_at, loop.time())
         self.timer, self.timer_at = None, math.inf
         heap = self.heap
-        while heap and heap[0][0] <= due:
-            deadline = heapq.heappop(heap)[2]
-            deadline._queued = False
-            if deadline._state == _OVER:
-                self.stale -= 1
-            else:
-                deadline._expire()
-        if heap:
-            self._arm(heap[0][0])
+        try:
+            while heap and heap[0][0] <= due:
+                deadline = heapq.heappop(heap)[2]
+                deadline._queued = False
+                if deadline._state == _OVER:
+                    self.stale -= 1
+                else:
+                    deadline._expire()
+        finally:
+            # Re-armed even when a cancel raised (a future's own cancel() may): the deadlines
+            # after it keep their timer, as each of asyncio.timeout's has its own handle.
+            if heap:
+                self._arm(heap[0][0])
 
 
-# The wheel of each loop, and the last one asked for (a process runs one loop, mostly).
-_WHEELS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Wheel] = weakref.WeakKeyDictionary()
-_last: _Wheel | None = None
+# The wheel of each loop, and the last one asked for (a process runs one loop, mostly). Both
+# weak: the armed timer's handle holds its loop, so a wheel held here would keep the key of
+# _WHEELS, every loop that ever had a deadline and its tasks, alive. A wheel lives while its
+# loop holds its timer or a deadline in its heap is referenced, and a new one is made after.
+_WHEELS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[_Wheel]]
+_WHEELS = weakref.WeakKeyDictionary()
+_last: weakref.ref[_Wheel] | None = None
 
 
 def _wheel(loop: asyncio.AbstractEventLoop) -> _Wheel:
     global _last
-    last = _last
+    last = _last() if _last is not None else None
     if last is not None and last.loop() is loop:
         return last
-    found = _WHEELS.get(loop)
+    ref = _WHEELS.get(loop)
+    found = ref() if ref is not None else None
     if found is None:
-        found = _WHEELS[loop] = _Wheel(loop)
-    _last = found
+        found = _Wheel(loop)
+        _WHEELS[loop] = weakref.ref(found)
+    _last = weakref.ref(found)
     return found

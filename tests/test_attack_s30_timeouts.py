@@ -152,3 +152,110 @@ def test_a_loop_per_thread_at_once_each_expires_its_own() -> None:
     for each in threads:
         each.join()
     assert results == ["expired"] * 4
+
+
+# The four the attack broke, fixed (session 30).
+
+
+@pytest.mark.parametrize("uv", [False, True])
+def test_a_loop_that_had_deadlines_is_not_kept(uv: bool) -> None:
+    import gc
+    import weakref
+
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def main() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        # Left early: its slot stays in the heap, the loop's one timer armed for it.
+        with timeout(30):
+            await asyncio.sleep(0)
+
+    for _ in range(20):
+        _run(main, uv)
+    gc.collect()
+    assert [r for r in loops if r() is not None] == []
+    assert len(_timeouts._WHEELS) == 0
+
+
+@pytest.mark.parametrize("uv", [False, True])
+def test_a_nan_delay_is_due_at_once_and_stops_no_other_deadline(uv: bool) -> None:
+    async def main() -> tuple[str, str]:
+        with pytest.raises(TimeoutError), timeout(float("nan")):
+            await asyncio.sleep(1)
+        hang = asyncio.Event()
+
+        async def left_waiting() -> None:
+            with timeout(float("nan")):
+                await hang.wait()
+
+        other = asyncio.create_task(left_waiting())
+        await asyncio.sleep(0)
+        started = time.monotonic()
+        try:
+            with timeout(0.05):
+                await asyncio.sleep(1)
+            later = "not fired"
+        except TimeoutError:
+            later = "fired"
+        with pytest.raises(TimeoutError):
+            await other
+        assert time.monotonic() - started < 0.9
+        return later, "ok"
+
+    assert _run(main, uv) == ("fired", "ok")
+
+
+@pytest.mark.parametrize("uv", [False, True])
+def test_a_cancel_that_raises_leaves_the_other_deadlines_their_timer(uv: bool) -> None:
+    class Stubborn(asyncio.Future[None]):
+        refused = False
+
+        def cancel(self, msg: Any = None) -> bool:
+            if not Stubborn.refused:
+                Stubborn.refused = True
+                raise RuntimeError("this future refuses cancel once")
+            return super().cancel(msg=msg)
+
+    async def main() -> str:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: None)
+
+        async def stubborn() -> None:
+            with timeout(0.02):
+                await Stubborn()
+
+        first = asyncio.create_task(stubborn())
+        await asyncio.sleep(0)
+        try:
+            with timeout(0.1):
+                await asyncio.sleep(2)
+            found = "the 0.1 s deadline did not fire"
+        except TimeoutError:
+            found = "fired"
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        return found
+
+    assert _run(main, uv) == "fired"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_deadline_is_entered_once(kind: Callable[[float | None], Any]) -> None:
+    async def main() -> None:
+        once = kind(0.1)
+        async with once:
+            pass
+        with pytest.raises(RuntimeError, match="already been entered"):
+            async with once:
+                await asyncio.sleep(0)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("name", ["deadline_s", "wait_deadline_s", "long_after_s"])
+def test_remote_refuses_a_nan_deadline_naming_it(name: str) -> None:
+    from mesh._errors import ConfigError
+    from mesh._remote import remote
+
+    with pytest.raises(ConfigError, match=name):
+        remote("bench-bureau", url="http://127.0.0.1:9", **{name: float("nan")})
