@@ -380,3 +380,50 @@ def test_what_the_text_cannot_write_is_message_to_dicts() -> None:
     with pytest.raises(SerializeToJsonError) as mine:
         rpc_result(left, 1)
     assert str(mine.value) == str(theirs.value)
+
+
+def _held_orders() -> list[Struct]:
+    """Task metadata holding Structs of the same entries put in in other orders (so their maps
+    may iterate in other orders), an empty one, and a large one."""
+    keys = [f"k{i}" for i in range(9)]
+    held = []
+    for shift in range(len(keys)):
+        order = keys[shift:] + keys[:shift]
+        metadata = Struct()
+        metadata.update({"skill": "score", "usage": {key: 0 for key in order}, "empty": {}})
+        held.append(metadata)
+    large = Struct()
+    large.update({"big": {f"key-{i}": "v" * 20 for i in range(40)}})
+    return [*held, large]
+
+
+def test_a_struct_held_in_a_struct_is_written_once_per_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Struct in another's entry (a task's usage counts) is walked once per distinct bytes
+    and written again from them, each time in its own map's order (MessageToDict's text, to
+    the byte); one over the size kept, or one that cannot be written, is walked each time."""
+    from mesh._a2a import fastpath_json
+
+    monkeypatch.setattr(fastpath_json, "_HELD", {})
+    walked: list[Struct] = []
+    walk = fastpath_json._struct_text
+
+    def counted(struct: Struct) -> str:
+        walked.append(struct)
+        return walk(struct)
+
+    monkeypatch.setattr(fastpath_json, "_struct_text", counted)
+    for metadata in _held_orders():
+        task = Task(id="t", metadata=metadata)
+        expected = dumps({"task": MessageToDict(task)})
+        assert response_text(task).encode() == expected
+        walked.clear()
+        assert response_text(task).encode() == expected
+        assert len(walked) == (1 if "big" in metadata.fields else 0)
+    nan = Task(id="t", metadata=_struct({"usage": {"n": float("nan")}}))
+    for _ in range(2):
+        walked.clear()
+        with pytest.raises(SerializeToJsonError):
+            rpc_result(nan, 1)
+        assert len(walked) == 1

@@ -567,7 +567,8 @@ def _enum_text(field: FieldDescriptor) -> _Convert | None:
     return text
 
 
-def _value_text(value: Value) -> str:
+def _value_text(value: Value, held: bool = False) -> str:
+    """``value``'s JSON text; ``held``: it is a ``Struct``'s entry (``_held_struct_text``)."""
     which = _which_kind(value, "kind")
     if which == "string_value":
         return _quote(value.string_value)
@@ -577,7 +578,8 @@ def _value_text(value: Value) -> str:
             raise _Unplanned  # MessageToDict's error
         return _float_text(number)
     if which == "struct_value":
-        return _struct_text(value.struct_value)
+        struct = value.struct_value
+        return _held_struct_text(struct) if held else _struct_text(struct)
     if which == "bool_value":
         return "true" if value.bool_value else "false"
     if which == "list_value":
@@ -587,7 +589,33 @@ def _value_text(value: Value) -> str:
 
 def _struct_text(struct: Struct) -> str:
     fields = struct.fields
-    return "{" + ",".join([f"{_quote(key)}:{_value_text(fields[key])}" for key in fields]) + "}"
+    return (
+        "{" + ",".join([f"{_quote(key)}:{_value_text(fields[key], True)}" for key in fields]) + "}"
+    )
+
+
+#: Texts of ``Struct``s held in a ``Struct``'s entry, by their bytes (``_held_struct_text``).
+_HELD: dict[bytes, str] = {}
+#: Most texts kept (then all are dropped), and the largest ``Struct`` kept, in bytes.
+_MAX_HELD = 128
+_MAX_HELD_BYTES = 512
+
+
+def _held_struct_text(struct: Struct) -> str:
+    """``_struct_text(struct)`` of a ``Struct`` held in another's entry, such as a task's
+    metadata holds its usage counts (the same zeros in every function skill's task) and its
+    children's: looked up by its bytes, a C call, instead of walked (a wrapper object per
+    value, ~35,000 instructions for five counts). The same bytes are the same text: a map's
+    entries are serialized in the order they are iterated, which is the order written."""
+    data = struct.SerializeToString()
+    text = _HELD.get(data)
+    if text is None:
+        text = _struct_text(struct)  # or its refusal (a NaN), not kept
+        if len(data) <= _MAX_HELD_BYTES:
+            if len(_HELD) >= _MAX_HELD:
+                _HELD.clear()
+            _HELD[data] = text
+    return text
 
 
 def _list_text(values: ListValue) -> str:
