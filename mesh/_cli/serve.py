@@ -170,6 +170,7 @@ def collect_from_here() -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     _quiet_sdk_tracing()
+    from mesh._cli import log_lines
     from mesh._listener import bind_listener
     from mesh._settings import MeshSettings, NodeSettings
 
@@ -191,11 +192,7 @@ def _serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )
-    logging.basicConfig(
-        level=settings.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    log_lines.configure(settings.log_level)
     # httpx logs every request at INFO: one line per heartbeat and delegation is noise.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if settings.exposed and settings.token is None:

@@ -213,8 +213,14 @@ def _inner(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     os.environ.setdefault(SDK_TRACING, "false")
-    # What `mesh serve` logs (the task's line at INFO), to this process's stderr.
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    # What `mesh serve` logs (the task's line at INFO), to this process's stderr, the way it
+    # configures logging (mesh._cli.log_lines; a tree from before it: basicConfig's defaults).
+    try:
+        from mesh._cli import log_lines
+    except ImportError:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    else:
+        log_lines.configure(logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     import uvloop
 

@@ -1,0 +1,88 @@
+"""``mesh serve``'s log lines (mesh._cli.log_lines): the same text as ``logging.Formatter``'s,
+made without what the line does not show."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mesh._cli.log_lines import FORMAT, LineFormatter
+from tests.support import ROOT, clean_env
+
+
+def _record(created: float, msg: str = "task %s completed") -> logging.LogRecord:
+    record = logging.LogRecord("mesh.task", logging.INFO, __file__, 1, msg, ("ab12",), None)
+    record.created = created
+    record.msecs = int((created - int(created)) * 1000) + 0.0
+    return record
+
+
+@pytest.mark.parametrize(
+    "times",
+    [
+        # Within one second, across a second, a minute, a day and a year; the last millisecond.
+        [1796167153.001, 1796167153.5, 1796167153.999, 1796167154.0, 1796167154.25],
+        [1796169599.9995, 1796169600.0001, 1798761599.999, 1798761600.0],
+        # Back in time (a clock set back): the cached second is not reused for another.
+        [1796167160.5, 1796167153.5, 1796167160.5],
+    ],
+)
+def test_each_line_is_the_standard_formatters_text(times: list[float]) -> None:
+    ours, standard = LineFormatter(FORMAT), logging.Formatter(FORMAT)
+    for created in times:
+        assert ours.format(_record(created)) == standard.format(_record(created))
+
+
+def test_the_date_and_time_are_made_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+    strftime = time.strftime
+
+    def counted(fmt: str, t: time.struct_time) -> str:
+        made.append(fmt)
+        return strftime(fmt, t)
+
+    monkeypatch.setattr(time, "strftime", counted)
+    formatter = LineFormatter(FORMAT)
+    for ms in range(0, 1000, 10):
+        formatter.format(_record(1796167153 + ms / 1000))
+    formatter.format(_record(1796167154.5))
+    assert len(made) == 2
+    # A date format of its own is the standard formatter's path, every line.
+    dated = LineFormatter("%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    assert dated.format(_record(1796167153.5)) == logging.Formatter(
+        "%(asctime)s %(message)s", datefmt="%H:%M:%S"
+    ).format(_record(1796167153.5))
+
+
+def test_a_served_process_logs_the_line_without_the_callers_place() -> None:
+    # In a fresh interpreter: configure() sets the process's logging switches.
+    code = (
+        "import logging, sys\n"
+        "from mesh._cli import log_lines\n"
+        "log_lines.configure('INFO')\n"
+        "seen = []\n"
+        "class Keep(logging.Handler):\n"
+        "    def emit(self, record): seen.append(record)\n"
+        "logging.getLogger().addHandler(Keep())\n"
+        "logging.getLogger('mesh.task').info('task %s completed', 'ab12')\n"
+        "r = seen[0]\n"
+        "print(r.funcName, r.lineno, r.thread, r.process, r.processName, sep='|')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    # logging's own "no caller" values: the stack was not walked.
+    assert proc.stdout.strip() == "(unknown function)|0|None|None|None"
+    (line,) = proc.stderr.splitlines()
+    assert line.endswith(" INFO mesh.task: task ab12 completed")
+    assert time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
