@@ -257,6 +257,6 @@ def test_remote_refuses_a_nan_deadline_naming_it(name: str) -> None:
     from mesh._errors import ConfigError
     from mesh._remote import remote
 
+    nan: dict[str, Any] = {name: float("nan")}
     with pytest.raises(ConfigError, match=name):
-        nan: dict[str, Any] = {name: float("nan")}
         remote("bench-bureau", url="http://127.0.0.1:9", **nan)
