@@ -45,6 +45,9 @@ def test_expiry_meeting_other_events_ends_as_asyncio_timeout(
         task = asyncio.create_task(cancelled_at_expiry())
         await asyncio.sleep(0)
         loop.call_at(loop.time() + 0.02, task.cancel)
+        # The loop held past both: they are due in one iteration however loaded the host is
+        # (else the expiry may run an iteration before the cancel, and the task ends first).
+        time.sleep(0.05)  # noqa: ASYNC251
         try:
             await task
         except BaseException as exc:
@@ -184,7 +187,6 @@ def test_a_loop_that_had_deadlines_is_not_kept(uv: bool) -> None:
         _run(main, uv)
     gc.collect()
     assert [r for r in loops if r() is not None] == []
-    assert len(_timeouts._WHEELS) == 0
 
 
 @pytest.mark.parametrize("uv", [False, True])
