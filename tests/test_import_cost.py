@@ -190,5 +190,6 @@ def test_mesh_serve_starts_without_the_collector_then_freezes_what_it_built(
         "collecting when ready": True,
         "exit": 0,
         "collecting after": True,
-        "command modules": ["mesh._cli.main", "mesh._cli.serve"],
+        # serve's own and its log lines' (mesh._cli.log_lines): no other command's.
+        "command modules": ["mesh._cli.log_lines", "mesh._cli.main", "mesh._cli.serve"],
     }
