@@ -15,7 +15,8 @@ and twice on a delegation hop: ~82,000 instructions with ``logging.basicConfig``
 Together ~57,000 instructions a line, the same bytes out. These are the process's settings, so
 only ``mesh serve`` makes them (it owns the process's logging); a ``Node`` run inside someone
 else's application logs with whatever that application configured. A line format that shows
-``%(funcName)s``, ``%(lineno)d``, ``%(thread)d`` or ``%(process)d`` would need them back.
+``%(funcName)s``, ``%(lineno)d``, ``%(thread)d`` or ``%(process)d`` would need them back, and
+so would a ``stack_info=True`` record (its stack comes with the caller lookup): mesh logs none.
 """
 
 from __future__ import annotations

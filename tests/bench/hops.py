@@ -186,7 +186,6 @@ def main(argv: list[str] | None = None) -> int:
                 )
         finally:
             _stop(procs)
-    servers_of = {key: list(found) for key, found in servers.items()}
     summary = {
         name: {
             "median": statistics.median(r[name] for r in rounds),
@@ -214,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_median = {
         key: {
             name: round(statistics.median(r["cpu_ms_per_request"][key][name] for r in rounds), 3)
-            for name in servers_of[key]
+            for name in servers[key]
         }
         for key in KEYS
     }
