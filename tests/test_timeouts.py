@@ -89,9 +89,8 @@ def test_nested_deadlines_each_raise_their_own(kind: Callable[[float | None], An
         # Both at once: the outer's (the inner sees a second cancellation).
         loop = asyncio.get_running_loop()
         try:
-            async with kind(0.02):
-                async with kind(0.02):
-                    await asyncio.sleep(5)
+            async with kind(0.02), kind(0.02):
+                await asyncio.sleep(5)
         except TimeoutError:
             seen.append("both")
         assert loop.time() > 0
@@ -158,6 +157,7 @@ def test_one_loop_timer_serves_deadlines_set_one_after_another() -> None:
 def test_deadlines_left_early_are_dropped_from_the_heap() -> None:
     async def main() -> tuple[int, list[str]]:
         seen: list[str] = []
+
         # A long one still running while many short ones come and go.
         async def long() -> None:
             try:
