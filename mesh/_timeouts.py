@@ -10,9 +10,14 @@ sooner than every other re-arms the timer.
 
 The rest is ``asyncio.timeout``'s: at its time the task is cancelled; on exit, that
 cancellation taken back (``Task.uncancel``) and no other left, a ``CancelledError`` becomes
-``TimeoutError``; a delay of 0 or less expires at the loop's next iteration; ``None`` never
-expires. It is a plain context manager too (``with``, in a task): nothing in it awaits. Deadlines that are over wait in the heap until their time or until they are most of
-it (then it is rebuilt without them), so a long deadline left early is not kept for long.
+``TimeoutError``; a delay of 0 or less (or NaN) expires at the loop's next iteration; ``None``
+never expires. It is a plain context manager too (``with``, in a task): nothing in it awaits.
+Deadlines that are over wait in the heap until their time or until they are most of it (then
+it is rebuilt without them), so a long deadline left early is not kept for long.
+
+``mesh._gate._BodyDeadlines`` does the same for the gate's body reads, whose deadlines all have
+one length and so fall due in the order set: a deque there, ~1 k instructions a read against
+~11.5 k here. Deadlines of any length (a call's remaining time) need this heap.
 """
 
 from __future__ import annotations
