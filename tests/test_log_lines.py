@@ -86,3 +86,118 @@ def test_a_served_process_logs_the_line_without_the_callers_place() -> None:
     (line,) = proc.stderr.splitlines()
     assert line.endswith(" INFO mesh.task: task ab12 completed")
     assert time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
+
+
+def _rich_records() -> list[logging.LogRecord]:
+    """Records of each kind a line may carry: args, a dict of args, a traceback, a stack."""
+    plain = _record(1796167153.25)
+    named = logging.LogRecord(
+        "mesh._remote",
+        logging.WARNING,
+        __file__,
+        1,
+        "%(who)s: %(n)d",
+        ({"who": "x", "n": 3},),
+        None,
+    )
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failed = logging.LogRecord(
+            "mesh.task", logging.ERROR, __file__, 1, "failed %s", ("t",), sys.exc_info()
+        )
+    stacked = logging.LogRecord(
+        "mesh", logging.INFO, __file__, 1, "here", None, None, sinfo="Stack (most recent call last)"
+    )
+    return [plain, named, failed, stacked]
+
+
+def test_every_kind_of_record_is_the_standard_formatters_text() -> None:
+    ours, standard = LineFormatter(FORMAT), logging.Formatter(FORMAT)
+    for mine, theirs in zip(_rich_records(), _rich_records(), strict=True):
+        assert ours.format(mine) == standard.format(theirs)
+        # What Formatter.format leaves on the record, other handlers may read.
+        assert mine.message == theirs.message
+        assert mine.asctime == theirs.asctime
+        assert mine.exc_text == theirs.exc_text
+
+
+def test_the_serve_format_is_written_without_the_style_object(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ours = LineFormatter(FORMAT)
+    expected = logging.Formatter(FORMAT).format(_record(1796167153.25))
+
+    def refused(record: logging.LogRecord) -> str:
+        raise AssertionError("the style object formatted the line")
+
+    monkeypatch.setattr(ours._style, "format", refused)
+    assert ours.format(_record(1796167153.25)) == expected
+    # Another format (or a traceback) still goes through it.
+    other = LineFormatter("%(levelname)s %(message)s")
+    monkeypatch.setattr(other._style, "format", refused)
+    with pytest.raises(AssertionError, match="style object"):
+        other.format(_record(1796167153.25))
+
+
+class _Lock:
+    """A handler's lock that counts how often it is taken."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def acquire(self) -> None:
+        self.taken += 1
+
+    def release(self) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def write(self, text: str) -> None:
+        self.calls.append(("write", text))
+
+    def flush(self) -> None:
+        self.calls.append(("flush", ""))
+
+
+def test_the_handler_writes_and_flushes_as_a_stream_handler_under_one_lock() -> None:
+    from mesh._cli.log_lines import LineHandler
+
+    seen: dict[str, tuple[list[tuple[str, str]], int]] = {}
+    for handler in (LineHandler(_Stream()), logging.StreamHandler(_Stream())):
+        handler.setFormatter(LineFormatter(FORMAT))
+        lock = handler.lock = _Lock()  # type: ignore[assignment]
+        for record in _rich_records():
+            handler.handle(record)
+        seen[type(handler).__name__] = (handler.stream.calls, lock.taken)
+    ours, standard = seen["LineHandler"], seen["StreamHandler"]
+    assert ours[0] == standard[0]  # the same writes and flushes, in the same order
+    assert ours[1] == len(_rich_records())  # once a record (the stream handler: twice)
+    assert standard[1] == 2 * len(_rich_records())
+
+
+def test_a_stream_without_flush_is_written_as_a_stream_handler_writes_it() -> None:
+    from mesh._cli.log_lines import LineHandler
+
+    class WriteOnly:
+        def __init__(self) -> None:
+            self.text = ""
+
+        def write(self, text: str) -> None:
+            self.text += text
+
+    ours, standard = LineHandler(WriteOnly()), logging.StreamHandler(WriteOnly())
+    for handler in (ours, standard):
+        handler.setFormatter(LineFormatter(FORMAT))
+        handler.handle(_record(1796167153.25))
+    assert ours.stream.text == standard.stream.text != ""
