@@ -19,6 +19,7 @@ from a2a.types import (
     Message,
     Part,
     Role,
+    SendMessageConfiguration,
     SendMessageRequest,
     SendMessageResponse,
     Task,
@@ -38,6 +39,7 @@ from mesh._a2a.fastpath_json import (
     send_request,
     to_json,
 )
+from mesh._a2a.idempotency import send_answer, send_answer_cut
 from tests.test_node_fastpath import _same, _send, fast_and_sdk
 
 WEIRD: dict[str, Any] = {
@@ -427,3 +429,65 @@ def test_a_struct_held_in_a_struct_is_written_once_per_bytes(
         with pytest.raises(SerializeToJsonError):
             rpc_result(nan, 1)
         assert len(walked) == 1
+
+
+def _with_history(task: Task, count: int) -> Task:
+    held = Task()
+    held.CopyFrom(task)
+    for i in range(count):
+        held.history.append(
+            Message(message_id=f"h-{i}", role=Role.ROLE_USER, parts=[Part(text="hi")])
+        )
+    return held
+
+
+@pytest.mark.parametrize("task", _tasks(), ids=lambda task: task.id or "empty")
+def test_an_answer_from_a_history_index_is_the_task_without_the_messages_before(
+    task: Task,
+) -> None:
+    """history_from leaves the task's first messages out of its text, as send_answer's task
+    without them (no history member once none is left), written from the task itself: the
+    bytes dumps writes of MessageToDict's dict of it with its history list cut."""
+    for count in (1, 3):
+        held = _with_history(task, count)
+        for start in range(len(held.history) + 1):
+            expected = MessageToDict(held)
+            expected["history"] = expected["history"][start:]
+            if not expected["history"]:
+                del expected["history"]
+            assert response_text(held, start).encode() == dumps({"task": expected})
+            envelope = {"result": {"task": expected}, "id": "r", "jsonrpc": "2.0"}
+            assert rpc_result(held, "r", history_from=start) == dumps(envelope)
+            sent_id = held.history[start - 1].message_id if start else "absent"
+            sent = SendMessageRequest(message=Message(message_id=sent_id))
+            answer, cut = send_answer_cut(held, sent)
+            if held.HasField("status"):
+                assert answer is held  # no copy
+                assert cut == start
+            else:  # send_answer's copy has an empty status: that copy, from its start
+                assert (answer, cut) == (send_answer(held, sent), 0)
+            assert json.loads(response_text(answer, cut)) == json.loads(
+                response_text(send_answer(held, sent))
+            )
+        for length in (0, 1, 2, 3, 4, 10, -1):
+            asked = SendMessageRequest(
+                message=Message(message_id="h-0"),
+                configuration=SendMessageConfiguration(history_length=length),
+            )
+            answer, cut = send_answer_cut(held, asked)
+            assert answer is held  # apply_history_length's copy not made
+            copied = send_answer(held, asked)
+            assert len(copied.history) == len(held.history) - cut
+            assert json.loads(response_text(answer, cut)) == json.loads(response_text(copied))
+
+
+def test_a_cut_answer_the_text_cannot_write_is_message_to_dicts() -> None:
+    left = _with_history(Task(id="t", metadata=_struct({"n": float("nan")})), 2)
+    trimmed = Task()
+    trimmed.CopyFrom(left)
+    del trimmed.history[:1]
+    with pytest.raises(SerializeToJsonError) as theirs:
+        MessageToDict(SendMessageResponse(task=trimmed))
+    with pytest.raises(SerializeToJsonError) as mine:
+        rpc_result(left, 1, history_from=1)
+    assert str(mine.value) == str(theirs.value)

@@ -429,6 +429,8 @@ _isfinite = math.isfinite
 
 #: Text plans by message type; None for a type left to ``MessageToDict``.
 _TEXT_PLANS: dict[Descriptor, _Convert | None] = {}
+#: The members' writer of each regular plan, given a message's ``ListFields``.
+_FIELDS_TEXT: dict[Descriptor, Callable[[list[tuple[FieldDescriptor, Any]]], str]] = {}
 
 
 def dumps(value: Any) -> bytes:
@@ -438,24 +440,56 @@ def dumps(value: Any) -> bytes:
     ).encode("utf-8")
 
 
-def response_text(answer: Task | Message) -> str:
+def response_text(answer: Task | Message, history_from: int = 0) -> str:
     """The JSON text of ``response_json(answer)``, as ``dumps`` writes it (decoded), and its
-    error for an answer it cannot write."""
+    error for an answer it cannot write. ``history_from``: the task's history messages before
+    this index are left out, as of the task made without them (``_trimmed``)."""
     key = '{"task":' if isinstance(answer, Task) else '{"message":'
     try:
+        if history_from:
+            return key + _task_text(answer, history_from) + "}"
         return key + _message_text(answer) + "}"
     except _Unplanned:
+        if history_from:
+            answer = _trimmed(answer, history_from)
         return json.dumps(
             response_json(answer), ensure_ascii=False, allow_nan=False, separators=(",", ":")
         )
 
 
-def rpc_result(answer: Task | Message, request_id: str | int) -> bytes:
+def rpc_result(answer: Task | Message, request_id: str | int, history_from: int = 0) -> bytes:
     """``dumps`` of the SDK route's envelope of ``response_json(answer)`` (its
     ``JSONRPC20Response(result=..., _id=request_id).data``: result, id, jsonrpc), and
-    ``response_json``'s error for an answer it cannot write."""
+    ``response_json``'s error for an answer it cannot write; ``history_from`` as for
+    ``response_text``."""
     rid = _quote(request_id) if isinstance(request_id, str) else _int_text(request_id)
-    return f'{{"result":{response_text(answer)},"id":{rid},"jsonrpc":"2.0"}}'.encode()
+    text = response_text(answer, history_from)
+    return f'{{"result":{text},"id":{rid},"jsonrpc":"2.0"}}'.encode()
+
+
+_HISTORY = Task.DESCRIPTOR.fields_by_name["history"]
+
+
+def _task_text(task: Any, history_from: int) -> str:
+    """``_message_text(_trimmed(task, history_from))`` without the copy: the task's own
+    fields, its history from ``history_from`` on (none left: no ``history`` member, as an
+    empty repeated field is not listed)."""
+    fields = []
+    for field, value in type(task).ListFields(task):
+        if field == _HISTORY:
+            value = value[history_from:]
+            if not value:
+                continue
+        fields.append((field, value))
+    return _fields_text(Task.DESCRIPTOR, fields)
+
+
+def _trimmed(task: Any, history_from: int) -> Task:
+    """``task`` without its history messages before ``history_from``: a copy."""
+    trimmed = Task()
+    trimmed.CopyFrom(task)
+    del trimmed.history[:history_from]
+    return trimmed
 
 
 def _message_text(message: ProtoMessage) -> str:
@@ -485,7 +519,15 @@ def _text_plan(desc: Descriptor) -> _Convert | None:
         names[field] = _quote(field.json_name) + ":"
         converts[field] = convert
 
+    def fields_text(fields: list[tuple[FieldDescriptor, Any]]) -> str:
+        try:
+            members = [f"{names[f]}{converts[f](value)}" for f, value in fields]
+        except KeyError:
+            raise _Unplanned from None  # an extension
+        return "{" + ",".join(members) + "}"
+
     def regular(message: Any) -> str:
+        # fields_text's body, not a call to it: a call more for every message written
         try:
             members = [
                 f"{names[f]}{converts[f](value)}" for f, value in type(message).ListFields(message)
@@ -494,7 +536,18 @@ def _text_plan(desc: Descriptor) -> _Convert | None:
             raise _Unplanned from None  # an extension
         return "{" + ",".join(members) + "}"
 
+    _FIELDS_TEXT[desc] = fields_text
     return regular
+
+
+def _fields_text(desc: Descriptor, fields: list[tuple[FieldDescriptor, Any]]) -> str:
+    """The text of a message of type ``desc`` whose ``ListFields`` are ``fields``."""
+    if desc not in _TEXT_PLANS:
+        _TEXT_PLANS[desc] = _text_plan(desc)
+    writer = _FIELDS_TEXT.get(desc)
+    if writer is None:
+        raise _Unplanned
+    return writer(fields)
 
 
 def _field_text(field: FieldDescriptor) -> _Convert | None:

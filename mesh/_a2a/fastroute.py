@@ -11,7 +11,8 @@ pieces: the request read into ``SendMessageRequest`` (``mesh._a2a.fastpath_json`
 called only for a version other than the one it wants), the call context
 ``DefaultServerCallContextBuilder`` builds (made from the scope's headers without a Starlette
 ``Request``, unless an authentication middleware put a user there), the handler's
-``on_message_send`` (idempotency, then ``FastPath``), and the answer or error body
+``on_message_send`` (idempotency, then ``FastPath``; its task's history trimmed as the text
+is written, ``send_answer_cut``, not in a copy), and the answer or error body
 (``build_error_response``; the answer the bytes Starlette's ``JSONResponse`` writes of
 ``MessageToDict``'s dict, written in one pass by ``fastpath_json.rpc_result``, and sent as
 ``JSONResponse`` sends them: ``Content-Length``, ``Content-Type``, the body). Every other
@@ -32,7 +33,7 @@ from a2a.extensions.common import HTTP_EXTENSION_HEADER, get_requested_extension
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import build_error_response
 from a2a.server.routes import DefaultServerCallContextBuilder
-from a2a.types import SendMessageRequest
+from a2a.types import Message, SendMessageRequest, Task
 from a2a.utils import constants
 from a2a.utils.error_handlers import build_rest_error_payload
 from a2a.utils.errors import A2AError, InternalError
@@ -44,6 +45,7 @@ from starlette.responses import JSONResponse
 from mesh._a2a.fastpath import FastPath
 from mesh._a2a.fastpath_json import dumps, response_text, rpc_result, send_request
 from mesh._a2a.handler import MeshRequestHandler
+from mesh._a2a.idempotency import send_answer_cut
 
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
@@ -73,7 +75,9 @@ class FastRoute:
         self.metrics = metrics
         self._handler = handler
         # The route's version check, as the SDK's route applies it to the same call.
-        self._checked = validate_version(constants.PROTOCOL_VERSION_1_0)(handler.on_message_send)
+        self._checked = validate_version(constants.PROTOCOL_VERSION_1_0)(
+            handler.on_message_send_unanswered
+        )
         self._contexts = DefaultServerCallContextBuilder()
 
     async def serve(self, body: Any, scope: Scope, receive: Receive, send: Send) -> bool:
@@ -96,7 +100,8 @@ class FastRoute:
         context.state["method"] = "SendMessage"
         context.state["request_id"] = request_id
         try:
-            answer = rpc_result(await self._call(params, context), request_id)
+            result, start = self._answer(await self._call(params, context), params)
+            answer = rpc_result(result, request_id, history_from=start)
         except A2AError as exc:
             error = dumps(build_error_response(request_id, exc))
         except Exception as exc:
@@ -121,7 +126,8 @@ class FastRoute:
         if not self.fastpath.takes(params, context):
             return False
         try:
-            answer = response_text(await self._call(params, context)).encode()
+            result, start = self._answer(await self._call(params, context), params)
+            answer = response_text(result, history_from=start).encode()
         except Exception as exc:
             if not isinstance(exc, A2AError):
                 log.exception("SendMessage failed")  # as the SDK's REST route logs it
@@ -167,12 +173,21 @@ class FastRoute:
             self.metrics.fastpath_send(binding)
 
     async def _call(self, params: SendMessageRequest, context: ServerCallContext) -> Any:
+        """The handler's ``on_message_send``, its answer not yet trimmed (``_answer``)."""
         headers = context.state["headers"]
         version = headers.get(constants.VERSION_HEADER) or headers.get(_VERSION)
         if version == constants.PROTOCOL_VERSION_1_0:
             # The version the check wants, which it lets through.
-            return await self._handler.on_message_send(params, context)
+            return await self._handler.on_message_send_unanswered(params, context)
         return await self._checked(params, context)  # its own verdict, its own error
+
+    @staticmethod
+    def _answer(result: Task | Message, params: SendMessageRequest) -> tuple[Task | Message, int]:
+        """``on_message_send``'s answer as ``result`` and the first history message its text
+        writes (``send_answer_cut``): the task is written without a copy of it."""
+        if isinstance(result, Task):
+            return send_answer_cut(result, params)
+        return result, 0
 
     def _prepare(self, body: Any) -> tuple[str | int, SendMessageRequest] | None:
         """The request id and params of a ``SendMessage`` request, else None."""

@@ -342,15 +342,22 @@ class MeshRequestHandler(RequestHandler):
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Task | Message:
+        return _answer(await self.on_message_send_unanswered(params, context), params)
+
+    async def on_message_send_unanswered(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> Task | Message:
+        """``on_message_send``'s task (or message) before ``send_answer`` trims it: the fast
+        route writes the answer from it (``send_answer_cut``) without a copy."""
         key = message_key(params.message, context)
         if key is None:
-            return _answer(await self._send(params, context), params)
+            return await self._send(params, context)
         existing = await self.keys.claim(key)
         if existing is not None:
-            return _answer(await replay(self.task_store, existing, params, context), params)
+            return await replay(self.task_store, existing, params, context)
         # From here this send owns ``key`` until it ends.
         try:
-            return _answer(await self._send(params, context), params)
+            return await self._send(params, context)
         finally:
             self.keys.end(key)
 

@@ -65,6 +65,7 @@ __all__ = [
     "message_key",
     "replay",
     "send_answer",
+    "send_answer_cut",
 ]
 
 MessageKey = tuple[str, str, str]  # (owner, caller, message_id)
@@ -111,20 +112,44 @@ def send_answer(task: Task, params: SendMessageRequest) -> Task:
     config = params.configuration
     if config.HasField("history_length"):
         return apply_history_length(task, config)
-    sent = params.message.message_id
+    start = _after_sent(task, params.message.message_id)
+    if start == 0:
+        return task
+    # A new Task, not a copy trimmed afterwards: the message is never copied.
+    return Task(
+        id=task.id,
+        context_id=task.context_id,
+        status=task.status,
+        artifacts=task.artifacts,
+        history=task.history[start:],
+        metadata=task.metadata if task.HasField("metadata") else None,
+    )
+
+
+def send_answer_cut(task: Task, params: SendMessageRequest) -> tuple[Task, int]:
+    """``send_answer(task, params)`` as a task and the index of the first history message it
+    keeps: a writer leaving the messages before it out writes that answer without a copy
+    (``fastpath_json.rpc_result``)."""
+    config = params.configuration
+    if config.HasField("history_length"):
+        # apply_history_length's rule: the last history_length messages, none for 0
+        length, kept = config.history_length, len(task.history)
+        if length == 0 or 0 < length < kept:
+            return task, kept - length
+        return task, 0
+    if not task.HasField("status"):
+        # (send_answer's copy of a task without a status has an empty one)
+        return send_answer(task, params), 0
+    return task, _after_sent(task, params.message.message_id)
+
+
+def _after_sent(task: Task, sent: str) -> int:
+    """The index after the last history message with id ``sent``; 0 when none has it."""
     history = task.history
     for i in range(len(history) - 1, -1, -1):
         if history[i].message_id == sent:
-            # A new Task, not a copy trimmed afterwards: the message is never copied.
-            return Task(
-                id=task.id,
-                context_id=task.context_id,
-                status=task.status,
-                artifacts=task.artifacts,
-                history=history[i + 1 :],
-                metadata=task.metadata if task.HasField("metadata") else None,
-            )
-    return task
+            return i + 1
+    return 0
 
 
 def message_key(message: Message, context: ServerCallContext | None) -> MessageKey | None:
