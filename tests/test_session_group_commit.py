@@ -9,6 +9,7 @@ that fails is not lost: the next durable append of the session, or ``sync``, rai
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,78 @@ async def test_a_sync_cancelled_while_it_waits_leaves_its_writes_to_commit(
         await store.append_event(session, Event(author="user", content=Content.user("c")))
         stored = await store.get("u1", "s1")
         assert stored is not None
+        assert [e.text for e in stored.events] == ["a", "b", "c"]
+    finally:
+        await db.aclose()
+
+
+async def _remote_turn(store: SqliteSessionStore, session_id: str) -> Session:
+    """A remote call's turn of a new session, queued as the runner queues it: the create, the
+    user's event, the tool event with the peer's context id (a delta), the durable answer."""
+    session = await store.create("u1", session_id, durable=False)
+    await store.append_event(
+        session, Event(author="user", content=Content.user("a")), durable=False
+    )
+    tool = Event(author="tool", content=Content.user("b"), state_delta={"ctx:peer": "c-1"})
+    await store.append_event(session, tool, durable=False)
+    await store.append_event(session, Event(author="model", content=Content.user("c")))
+    return session
+
+
+async def test_a_delta_right_after_the_turns_own_insert_reads_no_state_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn inserted the session's row in the same transaction: the state it inserted is
+    the row's, so the event with a delta merges into it without a select of the row."""
+    monkeypatch.setattr(mesh._sqlite, "DEFER_S", 60.0)  # the turn's writes in one group
+    db = await Database.open(tmp_path / "node.db")
+    statements: list[str] = []
+    try:
+        store = SqliteSessionStore(db)
+        await store.create("u1", "warm")
+        db._conn.set_trace_callback(statements.append)
+        session = await _remote_turn(store, "s1")
+        db._conn.set_trace_callback(None)
+        assert not [s for s in statements if s.startswith("select")], statements
+        stored = await store.get("u1", "s1")
+        assert stored is not None
+        assert stored.state == session.state == {"ctx:peer": "c-1"}
+        assert [e.text for e in stored.events] == ["a", "b", "c"]
+        assert stored.updated_at == session.updated_at
+    finally:
+        await db.aclose()
+
+
+async def test_a_row_another_writer_inserted_first_keeps_its_state_under_the_delta(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The row was there before the turn's queued create ran (another process made it): the
+    create leaves it, and the delta merges into the state that row holds, read from it."""
+    monkeypatch.setattr(mesh._sqlite, "DEFER_S", 60.0)
+    db = await Database.open(tmp_path / "node.db")
+    try:
+        store = SqliteSessionStore(db)
+        await store.create("u1", "warm")
+        session = await store.create("u1", "s1", durable=False)
+        await store.append_event(
+            session, Event(author="user", content=Content.user("a")), durable=False
+        )
+        # Another connection to the file inserts the row while the group waits for its batch.
+        other = sqlite3.connect(tmp_path / "node.db")
+        with other:
+            other.execute(
+                "insert into mesh_sessions (user_id, id, state, created_at, updated_at) "
+                "values ('u1', 's1', '{\"theirs\": 1}', 1.0, 1.0)"
+            )
+        other.close()
+        tool = Event(author="tool", content=Content.user("b"), state_delta={"ctx:peer": "c-1"})
+        await store.append_event(session, tool, durable=False)
+        await store.append_event(session, Event(author="model", content=Content.user("c")))
+        stored = await store.get("u1", "s1")
+        assert stored is not None
+        assert stored.state == {"theirs": 1, "ctx:peer": "c-1"}
+        assert stored.created_at == 1.0  # their row, kept
+        assert stored.updated_at == session.updated_at  # touched by the turn's events
         assert [e.text for e in stored.events] == ["a", "b", "c"]
     finally:
         await db.aclose()

@@ -94,6 +94,15 @@ class _Group:
                 write.created = last
                 self._writes[-1] = write
             else:
+                if isinstance(write, _StateAppend) and (
+                    isinstance(last, _Create)
+                    or (isinstance(last, _Appends) and last.created is not None)
+                ):
+                    # Right after this turn's own insert of the row, in the same transaction:
+                    # the state it stored is known when it did insert it, not read back.
+                    if isinstance(last, _Appends):
+                        last.tells_state = True
+                    write.after = last
                 self._writes.append(write)
             return True
 
@@ -387,12 +396,14 @@ class _Create:
     """A new session's row (``create(durable=False)``): inserted unless it exists. Joined by
     the appends queued after it (``_Group.add``), it becomes their ``created``."""
 
-    __slots__ = ("row",)
+    __slots__ = ("left_state", "row")
 
     def __init__(
         self, user_id: str, session_id: str, state: str, created_at: float, updated_at: float
     ) -> None:
         self.row = (user_id, session_id, state, created_at, updated_at)
+        #: The row's state as this write left it, when it inserted the row (else None).
+        self.left_state: str | None = None
 
     def __call__(self, conn: sqlite3.Connection) -> bool:
         cur = conn.execute(
@@ -400,7 +411,9 @@ class _Create:
             "values (?, ?, ?, ?, ?)",
             self.row,
         )
-        return cur.rowcount == 1
+        inserted = cur.rowcount == 1
+        self.left_state = self.row[2] if inserted else None
+        return inserted
 
 
 class _StateAppend:
@@ -410,7 +423,7 @@ class _StateAppend:
     stored after it, the update taking the last one's time: one update of the row, not one
     more for them; what is stored is what one write per event stored."""
 
-    __slots__ = ("_delta_json", "_key", "_now", "_rows")
+    __slots__ = ("_delta_json", "_key", "_now", "_rows", "after")
 
     def __init__(
         self, session: Session, event: Event, data: str, delta_json: str, now: float
@@ -419,6 +432,9 @@ class _StateAppend:
         self._delta_json = delta_json
         self._now = now
         self._rows = [(session.user_id, session.id, event.id, event.author, event.timestamp, data)]
+        #: The write of its group right before it that inserts the session's row (the turn's
+        #: own create, ``_Group.add``): when it did, the row's state is the one it stored.
+        self.after: _Create | _Appends | None = None
 
     def extend(self, later: _Appends) -> None:
         """Store ``later``'s events after this one (the same session's)."""
@@ -427,12 +443,15 @@ class _StateAppend:
 
     def __call__(self, conn: sqlite3.Connection) -> dict[str, Any]:
         user_id, session_id = self._key
-        row = conn.execute(
-            "select state from mesh_sessions where user_id=? and id=?", (user_id, session_id)
-        ).fetchone()
-        if row is None:
-            raise StoreError(f"no session {session_id!r} of user {user_id!r} to append to")
-        state = merge_state(json.loads(row["state"]), json.loads(self._delta_json))
+        stored = self.after.left_state if self.after is not None else None
+        if stored is None:  # a row this transaction did not insert: the row says
+            row = conn.execute(
+                "select state from mesh_sessions where user_id=? and id=?", (user_id, session_id)
+            ).fetchone()
+            if row is None:
+                raise StoreError(f"no session {session_id!r} of user {user_id!r} to append to")
+            stored = row["state"]
+        state = merge_state(json.loads(stored), json.loads(self._delta_json))
         rows = self._rows
         conn.execute(
             "insert into mesh_session_events "
@@ -460,13 +479,17 @@ class _Appends:
     ``created`` row, that row is written with the events' time (or, when it exists, only its
     ``updated_at`` moves: ``insert or ignore`` and the update did the same), no update."""
 
-    __slots__ = ("_key", "_now", "_rows", "created")
+    __slots__ = ("_key", "_now", "_rows", "created", "left_state", "tells_state")
 
     def __init__(self, session: Session, event: Event, data: str, now: float) -> None:
         self._key = (session.user_id, session.id)
         self._now = now
         self._rows = [(session.user_id, session.id, event.id, event.author, event.timestamp, data)]
         self.created: _Create | None = None
+        #: An event with a delta follows in the group (``_Group.add``): tell it the state the
+        #: row was inserted with (``left_state``), when this write inserted it.
+        self.tells_state = False
+        self.left_state: str | None = None
 
     def extend(self, later: _Appends) -> None:
         """Store ``later``'s events after these (the same session's)."""
@@ -475,7 +498,24 @@ class _Appends:
 
     def __call__(self, conn: sqlite3.Connection) -> None:
         user_id, session_id = self._key
-        if self.created is not None:
+        self.left_state = None
+        if self.created is not None and self.tells_state:
+            # Its row count read (on PostgreSQL the round trip the state's read would take):
+            # inserted, the state is the one it was inserted with; there, it is only touched.
+            values = (*self.created.row[:4], self._now)
+            cur = conn.execute(
+                "insert or ignore into mesh_sessions (user_id, id, state, created_at, updated_at) "
+                "values (?, ?, ?, ?, ?)",
+                values,
+            )
+            if cur.rowcount == 1:
+                self.left_state = values[2]
+            else:
+                conn.execute(
+                    "update mesh_sessions set updated_at=? where user_id=? and id=?",
+                    (self._now, user_id, session_id),
+                )
+        elif self.created is not None:
             # No row count to read (a round trip on PostgreSQL): the row exists after it.
             conn.execute(
                 "insert into mesh_sessions (user_id, id, state, created_at, updated_at) "
