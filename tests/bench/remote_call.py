@@ -96,7 +96,14 @@ async def _calls(url: str, warmup: int, calls: int) -> float:
 
 def _inner(argv: list[str]) -> int:
     url, warmup, calls, out = argv[0], int(argv[1]), int(argv[2]), Path(argv[3])
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    # As mesh serve configures logging (mesh._cli.log_lines, as tests.bench.instructions does;
+    # a tree from before it: basicConfig's defaults in the same format).
+    try:
+        from mesh._cli import log_lines
+    except ImportError:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    else:
+        log_lines.configure(logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     import uvloop
 
