@@ -11,6 +11,7 @@ from a2a.helpers import new_text_part
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import Artifact, Message, Part, Role, Task, TaskState, TaskStatus
+from google.protobuf.json_format import MessageToDict
 
 from mesh._a2a.fastpath import AppliedEvents
 from mesh._a2a.one_shot import OneShotUpdater, stepped
@@ -158,6 +159,37 @@ async def test_a_held_artifact_is_built_in_the_final_task_only(
     assert [fields["artifact_id"] for fields in built] == ["a-1"]
     assert released.task is not None
     assert list(released.task.artifacts) == kept[:1]
+
+
+async def test_a_held_status_is_built_in_the_final_task_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A held run's final status (a caller's timestamp too) and its one status's metadata are
+    built in its final task, not built apart and copied in."""
+    from mesh._a2a import one_shot
+
+    built: list[dict[str, Any]] = []
+
+    def counted(**fields: Any) -> TaskStatus:
+        built.append(fields)
+        return TaskStatus(**fields)
+
+    monkeypatch.setattr(one_shot, "TaskStatus", counted)
+    held = _events()
+    updater = OneShotUpdater(held, TASK, CONTEXT, held._initial_message)
+    await updater.start_work(_message("running skill 'score'", "m-1"))
+    await updater.update_status(
+        TaskState.TASK_STATE_COMPLETED,
+        timestamp="2026-12-02T02:19:01.643004Z",
+        metadata={"skill": "score", "usage": ZEROS},
+    )
+    assert built == []
+    task = held.task
+    assert task is not None
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert task.status.timestamp.ToJsonString() == "2026-12-02T02:19:01.643004Z"
+    assert [m.message_id for m in task.history] == ["m-0", "m-1"]
+    assert MessageToDict(task.metadata) == {"skill": "score", "usage": dict.fromkeys(ZEROS, 0.0)}
 
 
 async def test_a_released_run_publishes_its_start_then_its_updates() -> None:
