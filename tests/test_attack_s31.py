@@ -44,7 +44,7 @@ from mesh._cli.log_lines import FORMAT, LineFormatter, LineHandler
 from mesh._errors import StoreError
 from mesh._events import Event
 from mesh._sessions.base import Session, merge_state
-from mesh._sessions.sqlite import SqliteSessionStore
+from mesh._sessions.sqlite import SqliteSessionStore, _Group
 from mesh._sqlite import Database
 from mesh._types import Content
 from tests.test_node_fastpath import HEADERS, Pair, _norm, _send, fast_and_sdk
@@ -674,3 +674,68 @@ async def test_an_artifact_that_cannot_be_built_fails_at_once_and_the_run_can_en
     assert expected_events.task.status.state == TaskState.TASK_STATE_FAILED
     assert held_events.task is not None
     assert held_events.task.status.state == TaskState.TASK_STATE_FAILED
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("existing", [False, True])
+@pytest.mark.parametrize("name", ["create-deltas", "create-events-deltas", "create-event-delta"])
+async def test_a_turns_state_on_postgres_is_every_delta_merged_in_order(
+    pg_database: str, name: str, existing: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same on PostgreSQL (the row count read in a pipeline), with a write of another
+    write failing first in the turn's batch (the server skips the turn's group's statements,
+    which run again: its create's row count read twice)."""
+    from mesh._pg import PgDatabase
+
+    monkeypatch.setattr(mesh._sqlite, "DEFER_S", 60.0)
+    runs: list[int] = []
+    group_call = _Group.__call__
+
+    def counted(self: _Group, conn: Any) -> None:
+        runs.append(1)
+        group_call(self, conn)
+
+    monkeypatch.setattr(_Group, "__call__", counted)
+    steps = SEQUENCES[name]
+    initial = {"a": 1, "c": {"z": 0}}
+    db = await PgDatabase.open(pg_database)
+    try:
+        store = SqliteSessionStore(db)
+        await store.count()
+        if existing:
+            await db.write(
+                lambda conn: conn.execute(
+                    "insert into mesh_sessions (user_id, id, state, created_at, updated_at) "
+                    "values (?, ?, ?, ?, ?)",
+                    ("u1", "s1", json.dumps({"other": "process", "a": 5}), 1.0, 2.0),
+                )
+            )
+        # First in the batch, a statement the server refuses: its error shows at the turn's
+        # group's first read, whose statements the server skipped: the group runs again.
+        refused = db.write_soon(lambda conn: conn.execute("insert into s31_no_table values (1)"))
+        session = await store.create("u1", "s1", initial, durable=False)
+        events = []
+        for i, (_, delta) in enumerate(steps):
+            event = _event(f"a{i}", delta)
+            events.append(event)
+            session = await store.append_event(session, event, durable=False)
+        db.flush()
+        await store.sync(session)
+        assert refused.exception() is not None
+        assert 1 <= len(runs) <= 2  # mostly twice: the group's statements skipped once
+    finally:
+        await db.aclose()
+    expected: dict[str, Any] = {"other": "process", "a": 5} if existing else dict(initial)
+    for _, delta in steps:
+        if delta:
+            expected = merge_state(expected, delta)
+    db = await PgDatabase.open(pg_database)
+    try:
+        stored = await SqliteSessionStore(db).get("u1", "s1")
+    finally:
+        await db.aclose()
+    assert stored is not None
+    assert stored.state == expected
+    assert stored.events == events
+    assert stored.created_at == (1.0 if existing else session.created_at)
+    assert stored.updated_at == session.updated_at
