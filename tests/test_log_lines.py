@@ -201,3 +201,31 @@ def test_a_stream_without_flush_is_written_as_a_stream_handler_writes_it() -> No
         handler.setFormatter(LineFormatter(FORMAT))
         handler.handle(_record(1796167153.25))
     assert ours.stream.text == standard.stream.text != ""
+
+
+def test_what_is_set_on_the_formatter_after_it_is_made_is_used() -> None:
+    # logging.Formatter reads its date format and style at each line: so does this one.
+    def pair() -> tuple[logging.Formatter, logging.Formatter]:
+        return LineFormatter(FORMAT), logging.Formatter(FORMAT)
+
+    mine, theirs = pair()
+    for formatter in (mine, theirs):
+        formatter.datefmt = "%H:%M"
+    assert mine.format(_record(1796167153.25)) == theirs.format(_record(1796167153.25))
+    mine, theirs = pair()
+    for formatter in (mine, theirs):
+        formatter._style = logging.PercentStyle("%(levelname)s %(message)s")
+    assert mine.format(_record(1796167153.25)) == theirs.format(_record(1796167153.25))
+    mine, theirs = pair()
+    for formatter in (mine, theirs):
+        formatter._style._fmt = "%(name)s %(message)s"
+    assert mine.format(_record(1796167153.25)) == theirs.format(_record(1796167153.25))
+
+
+def test_a_subclass_that_formats_the_message_itself_is_asked() -> None:
+    class Shouting(LineFormatter):
+        def formatMessage(self, record: logging.LogRecord) -> str:
+            return super().formatMessage(record).upper()
+
+    line = Shouting(FORMAT).format(_record(1796167153.25))
+    assert line == logging.Formatter(FORMAT).format(_record(1796167153.25)).upper()

@@ -47,16 +47,30 @@ class LineFormatter(logging.Formatter):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        style = self._style
-        self._plain = (
+        style, cls = self._style, type(self)
+        plain = (
             type(style) is logging.PercentStyle
             and style._fmt == FORMAT
             and not style._defaults  # type: ignore[attr-defined]
-            and self.datefmt is None
+            and cls.formatMessage is logging.Formatter.formatMessage
+            and cls.usesTime is logging.Formatter.usesTime
         )
+        # The style it may write itself (None: another format), and that style's format: both
+        # compared with what the formatter has at each line, as is its date format, which
+        # logging.Formatter reads at each line too (they are attributes anyone may set).
+        self._plain_style = style if plain else None
+        self._plain_fmt = style._fmt
 
     def format(self, record: logging.LogRecord) -> str:
-        if not self._plain or record.exc_info or record.exc_text or record.stack_info:
+        style = self._style
+        if (
+            style is not self._plain_style
+            or style._fmt is not self._plain_fmt
+            or self.datefmt is not None
+            or record.exc_info
+            or record.exc_text
+            or record.stack_info
+        ):
             return super().format(record)
         # logging.Formatter.format's steps for a record without a traceback or stack.
         message = record.message = record.getMessage()
