@@ -628,13 +628,6 @@ async def _mutated_after_add(updater: MeshTaskUpdater, what: str) -> None:
     await updater.update_status(TaskState.TASK_STATE_COMPLETED)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="s31 break (6d588a7): a held artifact keeps the caller's parts list, Part objects "
-    "and metadata dict by reference and builds the Artifact at the terminal update; changed "
-    "by the caller after add_artifact (before 6d588a7, and as events: built at once, a copy), "
-    "the final task has the changed parts/metadata",
-)
 @pytest.mark.parametrize("what", ["list", "part", "metadata"])
 async def test_an_artifact_is_what_was_added_not_what_its_objects_became(what: str) -> None:
     async def script(updater: MeshTaskUpdater) -> None:
@@ -667,14 +660,6 @@ async def _bad_name(updater: MeshTaskUpdater) -> list[str]:
     return seen
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="s31 break (6d588a7): an artifact whose Artifact cannot be built (name=7) no "
-    "longer raises in add_artifact but in the terminal update_status, after the updater "
-    "marked itself ended: the run's FAILED ending then raises 'already in a terminal state' "
-    "and the task never settles (held, nothing saved); before, add_artifact raised and the "
-    "run ended FAILED, as with events",
-)
 async def test_an_artifact_that_cannot_be_built_fails_at_once_and_the_run_can_end() -> None:
     expected_events = _events()
     first = expected_events._initial_message

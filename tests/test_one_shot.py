@@ -10,7 +10,7 @@ import pytest
 from a2a.helpers import new_text_part
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import InMemoryTaskStore
-from a2a.types import Artifact, Message, Part, Role, Task, TaskState, TaskStatus
+from a2a.types import Message, Part, Role, Task, TaskState, TaskStatus
 from google.protobuf.json_format import MessageToDict
 
 from mesh._a2a.fastpath import AppliedEvents
@@ -123,42 +123,6 @@ async def test_the_held_task_is_the_events_task_to_the_byte(ending: str) -> None
         assert 0 <= gap < 10**9
         built.status.timestamp.CopyFrom(expected.status.timestamp)  # the one difference
         assert built.SerializeToString() == expected.SerializeToString()
-
-
-async def test_a_held_artifact_is_built_in_the_final_task_only(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A held run's artifacts are built from their keywords in its final task (no Artifact
-    built apart and copied in); released, each is built for its event, the same artifact."""
-    from mesh._a2a import one_shot
-
-    built: list[dict[str, Any]] = []
-
-    def counted(**fields: Any) -> Artifact:
-        built.append(fields)
-        return Artifact(**fields)
-
-    monkeypatch.setattr(one_shot, "Artifact", counted)
-    held = _events()
-    await _run(OneShotUpdater(held, TASK, CONTEXT, held._initial_message), "attached", TRACE)
-    assert built == []
-    assert held.task is not None
-    kept = list(held.task.artifacts)
-    assert [a.artifact_id for a in kept] == ["a-1", f"answer-{TASK}"]
-    released = _events()
-    updater = OneShotUpdater(released, TASK, CONTEXT, released._initial_message)
-    await updater.start_work(_message("running skill 'score'", "m-1"))
-    await updater.add_artifact(
-        [new_text_part("a note")],
-        artifact_id="a-1",
-        name="note",
-        metadata={"description": "a note"},
-        last_chunk=True,
-    )
-    await updater.release()
-    assert [fields["artifact_id"] for fields in built] == ["a-1"]
-    assert released.task is not None
-    assert list(released.task.artifacts) == kept[:1]
 
 
 async def test_a_held_status_is_built_in_the_final_task_only(

@@ -90,16 +90,14 @@ class _Status:
 
 @dataclass(frozen=True)
 class _Artifact:
-    #: ``Artifact``'s keywords: the artifact is built where it is kept (in the final task, or
-    #: in its event once released), not built here and copied there (~13 k instructions).
-    fields: dict[str, Any]
+    artifact: Artifact
     last_chunk: bool | None
 
     def event(self, task_id: str, context_id: str) -> TaskArtifactUpdateEvent:
         return TaskArtifactUpdateEvent(
             task_id=task_id,
             context_id=context_id,
-            artifact=Artifact(**self.fields),
+            artifact=self.artifact,
             append=False,
             last_chunk=self.last_chunk,
         )
@@ -201,14 +199,16 @@ class OneShotUpdater(MeshTaskUpdater):
                 parts, artifact_id, name, metadata, append, last_chunk, extensions
             )
             return
-        fields = {
-            "artifact_id": artifact_id or uuid4_text(),
-            "name": name,
-            "parts": parts,
-            "metadata": metadata,
-            "extensions": extensions,
-        }
-        held.append(_Artifact(fields, last_chunk))
+        # Built now, as the SDK's updater builds it: what was added (a copy), and a bad field
+        # refused here, while the run can still end FAILED.
+        artifact = Artifact(
+            artifact_id=artifact_id or uuid4_text(),
+            name=name,
+            parts=parts,
+            metadata=metadata,
+            extensions=extensions,
+        )
+        held.append(_Artifact(artifact, last_chunk))
 
     def _final(self, held: list[_Status | _Artifact]) -> Task:
         """The task as its events would leave it (``TaskManager``'s rules, as
@@ -217,14 +217,14 @@ class OneShotUpdater(MeshTaskUpdater):
         of its id), made at once from the lists the updates leave."""
         first = self._first
         history = [first] if first is not None else []
-        artifacts: list[dict[str, Any]] = []  # each Artifact's keywords (_Artifact.fields)
+        artifacts: list[Artifact] = []
         metadata: list[dict[str, Any]] = []
         last: _Status | None = None
         for update in held:
             if isinstance(update, _Artifact):
-                new = update.fields
+                new = update.artifact
                 for i, existing in enumerate(artifacts):
-                    if existing["artifact_id"] == new["artifact_id"]:
+                    if existing.artifact_id == new.artifact_id:
                         artifacts[i] = new
                         break
                 else:
