@@ -10,7 +10,8 @@
   builds it in the final task.
 
 A test that passes guards behaviour that held; one marked ``xfail(strict=True)`` is a break
-(the behaviour of the tree before the commit differs; each says how). The references are the
+(the behaviour of the tree before the commit differs; each says how); a break fixed since
+is a passing test that names the commit that broke it and the one that fixed it. The references are the
 standard library's ``logging.Formatter`` / ``StreamHandler``, the SDK route's answer of a node
 with ``MESH_FASTPATH=0``, ``merge_state`` applied in order, and ``MeshTaskUpdater``'s events
 applied by ``AppliedEvents`` (what a held run's task was built as before).
@@ -630,6 +631,8 @@ async def _mutated_after_add(updater: MeshTaskUpdater, what: str) -> None:
 
 @pytest.mark.parametrize("what", ["list", "part", "metadata"])
 async def test_an_artifact_is_what_was_added_not_what_its_objects_became(what: str) -> None:
+    # A break at 6d588a7 (the artifact built at the terminal update from the caller's
+    # objects), undone by 1e59e37.
     async def script(updater: MeshTaskUpdater) -> None:
         await _mutated_after_add(updater, what)
 
@@ -661,6 +664,8 @@ async def _bad_name(updater: MeshTaskUpdater) -> list[str]:
 
 
 async def test_an_artifact_that_cannot_be_built_fails_at_once_and_the_run_can_end() -> None:
+    # A break at 6d588a7 (raised at the terminal update, the updater already ended: the run
+    # could not end FAILED and never settled), undone by 1e59e37.
     expected_events = _events()
     first = expected_events._initial_message
     assert first is not None
@@ -781,3 +786,61 @@ def test_a_handler_subclass_flush_is_called_for_each_line() -> None:
         for n in range(3):
             handler.handle(_record("line %d", (n,)))
     assert _SyncedLines.flushed == _Synced.flushed == 3
+
+
+STATUS_RUNS = ["asked-twice", "working-metadata-only", "caller-times", "offset-time", "no-message"]
+
+
+async def _statuses(updater: MeshTaskUpdater, run: str) -> None:
+    """Status sequences of a held run (40fed5e: its final status from keywords, its one
+    status's metadata given to Task as built, two or more merged in order)."""
+    if run == "asked-twice":
+        await updater.start_work(_message("running", "m-1"))
+        await updater.update_status(
+            TaskState.TASK_STATE_WORKING,
+            message=_message("resuming", "m-2"),
+            metadata={"urn:mesh:tasks:v1": {"questions": []}, "skill": "s"},
+        )
+        await updater.update_status(
+            TaskState.TASK_STATE_COMPLETED,
+            metadata={"skill": "s2", "usage": {"inputTokens": 0}, "extra": [1, "x", None]},
+        )
+    elif run == "working-metadata-only":
+        await updater.update_status(
+            TaskState.TASK_STATE_WORKING,
+            message=_message("running", "m-1"),
+            metadata={"b": "1", "a": "2", "c": {"inputTokens": 0, "outputTokens": 0}},
+        )
+        await updater.update_status(TaskState.TASK_STATE_CANCELED)
+    elif run == "caller-times":
+        await updater.update_status(
+            TaskState.TASK_STATE_WORKING, timestamp="1999-12-31T23:59:59.999999Z"
+        )
+        await updater.update_status(
+            TaskState.TASK_STATE_FAILED,
+            message=_message("late", "m-2"),
+            timestamp="2026-12-02T03:00:00Z",
+            metadata={},
+        )
+    elif run == "offset-time":
+        await updater.update_status(
+            TaskState.TASK_STATE_REJECTED, timestamp="2026-12-02T05:30:00.5+02:30"
+        )
+    else:
+        await updater.start_work()
+        await updater.update_status(TaskState.TASK_STATE_COMPLETED, metadata={"k": 1.5})
+
+
+@pytest.mark.parametrize("run", STATUS_RUNS)
+async def test_a_held_runs_statuses_are_the_events_task_to_the_byte(run: str) -> None:
+    async def script(updater: MeshTaskUpdater) -> None:
+        await _statuses(updater, run)
+
+    expected = await _by_events(script)
+    held, updater = await _held(script)
+    assert not updater.held
+    assert held is not None
+    assert expected is not None
+    if run in ("caller-times", "offset-time"):  # the caller's time: the same to the ns
+        assert held.status.timestamp == expected.status.timestamp
+    _same_task(held, expected)
