@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import random
 import sqlite3
 import sys
 import threading
@@ -37,7 +38,7 @@ from a2a.types import Part, Role, SendMessageRequest, Task, TaskState, TaskStatu
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 import mesh._sqlite
-from mesh._a2a.fastpath_json import response_json, rpc_result
+from mesh._a2a.fastpath_json import response_json, response_text, rpc_result
 from mesh._a2a.idempotency import send_answer, send_answer_cut
 from mesh._a2a.one_shot import OneShotUpdater
 from mesh._a2a.updater import MeshTaskUpdater
@@ -844,3 +845,24 @@ async def test_a_held_runs_statuses_are_the_events_task_to_the_byte(run: str) ->
     if run in ("caller-times", "offset-time"):  # the caller's time: the same to the ns
         assert held.status.timestamp == expected.status.timestamp
     _same_task(held, expected)
+
+
+def test_cut_answers_of_random_tasks_are_send_answers() -> None:
+    """ec550aa on 3000 random tasks and requests (seeded): histories of 0-6 messages whose ids
+    repeat or are empty, the caller's id anywhere or nowhere, with or without a status, any
+    history length: both bindings' text is the JSON of send_answer's task, members in order."""
+    rng = random.Random(31)
+    for _ in range(3000):
+        ids = [rng.choice(["m-sent", "m-0", "m-1", ""]) for _ in range(rng.randrange(7))]
+        task = _task(ids, status=rng.random() < 0.8, metadata=rng.random() < 0.7)
+        if rng.random() < 0.2:
+            del task.artifacts[:]
+        config = rng.choice([None, {}, {"historyLength": rng.randrange(-3, 9)}])
+        params = _params(config, message_id=rng.choice(["m-sent", "m-0", ""]))
+        before = send_answer(task, params)
+        answer, start = send_answer_cut(task, params)
+        expected = response_json(before)
+        rest = json.loads(response_text(answer, history_from=start))
+        rpc = json.loads(rpc_result(answer, "r-1", history_from=start))
+        assert rest == expected == rpc["result"]
+        assert list(rest["task"]) == list(MessageToDict(before))
