@@ -866,3 +866,68 @@ def test_cut_answers_of_random_tasks_are_send_answers() -> None:
         rpc = json.loads(rpc_result(answer, "r-1", history_from=start))
         assert rest == expected == rpc["result"]
         assert list(rest["task"]) == list(MessageToDict(before))
+
+
+async def test_random_turns_store_every_delta_merged_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """5892742 on 150 seeded random turns in one file: a create (of a new row, or of one
+    another connection inserted), then 1-6 events with or without a delta (some deleting a
+    key to None, some nested), queued or durable, several turns' groups in one batch: each
+    session's stored state is its deltas merged in order, its events all there in order."""
+    monkeypatch.setattr(mesh._sqlite, "DEFER_S", 60.0)
+    rng = random.Random(5892742)
+    path = tmp_path / "node.db"
+    expected: dict[str, dict[str, Any]] = {}
+    sent: dict[str, list[Event]] = {}
+    db = await Database.open(path)
+    try:
+        store = SqliteSessionStore(db)
+        await store.count()
+        for n in range(150):
+            sid = f"s{n}"
+            state: dict[str, Any] = {"a": 1, "n": n} if rng.random() < 0.5 else {}
+            if rng.random() < 0.3:
+                there = {"other": n, "a": "theirs"}
+                conn = sqlite3.connect(path)
+                conn.execute(
+                    "insert into mesh_sessions (user_id, id, state, created_at, updated_at) "
+                    "values ('u1', ?, ?, 1.0, 2.0)",
+                    (sid, json.dumps(there)),
+                )
+                conn.commit()
+                conn.close()
+                state_on_disk = dict(there)
+            else:
+                state_on_disk = dict(state)
+            session = await store.create("u1", sid, state or None, durable=False)
+            events = []
+            for i in range(rng.randrange(1, 7)):
+                delta = rng.choice(
+                    [None, None, {"peer": f"ctx-{i}"}, {"a": None}, {"deep": {"i": i}}]
+                )
+                event = _event(f"e{i}", delta)
+                events.append(event)
+                if delta:
+                    state_on_disk = merge_state(state_on_disk, delta)
+                session = await store.append_event(session, event, durable=rng.random() < 0.15)
+            if rng.random() < 0.5:  # else it rides in the next turns' batch
+                db.flush()
+                await store.sync(session)
+            expected[sid] = state_on_disk
+            sent[sid] = events
+        db.flush()
+        for sid in expected:
+            await store.sync(Session.new("u1", sid))
+    finally:
+        await db.aclose()
+    db = await Database.open(path)
+    try:
+        reopened = SqliteSessionStore(db)
+        for sid, state in expected.items():
+            stored = await reopened.get("u1", sid)
+            assert stored is not None
+            assert stored.state == state, sid
+            assert stored.events == sent[sid], sid
+    finally:
+        await db.aclose()
