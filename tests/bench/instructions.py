@@ -104,17 +104,30 @@ def _split(total: int, workers: int) -> list[int]:
     return [total // workers + (1 if w < total % workers else 0) for w in range(workers)]
 
 
+#: How much slower than a plain run the measured process runs under cachegrind (~40-60x
+#: here): the factor its wall-clock thresholds are stretched by (``_hold_commits_inline``).
+VALGRIND_SLOWDOWN = 50
+
+
 def _hold_commits_inline() -> None:
-    """Keep every SQLite batch on the event loop, as on an unloaded node. The node moves its
-    commits to the database thread for a second after a batch that took over
-    ``SLOW_BATCH_S`` (a slow disk, mesh._sqlite); under valgrind a batch runs ~50x slower, so
-    that happened at random moments of a run and moved a row's count by +-0.03 M (mesh-node)
-    to +-0.1 M (the coordinators): the difference of two runs counted the thread hand-offs one
-    run happened to make. Trees from before the switch existed have nothing to hold."""
+    """Keep every SQLite batch on the event loop, as on an unloaded node, and its deferred
+    writes waiting for company as long as in a plain run. Two wall-clock thresholds of
+    mesh._sqlite would otherwise count what valgrind's slowdown makes, not what the node does:
+    the node moves its commits to the database thread for a second after a batch that took
+    over ``SLOW_BATCH_S`` (a slow disk); under valgrind a batch runs ~50x slower, so that
+    happened at random moments of a run and moved a row's count by +-0.03 M (mesh-node) to
+    +-0.1 M (the coordinators). And a ``write_soon`` commits on its own after ``DEFER_S``
+    (5 ms) unless an awaited write takes it along first: a coordinator's turn queues its
+    session's create and user event, and under valgrind its own work up to the delegation
+    outlasts 5 ms, so every remote turn paid a batch of its own (~0.09 M) that a plain run on
+    a fast host does not (the call is back within 5 ms), and some local turns did. Trees from
+    before a threshold existed have nothing to stretch."""
     from mesh import _sqlite
 
     if hasattr(_sqlite, "SLOW_BATCH_S"):
         _sqlite.SLOW_BATCH_S = float("inf")
+    if hasattr(_sqlite, "DEFER_S"):
+        _sqlite.DEFER_S *= VALGRIND_SLOWDOWN
 
 
 async def _serve(row: InProcRow, warmup: int, requests: int, concurrency: int) -> Measure:
