@@ -73,3 +73,19 @@ def test_bad_options_are_refused_naming_the_option(capsys: pytest.CaptureFixture
             parse_args(argv)
         assert exit_info.value.code == 2
         assert named in capsys.readouterr().err
+
+
+def test_the_counted_process_stretches_the_stores_wall_clock_thresholds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under valgrind the node runs ~50x slower: its SQLite thresholds in seconds would count
+    hand-offs and lone commits a plain run does not make (71dfd7a, 5bdb875)."""
+    from mesh import _sqlite
+    from tests.bench.instructions import VALGRIND_SLOWDOWN, _hold_commits_inline
+
+    for name in ("SLOW_BATCH_S", "DEFER_S", "LOOP_BUDGET_S"):
+        monkeypatch.setattr(_sqlite, name, getattr(_sqlite, name))  # restored after the test
+    defer, budget = _sqlite.DEFER_S, _sqlite.LOOP_BUDGET_S
+    _hold_commits_inline()
+    stretched = (_sqlite.SLOW_BATCH_S, _sqlite.DEFER_S, _sqlite.LOOP_BUDGET_S)
+    assert stretched == (float("inf"), defer * VALGRIND_SLOWDOWN, budget * VALGRIND_SLOWDOWN)
