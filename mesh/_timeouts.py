@@ -1,4 +1,5 @@
-"""``timeout(delay)``: what ``asyncio.timeout(delay)`` does, without a loop timer each.
+"""``timeout(delay)``, ``timeout_at(when)``: what ``asyncio.timeout(delay)`` and
+``asyncio.timeout_at(when)`` do, without a loop timer each.
 
 ``asyncio.timeout`` makes a timer handle on entry and cancels it on exit: ~29 k instructions
 under uvloop (the handle, its libuv timer started, stopped and closed, and the context
@@ -11,13 +12,17 @@ sooner than every other re-arms the timer.
 The rest is ``asyncio.timeout``'s: at its time the task is cancelled; on exit, that
 cancellation taken back (``Task.uncancel``) and no other left, a ``CancelledError`` becomes
 ``TimeoutError``; a delay of 0 or less (or NaN) expires at the loop's next iteration; ``None``
-never expires. It is a plain context manager too (``with``, in a task): nothing in it awaits.
+never expires; ``reschedule(when)`` moves an entered deadline (to now or before: due at the
+loop's next iteration; None: never), ``expired()`` says whether it fired, as on
+``asyncio.Timeout``. It is a plain context manager too (``with``, in a task): nothing in it awaits.
 Deadlines that are over wait in the heap until their time or until they are most of it (then
 it is rebuilt without them), so a long deadline left early is not kept for long.
 
 ``mesh._gate._BodyDeadlines`` does the same for the gate's body reads, whose deadlines all have
 one length and so fall due in the order set: a deque there, ~1 k instructions a read against
-~11.5 k here. Deadlines of any length (a call's remaining time) need this heap.
+~11.5 k here. Deadlines of any length (a call's remaining time) need this heap. An LLM
+turn's deadline in ``mesh._a2a.executor`` is ``timeout_at`` too (~15 k instructions a turn with
+``asyncio.timeout_at``).
 """
 
 from __future__ import annotations
@@ -30,10 +35,13 @@ import weakref
 from types import TracebackType
 from typing import Any
 
-__all__ = ["timeout"]
+__all__ = ["timeout", "timeout_at"]
 
-# A deadline's states (timeout._state): made, entered, expiring (its task cancelled), left.
-_CREATED, _ENTERED, _EXPIRING, _OVER = 0, 1, 2, 3
+# A deadline's states (timeout._state): made, entered, expiring (its task cancelled), left
+# after it expired, left otherwise.
+_CREATED, _ENTERED, _EXPIRING, _EXPIRED, _OVER = 0, 1, 2, 3, 4
+# Their names in asyncio.Timeout's errors.
+_NAMES = {_EXPIRING: "expiring", _EXPIRED: "expired", _OVER: "finished"}
 # The heap is rebuilt without the deadlines that are over once they are more than this many
 # and more than half of it.
 _STALE_KEPT = 64
@@ -44,7 +52,10 @@ class timeout:
     (see the module docstring). A plain context manager: entering and leaving it awaits
     nothing, so ``with`` spares the two coroutines ``async with`` makes."""
 
-    __slots__ = ("_cancelling", "_delay", "_queued", "_state", "_task", "_wheel", "when")
+    __slots__ = ("_cancelling", "_delay", "_entry", "_soon", "_state", "_task", "_wheel", "when")
+
+    # ``_delay`` is a loop time, not a delay (``timeout_at``).
+    _ABSOLUTE = False
 
     def __init__(self, delay: float | None) -> None:
         self._delay = delay
@@ -62,19 +73,49 @@ class timeout:
         self._task: asyncio.Task[Any] | None = task
         self._cancelling = task.cancelling()
         self._state = _ENTERED
-        self._queued = False
+        # This deadline's entry in its loop's heap (None: none); an entry that is not a
+        # deadline's own (it was left or moved since) is over.
+        self._entry: tuple[float, int, timeout] | None = None
+        self._soon: asyncio.Handle | None = None
         delay = self._delay
         if delay is None:
             self.when = math.inf
-        elif not delay > 0:  # 0, negative or NaN: due now (a NaN in the heap would sit at its
-            # root, never due, and keep every deadline after it from firing)
-            self.when = loop.time()
-            loop.call_soon(self._expire)
         else:
-            self.when = loop.time() + delay
+            now = loop.time()
+            self._set(loop, now, delay if self._ABSOLUTE else now + delay)
+        return self
+
+    def _set(self, loop: asyncio.AbstractEventLoop, now: float, when: float) -> None:
+        self.when = when
+        if not when > now:  # now or before (or NaN): due now (a NaN in the heap would sit at
+            # its root, never due, and keep every deadline after it from firing)
+            self._soon = loop.call_soon(self._expire)
+        else:
             self._wheel = _wheel(loop)
             self._wheel.add(self)
-        return self
+
+    def reschedule(self, when: float | None) -> None:
+        """Move the deadline to loop time ``when`` (None: none), as ``asyncio.Timeout``'s."""
+        state = self._state
+        if state != _ENTERED:
+            if state == _CREATED:
+                raise RuntimeError("Timeout has not been entered")
+            raise RuntimeError(f"Cannot change state of {_NAMES[state]} Timeout")
+        if self._entry is not None:
+            self._entry = None
+            self._wheel.over()
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
+        if when is None:
+            self.when = math.inf
+        else:
+            loop = asyncio.get_running_loop()
+            self._set(loop, loop.time(), when)
+
+    def expired(self) -> bool:
+        """Whether the deadline fired (its task was cancelled for it)."""
+        return self._state == _EXPIRING or self._state == _EXPIRED
 
     def __exit__(
         self,
@@ -83,17 +124,21 @@ class timeout:
         exc_tb: TracebackType | None,
     ) -> None:
         state, task = self._state, self._task
-        self._state, self._task = _OVER, None
-        if self._queued:
-            self._wheel.over(self)
-        if (
-            state == _EXPIRING
-            and task is not None
-            and task.uncancel() <= self._cancelling
-            and exc_type is asyncio.CancelledError
-        ):
-            # No other cancellation than this deadline's: it is the timeout.
-            raise TimeoutError from exc_val
+        self._task = None
+        if self._entry is not None:
+            self._entry = None
+            self._wheel.over()
+        if state == _EXPIRING:
+            self._state = _EXPIRED
+            if (
+                task is not None
+                and task.uncancel() <= self._cancelling
+                and (exc_type is asyncio.CancelledError)
+            ):
+                # No other cancellation than this deadline's: it is the timeout.
+                raise TimeoutError from exc_val
+        else:
+            self._state = _OVER
 
     async def __aenter__(self) -> timeout:
         return self.__enter__()
@@ -109,7 +154,17 @@ class timeout:
     def _expire(self) -> None:
         if self._state == _ENTERED and self._task is not None:
             self._state = _EXPIRING
+            self._soon = None
             self._task.cancel()
+
+
+class timeout_at(timeout):
+    """``with timeout_at(when): ...`` in a task: ``asyncio.timeout_at(when)``, ``when`` a loop
+    time (None: no deadline); see ``timeout``."""
+
+    __slots__ = ()
+
+    _ABSOLUTE = True
 
 
 class _Wheel:
@@ -128,20 +183,18 @@ class _Wheel:
 
     def add(self, deadline: timeout) -> None:
         when = deadline.when
-        heapq.heappush(self.heap, (when, next(self._order), deadline))
-        deadline._queued = True
+        entry = deadline._entry = (when, next(self._order), deadline)
+        heapq.heappush(self.heap, entry)
         if when < self.timer_at:
             self._arm(when)
 
-    def over(self, deadline: timeout) -> None:
-        """``deadline`` is left: kept in the heap until its time, unless most of it is over."""
+    def over(self) -> None:
+        """A deadline's entry in the heap is over (the deadline was left or moved): kept there
+        until its time, unless most of the heap is over."""
         self.stale += 1
         heap = self.heap
         if self.stale > _STALE_KEPT and self.stale * 2 > len(heap):
-            for _, _, left in heap:
-                if left._state == _OVER:
-                    left._queued = False
-            heap[:] = [entry for entry in heap if entry[2]._state != _OVER]
+            heap[:] = [entry for entry in heap if entry is entry[2]._entry]
             heapq.heapify(heap)
             self.stale = 0
 
@@ -163,12 +216,13 @@ class _Wheel:
         heap = self.heap
         try:
             while heap and heap[0][0] <= due:
-                deadline = heapq.heappop(heap)[2]
-                deadline._queued = False
-                if deadline._state == _OVER:
-                    self.stale -= 1
-                else:
+                entry = heapq.heappop(heap)
+                deadline = entry[2]
+                if entry is deadline._entry:
+                    deadline._entry = None
                     deadline._expire()
+                else:
+                    self.stale -= 1
         finally:
             # Re-armed even when a cancel raised (a future's own cancel() may): the deadlines
             # after it keep their timer, as each of asyncio.timeout's has its own handle.

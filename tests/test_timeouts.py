@@ -219,3 +219,133 @@ async def _outside() -> None:
 def _enter_in_thread() -> None:
     with timeout(1):
         pass
+
+
+AT_KINDS: list[Callable[[float | None], Any]] = [asyncio.timeout_at, _timeouts.timeout_at]
+
+
+@pytest.mark.parametrize("uv", [False, True])
+@pytest.mark.parametrize("kind", AT_KINDS)
+def test_timeout_at_expires_and_is_moved_as_asyncio_timeout_at(
+    kind: Callable[[float | None], Any], uv: bool
+) -> None:
+    """What the executor asks of a turn's scope: its loop time, ``reschedule`` (to now: cut at
+    once, as ``stop()`` does; later; None) and ``expired()``."""
+
+    async def main() -> list[str]:
+        seen: list[str] = []
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with contextlib.suppress(TimeoutError):
+            async with kind(started + 0.05) as scope:
+                await asyncio.sleep(5)
+        took = loop.time() - started
+        seen.append(f"expired {scope.expired()}" if 0.04 <= took < 1 else f"took {took}")
+        async with kind(None) as scope:
+            await asyncio.sleep(0.01)
+        seen.append(f"none {scope.expired()}")
+        try:
+            async with kind(loop.time() - 1):  # past: due at the next await
+                seen.append("inside")
+                await asyncio.sleep(1)
+        except TimeoutError:
+            seen.append("past expired")
+        try:
+            async with kind(loop.time() + 5) as scope:
+                await asyncio.sleep(0.01)
+                scope.reschedule(loop.time())  # what stop() does
+                seen.append(f"moved to now {scope.expired()}")
+                await asyncio.sleep(1)
+        except TimeoutError:
+            seen.append(f"cut {scope.expired()}")
+        # Moved later: its first time passes without it firing; moved to None: never fires.
+        async with kind(loop.time() + 0.02) as scope:
+            scope.reschedule(loop.time() + 5)
+            await asyncio.sleep(0.1)
+        seen.append(f"later kept {scope.expired()}")
+        async with kind(loop.time() + 0.02) as scope:
+            scope.reschedule(None)
+            await asyncio.sleep(0.1)
+        seen.append("none kept")
+        # Moved sooner: it fires at its new time.
+        started = loop.time()
+        with contextlib.suppress(TimeoutError):
+            async with kind(started + 5) as scope:
+                scope.reschedule(started + 0.03)
+                await asyncio.sleep(5)
+        took = loop.time() - started
+        seen.append("sooner" if 0.02 <= took < 1 else f"took {took}")
+        # Moved to now, then away again before the loop runs: not cut.
+        async with kind(loop.time() + 5) as scope:
+            scope.reschedule(loop.time())
+            scope.reschedule(loop.time() + 5)
+            await asyncio.sleep(0.01)
+        seen.append("taken back")
+        return seen
+
+    assert _run(main, uv=uv) == [
+        "expired True",
+        "none False",
+        "inside",
+        "past expired",
+        "moved to now False",
+        "cut True",
+        "later kept False",
+        "none kept",
+        "sooner",
+        "taken back",
+    ]
+
+
+@pytest.mark.parametrize("kind", AT_KINDS)
+def test_timeout_at_refuses_to_move_as_asyncio_timeout_at(
+    kind: Callable[[float | None], Any],
+) -> None:
+    async def main() -> list[str]:
+        seen: list[str] = []
+        loop = asyncio.get_running_loop()
+        made = kind(None)
+        for scope in (made,):
+            try:
+                scope.reschedule(loop.time())
+            except RuntimeError as exc:
+                seen.append(str(exc))
+        async with kind(loop.time() + 5) as left:
+            pass
+        with contextlib.suppress(TimeoutError):
+            async with kind(loop.time()) as cut:
+                await asyncio.sleep(1)
+        for scope in (left, cut):
+            try:
+                scope.reschedule(None)
+            except RuntimeError as exc:
+                seen.append(str(exc))
+        seen.append(f"{left.expired()} {cut.expired()}")
+        return seen
+
+    assert _run(main) == [
+        "Timeout has not been entered",
+        "Cannot change state of finished Timeout",
+        "Cannot change state of expired Timeout",
+        "False True",
+    ]
+
+
+def test_moved_deadlines_do_not_fire_at_their_old_time_nor_fill_the_heap() -> None:
+    """A deadline moved many times leaves its old entries in the heap: none of them cuts the
+    task, and they are dropped with the other stale ones."""
+
+    async def main() -> tuple[bool, int]:
+        loop = asyncio.get_running_loop()
+        wheel = None
+        with _timeouts.timeout_at(loop.time() + 0.01) as scope:
+            wheel = _timeouts._wheel(loop)
+            for i in range(1000):
+                scope.reschedule(loop.time() + 0.02 + i * 1e-6)
+            scope.reschedule(loop.time() + 5)
+            await asyncio.sleep(0.1)
+        return scope.expired(), len(wheel.heap)
+
+    expired, kept = _run(main)
+    assert not expired
+    assert kept <= 2 * _timeouts._STALE_KEPT + 2

@@ -3,8 +3,9 @@
 Order of work for a message: record the idempotency key, read the metadata (skill, caller,
 traceparent, deadline), pick and validate the skill's input (invalid -> REJECTED naming the
 field, before any work), refuse a deadline already past, then run the skill under
-``asyncio.timeout`` and publish the validated output as an artifact (a data part for typed
-skills, a text part for chat). Every failure ends the task cleanly (FAILED with a message and
+its deadline (``mesh._timeouts.timeout_at``: ``asyncio.timeout_at`` without a loop timer each)
+and publish the validated output as an artifact (a data part for typed skills, a text part for
+chat). Every failure ends the task cleanly (FAILED with a message and
 ``metadata.error = {reason, message}``): no exception text reaches the caller as -32603.
 
 A skill declared ``asks=True`` may ``ctx.ask`` (``mesh._asks``): the run then stops with
@@ -47,6 +48,7 @@ from a2a.types import Message, Role, Task, TaskState, TaskStatus
 from a2a.utils.errors import ContentTypeNotSupportedError, InternalError, InvalidParamsError
 from pydantic import BaseModel
 
+from mesh import _timeouts
 from mesh._a2a.artifacts import (
     AnswerStream,
     answer_parts,
@@ -216,7 +218,7 @@ class MeshExecutor(AgentExecutor):
         #: True once ``stop()`` was called: no skill starts any more.
         self.stopping = False
         # The deadline scope of every skill running now: ``stop()`` expires them.
-        self._running: set[asyncio.Timeout] = set()
+        self._running: set[_timeouts.timeout] = set()
         # Tasks running here whose long-running children are kept in a resume point.
         self._kept: set[str] = set()
         skills = dispatcher.agent.all_skills
@@ -475,7 +477,7 @@ class MeshExecutor(AgentExecutor):
             if self.stopping:
                 raise InternalError(message=stopped_text(SHUTDOWN))
             try:
-                async with asyncio.timeout_at(when) as scope:
+                with _timeouts.timeout_at(when) as scope:
                     self._running.add(scope)
                     try:
                         result = await self.dispatcher.run(
@@ -701,7 +703,7 @@ class MeshExecutor(AgentExecutor):
             resumed is None and call is not None and call.state.get(NEW_CONTEXT) == context_id
         )
         try:
-            async with asyncio.timeout_at(when) as scope:
+            with _timeouts.timeout_at(when) as scope:
                 self._running.add(scope)
                 pending = resumed.turn if resumed is not None else None
                 answers = (resumed.answers or {}) if resumed is not None else {}
@@ -779,7 +781,7 @@ class MeshExecutor(AgentExecutor):
     async def _under_deadline(self, rest: Awaitable[Outcome], when: float | None) -> Outcome:
         """``rest`` of a run under its deadline scope, cut by ``stop()`` like any run's (at
         once when it was called since the run started)."""
-        async with asyncio.timeout_at(when) as scope:
+        with _timeouts.timeout_at(when) as scope:
             if self.stopping:
                 scope.reschedule(asyncio.get_running_loop().time())
             self._running.add(scope)
