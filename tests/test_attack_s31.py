@@ -19,6 +19,8 @@ applied by ``AppliedEvents`` (what a held run's task was built as before).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import json
 import logging
@@ -33,11 +35,13 @@ from typing import Any
 
 import httpx
 import pytest
+import uvloop
 from a2a.helpers import new_text_part
 from a2a.types import Part, Role, SendMessageRequest, Task, TaskState, TaskStatus
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 import mesh._sqlite
+from mesh import _timeouts
 from mesh._a2a.fastpath_json import response_json, response_text, rpc_result
 from mesh._a2a.idempotency import send_answer, send_answer_cut
 from mesh._a2a.one_shot import OneShotUpdater
@@ -931,3 +935,159 @@ async def test_random_turns_store_every_delta_merged_in_order(
             assert stored.events == sent[sid], sid
     finally:
         await db.aclose()
+
+
+# --- ab2d810: the executor's deadline scopes as mesh._timeouts.timeout_at ------------------
+
+AT_KINDS: list[Callable[[float | None], Any]] = [asyncio.timeout_at, _timeouts.timeout_at]
+
+
+async def _entered(stack: contextlib.AsyncExitStack, scope: Any) -> Any:
+    """``async with`` for asyncio's scope, ``with`` for mesh's (as the executor enters it)."""
+    if isinstance(scope, _timeouts.timeout):
+        return stack.enter_context(scope)
+    return await stack.enter_async_context(scope)
+
+
+async def _story(kind: Callable[[float | None], Any], uv: bool) -> list[Any]:
+    """What the executor does with a skill's deadline scope: expire it from another task
+    (stop()), move it to never and back, leave it early, enter it past due, swallow the
+    cancellation, and reschedule it in every state."""
+    del uv
+    seen: list[Any] = []
+    loop = asyncio.get_running_loop()
+
+    async def run(when: float | None, cut_after: float | None, swallow: bool = False) -> Any:
+        scopes: list[Any] = []
+
+        async def body() -> str:
+            async with contextlib.AsyncExitStack() as stack:
+                scope = await _entered(stack, kind(when))
+                scopes.append(scope)
+                try:
+                    await asyncio.sleep(0.3)
+                except asyncio.CancelledError:
+                    if not swallow:
+                        raise
+                    return "swallowed"
+            return "done"
+
+        task = asyncio.create_task(body())
+        await asyncio.sleep(0)
+        if cut_after is not None:
+            await asyncio.sleep(cut_after)
+            scope = scopes[0]
+            if not scope.expired():
+                scope.reschedule(loop.time())  # stop()'s
+        try:
+            result: Any = await task
+        except BaseException as exc:
+            result = type(exc).__name__
+        scope = scopes[0]
+        try:
+            scope.reschedule(loop.time())
+            again = "moved"
+        except RuntimeError as exc:
+            again = str(exc)
+        return (result, scope.expired(), again)
+
+    seen.append(("stopped", await run(loop.time() + 5, 0.01)))
+    seen.append(("stopped, no deadline", await run(None, 0.01)))
+    seen.append(("past due", await run(loop.time() - 1, None)))
+    seen.append(("due", await run(loop.time() + 0.02, None)))
+    seen.append(("left early", await run(loop.time() + 5, None)))
+    seen.append(("swallowed", await run(loop.time() + 0.02, None, swallow=True)))
+
+    # Moved to never, then back to now, from inside.
+    async def moved() -> str:
+        async with contextlib.AsyncExitStack() as stack:
+            scope = await _entered(stack, kind(loop.time() + 0.01))
+            scope.reschedule(None)
+            await asyncio.sleep(0.05)
+            first = scope.expired()
+            scope.reschedule(loop.time() + 0.01)
+            try:
+                await asyncio.sleep(1)
+            except asyncio.CancelledError:
+                return f"cancelled {first}"
+        return "not cut"
+
+    try:
+        seen.append(("moved", await asyncio.create_task(moved())))
+    except BaseException as exc:
+        seen.append(("moved", type(exc).__name__))
+
+    # While expiring (cancelled, not yet left): reschedule refuses.
+    async def expiring() -> str:
+        async with contextlib.AsyncExitStack() as stack:
+            scope = await _entered(stack, kind(loop.time() - 1))
+            try:
+                await asyncio.sleep(1)
+            except asyncio.CancelledError:
+                try:
+                    scope.reschedule(None)
+                except RuntimeError as exc:
+                    return str(exc)
+                return "moved while expiring"
+        return "not cut"
+
+    seen.append(("expiring", await asyncio.create_task(expiring())))
+    created = kind(loop.time())
+    try:
+        created.reschedule(None)
+        seen.append(("created", "moved"))
+    except RuntimeError as exc:
+        seen.append(("created", str(exc)))
+    return seen
+
+
+@pytest.mark.parametrize("uv", [False, True])
+def test_a_skills_deadline_scope_is_asyncio_timeout_ats(uv: bool) -> None:
+    """The same outcome, expired() and reschedule() answers as asyncio.timeout_at (entered
+    with async with) for mesh's (entered with with, as the executor does) in every use the
+    executor makes and a few it does not: cut from another task (stop()), past due, due,
+    left early, cancellation swallowed, moved to never and back, rescheduled while expiring,
+    after leaving and before entering. Holds (the one API difference: asyncio's when() is a
+    method, mesh's when a float attribute; mesh calls neither)."""
+    stories = [
+        uvloop.run(_story(kind, uv)) if uv else asyncio.run(_story(kind, uv)) for kind in AT_KINDS
+    ]
+    assert stories[1] == stories[0]
+
+
+async def _stop_many(kind: Callable[[float | None], Any]) -> tuple[list[str], str, float]:
+    """stop() over 50 running scopes (each moved to now), while one more scope, not moved,
+    is due 0.1 s later: every moved one cut, the other on its own time."""
+    loop = asyncio.get_running_loop()
+    scopes: list[Any] = []
+
+    async def body(when: float) -> str:
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                scopes.append(await _entered(stack, kind(when)))
+                await asyncio.sleep(2)
+        except TimeoutError:
+            return "timeout"
+        return "done"
+
+    tasks = [asyncio.create_task(body(loop.time() + 5 + i / 100)) for i in range(50)]
+    await asyncio.sleep(0.01)
+    started = loop.time()
+    other = asyncio.create_task(body(started + 0.1))
+    await asyncio.sleep(0)
+    now = loop.time()
+    for scope in scopes[:50]:
+        if not scope.expired():
+            scope.reschedule(now)
+    cut = list(await asyncio.gather(*tasks))
+    last = await other
+    return cut, last, loop.time() - started
+
+
+@pytest.mark.parametrize("uv", [False, True])
+def test_stop_cuts_every_running_scope_and_leaves_the_others_on_time(uv: bool) -> None:
+    for kind in AT_KINDS:
+        cut, last, took = uvloop.run(_stop_many(kind)) if uv else asyncio.run(_stop_many(kind))
+        assert cut == ["timeout"] * 50, kind
+        assert last == "timeout", kind
+        assert 0.09 <= took < 1.0, kind
