@@ -155,13 +155,8 @@ def test_a_subclass_formatting_the_message_part_is_called() -> None:
     assert line.endswith("INFO MESH.NODE: QUIET WORDS")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="s31 break (1d55693, left by c825386): formatMessage or usesTime set on the "
-    "formatter itself (an instance attribute, as a test or a tool patches it) is skipped: "
-    "c825386 checks the class's only; logging.Formatter.format calls self.formatMessage",
-)
 def test_a_message_hook_set_on_the_formatter_itself_is_called() -> None:
+    # Skipped at 1d55693 and c825386 (which asked the class only); fixed since.
     formatter = LineFormatter(FORMAT)
     hook = formatter.formatMessage
     formatter.formatMessage = lambda record: hook(record).upper()  # type: ignore[method-assign]
@@ -777,14 +772,8 @@ class _SyncedLines(LineHandler):
         super().flush()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="s31 break (1d55693): LineHandler.emit flushes the stream itself and no longer "
-    "calls self.flush(), so a subclass's flush (StreamHandler's per-line hook, e.g. an fsync) "
-    "is never called per line; LineHandler is in log_lines' __all__, as LineFormatter whose "
-    "subclass hook c825386 restored",
-)
 def test_a_handler_subclass_flush_is_called_for_each_line() -> None:
+    # Not called at 1d55693 (LineHandler.emit flushed the stream itself); fixed since.
     for kind in (_Synced, _SyncedLines):
         handler = kind(io.StringIO())
         handler.setFormatter(LineFormatter(FORMAT))

@@ -109,6 +109,8 @@ def _rich_records() -> list[logging.LogRecord]:
     stacked = logging.LogRecord(
         "mesh", logging.INFO, __file__, 1, "here", None, None, sinfo="Stack (most recent call last)"
     )
+    for record in (named, failed, stacked):  # made now: at plain's time, so two calls agree
+        record.created, record.msecs = plain.created, plain.msecs
     return [plain, named, failed, stacked]
 
 

@@ -35,6 +35,11 @@ __all__ = ["FORMAT", "LineFormatter", "LineHandler", "configure"]
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+#: What ``logging.Formatter.format`` calls on itself for a line: set on the instance (a test or
+#: a tool patching it), the line goes through ``logging.Formatter`` so it is called.
+_FORMATTER_HOOKS = frozenset({"formatMessage", "usesTime", "formatTime"})
+
+
 class LineFormatter(logging.Formatter):
     """``logging.Formatter`` whose default ``asctime`` (``2026-12-01 23:11:22,345``) reuses the
     date and time of the record's second: ``strftime`` runs once a second, not once a line.
@@ -70,6 +75,7 @@ class LineFormatter(logging.Formatter):
             or record.exc_info
             or record.exc_text
             or record.stack_info
+            or self.__dict__.keys() & _FORMATTER_HOOKS  # a hook set on this formatter itself
         ):
             return super().format(record)
         # logging.Formatter.format's steps for a record without a traceback or stack.
@@ -92,14 +98,18 @@ class LineFormatter(logging.Formatter):
 
 class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """``logging.StreamHandler`` whose ``emit`` flushes the stream itself: ``handle`` holds
-    the handler's lock around ``emit`` already, and ``StreamHandler.flush`` takes it again."""
+    the handler's lock around ``emit`` already, and ``StreamHandler.flush`` takes it again.
+    A ``flush`` of a subclass's own, or set on the handler, is called as StreamHandler does
+    (it is the per-line hook: an fsync, say)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             msg = self.format(record)
             stream = self.stream
             stream.write(msg + self.terminator)
-            if stream and hasattr(stream, "flush"):  # as StreamHandler.flush asks
+            if type(self).flush is not logging.StreamHandler.flush or "flush" in self.__dict__:
+                self.flush()
+            elif stream and hasattr(stream, "flush"):  # as StreamHandler.flush asks
                 stream.flush()
         except RecursionError:
             raise
