@@ -42,6 +42,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 
 import mesh._sqlite
 from mesh import _timeouts
+from mesh._a2a.fastpath import AppliedEvents
 from mesh._a2a.fastpath_json import response_json, response_text, rpc_result
 from mesh._a2a.idempotency import send_answer, send_answer_cut
 from mesh._a2a.one_shot import OneShotUpdater
@@ -524,8 +525,9 @@ async def test_a_turns_group_that_fails_leaves_nothing_and_is_raised(
 Script = Callable[[MeshTaskUpdater], Awaitable[None]]
 
 
-async def _by_events(script: Script) -> Task | None:
-    """The task ``script``'s updates leave as events (what a held run's task is built as)."""
+async def _submitted() -> AppliedEvents:
+    """Events whose first is the new task, submitted with its message (as the executor makes
+    it for a run whose events are not held)."""
     events = _events()
     first = events._initial_message
     assert first is not None
@@ -537,6 +539,12 @@ async def _by_events(script: Script) -> Task | None:
             history=[first],
         )
     )
+    return events
+
+
+async def _by_events(script: Script) -> Task | None:
+    """The task ``script``'s updates leave as events (what a held run's task is built as)."""
+    events = await _submitted()
     await script(MeshTaskUpdater(events, TASK, CONTEXT))
     return events.task
 
@@ -666,17 +674,7 @@ async def _bad_name(updater: MeshTaskUpdater) -> list[str]:
 async def test_an_artifact_that_cannot_be_built_fails_at_once_and_the_run_can_end() -> None:
     # A break at 6d588a7 (raised at the terminal update, the updater already ended: the run
     # could not end FAILED and never settled), undone by 1e59e37.
-    expected_events = _events()
-    first = expected_events._initial_message
-    assert first is not None
-    await expected_events.enqueue_event(
-        Task(
-            id=TASK,
-            context_id=CONTEXT,
-            status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
-            history=[first],
-        )
-    )
+    expected_events = await _submitted()
     expected = await _bad_name(MeshTaskUpdater(expected_events, TASK, CONTEXT))
     held_events = _events()
     updater = OneShotUpdater(held_events, TASK, CONTEXT, held_events._initial_message)
