@@ -31,7 +31,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -56,6 +56,9 @@ from mesh._sqlite import Database
 from mesh._types import Content
 from tests.test_node_fastpath import HEADERS, Pair, _norm, _send, fast_and_sdk
 from tests.test_one_shot import CONTEXT, TASK, _events, _message
+
+if TYPE_CHECKING:
+    from mesh._pg import PgDatabase  # psycopg is optional: the PostgreSQL tests import it
 
 # --- 1d55693: log lines ---------------------------------------------------------------------
 
@@ -436,6 +439,32 @@ def _row(path: Path) -> tuple[Any, ...] | None:
         conn.close()
 
 
+#: The state another process stored in the row first (``existing``).
+OTHER_PROCESS: dict[str, Any] = {"other": "process", "a": 5}
+
+
+def _merged(
+    state: dict[str, Any], steps: list[tuple[bool, dict[str, Any] | None]]
+) -> dict[str, Any]:
+    """A copy of ``state`` with each step's delta merged in order (``merge_state`` merges in
+    place): what the row must hold after."""
+    merged = dict(state)
+    for _, delta in steps:
+        if delta:
+            merge_state(merged, delta)
+    return merged
+
+
+async def _read_back(db: Database | PgDatabase) -> Session:
+    """Session s1 of u1 as ``db`` (just opened: read from disk) holds it; ``db`` closed."""
+    try:
+        stored = await SqliteSessionStore(db).get("u1", "s1")
+    finally:
+        await db.aclose()
+    assert stored is not None
+    return stored
+
+
 @pytest.mark.parametrize("existing", [False, True])
 @pytest.mark.parametrize("name", list(SEQUENCES))
 async def test_a_turns_state_on_disk_is_every_delta_merged_in_order(
@@ -457,28 +486,20 @@ async def test_a_turns_state_on_disk_is_every_delta_merged_in_order(
             conn.execute(
                 "insert into mesh_sessions (user_id, id, state, created_at, updated_at) "
                 "values ('u1', 's1', ?, 1.0, 2.0)",
-                (json.dumps({"other": "process", "a": 5}),),
+                (json.dumps(OTHER_PROCESS),),
             )
             conn.commit()
             conn.close()
         session, events = await _turn(store, steps, initial)
     finally:
         await db.aclose()
-    expected: dict[str, Any] = {"other": "process", "a": 5} if existing else dict(initial)
-    for _, delta in steps:
-        if delta:
-            expected = merge_state(expected, delta)
+    expected = _merged(OTHER_PROCESS if existing else initial, steps)
     row = _row(path)
     assert row is not None
     assert json.loads(row[0]) == expected
     assert row[1] == (1.0 if existing else session.created_at)
     assert row[2] == session.updated_at
-    db = await Database.open(path)
-    try:
-        stored = await SqliteSessionStore(db).get("u1", "s1")
-    finally:
-        await db.aclose()
-    assert stored is not None
+    stored = await _read_back(await Database.open(path))
     assert stored.state == expected
     assert stored.events == events
     if not existing:
@@ -717,7 +738,7 @@ async def test_a_turns_state_on_postgres_is_every_delta_merged_in_order(
                 lambda conn: conn.execute(
                     "insert into mesh_sessions (user_id, id, state, created_at, updated_at) "
                     "values (?, ?, ?, ?, ?)",
-                    ("u1", "s1", json.dumps({"other": "process", "a": 5}), 1.0, 2.0),
+                    ("u1", "s1", json.dumps(OTHER_PROCESS), 1.0, 2.0),
                 )
             )
         # First in the batch, a statement the server refuses: its error shows at the turn's
@@ -735,16 +756,8 @@ async def test_a_turns_state_on_postgres_is_every_delta_merged_in_order(
         assert 1 <= len(runs) <= 2  # mostly twice: the group's statements skipped once
     finally:
         await db.aclose()
-    expected: dict[str, Any] = {"other": "process", "a": 5} if existing else dict(initial)
-    for _, delta in steps:
-        if delta:
-            expected = merge_state(expected, delta)
-    db = await PgDatabase.open(pg_database)
-    try:
-        stored = await SqliteSessionStore(db).get("u1", "s1")
-    finally:
-        await db.aclose()
-    assert stored is not None
+    expected = _merged(OTHER_PROCESS if existing else initial, steps)
+    stored = await _read_back(await PgDatabase.open(pg_database))
     assert stored.state == expected
     assert stored.events == events
     assert stored.created_at == (1.0 if existing else session.created_at)
