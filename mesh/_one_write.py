@@ -9,6 +9,13 @@ read found the head alone wakes once more for the body (~0.05 ms, the delegation
 ``Content-Length`` body waits for that body's first write and leaves with it. A chunked head
 (a stream: its first event may be far off), a ``HEAD`` answer's, a head with no body and any
 other write go out as uvicorn wrote them.
+
+A connection closed while its request's body is still arriving (an answer refusing the body
+before reading it: the gate's 413, 401) lingers: its write side is shut after the answer, and
+what the client still sends is read and dropped until it closes, at most ``LINGER_S``. Closed at
+once, the kernel would answer those bytes with a reset, and a client still writing its body
+(most do: they read only once it is sent) gets the reset instead of the answer it was sent
+(what Apache and nginx call a lingering close).
 """
 
 from __future__ import annotations
@@ -18,14 +25,19 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-__all__ = ["OneWriteProtocol"]
+__all__ = ["LINGER_S", "OneWriteProtocol"]
+
+# How long a refused request's connection keeps reading after its answer (nginx's
+# lingering_timeout): enough for a client on loopback or a LAN to finish sending a body of a
+# few hundred MB and read its answer; a client slower than that gets the reset it got before.
+LINGER_S = 5.0
 
 
 class _HeldHead:
     """A connection's transport as its answers' cycles see it: holds the head of a sized answer
     until the next write. Everything but ``write`` and ``close`` is the transport's own."""
 
-    __slots__ = ("_head", "_protocol", "_seen", "_transport")
+    __slots__ = ("_head", "_lingering", "_protocol", "_seen", "_transport")
 
     def __init__(self, transport: asyncio.Transport, protocol: HttpToolsProtocol) -> None:
         self._transport = transport
@@ -33,8 +45,11 @@ class _HeldHead:
         self._head: bytes | None = None
         # The cycle whose first write (its head) this has seen: later writes are its body.
         self._seen: RequestResponseCycle | None = None
+        self._lingering = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._lingering:
+            return  # the answer has gone and the write side is shut
         head = self._head
         if head is not None:
             self._head = None
@@ -71,10 +86,54 @@ class _HeldHead:
         head, self._head = self._head, None
         if head is not None:
             self._transport.write(head)
-        self._transport.close()
+        if self._lingering or not self._linger():
+            self._transport.close()
+
+    def _linger(self) -> bool:
+        """Close after the client has stopped sending, if its request's body is still coming:
+        whether this connection now lingers (closed later by ``_Drain``)."""
+        transport = self._transport
+        try:
+            cycle = self._protocol.cycle
+            body_coming = cycle is not None and cycle.more_body and not cycle.disconnected
+        except AttributeError:  # uvicorn's internals moved: close as uvicorn would
+            return False
+        if not body_coming or transport.is_closing() or not transport.can_write_eof():
+            return False  # nothing unread to cause a reset, or TLS (no half-close)
+        self._lingering = True
+        # From here the bytes go nowhere: uvicorn's parser would start a pipelined request's
+        # app on a connection whose answers can no longer be written.
+        transport.set_protocol(_Drain(transport, self._protocol))
+        transport.write_eof()  # the answer, then FIN: the client reads all of it
+        transport.resume_reading()  # uvicorn's flow control may have paused it
+        return True
+
+    def is_closing(self) -> bool:
+        # uvicorn asks before arming a keep-alive timer on a finished answer.
+        return self._lingering or self._transport.is_closing()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+class _Drain(asyncio.Protocol):
+    """A lingering connection's protocol: drops what arrives, closes at the client's EOF or
+    after ``LINGER_S``, and hands the close to uvicorn's protocol (its connection count, which
+    a shutdown waits on)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: HttpToolsProtocol) -> None:
+        self._protocol = protocol
+        self._timer = asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._timer.cancel()
+        self._protocol.connection_lost(exc)
 
 
 class OneWriteProtocol(HttpToolsProtocol):

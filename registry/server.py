@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import uvicorn
 
@@ -46,10 +47,21 @@ def run(settings: RegistrySettings, *, log_level: str = "info") -> int:
     )
     # One line per probe and card fetch would bury the health changes worth reading.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    http: Any = "auto"
+    try:
+        # As `mesh serve` does (mesh/_one_write.py): an answer in one write, and a refused
+        # body's connection closed only once the client has stopped sending it, so the client
+        # reads the 413 / 401 instead of a reset.
+        from mesh._one_write import OneWriteProtocol
+
+        http = OneWriteProtocol
+    except ImportError:  # no httptools (a plain install): uvicorn's h11
+        pass
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
+        http=http,
         log_level=log_level,
         # No config of uvicorn's own: its loggers propagate to the root handler above, so the
         # whole log has one line format.

@@ -339,6 +339,34 @@ async def test_a_declared_length_over_the_body_limit_is_refused_at_once(
     assert head.startswith(b"HTTP/1.1 413 "), head
 
 
+async def test_a_delegation_s_refused_body_is_told_as_the_413(prompt_node: str) -> None:
+    """A coordinator's pool (``DirectPool``, what a remote tool posts with) writes the whole
+    body, then reads; the node answers 413 at the head. The caller must read that 413 (naming
+    the limit), not a write error (which a remote call retries as a transient failure). Before
+    the lingering close (mesh/_one_write.py) that was a race between the client's read of the
+    answer and the reset the node's close made; the raw-socket form of it is
+    tests/test_one_write.py's."""
+    from mesh._pool import DirectPool
+
+    pool = DirectPool(None, max_connections=4, keepalive_expiry=5)
+    body = b"x" * (10 * 1024 * 1024 + 1)
+    try:
+        for _ in range(3):
+            status, answer = await pool.post(
+                httpx.URL(prompt_node + "/"),
+                list(HEADERS.items()),
+                body,
+                timeout=30,
+                connect_timeout=5,
+                max_bytes=1 << 20,
+                too_large=lambda: AssertionError("too large"),
+            )
+            assert status == 413, answer
+            assert b"MESH_MAX_BODY_BYTES" in answer, answer
+    finally:
+        await pool.aclose()
+
+
 async def test_one_request_alone_is_let_in_whatever_the_in_flight_bound(tmp_path: Path) -> None:
     url, proc = _serve(tmp_path, "tiny", MESH_MAX_INFLIGHT_BYTES="1000")
     with proc:

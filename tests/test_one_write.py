@@ -12,6 +12,7 @@ import asyncio
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -88,13 +89,14 @@ def test_mesh_serve_answers_in_one_segment(tmp_path: Path) -> None:
 
 
 @contextmanager
-def _served(app: Any) -> Iterator[int]:
+def _serving(app: Any, loop: str = "auto") -> Iterator[tuple[uvicorn.Server, int]]:
     """``app`` on a real uvicorn with ``OneWriteProtocol``, in a thread of its own (its own
     loop, so its writes and this test's reads are apart as across processes)."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, http=OneWriteProtocol, log_config=None)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, http=OneWriteProtocol, log_config=None, loop=loop
     )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -103,10 +105,17 @@ def _served(app: Any) -> Iterator[int]:
                 break
             threading.Event().wait(0.01)
         assert server.started, "uvicorn did not start"
-        yield port
+        yield server, port
     finally:
         server.should_exit = True
         thread.join(10)
+        assert not thread.is_alive(), "uvicorn did not stop"
+
+
+@contextmanager
+def _served(app: Any, loop: str = "auto") -> Iterator[int]:
+    with _serving(app, loop) as (_, port):
+        yield port
 
 
 def test_a_stream_head_is_not_held() -> None:
@@ -193,3 +202,115 @@ def test_uvicorn_internals_moved_means_two_writes_not_a_broken_answer() -> None:
     held.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
     held.write(b"{}")
     assert written == [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n", b"{}"]
+
+
+class _Refuser:
+    """An app that refuses every request's body before reading it (as the gate's 413 does),
+    closing the connection, and counts the requests it was given."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        self.calls += 1
+        body = b'{"error":"body_too_large"}'
+        headers = [(b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _post_head(port: int, length: int) -> bytes:
+    return (
+        f"POST /x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {length}\r\n\r\n".encode()
+    )
+
+
+def _await_answer(sock: socket.socket) -> None:
+    """Wait until the answer's first bytes are here (not read: the test reads them later)."""
+    assert sock.recv(1, socket.MSG_PEEK), "closed before answering"
+
+
+def _read_to_close(sock: socket.socket) -> bytes:
+    data = b""
+    for _ in range(10_000):  # bounded; each recv is bounded by the socket's timeout
+        more = sock.recv(65536)
+        if not more:
+            return data
+        data += more
+    raise AssertionError(f"no close after {len(data)} bytes")
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_client_still_sending_a_refused_body_reads_the_answer(loop: str) -> None:
+    """The answer leaves before the body is read; a client that sends its whole body before
+    reading (most do) must still read it. Closed at once, the unread body bytes made the
+    kernel reset the connection: the client's send failed (broken pipe) and the answer was lost.
+    The connection lingers instead: the body (and a request pipelined after it) is dropped,
+    never run."""
+    app = _Refuser()
+    total = 8 * 1024 * 1024  # far more than the socket buffers hold: the server must read it
+    with (
+        _served(app, loop) as port,
+        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+    ):
+        sock.sendall(_post_head(port, total))
+        _await_answer(sock)  # answered and closed (or lingering) before the body is sent
+        sock.sendall(b"x" * total + _post_head(port, 0))
+        answer = _read_to_close(sock)
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    assert answer.endswith(b'{"error":"body_too_large"}')
+    assert app.calls == 1
+
+
+def _send_until_refused(sock: socket.socket) -> None:
+    for _ in range(200):  # bounded: 10 s at most
+        sock.sendall(b"x" * 65536)
+        threading.Event().wait(0.05)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_lingering_connection_closes_after_linger_s(
+    loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that neither finishes its body nor closes holds the connection LINGER_S at
+    most."""
+    import mesh._one_write
+
+    monkeypatch.setattr(mesh._one_write, "LINGER_S", 1.0)
+    with (
+        _served(_Refuser(), loop) as port,
+        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+    ):
+        sock.sendall(_post_head(port, 1_000_000) + b"x" * 1000)
+        started = time.monotonic()
+        answer = _read_to_close(sock)  # the FIN after the answer: a read ends here
+        assert answer.startswith(b"HTTP/1.1 413 ")
+        # Lingering: what the client sends is still read (more than the socket buffers hold),
+        # not answered with a reset.
+        sock.sendall(b"x" * 8 * 1024 * 1024)
+        # Then closed by the server: a send fails once the close has come back as a reset.
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            _send_until_refused(sock)
+        assert time.monotonic() - started < 8
+
+
+def test_a_lingering_connection_does_not_hold_up_shutdown() -> None:
+    with _serving(_Refuser()) as (server, port):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            sock.sendall(_post_head(port, 1_000_000))
+            assert _read_to_close(sock).startswith(b"HTTP/1.1 413 ")
+            started = time.monotonic()
+            server.should_exit = True
+            # uvicorn's shutdown waits for its connections (up to its graceful timeout): the
+            # lingering one is closed by the shutdown, not left for LINGER_S.
+            for _ in range(500):  # bounded: 5 s
+                if not server.server_state.connections:
+                    break
+                threading.Event().wait(0.01)
+            assert not server.server_state.connections
+            assert time.monotonic() - started < 2
+        finally:
+            sock.close()
