@@ -20,7 +20,9 @@ once per row as a plain ``mesh serve`` process of the same tree (never under val
 port, ``BENCH_PEER_URL`` pointing at it) and the three runs share it; only the coordinator's
 instructions are counted. Its answers are checked as ``coord-local``'s (the scored text). At
 ``--concurrency 1`` (the hop's setting) ``coord-remote`` - ``coord-local`` is what the hop costs
-the coordinator.
+the coordinator. ``lead-remote`` is the same for an LLM specialist (``bench-analyst``, whose own
+turn served alone is ``llm-node``): ``lead-remote`` - ``lead-local`` is what that hop costs its
+lead.
 
 ``--tree`` runs the measured processes inside another checkout (its working directory and
 ``PYTHONPATH``), so ``mesh`` and the bench agents are that tree's, whichever tree this file is
@@ -75,6 +77,14 @@ ROWS: dict[str, InProcRow] = {
         "tests.bench.agents.coordinator:remote_agent",
         "text",
         peer="tests.bench.agents.specialist:agent",
+    ),
+    # The LLM specialist hop (tests/bench/agents/analyst.py): the analyst's own turn served
+    # alone, and a lead asking it in process or over A2A. Only the lead is counted in
+    # lead-remote, so lead-remote - lead-local is what the LLM hop costs the lead.
+    "llm-node": InProcRow("tests.bench.agents.analyst:agent", "text"),
+    "lead-local": InProcRow("tests.bench.agents.analyst:local_lead", "text"),
+    "lead-remote": InProcRow(
+        "tests.bench.agents.analyst:remote_lead", "text", peer="tests.bench.agents.analyst:agent"
     ),
 }
 # The coordinator reads its peer's address from here when its module is imported.
