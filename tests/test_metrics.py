@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from mesh._agent import Agent
-from mesh._metrics import MAX_CACHED_CHILDREN, NodeMetrics
+from mesh._metrics import MAX_CACHED_CHILDREN, NodeMetrics, render
 from mesh._models.scripted import Call, Rule, Script
 from mesh._runner import Runner
 from mesh._sessions.memory import InMemorySessionStore
@@ -141,3 +141,28 @@ def test_label_children_are_resolved_once_per_label_set_and_the_cache_is_bounded
     assert counts["lookup"] == 3
     assert all(counts[name] == 2 for name in beyond)
     assert len(metrics._tool_calls._cache) == MAX_CACHED_CHILDREN
+
+
+def test_tasks_in_flight_are_counted_by_the_node_and_read_when_scraped() -> None:
+    """``mesh_tasks_in_flight`` is the tasks started and not done, as the gauge's inc and dec
+    kept it, without calling them (a lock through three Python calls each, twice per task)."""
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry, "a", skills=["score"], process_collectors=False)
+    gauge = metrics.tasks_in_flight.labels("a")
+    called: list[str] = []
+    gauge.inc = lambda *_: called.append("inc")  # type: ignore[method-assign]
+    gauge.dec = lambda *_: called.append("dec")  # type: ignore[method-assign]
+
+    def in_flight() -> float | None:
+        return registry.get_sample_value("mesh_tasks_in_flight", {"agent": "a"})
+
+    assert in_flight() == 0.0
+    for _ in range(3):
+        metrics.task_started()
+    metrics.task_done("score", "completed", 0.01)
+    assert in_flight() == 2.0
+    assert 'mesh_tasks_in_flight{agent="a"} 2.0' in render(registry)[0].decode()
+    metrics.task_done("score", "failed", 0.01)
+    metrics.task_done("other", "canceled", 0.01)
+    assert in_flight() == 0.0
+    assert called == []
