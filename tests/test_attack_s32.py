@@ -1,0 +1,567 @@
+"""Attack cases (session 32) on this session's changes, each claiming no behaviour change:
+
+* ad353a6 the lingering close (``mesh._one_write``): a connection closed while its request's
+  body is still arriving shuts its write side after the answer, swaps in a protocol that drops
+  what arrives, and closes at the client's EOF or after ``LINGER_S``; the registry serves with
+  the same protocol.
+
+A test that passes guards behaviour that held; one marked ``xfail(strict=True)`` is a break
+(the behaviour of the tree before the commit, ``git archive dc03330``, differs; each says how).
+In-process servers get a short ``LINGER_S`` so that no test waits the full 5 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import ssl
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+import mesh._one_write
+from mesh._one_write import OneWriteProtocol
+from tests.registry_support import registry
+from tests.support import clean_env, free_port, running
+from tests.test_one_write import _post_head, _read_to_close, _Refuser
+
+# --- ad353a6: the lingering close -----------------------------------------------------------
+
+LOOPS = ["asyncio", "uvloop"]
+SHORT_LINGER_S = 3.0
+
+
+@pytest.fixture
+def short_linger(monkeypatch: pytest.MonkeyPatch) -> None:
+    # raising=False: the tree before ad353a6 has no LINGER_S (it closed at once).
+    monkeypatch.setattr(mesh._one_write, "LINGER_S", SHORT_LINGER_S, raising=False)
+
+
+@contextmanager
+def _serving(app: Any, loop: str = "asyncio", **config: Any) -> Iterator[tuple[Any, int]]:
+    """``app`` on a real uvicorn with ``OneWriteProtocol`` in a thread of its own; yields the
+    server and its port. Leaving asks it to stop and waits (bounded) for it."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            http=OneWriteProtocol,
+            log_config=None,
+            loop=loop,
+            timeout_graceful_shutdown=10,
+            **config,
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(500):
+            if server.started:
+                break
+            time.sleep(0.01)
+        assert server.started, "uvicorn did not start"
+        yield server, port
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        assert not thread.is_alive(), "uvicorn did not stop"
+
+
+def _until(predicate: Any, timeout: float) -> bool:
+    """Whether ``predicate()`` came true within ``timeout`` s (polled)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return bool(predicate())
+
+
+class _BodyReader:
+    """An app that reads its request's whole body as the gate does (receive until no more
+    body or a disconnect), notes how that ended and after how long, then answers 200."""
+
+    def __init__(self) -> None:
+        self.ended: list[tuple[str, float]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        started = time.monotonic()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect" or not message.get("more_body"):
+                break
+        self.ended.append((message["type"], time.monotonic() - started))
+        if message["type"] == "http.request":
+            body = b"read"
+            headers = [(b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+
+# A chunked body whose second chunk size is not hex: uvicorn's parser answers 400 itself (and
+# closes) while the app is still reading the body.
+_BAD_CHUNKED = (
+    b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nZZZ\r\n"
+)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="s32 break (ad353a6): a body the parser refuses mid-way (uvicorn's 400) lingers "
+    "with the request unfinished: the app reading the body hears nothing until the client's "
+    "EOF or LINGER_S (before: http.disconnect at once, with the close)",
+)
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_body_the_parser_refuses_midway_tells_the_reading_app_at_once(
+    loop: str, short_linger: None
+) -> None:
+    app = _BodyReader()
+    with (
+        _serving(app, loop) as (_, port),
+        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+    ):
+        sock.sendall(_BAD_CHUNKED)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")
+        told = _until(lambda: app.ended, 1.0)
+        sock.close()  # the EOF ends a lingering connection: the server stops at once
+        assert _until(lambda: app.ended, 2.0)
+    assert told, "the app was not told of the close within 1 s"
+    assert app.ended[0][0] == "http.disconnect"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="s32 break (ad353a6): a shutdown does not close a lingering connection whose "
+    "request is unfinished (uvicorn's 400 mid-body): protocol.shutdown() only closes a "
+    "connection whose answer is complete, so the shutdown waits LINGER_S (before: at once)",
+)
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_shutdown_does_not_wait_for_a_body_the_parser_refused(
+    loop: str, short_linger: None
+) -> None:
+    with (
+        _serving(_BodyReader(), loop) as (server, port),
+        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+    ):
+        sock.sendall(_BAD_CHUNKED)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")
+        server.should_exit = True
+        closed = _until(lambda: not server.server_state.connections, 1.0)
+        sock.close()
+        assert closed, "the shutdown still waits for the connection after 1 s"
+
+
+class _FailsMidAnswer:
+    """An app that starts a streamed answer before reading the body, then fails."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"part", "more_body": True})
+        raise RuntimeError("the app fails mid-answer")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="s32 break (ad353a6): an app that fails mid-answer while its request's body still "
+    "arrives leaves a lingering connection with the answer unfinished, which a shutdown does "
+    "not close: it waits LINGER_S (before: the connection closed at once)",
+)
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_shutdown_does_not_wait_for_an_app_that_failed_mid_answer(
+    loop: str, short_linger: None
+) -> None:
+    with (
+        _serving(_FailsMidAnswer(), loop) as (server, port),
+        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+    ):
+        sock.sendall(_post_head(port, 1_000_000) + b"x" * 10)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+        time.sleep(0.1)  # the app has failed
+        server.should_exit = True
+        closed = _until(lambda: not server.server_state.connections, 1.0)
+        sock.close()
+        assert closed, "the shutdown still waits for the connection after 1 s"
+
+
+def test_an_app_that_fails_mid_answer_ends_the_clients_read(short_linger: None) -> None:
+    """What the client reads is unchanged: the partial stream, then the end of the
+    connection (no final chunk)."""
+    with (
+        _serving(_FailsMidAnswer()) as (_, port),
+        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+    ):
+        sock.sendall(_post_head(port, 1_000_000) + b"x" * 10)
+        started = time.monotonic()
+        try:
+            answer = _read_to_close(sock)
+        except ConnectionResetError:
+            answer = b""
+        assert time.monotonic() - started < 1.0
+        assert b"0\r\n\r\n" not in answer
+
+
+# A real node (``mesh serve``): a small in-flight bound and a 1 s body deadline.
+HEADERS = {"A2A-Version": "1.0", "Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def bounded_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("s32-bounded")
+    port = free_port()
+    argv = ["mesh", "serve", "tests.input_agents:agent", "--port", str(port)]
+    argv += ["--data-dir", str(tmp / "node"), "--no-register"]
+    url = f"http://127.0.0.1:{port}"
+    env = clean_env(MESH_MAX_INFLIGHT_BYTES="1000", MESH_BODY_TIMEOUT="1")
+    with running(argv, name="bounded", tmp=tmp, health=f"{url}/health", env=env):
+        yield url
+
+
+def _send_body(text: str = "hi") -> bytes:
+    message = {
+        "messageId": uuid.uuid4().hex,
+        "role": "ROLE_USER",
+        "parts": [{"data": {"key": text}, "mediaType": "application/json"}],
+        "metadata": {"skill": "echo"},
+    }
+    rpc = {"jsonrpc": "2.0", "id": 7, "method": "SendMessage", "params": {"message": message}}
+    return json.dumps(rpc).encode()
+
+
+def _counted(url: str, method: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("mesh_requests_total{") and f'method="{method}"' in line
+    )
+
+
+def _task_count(url: str) -> int:
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageSize": 1}}
+    r = httpx.post(url + "/", json=rpc, headers=HEADERS, timeout=10, trust_env=False)
+    return int(r.json()["result"].get("totalSize", 0))
+
+
+def _node_socket(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _bad_chunked_to_node(held: int) -> bytes:
+    """A chunked POST / whose first chunk is ``held`` bytes and whose next chunk size is not
+    hex: the node holds the first chunk's bytes, then uvicorn's parser answers 400."""
+    return (
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + f"{held:x}\r\n".encode() + b"{" * held + b"\r\n"
+        b"ZZZ\r\n"
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="s32 break (ad353a6): after uvicorn's 400 on a body cut mid-way the gate still "
+    "holds the bytes that arrived (the read is not told of the close) until the client's EOF "
+    "or LINGER_S: every other call on a node near MESH_MAX_INFLIGHT_BYTES gets 503 busy "
+    "meanwhile (before: the close freed them at once)",
+)
+def test_a_body_the_parser_refused_frees_what_it_held_at_once(bounded_node: str) -> None:
+    with _node_socket(bounded_node) as sock:
+        sock.sendall(_bad_chunked_to_node(900))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")
+        time.sleep(0.2)
+        # 900 bytes held + this one's > 1000, while another request holds some: 503.
+        r = httpx.post(bounded_node + "/", content=_send_body(), headers=HEADERS, timeout=10)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="s32 break (ad353a6): a body uvicorn's parser refused (400) is counted again as a "
+    "408 body_timeout in mesh_requests_total once MESH_BODY_TIMEOUT passes while the "
+    "connection lingers (the gate's 408 goes nowhere); before: the close ended the read, "
+    "nothing counted",
+)
+def test_a_body_the_parser_refused_is_not_counted_as_too_slow(bounded_node: str) -> None:
+    before = _counted(bounded_node, "body_timeout")
+    with _node_socket(bounded_node) as sock:
+        sock.sendall(_bad_chunked_to_node(10))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")
+        time.sleep(1.6)  # past the node's 1 s body deadline, before LINGER_S
+        assert _counted(bounded_node, "body_timeout") == before
+
+
+def test_a_request_pipelined_after_a_408_body_never_runs(bounded_node: str) -> None:
+    """The 408 closes: what follows on the connection (the rest of the body, then a whole
+    SendMessage) is dropped unparsed, never run; the client reads the 408."""
+    tasks = _task_count(bounded_node)
+    timeouts = _counted(bounded_node, "body_timeout")
+    body = _send_body()
+    head = (
+        "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with _node_socket(bounded_node) as sock:
+        sock.sendall(head + body[:5])
+        assert sock.recv(1, socket.MSG_PEEK)  # the 408, once the body is 1 s late
+        try:
+            sock.sendall(body[5:] + head + body)
+            answer = _read_to_close(sock)
+        except ConnectionResetError:  # the tree before ad353a6 closed at once
+            answer = b"HTTP/1.1 408 (read before the reset)"
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert answer.count(b"HTTP/1.1 ") == 1
+    time.sleep(0.3)
+    assert _task_count(bounded_node) == tasks
+    assert _counted(bounded_node, "body_timeout") == timeouts + 1
+
+
+def _registry_requests(url: str) -> dict[tuple[str, str], float]:
+    """``mesh_registry_requests_total`` by (route, status), but the /metrics reads."""
+    text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
+    counted = {}
+    for line in text.splitlines():
+        if line.startswith("mesh_registry_requests_total{") and "/metrics" not in line:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            counted[(labels["route"], labels["status"])] = float(line.rsplit(" ", 1)[1])
+    return counted
+
+
+def test_the_registry_never_runs_a_write_pipelined_after_a_refused_body(tmp_path: Path) -> None:
+    """The registry's 403 (wrong token, answered before the body) closes: the rest of the
+    body and a whole registration with the right token after it are never run."""
+    registration = json.dumps(
+        {"instance_id": "pipelined-1", "agent": "echo", "url": "http://127.0.0.1:1"}
+    ).encode()
+
+    def post(token: str, body: bytes, length: int | None = None) -> bytes:
+        return (
+            f"POST /v1/instances HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length or len(body)}\r\n\r\n"
+        ).encode() + body
+
+    with registry(tmp_path, token="s3cret") as reg:
+        counted = _registry_requests(reg.url)  # the health checks of the start
+        with socket.create_connection(("127.0.0.1", reg.port), timeout=10) as sock:
+            sock.sendall(post("wrong", b"", 200_000))
+            assert sock.recv(1, socket.MSG_PEEK)
+            try:
+                sock.sendall(b" " * 200_000 + post("s3cret", registration))
+                answer = _read_to_close(sock)
+            except (ConnectionResetError, BrokenPipeError):
+                answer = b"HTTP/1.1 403 (read before the reset)"
+        assert answer.startswith(b"HTTP/1.1 403 "), answer[:200]
+        assert answer.count(b"HTTP/1.1 ") == 1
+        time.sleep(0.3)
+        # Only the gate's 403 was counted: the pipelined write never reached a route.
+        assert _registry_requests(reg.url) == {**counted, ("gate", "403"): 1.0}
+
+
+# --- guards: what the lingering close must leave as it was ----------------------------------
+
+
+def _no_close_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) != b""
+    except TimeoutError:
+        return True
+    finally:
+        sock.settimeout(10)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_keep_alive_after_a_read_answer_is_unchanged(loop: str, short_linger: None) -> None:
+    app = _BodyReader()
+    with (
+        _serving(app, loop) as (server, port),
+        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+    ):
+        for _ in range(3):
+            sock.sendall(_post_head(port, 5) + b"hello")
+            answer = sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+            assert answer.endswith(b"read"), answer
+            assert b"connection: close" not in answer.lower()
+        assert _no_close_within(sock, 0.3)
+        assert len(server.server_state.connections) == 1
+    assert [end for end, _ in app.ended] == ["http.request"] * 3
+
+
+class _Closer:
+    """Reads the whole body, then answers with ``Connection: close``: sized, or streamed."""
+
+    def __init__(self, streamed: bool) -> None:
+        self.streamed = streamed
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        if self.streamed:
+            headers = [(b"connection", b"close"), (b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            for event in (b"data: 1\n\n", b"data: 2\n\n"):
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            headers = [(b"connection", b"close"), (b"content-length", b"2")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["sized", "chunked"])
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_close_after_a_body_read_in_full_is_at_once(
+    loop: str, streamed: bool, short_linger: None
+) -> None:
+    with (
+        _serving(_Closer(streamed), loop) as (server, port),
+        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+    ):
+        sock.sendall(_post_head(port, 5) + b"hello")
+        started = time.monotonic()
+        answer = _read_to_close(sock)
+        assert time.monotonic() - started < 1.0
+        assert _until(lambda: not server.server_state.connections, 1.0)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(b"0\r\n\r\n" if streamed else b"ok")
+
+
+def _refused(port: int, sock: socket.socket) -> None:
+    sock.sendall(_post_head(port, 1_000_000) + b"x" * 1000)
+    assert sock.recv(65536).startswith(b"HTTP/1.1 413 ")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_client_that_resets_while_lingering_is_gone_at_once(
+    loop: str, short_linger: None
+) -> None:
+    with _serving(_Refuser(), loop) as (server, port):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        _refused(port, sock)
+        assert len(server.server_state.connections) == 1  # lingering
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.close()  # SO_LINGER 0: a reset
+        assert _until(lambda: not server.server_state.connections, 1.0)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_client_that_half_closes_while_lingering_is_closed_at_once(
+    loop: str, short_linger: None
+) -> None:
+    with (
+        _serving(_Refuser(), loop) as (server, port),
+        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+    ):
+        sock.sendall(_post_head(port, 1_000_000) + b"x" * 1000)
+        sock.shutdown(socket.SHUT_WR)
+        started = time.monotonic()
+        answer = _read_to_close(sock)
+        assert time.monotonic() - started < 1.0
+        assert _until(lambda: not server.server_state.connections, 1.0)
+    assert answer.startswith(b"HTTP/1.1 413 ") or answer == b""
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+class _LoopSpy(_Refuser):
+    loop: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        import asyncio
+
+        type(self).loop = asyncio.get_running_loop()
+        await super().__call__(scope, receive, send)
+
+
+def test_many_lingering_connections_leave_nothing_behind(short_linger: None) -> None:
+    """40 refused connections linger at once; once their clients close, no connection, fd or
+    live LINGER_S timer is left."""
+    app = _LoopSpy()
+    with _serving(app, "asyncio") as (server, port):
+        fds = _fds()
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(40)]
+        for sock in socks:
+            _refused(port, sock)
+        assert app.calls == 40
+        assert len(server.server_state.connections) == 40
+        for sock in socks:
+            sock.close()
+        assert _until(lambda: not server.server_state.connections, 2.0)
+        assert _until(lambda: _fds() <= fds, 2.0), (_fds(), fds)
+        live = [
+            h
+            for h in list(app.loop._scheduled)
+            if not h.cancelled() and "close" in repr(h._callback)
+        ]
+        assert live == []
+
+
+def test_many_lingering_connections_do_not_hold_a_shutdown(short_linger: None) -> None:
+    with _serving(_Refuser(), "uvloop") as (server, port):
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
+        try:
+            for sock in socks:
+                _refused(port, sock)
+            server.should_exit = True
+            assert _until(lambda: not server.server_state.connections, 1.0)
+        finally:
+            for sock in socks:
+                sock.close()
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    tmp = tmp_path_factory.mktemp("s32-tls")
+    cert_file, key_file, ca_file = tmp / "cert.pem", tmp / "key.pem", tmp / "ca.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    ca.cert_pem.write_to_path(str(ca_file))
+    return cert_file, key_file, ca_file
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_over_tls_a_refused_body_closes_at_once(
+    loop: str, tls_files: tuple[Path, Path, Path], short_linger: None
+) -> None:
+    cert_file, key_file, ca_file = tls_files
+    context = ssl.create_default_context(cafile=str(ca_file))
+    with _serving(_Refuser(), loop, ssl_certfile=str(cert_file), ssl_keyfile=str(key_file)) as (
+        server,
+        port,
+    ):
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+            sock.sendall(_post_head(port, 1_000_000) + b"x" * 1000)
+            started = time.monotonic()
+            # No half-close over TLS: the answer, then the close at once (as before), not
+            # after LINGER_S.
+            try:
+                answer = _read_to_close(sock)
+            except (ssl.SSLError, ConnectionResetError):
+                answer = b"(reset)"
+            assert time.monotonic() - started < 1.0, answer
+        assert _until(lambda: not server.server_state.connections, 1.0)
