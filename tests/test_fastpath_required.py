@@ -63,6 +63,9 @@ CASES: dict[str, dict[str, Any]] = {
         "configuration.taskPushNotificationConfig", {"url": "https://example.test/hook"}
     ),
     "empty configuration": _with("configuration", {}),
+    "no configuration": _with("configuration", None),
+    "push config without url, no message id": _with("message.messageId", None)
+    | {"configuration": {"taskPushNotificationConfig": {"authentication": {}}}},
 }
 
 

@@ -11,18 +11,25 @@ only when this finds something, so the error is the SDK's own.
 
 from __future__ import annotations
 
+from typing import Any
+
 from google.api.field_behavior_pb2 import FieldBehavior, field_behavior
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message as ProtobufMessage
 
 __all__ = ["missing_required"]
 
-# Per field of a plan: the field, whether it is REQUIRED, whether it is repeated, and whether
-# the message type it holds has REQUIRED fields somewhere (then it is walked).
-_Step = tuple[FieldDescriptor, bool, bool, bool]
+# Per field of a plan: its name, whether it is REQUIRED, whether it is repeated, whether the
+# message type it holds has REQUIRED fields somewhere (then it is walked), and what the check
+# reads of its descriptor, read once here: whether it has presence, its default value, and
+# whether it is a map. (Each descriptor attribute read at every check cost ~1,000
+# instructions; the check ran at ~24,000 a typed request.)
+_Step = tuple[str, bool, bool, bool, bool, Any, bool]
 
 _plans: dict[Descriptor, tuple[_Step, ...]] = {}
 _closed: dict[Descriptor, bool] = {}
+#: The plans by message class (``missing_required``'s lookup, without reading DESCRIPTOR).
+_plans_by_class: dict[type, tuple[_Step, ...]] = {}
 
 
 def _required(field: FieldDescriptor) -> bool:
@@ -73,7 +80,12 @@ def _plan(desc: Descriptor) -> tuple[_Step, ...]:
             )
             required = _required(field)
             if required or walk:
-                steps.append((field, required, _repeated(field), walk))
+                repeated = _repeated(field)
+                is_map = walk and repeated and bool(field.message_type.GetOptions().map_entry)
+                presence = field.has_presence
+                steps.append(
+                    (field.name, required, repeated, walk, presence, field.default_value, is_map)
+                )
         plan = tuple(steps)
         _plans[desc] = plan
     return plan
@@ -83,24 +95,34 @@ def missing_required(msg: ProtobufMessage) -> bool:
     """Whether ``validate_proto_required_fields(msg)`` (a2a-sdk) would find an error: a
     REQUIRED field unset (a repeated one empty, a scalar at its default), in ``msg`` or in a
     message it holds."""
-    for field, required, repeated, walk in _plan(msg.DESCRIPTOR):
-        name = field.name
+    # The class's HasField: on the instance, a name is first tried as a field.
+    kind = type(msg)
+    plan = _plans_by_class.get(kind)
+    if plan is None:
+        plan = _plans_by_class[kind] = _plan(kind.DESCRIPTOR)
+    for name, required, repeated, walk, presence, default, is_map in plan:
+        if walk and not repeated and not required:
+            # A message field that may be absent: asked before it is read (reading an absent
+            # one makes an empty message for it).
+            if kind.HasField(msg, name) and missing_required(getattr(msg, name)):
+                return True
+            continue
         value = getattr(msg, name)
         if required:
             if repeated:
                 if not value:
                     return True
-            elif field.has_presence:
-                if not msg.HasField(name):
+            elif presence:
+                if not kind.HasField(msg, name):
                     return True
-            elif value == field.default_value:
+            elif value == default:
                 return True
         if not walk:
             continue
         if not repeated:
-            if msg.HasField(name) and missing_required(value):
+            if missing_required(value):  # a REQUIRED message field, present (checked above)
                 return True
-        elif field.message_type.GetOptions().map_entry:
+        elif is_map:
             for item in value.values():
                 if isinstance(item, ProtobufMessage) and missing_required(item):
                     return True
