@@ -29,6 +29,7 @@ from a2a.types import (
     TaskStatus,
     TaskStatusUpdateEvent,
 )
+from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from mesh._a2a.ids import uuid4_text
@@ -45,6 +46,51 @@ def _now() -> Timestamp:
     """Now, to the microsecond (what ``Timestamp.FromDatetime(datetime.now(UTC))`` gives)."""
     ns = time.time_ns()
     return Timestamp(seconds=ns // 1_000_000_000, nanos=ns % 1_000_000_000 // 1000 * 1000)
+
+
+def _filled(struct: Struct, values: dict[str, Any]) -> bool:
+    """Set ``values`` into the empty ``struct`` as ``Struct.update`` (protobuf's
+    ``_SetStructValue`` for each value) sets them, the same fields in the same order, for
+    values of exactly str, int, float, bool, None or dict (of the same): without a Python call
+    and a chain of ``isinstance`` per value (a task's usage counts: five numbers, twice in a
+    remote turn's final status). False at the first other value or key: the caller builds it
+    as before, so what happens to that (converted, refused) is protobuf's own."""
+    fields = struct.fields
+    for key, value in values.items():
+        if type(key) is not str:
+            return False
+        kind = type(value)
+        if kind is str:
+            fields[key].string_value = value
+        elif kind is int or kind is float:
+            fields[key].number_value = value
+        elif kind is dict:
+            inner = fields[key].struct_value
+            inner.Clear()  # as _SetStructValue does: an empty dict is an empty Struct, set
+            if not _filled(inner, value):
+                return False
+        elif kind is bool:
+            fields[key].bool_value = value
+        elif value is None:
+            fields[key].null_value = 0
+        else:
+            return False
+    return True
+
+
+def _with_metadata(message: Any, metadata: dict[str, Any] | None) -> bool:
+    """Give ``message`` (just made, without metadata) ``metadata`` as its constructor would
+    (``_filled``); False when the constructor has to (the message is then to be made again)."""
+    if metadata is None:
+        return True
+    if type(metadata) is not dict:
+        return False
+    target = message.metadata
+    target.Clear()  # present, as the constructor leaves it, even when empty
+    try:
+        return _filled(target, metadata)
+    except (TypeError, ValueError, OverflowError):  # an int past a double: the constructor's
+        return False
 
 
 class MeshTaskUpdater(TaskUpdater):
@@ -77,8 +123,15 @@ class MeshTaskUpdater(TaskUpdater):
                 at = _now()
             status = TaskStatus(state=state, message=message or None, timestamp=at)
             event = TaskStatusUpdateEvent(
-                task_id=self.task_id, context_id=self.context_id, metadata=metadata, status=status
+                task_id=self.task_id, context_id=self.context_id, status=status
             )
+            if not _with_metadata(event, metadata):
+                event = TaskStatusUpdateEvent(
+                    task_id=self.task_id,
+                    context_id=self.context_id,
+                    metadata=metadata,
+                    status=status,
+                )
             if state in TERMINAL_STATES:
                 self._ended = True
             await self.event_queue.enqueue_event(event)
@@ -112,11 +165,21 @@ class MeshTaskUpdater(TaskUpdater):
     def new_agent_message(
         self, parts: list[Part], metadata: dict[str, Any] | None = None
     ) -> Message:
+        message_id = uuid4_text()
+        message = Message(
+            role=_AGENT,
+            task_id=self.task_id,
+            context_id=self.context_id,
+            message_id=message_id,
+            parts=parts,
+        )
+        if _with_metadata(message, metadata):
+            return message
         return Message(
             role=_AGENT,
             task_id=self.task_id,
             context_id=self.context_id,
-            message_id=uuid4_text(),
+            message_id=message_id,
             metadata=metadata,
             parts=parts,
         )
