@@ -17,11 +17,13 @@ import os
 import re
 import socket
 import ssl
+import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ import uvicorn
 import mesh._one_write
 from mesh._one_write import OneWriteProtocol
 from tests.registry_support import registry
-from tests.support import clean_env, free_port, running
+from tests.support import ROOT, Proc, clean_env, free_port, running, wait_until_ok
 from tests.test_one_write import _post_head, _read_to_close, _Refuser
 
 # --- ad353a6: the lingering close -----------------------------------------------------------
@@ -565,3 +567,474 @@ def test_over_tls_a_refused_body_closes_at_once(
                 answer = b"(reset)"
             assert time.monotonic() - started < 1.0, answer
         assert _until(lambda: not server.server_state.connections, 1.0)
+
+
+# --- the specialist's answers against the tree before this session (dc03330) -----------------
+#
+# One agent served twice, by this checkout and by `git archive dc03330` (on PYTHONPATH first),
+# each with its own data dir; the same requests to both; every answer's text compared with ids
+# and times replaced by placeholders: the same members in the same order, byte for byte.
+
+BEFORE = "dc03330"
+
+_AGENT_SOURCE = '''
+from typing import Any
+
+from pydantic import BaseModel
+
+from mesh import Agent, File, SkillContext, skill
+
+
+class In(BaseModel):
+    key: str
+    n: int = 1
+    extra: dict[str, Any] = {}
+
+
+class Out(BaseModel):
+    key: str
+    n: int
+    ratio: float
+    nested: dict[str, Any]
+    items: list[Any]
+
+
+def _out(req: In) -> Out:
+    return Out(
+        key=req.key,
+        n=req.n,
+        ratio=req.n / 3,
+        nested={"u": "\\u00e9\\u2028\\U0001f600", "big": 2**60, "neg": -0.0, **req.extra},
+        items=[1, 2.5, None, True, "x", {"k": []}],
+    )
+
+
+@skill
+def plain(req: In) -> Out:
+    """Answer at once."""
+    return _out(req)
+
+
+@skill
+async def rich(req: In, ctx: SkillContext) -> Out:
+    """Attach files and data, then answer."""
+    await ctx.progress("working \\u00fc")
+    ctx.attach(File(b"\\x89PNG\\x00\\xff" * 3, media_type="image/png", name="chart.png"))
+    ctx.attach({"rate": 1.08, "big": 2**60, "u": "\\u00e9"}, "the rate", name="rate",
+               description="a rate")
+    ctx.attach(File(url="https://files.example/x.pdf", media_type="application/pdf"))
+    ctx.attach("text only")
+    return _out(req)
+
+
+@skill
+def broken(req: In) -> Out:
+    """Always fails."""
+    raise RuntimeError("exploded " + req.key)
+
+
+@skill(accepts=["image/png", "application/pdf"])
+def files(req: In) -> Out:
+    """Takes files with its input."""
+    return _out(req)
+
+
+@skill(asks=True)
+async def asks(req: In, ctx: SkillContext) -> Out:
+    """Asks a question first."""
+    answer = await ctx.ask("which one? \\u00e9")
+    return _out(In(key=str(answer), n=req.n))
+
+
+agent = Agent(name="s32-worker", description="s32 worker.", skills=[plain, rich, broken, asks, files])
+'''
+
+
+@contextmanager
+def _node(tmp: Path, name: str, pythonpath: str, data: Path | None = None) -> Iterator[str]:
+    port = free_port()
+    argv = ["mesh", "serve", "s32_agent:agent", "--port", str(port), "--no-register"]
+    argv += ["--data-dir", str(data or tmp / name)]
+    url = f"http://127.0.0.1:{port}"
+    env = clean_env(PYTHONPATH=pythonpath)
+    with running(argv, name=name, tmp=tmp, health=f"{url}/health", env=env):
+        yield url
+
+
+@dataclass
+class Nodes:
+    now: str
+    before: str
+    tmp: Path
+    before_tree: Path
+
+
+@dataclass
+class Trees:
+    """Where the agent module is, and the tree of ``BEFORE`` (``git archive``)."""
+
+    agent_dir: Path
+    before: Path
+
+    def path(self, side: str) -> str:
+        if side.startswith("before"):
+            return f"{self.before}{os.pathsep}{self.agent_dir}"
+        return str(self.agent_dir)
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> Trees:
+    tmp = tmp_path_factory.mktemp("s32-trees")
+    tree = tmp / "before"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", BEFORE], capture_output=True, check=False
+    )
+    if archive.returncode != 0:
+        pytest.skip(f"no git archive of {BEFORE}: {archive.stderr.decode()[:200]}")
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    (tmp / "s32_agent.py").write_text(_AGENT_SOURCE)
+    return Trees(tmp, tree)
+
+
+@pytest.fixture(scope="module")
+def nodes(trees: Trees, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
+    tmp = tmp_path_factory.mktemp("s32-compare")
+    with (
+        _node(tmp, "now", trees.path("now")) as now,
+        _node(tmp, "before", trees.path("before")) as before,
+    ):
+        yield Nodes(now, before, tmp, trees.before)
+
+
+_IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+
+
+_TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+# Members whose value is a protobuf Struct (a map: its members come in no fixed order).
+_STRUCTS = frozenset({"data", "metadata", "usage", "childrenUsage"})
+
+
+def _text_norm(text: str) -> str:
+    return _TRACES.sub("<trace>", _TIMES.sub("<time>", _IDS.sub("<id>", text)))
+
+
+def _order(value: Any, inside_struct: bool = False) -> Any:
+    """The member order of every JSON object that is a message (not a Struct's map)."""
+    if isinstance(value, dict):
+        return {
+            "": None if inside_struct else list(value),
+            **{k: _order(v, inside_struct or k in _STRUCTS) for k, v in value.items()},
+        }
+    if isinstance(value, list):
+        return [_order(v, inside_struct) for v in value]
+    return None
+
+
+def _comparable(status: int, content_type: str | None, text: str) -> Any:
+    """An answer as compared: status, type, the JSON (ids, times, traces replaced) and the
+    member order of its messages; a text that is not JSON as it is."""
+    text = _text_norm(text)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return (status, content_type, text)
+    return (status, content_type, value, _order(value))
+
+
+def _message(skill: str, data: Any, message_id: str, **more: Any) -> dict[str, Any]:
+    parts = more.pop("parts", None) or [{"data": data, "mediaType": "application/json"}]
+    metadata = {"skill": skill, **more.pop("metadata", {})}
+    return {
+        "role": "ROLE_USER",
+        "messageId": message_id,
+        "contextId": more.pop("context_id", "ctx-s32"),
+        "parts": parts,
+        "metadata": metadata,
+        **more,
+    }
+
+
+def _rpc(method: str, params: dict[str, Any], rpc_id: Any = 7) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}
+
+
+async def _both_texts(
+    http: httpx.AsyncClient, nodes: Nodes, path: str, body: bytes | dict[str, Any]
+) -> tuple[Any, Any]:
+    """The answer of each node to ``body`` (``_comparable``)."""
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    got = []
+    for url in (nodes.now, nodes.before):
+        r = await http.post(
+            url + path,
+            content=content,
+            headers={**HEADERS, "Content-Type": "application/json"},
+        )
+        got.append(_comparable(r.status_code, r.headers.get("content-type"), r.text))
+    return got[0], got[1]
+
+
+@pytest.fixture
+async def client() -> Any:
+    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
+        yield http
+
+
+_RAW = "iVBORw0KGgo="  # base64 of a few bytes
+
+SEND_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("plain", {"message": _message("plain", {"key": "a", "n": 4}, "m-plain")}),
+    *[
+        (
+            f"plain-history-{n}",
+            {
+                "message": _message("plain", {"key": "h", "n": 2}, f"m-plain-h{n}"),
+                "configuration": {"historyLength": n},
+            },
+        )
+        for n in (0, 1, 2, 5)
+    ],
+    ("rich", {"message": _message("rich", {"key": "r", "n": 7}, "m-rich")}),
+    (
+        "rich-history-0",
+        {
+            "message": _message("rich", {"key": "r0"}, "m-rich-h0"),
+            "configuration": {"historyLength": 0},
+        },
+    ),
+    ("broken", {"message": _message("broken", {"key": "b"}, "m-broken")}),
+    ("asks", {"message": _message("asks", {"key": "q"}, "m-asks")}),
+    (
+        "several-parts",
+        {
+            "message": _message(
+                "files",
+                None,
+                "m-parts",
+                parts=[
+                    {"data": {"key": "p", "n": 3}, "mediaType": "application/json"},
+                    {"text": "and some text \u00e9", "mediaType": "text/plain"},
+                    {"raw": _RAW, "mediaType": "image/png", "filename": "x.png"},
+                    {"url": "https://files.example/y.pdf", "mediaType": "application/pdf"},
+                ],
+            )
+        },
+    ),
+    (
+        "metadata",
+        {
+            "message": _message(
+                "plain",
+                {"key": "md", "extra": {"deep": {"list": [1, {"a": None}]}}},
+                "m-meta",
+                metadata={
+                    "caller": "tester",
+                    "n": 3,
+                    "f": 0.1,
+                    "flag": True,
+                    "none": None,
+                    "deep": {"x": [1, "2", {"y": False}]},
+                    "u": "\u00e9\u2028",
+                },
+            ),
+            "metadata": {"request": "level", "n": 1},
+        },
+    ),
+    (
+        "references",
+        {
+            "message": _message(
+                "plain",
+                {"key": "ref"},
+                "m-ref",
+                referenceTaskIds=["t-1", "t-2"],
+                extensions=["https://example.com/ext"],
+            )
+        },
+    ),
+    ("invalid-input", {"message": _message("plain", {"key": 5, "n": "x"}, "m-invalid")}),
+    ("unknown-skill", {"message": _message("nope", {"key": "a"}, "m-unknown")}),
+    ("no-parts", {"message": {**_message("plain", {"key": "a"}, "m-noparts"), "parts": []}}),
+    ("no-message-id", {"message": {**_message("plain", {"key": "a"}, ""), "messageId": ""}}),
+    ("message-not-object", {"message": 5}),
+    (
+        "no-role",
+        {
+            "message": {
+                k: v for k, v in _message("plain", {"key": "a"}, "m-norole").items() if k != "role"
+            }
+        },
+    ),
+]
+
+
+@pytest.mark.integration
+async def test_send_answers_are_the_trees_before(nodes: Nodes, client: Any) -> None:
+    """Every send's answer, then its replay (same messageId) under other history lengths and
+    on REST, then GetTask of its task: the same text (ids and times aside) on both trees."""
+    diffs = []
+    for name, params in SEND_CASES:
+        for rpc_id in (7, "id-s", None):
+            now, before = await _both_texts(client, nodes, "/", _rpc("SendMessage", params, rpc_id))
+            if now != before:
+                diffs.append((name, rpc_id, now, before))
+        for config in ({"historyLength": 0}, {"historyLength": 1}, None):
+            again = {k: v for k, v in params.items() if k != "configuration"}
+            if config is not None:
+                again["configuration"] = config
+            now, before = await _both_texts(client, nodes, "/", _rpc("SendMessage", again))
+            if now != before:
+                diffs.append((name, f"replay {config}", now, before))
+            now, before = await _both_texts(client, nodes, "/a2a/rest/message:send", again)
+            if now != before:
+                diffs.append((name, f"rest {config}", now, before))
+    assert diffs == []
+
+
+async def _send_get(
+    http: httpx.AsyncClient, url: str, params: dict[str, Any]
+) -> tuple[Any, str | None]:
+    r = await http.post(url + "/", json=_rpc("SendMessage", params), headers=HEADERS)
+    answer = r.json()
+    task = answer.get("result", {}).get("task")
+    return _comparable(r.status_code, r.headers.get("content-type"), r.text), (
+        task["id"] if task else None
+    )
+
+
+async def _get_tasks(http: httpx.AsyncClient, url: str, task_id: str) -> list[Any]:
+    got = []
+    for history in (None, 0, 1, 5):
+        params: dict[str, Any] = {"id": task_id}
+        if history is not None:
+            params["historyLength"] = history
+        r = await http.post(url + "/", json=_rpc("GetTask", params), headers=HEADERS)
+        got.append(_comparable(r.status_code, r.headers.get("content-type"), r.text))
+        rest = f"/a2a/rest/tasks/{task_id}" + (
+            "" if history is None else f"?historyLength={history}"
+        )
+        r = await http.get(url + rest, headers=HEADERS)
+        got.append(_comparable(r.status_code, r.headers.get("content-type"), r.text))
+    return got
+
+
+@contextmanager
+def _started_together(tmp: Path, dirs: dict[str, tuple[str, Path]]) -> Iterator[dict[str, str]]:
+    """One node per side on ``(pythonpath, data dir)``, started at once (then waited for)."""
+    procs, urls = {}, {}
+    try:
+        for side, (path, data) in dirs.items():
+            port = free_port()
+            argv = ["mesh", "serve", "s32_agent:agent", "--port", str(port), "--no-register"]
+            argv += ["--data-dir", str(data)]
+            env = clean_env(PYTHONPATH=path)
+            procs[side] = Proc.start(argv, name=side, tmp=tmp, env=env)
+            urls[side] = f"http://127.0.0.1:{port}"
+        for side, proc in procs.items():
+            wait_until_ok(urls[side] + "/health", timeout=30, proc=proc)
+        yield urls
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+
+
+@pytest.mark.integration
+async def test_stored_tasks_are_the_trees_before_and_after_a_restart(
+    nodes: Nodes, trees: Trees, client: Any
+) -> None:
+    """The tasks of sends (artifacts, metadata, a question and its reply, a failure), read back
+    with GetTask under every history length, on JSON-RPC and REST: the same on both trees,
+    and the same again from a new process of each on the same database."""
+    names = {"plain", "rich", "broken", "asks", "metadata", "several-parts", "references"}
+    cases = [c for c in SEND_CASES if c[0] in names]
+    seen: dict[str, list[Any]] = {}
+    ids: dict[str, list[str]] = {}
+    for side, url in (("now", nodes.now), ("before", nodes.before)):
+        answers, task_ids = [], []
+        for name, params in cases:
+            fresh = {**params, "message": {**params["message"], "messageId": f"stored-{name}"}}
+            answer, task_id = await _send_get(client, url, fresh)
+            answers.append(answer)
+            assert task_id is not None, answer
+            task_ids.append(task_id)
+        # The question's reply: the same task, now completed.
+        asked = task_ids[[c[0] for c in cases].index("asks")]
+        reply = _message("asks", None, "m-reply", parts=[{"text": "this one"}], taskId=asked)
+        replied = await _send_get(client, url, {"message": reply})
+        assert replied[1] == asked
+        answers.append(replied[0])
+        for task_id in task_ids:
+            answers.extend(await _get_tasks(client, url, task_id))
+        seen[side], ids[side] = answers, task_ids
+    assert seen["now"] == seen["before"]
+    dirs = {side: (trees.path(side), nodes.tmp / side) for side in ("now", "before")}
+    (nodes.tmp / "again").mkdir(exist_ok=True)
+    with _started_together(nodes.tmp / "again", dirs) as urls:
+        for side, url in urls.items():
+            again = []
+            for task_id in ids[side]:
+                again.extend(await _get_tasks(client, url, task_id))
+            assert again == seen[side][len(cases) + 1 :], side
+
+
+# --- e166527: missing_required against the SDK's check, every combination ---------------------
+
+
+def _required_case(bits: int) -> dict[str, Any]:
+    """A SendMessageRequest body: each bit of ``bits`` sets or leaves out one thing the
+    REQUIRED check looks at (or near it)."""
+    on = [bool(bits >> i & 1) for i in range(11)]
+    body: dict[str, Any] = {}
+    if on[0]:
+        message: dict[str, Any] = {}
+        if on[1]:
+            message["messageId"] = "m-1"
+        if on[2]:
+            message["role"] = "ROLE_USER"
+        if on[3]:
+            message["parts"] = [{"text": "x"}]
+        if on[4]:
+            message["metadata"] = {"skill": "s"}
+        body["message"] = message
+    if on[5]:
+        configuration: dict[str, Any] = {}
+        if on[6]:
+            push: dict[str, Any] = {}
+            if on[7]:
+                push["url"] = "https://example.test/hook"
+            if on[8]:
+                push["authentication"] = {"scheme": "Bearer"} if on[9] else {"credentials": "c"}
+            configuration["taskPushNotificationConfig"] = push
+        if on[10]:
+            configuration["historyLength"] = 2
+        body["configuration"] = configuration
+    return body
+
+
+def test_missing_required_agrees_with_the_sdk_on_every_combination() -> None:
+    from a2a.types import SendMessageRequest
+    from a2a.utils.errors import InvalidParamsError
+    from a2a.utils.proto_utils import validate_proto_required_fields
+    from google.protobuf.json_format import ParseDict
+
+    from mesh._a2a.fastpath_required import missing_required
+
+    disagree = []
+    for bits in range(1 << 11):
+        body = _required_case(bits)
+        params = ParseDict(body, SendMessageRequest())
+        untouched = params.SerializeToString(deterministic=True)
+        mine = missing_required(params)
+        # The check reads, never writes: no absent message made present by reading it.
+        assert params.SerializeToString(deterministic=True) == untouched, body
+        assert params.HasField("configuration") == ("configuration" in body)
+        try:
+            validate_proto_required_fields(params)
+            sdk = False
+        except InvalidParamsError:
+            sdk = True
+        if mine != sdk:
+            disagree.append(body)
+    assert disagree == []
