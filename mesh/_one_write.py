@@ -90,15 +90,26 @@ class _HeldHead:
             self._transport.close()
 
     def _linger(self) -> bool:
-        """Close after the client has stopped sending, if its request's body is still coming:
-        whether this connection now lingers (closed later by ``_Drain``)."""
+        """Close after the client has stopped sending, if this is the close after a whole
+        answer that ends the connection (``Connection: close``) while its request's body is
+        still coming: whether this connection now lingers (closed later by ``_Drain``)."""
         transport = self._transport
         try:
             cycle = self._protocol.cycle
-            body_coming = cycle is not None and cycle.more_body and not cycle.disconnected
+            refused = (
+                cycle is not None
+                # Any other close is closed at once, as uvicorn closes it: a parser error's 400
+                # or an app that failed mid-answer (the app may still be reading the body and
+                # must hear of the close), a shutdown or keep-alive timeout of a connection
+                # kept alive (a shutdown must not wait for a client).
+                and cycle.response_complete
+                and not cycle.keep_alive
+                and cycle.more_body
+                and not cycle.disconnected
+            )
         except AttributeError:  # uvicorn's internals moved: close as uvicorn would
             return False
-        if not body_coming or transport.is_closing() or not transport.can_write_eof():
+        if not refused or transport.is_closing() or not transport.can_write_eof():
             return False  # nothing unread to cause a reset, or TLS (no half-close)
         self._lingering = True
         # From here the bytes go nowhere: uvicorn's parser would start a pipelined request's
