@@ -238,6 +238,10 @@ class NodeMetrics:
         # reads the int.
         self._running = 0
         self.tasks_in_flight.labels(agent).set_function(self._tasks_running)
+        #: ``task_done``'s series by the skill and outcome it is given (``_resolve_task_series``).
+        self._task_series: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        #: ``request``'s counter by the method and outcome it is given.
+        self._request_series: dict[tuple[str, bool], Counter] = {}
         self._sessions_created = self.sessions_created.labels(agent)
         for outcome in PUSH_OUTCOMES:
             self.push_deliveries.labels(agent, outcome)
@@ -249,9 +253,17 @@ class NodeMetrics:
     def request(self, method: str, ok: bool) -> None:
         """One A2A request (either binding); ``method`` outside the known methods counts as
         ``other``."""
-        if self._methods is not None and method not in self._methods:
-            method = OTHER
-        self._requests(self.agent, method, "ok" if ok else "error").inc()
+        counter = self._request_series.get((method, ok))
+        if counter is None:
+            named = method
+            if self._methods is not None and method not in self._methods:
+                named = OTHER
+            counter = self._requests(self.agent, named, "ok" if ok else "error")
+            # Kept under the name given (as _Children keeps them, at most MAX_CACHED_CHILDREN):
+            # one lookup a request instead of a label resolution (~2,300 instructions).
+            if len(self._request_series) < MAX_CACHED_CHILDREN:
+                self._request_series[(method, ok)] = counter
+        counter.inc()
 
     def call_denied(self, caller: str, skill: str) -> None:
         """A call the policy refused. ``caller`` is a verified agent (certified by the mesh's
@@ -279,11 +291,24 @@ class NodeMetrics:
 
     def task_done(self, skill: str, outcome: TaskOutcome, seconds: float) -> None:
         """One finished task; ``skill`` outside the declared skills counts as ``other``."""
-        if self._skills is not None and skill not in self._skills:
-            skill = OTHER
         self._running -= 1
-        self._tasks(self.agent, skill, outcome).inc()
-        self._task_duration(self.agent, skill).observe(seconds)
+        series = self._task_series.get((skill, outcome))
+        if series is None:
+            series = self._resolve_task_series(skill, outcome)
+        series[0].inc()
+        series[1].observe(seconds)
+
+    def _resolve_task_series(self, skill: str, outcome: TaskOutcome) -> tuple[Counter, Histogram]:
+        """``task_done``'s two series for ``skill`` and ``outcome``, kept (as ``_Children``
+        keeps them, at most ``MAX_CACHED_CHILDREN``) under the names given: one lookup a task
+        instead of two label resolutions (~2,300 instructions each)."""
+        named = skill
+        if self._skills is not None and skill not in self._skills:
+            named = OTHER
+        series = (self._tasks(self.agent, named, outcome), self._task_duration(self.agent, named))
+        if len(self._task_series) < MAX_CACHED_CHILDREN:
+            self._task_series[(skill, outcome)] = series
+        return series
 
     def push_delivery(self, outcome: PushOutcome, n: int = 1) -> None:
         """``n`` push notifications (or attempts, for ``failed``) ended with ``outcome``."""

@@ -166,3 +166,65 @@ def test_tasks_in_flight_are_counted_by_the_node_and_read_when_scraped() -> None
     metrics.task_done("other", "canceled", 0.01)
     assert in_flight() == 0.0
     assert called == []
+
+
+def test_a_tasks_series_are_looked_up_once_per_skill_and_outcome_and_bounded() -> None:
+    """``task_done`` resolves its counter and histogram once per skill and outcome it is
+    given; skills beyond the declared ones still count as ``other``, and the names kept are
+    at most ``MAX_CACHED_CHILDREN``."""
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry, "a", skills=["score"], process_collectors=False)
+    resolved: list[tuple[str, ...]] = []
+    real = metrics._tasks
+
+    def counting(*values: str) -> Any:
+        resolved.append(values)
+        return real(*values)
+
+    metrics._tasks = counting  # type: ignore[assignment]
+    for _ in range(3):
+        metrics.task_started()
+        metrics.task_done("score", "completed", 0.01)
+    assert resolved == [("a", "score", "completed")]
+    junk = [f"skill-{i}" for i in range(MAX_CACHED_CHILDREN + 10)]
+    for skill in junk + junk:
+        metrics.task_started()
+        metrics.task_done(skill, "rejected", 0.01)
+    assert len(metrics._task_series) == MAX_CACHED_CHILDREN
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"agent": "a", **labels})
+
+    assert value("mesh_tasks_total", skill="score", outcome="completed") == 3
+    assert value("mesh_tasks_total", skill="other", outcome="rejected") == 2 * len(junk)
+    assert value("mesh_task_duration_seconds_count", skill="score") == 3
+    assert value("mesh_task_duration_seconds_count", skill="other") == 2 * len(junk)
+    assert value("mesh_tasks_in_flight") == 0
+
+
+def test_a_requests_counter_is_looked_up_once_per_method_and_outcome_and_bounded() -> None:
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry, "a", methods=["SendMessage"], process_collectors=False)
+    resolved: list[tuple[str, ...]] = []
+    real = metrics._requests
+
+    def counting(*values: str) -> Any:
+        resolved.append(values)
+        return real(*values)
+
+    metrics._requests = counting  # type: ignore[assignment]
+    for ok in (True, True, False, True):
+        metrics.request("SendMessage", ok=ok)
+    assert resolved == [("a", "SendMessage", "ok"), ("a", "SendMessage", "error")]
+    junk = [f"Method{i}" for i in range(MAX_CACHED_CHILDREN + 10)]
+    for name in junk + junk:
+        metrics.request(name, ok=False)
+    assert len(metrics._request_series) == MAX_CACHED_CHILDREN
+
+    def value(method: str, outcome: str) -> float | None:
+        labels = {"agent": "a", "method": method, "outcome": outcome}
+        return registry.get_sample_value("mesh_requests_total", labels)
+
+    assert value("SendMessage", "ok") == 3
+    assert value("SendMessage", "error") == 1
+    assert value("other", "error") == 2 * len(junk)
