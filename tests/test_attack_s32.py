@@ -6,16 +6,20 @@
   the same protocol.
 
 A test that passes guards behaviour that held; one marked ``xfail(strict=True)`` is a break
-(the behaviour of the tree before the commit, ``git archive dc03330``, differs; each says how).
+(the behaviour of the tree before the commit, ``git archive dc03330``, differs; each says how);
+a break fixed since is a passing test that names the commit that broke it and the one that
+fixed it.
 In-process servers get a short ``LINGER_S`` so that no test waits the full 5 s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import socket
+import sqlite3
 import ssl
 import subprocess
 import threading
@@ -121,16 +125,12 @@ _BAD_CHUNKED = (
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="s32 break (ad353a6): a body the parser refuses mid-way (uvicorn's 400) lingers "
-    "with the request unfinished: the app reading the body hears nothing until the client's "
-    "EOF or LINGER_S (before: http.disconnect at once, with the close)",
-)
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_body_the_parser_refuses_midway_tells_the_reading_app_at_once(
     loop: str, short_linger: None
 ) -> None:
+    """Broken by ad353a6 (the connection lingered with the request unfinished: the app
+    reading the body heard nothing until the client's EOF or LINGER_S), fixed by fae40fe."""
     app = _BodyReader()
     with (
         _serving(app, loop) as (_, port),
@@ -145,16 +145,12 @@ def test_a_body_the_parser_refuses_midway_tells_the_reading_app_at_once(
     assert app.ended[0][0] == "http.disconnect"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="s32 break (ad353a6): a shutdown does not close a lingering connection whose "
-    "request is unfinished (uvicorn's 400 mid-body): protocol.shutdown() only closes a "
-    "connection whose answer is complete, so the shutdown waits LINGER_S (before: at once)",
-)
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_shutdown_does_not_wait_for_a_body_the_parser_refused(
     loop: str, short_linger: None
 ) -> None:
+    """Broken by ad353a6 (protocol.shutdown() closes only a finished answer's connection:
+    the shutdown waited LINGER_S), fixed by fae40fe."""
     with (
         _serving(_BodyReader(), loop) as (server, port),
         socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
@@ -178,16 +174,12 @@ class _FailsMidAnswer:
         raise RuntimeError("the app fails mid-answer")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="s32 break (ad353a6): an app that fails mid-answer while its request's body still "
-    "arrives leaves a lingering connection with the answer unfinished, which a shutdown does "
-    "not close: it waits LINGER_S (before: the connection closed at once)",
-)
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_shutdown_does_not_wait_for_an_app_that_failed_mid_answer(
     loop: str, short_linger: None
 ) -> None:
+    """Broken by ad353a6 (an app failing mid-answer while the body still arrived left a
+    lingering connection the shutdown waited LINGER_S for), fixed by fae40fe."""
     with (
         _serving(_FailsMidAnswer(), loop) as (server, port),
         socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
@@ -199,6 +191,51 @@ def test_a_shutdown_does_not_wait_for_an_app_that_failed_mid_answer(
         closed = _until(lambda: not server.server_state.connections, 1.0)
         sock.close()
         assert closed, "the shutdown still waits for the connection after 1 s"
+
+
+class _SlowRefuser:
+    """Refuses the body before reading it, as the gate's 413 does (a kept-alive answer, no
+    ``Connection: close``), after ``delay`` s of work; says when it started."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.started = threading.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        import asyncio
+
+        if scope["type"] != "http":
+            return
+        self.started.set()
+        await asyncio.sleep(self.delay)
+        body = b'{"error":"body_too_large"}'
+        headers = [(b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="s32 break (ad353a6, kept by fae40fe): a refusal answered while a shutdown is "
+    "under way lingers (the shutdown made its connection not kept alive, after its one pass "
+    "closing connections), and the shutdown waits LINGER_S for it (before: closed at once)",
+)
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_refusal_answered_during_a_shutdown_does_not_hold_it(
+    loop: str, short_linger: None
+) -> None:
+    app = _SlowRefuser(0.5)
+    with (
+        _serving(app, loop) as (server, port),
+        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+    ):
+        sock.sendall(_post_head(port, 1_000_000) + b"x" * 1000)
+        assert app.started.wait(5)
+        server.should_exit = True  # the app answers 0.5 s into the shutdown
+        assert sock.recv(65536).startswith(b"HTTP/1.1 413 ")
+        closed = _until(lambda: not server.server_state.connections, 1.0)
+        sock.close()
+        assert closed, "the shutdown still waits for the connection 1 s after the answer"
 
 
 def test_an_app_that_fails_mid_answer_ends_the_clients_read(short_linger: None) -> None:
@@ -275,14 +312,9 @@ def _bad_chunked_to_node(held: int) -> bytes:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="s32 break (ad353a6): after uvicorn's 400 on a body cut mid-way the gate still "
-    "holds the bytes that arrived (the read is not told of the close) until the client's EOF "
-    "or LINGER_S: every other call on a node near MESH_MAX_INFLIGHT_BYTES gets 503 busy "
-    "meanwhile (before: the close freed them at once)",
-)
 def test_a_body_the_parser_refused_frees_what_it_held_at_once(bounded_node: str) -> None:
+    """Broken by ad353a6 (the gate held the arrived bytes until the client's EOF or
+    LINGER_S: others got 503 busy), fixed by fae40fe."""
     with _node_socket(bounded_node) as sock:
         sock.sendall(_bad_chunked_to_node(900))
         assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")
@@ -292,14 +324,9 @@ def test_a_body_the_parser_refused_frees_what_it_held_at_once(bounded_node: str)
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="s32 break (ad353a6): a body uvicorn's parser refused (400) is counted again as a "
-    "408 body_timeout in mesh_requests_total once MESH_BODY_TIMEOUT passes while the "
-    "connection lingers (the gate's 408 goes nowhere); before: the close ended the read, "
-    "nothing counted",
-)
 def test_a_body_the_parser_refused_is_not_counted_as_too_slow(bounded_node: str) -> None:
+    """Broken by ad353a6 (counted again as a 408 body_timeout once MESH_BODY_TIMEOUT passed
+    while the connection lingered), fixed by fae40fe."""
     before = _counted(bounded_node, "body_timeout")
     with _node_socket(bounded_node) as sock:
         sock.sendall(_bad_chunked_to_node(10))
@@ -1038,3 +1065,187 @@ def test_missing_required_agrees_with_the_sdk_on_every_combination() -> None:
         if mine != sdk:
             disagree.append(body)
     assert disagree == []
+
+
+# --- the coordinator's side against the tree before this session -----------------------------
+#
+# The bench's coordinator (a scripted LLM turn calling the bench bureau's typed skill over A2A,
+# tests/bench/agents/coordinator.py) served by each tree, each reaching the same bureau through
+# a recording proxy of its own: the answers, the requests each sent to the peer, its session
+# on disk, its log lines, and its errors when the peer fails, compared.
+
+
+class _Recorder:
+    """An ASGI app that records each request (path, headers, body) and forwards it to
+    ``target``, or answers ``fail`` (status, body) instead when set."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.requests: list[tuple[str, dict[str, str], bytes]] = []
+        self.fail: tuple[int, bytes] | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        self.requests.append((f"{scope['method']} {scope['path']}", headers, body))
+        if self.fail is not None:
+            status, answer = self.fail
+            out = [(b"content-type", b"application/json")]
+        else:
+            async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
+                forwarded = {
+                    k: v for k, v in headers.items() if k not in {"host", "content-length"}
+                }
+                r = await http.request(
+                    scope["method"], self.target + scope["path"], content=body, headers=forwarded
+                )
+            status, answer = r.status_code, r.content
+            out = [(b"content-type", r.headers.get("content-type", "").encode())]
+        out.append((b"content-length", str(len(answer)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": out})
+        await send({"type": "http.response.body", "body": answer})
+
+
+_ADDRS = re.compile(r"127\.0\.0\.1:\d+")
+_EPOCHS = re.compile(r"\b1[789]\d{8}(\.\d+)?\b")
+_HEXES = re.compile(r"\b[0-9a-f]{32}\b|\b[0-9a-f]{16}\b")
+
+
+def _wire_norm(text: str) -> str:
+    text = _ADDRS.sub("<addr>", _text_norm(text))
+    return _HEXES.sub("<hex>", _EPOCHS.sub("<epoch>", text))
+
+
+@dataclass
+class Coordinated:
+    url: str
+    recorder: _Recorder
+    data: Path
+    log: Path
+    proc: Proc
+
+
+@pytest.fixture(scope="module")
+def coordinators(
+    trees: Trees, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Coordinated]]:
+    tmp = tmp_path_factory.mktemp("s32-coord")
+    bureau_port = free_port()
+    bureau = f"http://127.0.0.1:{bureau_port}"
+    argv = ["mesh", "serve", "tests.bench.agents.specialist:agent", "--port", str(bureau_port)]
+    argv += ["--data-dir", str(tmp / "bureau"), "--no-register"]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(
+            running(argv, name="bureau", tmp=tmp, health=f"{bureau}/health", env=clean_env())
+        )
+        sides: dict[str, Coordinated] = {}
+        procs = {}
+        for side in ("now", "before"):
+            recorder = _Recorder(bureau)
+            _, proxy_port = stack.enter_context(_serving(recorder, "asyncio"))
+            port = free_port()
+            argv = ["mesh", "serve", "tests.bench.agents.coordinator:remote_agent"]
+            argv += ["--port", str(port), "--data-dir", str(tmp / side), "--no-register"]
+            env = clean_env(
+                BENCH_PEER_URL=f"http://127.0.0.1:{proxy_port}",
+                PYTHONPATH=trees.path(side),
+            )
+            procs[side] = Proc.start(argv, name=side, tmp=tmp, env=env)
+            stack.callback(procs[side].terminate)
+            url = f"http://127.0.0.1:{port}"
+            sides[side] = Coordinated(url, recorder, tmp / side, tmp / f"{side}.log", procs[side])
+        for side, proc in procs.items():
+            wait_until_ok(sides[side].url + "/health", timeout=30, proc=proc)
+        yield sides
+
+
+async def _turn(http: httpx.AsyncClient, url: str, text: str, message_id: str) -> Any:
+    message = {
+        "role": "ROLE_USER",
+        "messageId": message_id,
+        "contextId": "ctx-coord",
+        "parts": [{"text": text}],
+    }
+    r = await http.post(url + "/", json=_rpc("SendMessage", {"message": message}), headers=HEADERS)
+    return r.status_code, json.loads(_wire_norm(r.text))
+
+
+def _sent(recorder: _Recorder, start: int) -> list[Any]:
+    out = []
+    for what, headers, body in recorder.requests[start:]:
+        kept = {k: _wire_norm(v) for k, v in headers.items() if k not in {"content-length"}}
+        try:
+            parsed: Any = json.loads(_wire_norm(body.decode()))
+        except ValueError:
+            parsed = _wire_norm(body.decode(errors="replace"))
+        out.append((what, sorted(kept.items()), parsed, _wire_norm(body.decode(errors="replace"))))
+    return out
+
+
+def _session_rows(db: Path) -> list[Any]:
+    """The coordinator's sessions and session events as stored, ids and times replaced."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows: list[Any] = [
+            tuple(_wire_norm(str(v)) for v in row)
+            for row in conn.execute("select user_id, id, state from mesh_sessions order by id")
+        ]
+        rows += [
+            tuple(_wire_norm(str(v)) for v in row)
+            for row in conn.execute(
+                "select user_id, session_id, author, data from mesh_session_events order by seq"
+            )
+        ]
+    return rows
+
+
+_LOG_TIME = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
+_LOG_VARYING = re.compile(r"(duration_ms|trace_id|process|data)[=\[ ]\S+")
+
+
+def _log_lines(log: Path) -> list[str]:
+    """The node's log lines of mesh's loggers, times, ids and durations replaced."""
+    lines = []
+    for line in log.read_text().splitlines():
+        if " mesh" not in line[:60]:
+            continue
+        line = _LOG_VARYING.sub(r"\1=<v>", _wire_norm(_LOG_TIME.sub("", line)))
+        lines.append(line)
+    return lines
+
+
+@pytest.mark.integration
+async def test_a_coordinators_remote_turns_are_the_trees_before(
+    coordinators: dict[str, Coordinated], client: Any
+) -> None:
+    """Two turns (the second reuses the peer's context id from the session), then the peer
+    answering 503, then answering text that is not JSON, then well again: the coordinator's
+    answers and the requests it sent the peer; then, stopped, its session on disk and its
+    log lines: the same on both trees."""
+    failures: list[tuple[int, bytes] | None] = [
+        None,
+        None,
+        (503, b'{"error": "busy"}'),
+        (200, b"not json"),
+        None,
+    ]
+    results: dict[str, list[Any]] = {}
+    for side, c in coordinators.items():
+        got = []
+        for n, fail in enumerate(failures):
+            c.recorder.fail = fail
+            start = len(c.recorder.requests)
+            got.append(await _turn(client, c.url, f"score APP-{n} for {400 + n}", f"coord-{n}"))
+            got.append(_sent(c.recorder, start))
+        c.proc.terminate()
+        got.append(_session_rows(c.data / "node.db"))
+        got.append(_log_lines(c.log))
+        results[side] = got
+    for a, b in zip(results["now"], results["before"], strict=True):
+        assert a == b
