@@ -297,3 +297,103 @@ async def test_a_row_another_writer_inserted_first_keeps_its_state_under_the_del
         assert [e.text for e in stored.events] == ["a", "b", "c"]
     finally:
         await db.aclose()
+
+
+_DELTAS: list[dict[str, Any]] = [
+    {"ctx:peer": "c-1"},
+    {"a": 1, "b": 2.5, "c": True, "d": None, "e": "", "f": -0.0, "g": float("inf"), "h": 2**70},
+    {"é": "ü\u2028", "x": "\n\"'"},
+    {},
+    # Not flat: read back from their text, as before.
+    {"nested": {"k": [1, 2]}, "t": ("a", 1)},
+    {"n": float("nan"), "l": [], "o": {}},
+]
+
+
+def _row_state(path: Path, session_id: str) -> str:
+    conn = sqlite3.connect(path)
+    try:
+        row = conn.execute(
+            "select state from mesh_sessions where user_id='u1' and id=?", (session_id,)
+        ).fetchone()
+        return str(row[0])
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("durable", [False, True])
+@pytest.mark.parametrize("before", [None, {}, {"theirs": 1, "ctx:peer": "old"}])
+@pytest.mark.parametrize("delta", _DELTAS)
+async def test_a_deltas_stored_state_is_the_merge_of_its_text(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    delta: dict[Any, Any],
+    before: dict[str, Any] | None,
+    durable: bool,
+) -> None:
+    """Whatever the delta and the state before it (a new session's, an empty one, one with
+    keys the delta replaces), the row's state text is json.dumps of the stored state merged
+    with the delta's text read back, and the session's state that merge: a flat delta merged
+    without reading its text back writes the same text."""
+    import json
+
+    monkeypatch.setattr(mesh._sqlite, "DEFER_S", 60.0)  # the turn's writes in one group
+    path = tmp_path / "node.db"
+    db = await Database.open(path)
+    try:
+        store = SqliteSessionStore(db)
+        await store.create("u1", "warm")
+        if before is None:
+            session = await store.create("u1", "s1", durable=False)
+            start: dict[str, Any] = {}
+        else:
+            session = await store.create("u1", "s1", state=before)
+            start = dict(before)
+        await store.append_event(
+            session, Event(author="user", content=Content.user("a")), durable=False
+        )
+        event = Event(author="tool", content=Content.user("b"), state_delta=delta)
+        await store.append_event(session, event, durable=durable)
+        await store.append_event(session, Event(author="model", content=Content.user("c")))
+        want = {**start, **json.loads(json.dumps(delta))}
+        assert _row_state(path, "s1") == json.dumps(want)
+        stored = await store.get("u1", "s1")
+        assert stored is not None
+        assert json.dumps(stored.state) == json.dumps(session.state) == json.dumps(want)
+        assert [e.text for e in stored.events] == ["a", "b", "c"]
+    finally:
+        await db.aclose()
+
+
+async def test_a_flat_delta_is_not_read_back_from_its_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remote turn's delta (the peer's context id, a str) is merged as it is: its copy is
+    what its text reads back to, so the turn parses no JSON and writes the delta's own text
+    as the new session's state; the session holds a copy, not the caller's dict."""
+    import mesh._sessions.sqlite as sessions_sqlite
+
+    monkeypatch.setattr(mesh._sqlite, "DEFER_S", 60.0)
+    db = await Database.open(tmp_path / "node.db")
+    try:
+        store = SqliteSessionStore(db)
+        await store.create("u1", "warm")
+        parsed: list[str] = []
+        real = sessions_sqlite.json.loads
+        monkeypatch.setattr(
+            sessions_sqlite.json, "loads", lambda text, **kw: parsed.append(text) or real(text)
+        )
+        session = await _remote_turn(store, "s1")
+        assert parsed == []
+        monkeypatch.setattr(sessions_sqlite.json, "loads", real)
+        assert _row_state(tmp_path / "node.db", "s1") == '{"ctx:peer": "c-1"}'
+        delta = {"ctx:peer": "c-2"}
+        event = Event(author="tool", content=Content.user("d"), state_delta=delta)
+        await store.append_event(session, event)
+        delta["ctx:peer"] = "changed"  # the caller's dict, changed afterwards
+        assert session.state == {"ctx:peer": "c-2"}
+        stored = await store.get("u1", "s1")
+        assert stored is not None
+        assert stored.state == {"ctx:peer": "c-2"}
+    finally:
+        await db.aclose()

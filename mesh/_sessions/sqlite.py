@@ -267,7 +267,8 @@ class SqliteSessionStore:
             session.updated_at = now
             return session
         delta_json = _dumps(event.state_delta, what=f"state_delta of event {event.id}")
-        append = _StateAppend(session, event, data, delta_json, now)
+        flat = _flat_copy(event.state_delta)
+        append = _StateAppend(session, event, data, delta_json, now, flat)
         if durable:
             state = await self.db.write(append)
             await self.sync(session)  # committed before this one: reports their errors
@@ -275,7 +276,8 @@ class SqliteSessionStore:
             self._queue(key, append)
             # The merge the transaction makes (the turns of a session are serialised, so the
             # caller's state is the stored one).
-            state = merge_state(dict(session.state), json.loads(delta_json))
+            read = flat if flat is not None else json.loads(delta_json)
+            state = merge_state(dict(session.state), read)
         session.events.append(event)
         session.state.clear()
         session.state.update(state)
@@ -423,13 +425,21 @@ class _StateAppend:
     stored after it, the update taking the last one's time: one update of the row, not one
     more for them; what is stored is what one write per event stored."""
 
-    __slots__ = ("_delta_json", "_key", "_now", "_rows", "after")
+    __slots__ = ("_delta_json", "_flat", "_key", "_now", "_rows", "after")
 
     def __init__(
-        self, session: Session, event: Event, data: str, delta_json: str, now: float
+        self,
+        session: Session,
+        event: Event,
+        data: str,
+        delta_json: str,
+        now: float,
+        flat: dict[str, Any] | None = None,
     ) -> None:
         self._key = (session.user_id, session.id)
         self._delta_json = delta_json
+        #: The delta as its text reads back (``_flat_copy``), or None: read from the text.
+        self._flat = flat
         self._now = now
         self._rows = [(session.user_id, session.id, event.id, event.author, event.timestamp, data)]
         #: The write of its group right before it that inserts the session's row (the turn's
@@ -451,7 +461,17 @@ class _StateAppend:
             if row is None:
                 raise StoreError(f"no session {session_id!r} of user {user_id!r} to append to")
             stored = row["state"]
-        state = merge_state(json.loads(stored), json.loads(self._delta_json))
+        flat = self._flat
+        if flat is None:
+            state = merge_state(json.loads(stored), json.loads(self._delta_json))
+            text = json.dumps(state)
+        elif stored == "{}":
+            # An empty state and a flat delta: the merge is the delta, and its text the
+            # delta's own (json.dumps of the same keys and values in the same order).
+            state, text = dict(flat), self._delta_json
+        else:
+            state = merge_state(json.loads(stored), flat)
+            text = json.dumps(state)
         rows = self._rows
         conn.execute(
             "insert into mesh_session_events "
@@ -460,7 +480,7 @@ class _StateAppend:
         )
         conn.execute(
             "update mesh_sessions set state=?, updated_at=? where user_id=? and id=?",
-            (json.dumps(state), self._now, user_id, session_id),
+            (text, self._now, user_id, session_id),
         )
         for later in rows[1:]:
             conn.execute(
@@ -538,6 +558,25 @@ class _Appends:
                 "(user_id, session_id, event_id, author, timestamp, data) values (?,?,?,?,?,?)",
                 row,
             )
+
+
+#: Values whose JSON text reads back to an equal value of the same type.
+_FLAT_VALUES = frozenset({str, int, float, bool, type(None)})
+
+
+def _flat_copy(delta: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A copy of ``delta`` equal to what its JSON text reads back to (``json.loads`` of
+    ``json.dumps``), when its keys are exactly str and its values exactly str, int, float, bool
+    or None (a remote turn's: the peer's context id); None otherwise (nested values, other
+    types or keys: a non-str key's text may even repeat another's). A state delta is read
+    back from its text so the session holds none of the caller's objects; such a delta holds
+    only values that cannot change, so its copy does the same without the parse."""
+    if type(delta) is not dict:
+        return None
+    for key, value in delta.items():
+        if type(key) is not str or type(value) not in _FLAT_VALUES:
+            return None
+    return dict(delta)
 
 
 def _dumps(value: Mapping[str, Any], *, what: str) -> str:
