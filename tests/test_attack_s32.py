@@ -903,11 +903,11 @@ async def test_send_answers_are_the_trees_before(nodes: Nodes, client: Any) -> N
     on REST, then GetTask of its task: the same text (ids and times aside) on both trees."""
     diffs = []
     for name, params in SEND_CASES:
-        for rpc_id in (7, "id-s", None):
+        for rpc_id in (7, None):
             now, before = await _both_texts(client, nodes, "/", _rpc("SendMessage", params, rpc_id))
             if now != before:
                 diffs.append((name, rpc_id, now, before))
-        for config in ({"historyLength": 0}, {"historyLength": 1}, None):
+        for config in ({"historyLength": 0}, None):
             again = {k: v for k, v in params.items() if k != "configuration"}
             if config is not None:
                 again["configuration"] = config
@@ -1132,37 +1132,54 @@ class Coordinated:
     proc: Proc
 
 
+PEERS = {
+    # name: (the peer agent, the coordinator that calls it over A2A)
+    "bureau": (
+        "tests.bench.agents.specialist:agent",
+        "tests.bench.agents.coordinator:remote_agent",
+    ),
+    "analyst": ("tests.bench.agents.analyst:agent", "tests.bench.agents.analyst:remote_lead"),
+}
+
+
 @pytest.fixture(scope="module")
 def coordinators(
     trees: Trees, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Coordinated]]:
+    """Per peer and side ("bureau-now", "analyst-before", ...): a coordinator of that tree
+    calling the peer (served by this checkout) through a recording proxy of its own."""
     tmp = tmp_path_factory.mktemp("s32-coord")
-    bureau_port = free_port()
-    bureau = f"http://127.0.0.1:{bureau_port}"
-    argv = ["mesh", "serve", "tests.bench.agents.specialist:agent", "--port", str(bureau_port)]
-    argv += ["--data-dir", str(tmp / "bureau"), "--no-register"]
     with contextlib.ExitStack() as stack:
-        stack.enter_context(
-            running(argv, name="bureau", tmp=tmp, health=f"{bureau}/health", env=clean_env())
-        )
-        sides: dict[str, Coordinated] = {}
-        procs = {}
-        for side in ("now", "before"):
-            recorder = _Recorder(bureau)
-            _, proxy_port = stack.enter_context(_serving(recorder, "asyncio"))
+        peers, procs = {}, {}
+        for name, (peer, _) in PEERS.items():
             port = free_port()
-            argv = ["mesh", "serve", "tests.bench.agents.coordinator:remote_agent"]
-            argv += ["--port", str(port), "--data-dir", str(tmp / side), "--no-register"]
-            env = clean_env(
-                BENCH_PEER_URL=f"http://127.0.0.1:{proxy_port}",
-                PYTHONPATH=trees.path(side),
-            )
-            procs[side] = Proc.start(argv, name=side, tmp=tmp, env=env)
-            stack.callback(procs[side].terminate)
-            url = f"http://127.0.0.1:{port}"
-            sides[side] = Coordinated(url, recorder, tmp / side, tmp / f"{side}.log", procs[side])
-        for side, proc in procs.items():
-            wait_until_ok(sides[side].url + "/health", timeout=30, proc=proc)
+            argv = ["mesh", "serve", peer, "--port", str(port), "--no-register"]
+            argv += ["--data-dir", str(tmp / name)]
+            procs[name] = Proc.start(argv, name=name, tmp=tmp, env=clean_env())
+            stack.callback(procs[name].terminate)
+            peers[name] = f"http://127.0.0.1:{port}"
+        sides: dict[str, Coordinated] = {}
+        for name, (_, coordinator) in PEERS.items():
+            for tree in ("now", "before"):
+                side = f"{name}-{tree}"
+                recorder = _Recorder(peers[name])
+                _, proxy_port = stack.enter_context(_serving(recorder, "asyncio"))
+                port = free_port()
+                argv = ["mesh", "serve", coordinator, "--port", str(port), "--no-register"]
+                argv += ["--data-dir", str(tmp / side)]
+                env = clean_env(
+                    BENCH_PEER_URL=f"http://127.0.0.1:{proxy_port}", PYTHONPATH=trees.path(tree)
+                )
+                procs[side] = Proc.start(argv, name=side, tmp=tmp, env=env)
+                stack.callback(procs[side].terminate)
+                url = f"http://127.0.0.1:{port}"
+                sides[side] = Coordinated(
+                    url, recorder, tmp / side, tmp / f"{side}.log", procs[side]
+                )
+        for name, url in peers.items():
+            wait_until_ok(url + "/health", timeout=60, proc=procs[name])
+        for side, c in sides.items():
+            wait_until_ok(c.url + "/health", timeout=60, proc=procs[side])
         yield sides
 
 
@@ -1221,13 +1238,15 @@ def _log_lines(log: Path) -> list[str]:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("peer", sorted(PEERS))
 async def test_a_coordinators_remote_turns_are_the_trees_before(
-    coordinators: dict[str, Coordinated], client: Any
+    coordinators: dict[str, Coordinated], client: Any, peer: str
 ) -> None:
     """Two turns (the second reuses the peer's context id from the session), then the peer
     answering 503, then answering text that is not JSON, then well again: the coordinator's
-    answers and the requests it sent the peer; then, stopped, its session on disk and its
-    log lines: the same on both trees."""
+    answers (its task's usage and childrenUsage) and the requests it sent the peer; then,
+    stopped, its session on disk and its log lines: the same on both trees. The peers: the
+    bureau's typed skill, and the analyst's LLM turn (a text hop with the child's usage)."""
     failures: list[tuple[int, bytes] | None] = [
         None,
         None,
@@ -1236,7 +1255,8 @@ async def test_a_coordinators_remote_turns_are_the_trees_before(
         None,
     ]
     results: dict[str, list[Any]] = {}
-    for side, c in coordinators.items():
+    for tree in ("now", "before"):
+        c = coordinators[f"{peer}-{tree}"]
         got = []
         for n, fail in enumerate(failures):
             c.recorder.fail = fail
@@ -1246,7 +1266,7 @@ async def test_a_coordinators_remote_turns_are_the_trees_before(
         c.proc.terminate()
         got.append(_session_rows(c.data / "node.db"))
         got.append(_log_lines(c.log))
-        results[side] = got
+        results[tree] = got
     for a, b in zip(results["now"], results["before"], strict=True):
         assert a == b
 
