@@ -920,6 +920,35 @@ async def test_send_answers_are_the_trees_before(nodes: Nodes, client: Any) -> N
     assert diffs == []
 
 
+BAD_BODIES: list[bytes] = [
+    b"{not json",
+    b'{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{}}}',
+    b'{"jsonrpc":"1.0","id":1,"method":"SendMessage","params":{}}',
+    b'{"jsonrpc":"2.0","id":{"a":1},"method":"SendMessage","params":{}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"NoSuchMethod","params":{}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"SendMessage"}',
+    b'{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m",'
+    b'"role":"ROLE_USER","parts":[{"data":NaN}]}}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m",'
+    b'"role":"ROLE_USER","parts":[{"text":"x"}]},"configuration":{"historyLength":-1}}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"no-such-task"}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"x","historyLength":-1}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"CancelTask","params":{"id":"no-such-task"}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"ListTasks","params":{"contextId":"ctx-none"}}',
+]
+
+
+@pytest.mark.integration
+async def test_bad_requests_are_refused_as_the_tree_before(nodes: Nodes, client: Any) -> None:
+    """Bad bodies, unknown tasks and methods: the same JSON-RPC errors (codes, messages)."""
+    diffs = []
+    for body in BAD_BODIES:
+        now, before = await _both_texts(client, nodes, "/", body)
+        if now != before:
+            diffs.append((body, now, before))
+    assert diffs == []
+
+
 async def _send_get(
     http: httpx.AsyncClient, url: str, params: dict[str, Any]
 ) -> tuple[Any, str | None]:
