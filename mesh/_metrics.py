@@ -255,13 +255,14 @@ class NodeMetrics:
         ``other``."""
         counter = self._request_series.get((method, ok))
         if counter is None:
-            named = method
-            if self._methods is not None and method not in self._methods:
-                named = OTHER
-            counter = self._requests(self.agent, named, "ok" if ok else "error")
-            # Kept under the name given (as _Children keeps them, at most MAX_CACHED_CHILDREN):
-            # one lookup a request instead of a label resolution (~2,300 instructions).
-            if len(self._request_series) < MAX_CACHED_CHILDREN:
+            known = self._methods is None or method in self._methods
+            counter = self._requests(
+                self.agent, method if known else OTHER, "ok" if ok else "error"
+            )
+            # Kept (as _Children keeps them, at most MAX_CACHED_CHILDREN): one lookup a request
+            # instead of a label resolution (~2,300 instructions). Only a known method's: the
+            # name comes from the caller, and kept it would pin whatever was sent (megabytes).
+            if known and len(self._request_series) < MAX_CACHED_CHILDREN:
                 self._request_series[(method, ok)] = counter
         counter.inc()
 
@@ -300,13 +301,12 @@ class NodeMetrics:
 
     def _resolve_task_series(self, skill: str, outcome: TaskOutcome) -> tuple[Counter, Histogram]:
         """``task_done``'s two series for ``skill`` and ``outcome``, kept (as ``_Children``
-        keeps them, at most ``MAX_CACHED_CHILDREN``) under the names given: one lookup a task
-        instead of two label resolutions (~2,300 instructions each)."""
-        named = skill
-        if self._skills is not None and skill not in self._skills:
-            named = OTHER
+        keeps them, at most ``MAX_CACHED_CHILDREN``) under the names given, a declared skill's
+        only: one lookup a task instead of two label resolutions (~2,300 instructions each)."""
+        known = self._skills is None or skill in self._skills
+        named = skill if known else OTHER
         series = (self._tasks(self.agent, named, outcome), self._task_duration(self.agent, named))
-        if len(self._task_series) < MAX_CACHED_CHILDREN:
+        if known and len(self._task_series) < MAX_CACHED_CHILDREN:  # see request()
             self._task_series[(skill, outcome)] = series
         return series
 

@@ -37,7 +37,7 @@ class _HeldHead:
     """A connection's transport as its answers' cycles see it: holds the head of a sized answer
     until the next write. Everything but ``write`` and ``close`` is the transport's own."""
 
-    __slots__ = ("_head", "_lingering", "_protocol", "_seen", "_transport")
+    __slots__ = ("_head", "_lingering", "_protocol", "_seen", "_shutting_down", "_transport")
 
     def __init__(self, transport: asyncio.Transport, protocol: HttpToolsProtocol) -> None:
         self._transport = transport
@@ -46,6 +46,8 @@ class _HeldHead:
         # The cycle whose first write (its head) this has seen: later writes are its body.
         self._seen: RequestResponseCycle | None = None
         self._lingering = False
+        # The server is shutting down: a close is a close (it must not wait for a client).
+        self._shutting_down = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._lingering:
@@ -109,8 +111,10 @@ class _HeldHead:
             )
         except AttributeError:  # uvicorn's internals moved: close as uvicorn would
             return False
-        if not refused or transport.is_closing() or not transport.can_write_eof():
-            return False  # nothing unread to cause a reset, or TLS (no half-close)
+        if self._shutting_down or not refused or transport.is_closing():
+            return False  # nothing unread to cause a reset, or a shutdown's close
+        if not transport.can_write_eof():
+            return False  # TLS: no half-close
         self._lingering = True
         # From here the bytes go nowhere: uvicorn's parser would start a pipelined request's
         # app on a connection whose answers can no longer be written.
@@ -156,3 +160,11 @@ class OneWriteProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         # The cycles of this connection get the transport from here (on_headers_complete).
         self.transport = _HeldHead(transport, self)  # type: ignore[assignment]
+
+    def shutdown(self) -> None:
+        # uvicorn's shutdown marks a running answer's connection not kept alive; its close
+        # after that answer must come at once, not once the client has stopped sending.
+        held = self.transport
+        if isinstance(held, _HeldHead):
+            held._shutting_down = True
+        super().shutdown()

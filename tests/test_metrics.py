@@ -190,7 +190,7 @@ def test_a_tasks_series_are_looked_up_once_per_skill_and_outcome_and_bounded() -
     for skill in junk + junk:
         metrics.task_started()
         metrics.task_done(skill, "rejected", 0.01)
-    assert len(metrics._task_series) <= MAX_CACHED_CHILDREN
+    assert set(metrics._task_series) == {("score", "completed")}  # an undeclared skill: not kept
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, {"agent": "a", **labels})
@@ -219,7 +219,8 @@ def test_a_requests_counter_is_looked_up_once_per_method_and_outcome_and_bounded
     junk = [f"Method{i}" for i in range(MAX_CACHED_CHILDREN + 10)]
     for name in junk + junk:
         metrics.request(name, ok=False)
-    assert len(metrics._request_series) <= MAX_CACHED_CHILDREN
+    # A method name comes from the caller (up to the body limit): an unknown one is not kept.
+    assert set(metrics._request_series) == {("SendMessage", True), ("SendMessage", False)}
 
     def value(method: str, outcome: str) -> float | None:
         labels = {"agent": "a", "method": method, "outcome": outcome}
