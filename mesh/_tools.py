@@ -105,6 +105,20 @@ class StateView(Mapping[str, Any]):
             return self._delta[key]
         return self._base[key]
 
+    def get(self, key: str, default: Any = None) -> Any:
+        # Mapping.get is __getitem__ in a try: a key in neither (a delegation's first call
+        # to a peer looks up its context id) raised a KeyError and caught it.
+        delta = self._delta
+        if key in delta:
+            return delta[key]
+        base = self._base
+        if type(base) is dict:
+            return base.get(key, default)
+        try:
+            return base[key]
+        except KeyError:
+            return default
+
     def __iter__(self) -> Iterator[str]:
         yield from self._delta
         yield from (k for k in self._base if k not in self._delta)

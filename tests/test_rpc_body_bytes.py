@@ -70,8 +70,17 @@ DELEGATION = {
     "caller": "bench-coordinator",
     "callerTask": "t-2",
 }
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
 PAYLOADS: list[Any] = [
     {"applicant_id": "a-1001", "amount": 25000},
+    {"i": 2**70, "neg": -5, "z": -0.0, "e": 1e16, "t": True, "f": False, "n": None, "s": "\ud800"},
+    {"level": Level.HIGH, "flag": True, "sub": Text("x")},
+    {"inf": float("inf"), "ok": 1},
     {"x": [1, 2.5, None, True, {"y": 'é\u2028"\\/\n'}], "n": float("nan"), "i": -1e400},
     {1: "int key", 2.5: "float key", None: "null", False: "bool"},
     OrderedDict([("b", 1), ("a", Text("sub"))]),
@@ -210,9 +219,45 @@ def test_only_the_payload_goes_through_the_encoder(monkeypatch: pytest.MonkeyPat
         return encode(value)
 
     monkeypatch.setattr(jsonrpc, "_encode", counted)
-    payload = {"applicant_id": "a-1001", "amount": 25000}
+    payload = {"applicant_id": "a-1001", "nested": {"amount": 25000}}
     jsonrpc.send_message_body(
         payload, skill="score", message_id="m", context_id="c", metadata=DELEGATION, wait=True
     )
     assert encoded == [payload]
     assert encoded[0] is payload
+
+
+def test_a_flat_payload_goes_through_no_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typed payload of names and plain values (the bench's: a str and an int) is written
+    as the encoder writes it without a call of it (it makes a C encoder object per call)."""
+
+    def refused(value: Any) -> str:
+        raise AssertionError(f"encoded {value!r}")
+
+    monkeypatch.setattr(jsonrpc, "_encode", refused)
+    payload = {"applicant_id": "a-1001", "amount": 25000, "rate": 0.5, "ok": True, "no": None}
+    sent = jsonrpc.send_message_body(
+        payload, skill="score", message_id="m", context_id="c", metadata=DELEGATION, wait=True
+    )
+    assert json.loads(sent)["params"]["message"]["parts"] == [
+        {"data": payload, "mediaType": "application/json"}
+    ]
+
+
+def test_an_int_past_the_digit_limit_is_refused_the_same() -> None:
+    with pytest.raises(InvalidParamsError) as sent:
+        jsonrpc.send_message_body(
+            {"a": 1, "big": 10**5000}, skill=None, message_id="m", context_id=None,
+            metadata=None, wait=True,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="digits") as encoded:
+        _reference(
+            {"a": 1, "big": 10**5000},
+            skill=None,
+            message_id="m",
+            context_id=None,
+            metadata=None,
+            wait=True,
+            request_id=1,
+        )
+    assert str(sent.value) == str(InvalidParamsError(f"the payload is not JSON: {encoded.value}"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import pytest
@@ -232,3 +233,61 @@ async def test_parameter_names_may_clash_with_basemodel_attributes() -> None:
     }
     missing = await invoke_tool(query, {}, ToolContext())
     assert [d["field"] for d in missing["error"]["details"]] == ["schema"]
+
+
+class _Missing(dict):  # type: ignore[type-arg]
+    def __missing__(self, key: str) -> str:
+        return f"missing {key}"
+
+
+class _Plain(Mapping[str, Any]):  # a Mapping that is no dict
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Any:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+@pytest.mark.parametrize(
+    "base", [{"a": 1, "b": None}, _Missing(a=1, b=None), _Plain({"a": 1, "b": None})]
+)
+def test_a_state_views_get_is_mappings(base: Any) -> None:
+    """``StateView.get`` answers as ``Mapping.get`` (its ``__getitem__`` in a try): the delta
+    first, then the base, its ``__missing__`` included, the default for neither."""
+    from mesh._tools import StateView
+
+    view = StateView(base, {"b": 2, "c": None})
+    for key in ("a", "b", "c", "d"):
+        for default in (None, 0, "x"):
+            assert view.get(key, default) == Mapping.get(view, key, default)
+        assert view.get(key) == Mapping.get(view, key)
+
+
+def test_a_state_views_get_of_an_absent_key_raises_nothing() -> None:
+    """A key in neither the delta nor a dict base (a delegation's first call to a peer reads
+    its context id) is the default without a KeyError made and caught."""
+    import sys
+
+    from mesh._tools import StateView
+
+    raised: list[str] = []
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if event == "exception":
+            raised.append(frame.f_code.co_name)
+        return trace
+
+    view = StateView({"a": 1}, {"b": 2})
+    sys.settrace(trace)
+    try:
+        found = view.get("mesh.ctx.peer")
+    finally:
+        sys.settrace(None)
+    assert found is None
+    assert raised == []

@@ -70,7 +70,11 @@ def send_message_body(
             ',"role":"ROLE_USER","parts":[',
             '{"text":' + _text(payload) + "}"
             if isinstance(payload, str)
-            else '{"data":' + _encode(payload) + ',"mediaType":' + _JSON_MODE + "}",
+            else '{"data":'
+            + (_plain(payload) or _encode(payload))
+            + ',"mediaType":'
+            + _JSON_MODE
+            + "}",
             "]",
         ]
         if context_id:
@@ -90,10 +94,19 @@ def _value(value: Any) -> str:
     return _text(value) if isinstance(value, str) else _encode(value)
 
 
-def _plain(meta: dict[str, Any]) -> str | None:
-    """``meta`` as the encoder writes it when every name is a str and every value a str or a
-    finite float (a delegation's: traceparent, deadline, caller...); None for anything else
-    (the encoder writes it then)."""
+#: What the encoder writes for True, False and None.
+_CONSTANTS = {True: "true", False: "false", None: "null"}
+
+
+def _plain(meta: Any) -> str | None:
+    """``meta`` as the encoder writes it when it is a dict whose every name is a str and every
+    value a str, an int, a finite float, a bool or None (a delegation's metadata: traceparent,
+    deadline, caller...; a typed payload of such values); None for anything else (the encoder
+    writes it then, and says what it refuses). The encoder writes an int or a float by its
+    type's own ``__repr__`` (so a subclass's repr is not used), as done here for exactly those
+    types."""
+    if type(meta) is not dict:
+        return None
     items = []
     for name, value in meta.items():
         if type(name) is not str:
@@ -101,8 +114,12 @@ def _plain(meta: dict[str, Any]) -> str | None:
         kind = type(value)
         if kind is str:
             items.append(_text(name) + ":" + _text(value))
+        elif kind is int:
+            items.append(_text(name) + ":" + int.__repr__(value))
         elif kind is float and value - value == 0.0:  # finite: NaN and infinities are not
             items.append(_text(name) + ":" + float.__repr__(value))
+        elif kind is bool or value is None:
+            items.append(_text(name) + ":" + _CONSTANTS[value])
         else:
             return None
     return "{" + ",".join(items) + "}"
