@@ -22,6 +22,7 @@ import socket
 import sqlite3
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -1336,3 +1337,56 @@ def test_junk_method_names_are_not_kept_by_the_request_counter() -> None:
         == 300
     )
     assert kept < 10 * size, f"{kept} bytes kept after 300 junk method names of {size} bytes"
+
+
+# --- the request bytes a delegation sends, against the tree before ----------------------------
+
+_BODIES_SOURCE = r"""
+import enum, json, sys
+from collections import OrderedDict
+from mesh._a2a.jsonrpc import send_message_body
+
+class Level(enum.IntEnum):
+    HIGH = 2
+
+class Name(str):
+    pass
+
+PAYLOADS = [
+    {}, {"a": 1}, {"a": -0.0, "b": 1e16, "c": 2**70, "d": True, "e": None, "f": "\u00e9\ud800"},
+    {"n": float("nan")}, {"i": float("inf")}, {"x": 10**5000}, {"x": 10**5000, "y": object()},
+    {"y": object(), "x": 10**5000}, {"t": (1, 2)}, {"l": [1, {"a": None}]}, {"e": Level.HIGH},
+    {Name("k"): "v"}, {"k": Name("v")}, {1: "int key"}, {True: "bool key"}, {None: 1},
+    OrderedDict(a=1), {"nested": {"a": 1}}, {"big": 1.7976931348623157e308}, "text \u00e9",
+]
+METAS = [None, {}, {"caller": "c", "n": 1, "f": 0.5, "b": False, "z": None}, {"deep": {"a": 1}},
+         {"e": Level.HIGH}, {"x": float("nan")}]
+out = []
+for payload in PAYLOADS:
+    for meta in METAS:
+        for wait in (True, False):
+            try:
+                body = send_message_body(payload, skill="s", message_id="m", context_id="c",
+                                         metadata=meta, wait=wait)
+                out.append(body.decode("utf-8", "replace"))
+            except Exception as exc:
+                out.append(f"{type(exc).__name__}: {exc}")
+sys.stdout.write(json.dumps(out))
+"""
+
+
+def test_delegation_request_bytes_are_the_trees_before(trees: Trees) -> None:
+    """``send_message_body`` for odd payloads and metadata (ints, bools, None, NaN, huge ints,
+    subclasses, non-str keys, nested values) writes the same bytes, or raises the same error,
+    as dc03330's."""
+    got = {}
+    for side in ("now", "before"):
+        env = clean_env(PYTHONPATH=trees.path(side))
+        run = subprocess.run(
+            [sys.executable, "-c", _BODIES_SOURCE], capture_output=True, env=env, timeout=60
+        )
+        assert run.returncode == 0, run.stderr.decode()[-2000:]
+        got[side] = json.loads(run.stdout)
+    assert len(got["now"]) == len(got["before"])
+    diffs = [(a, b) for a, b in zip(got["now"], got["before"], strict=True) if a != b]
+    assert diffs == []
