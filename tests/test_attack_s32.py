@@ -3,7 +3,14 @@
 * ad353a6 the lingering close (``mesh._one_write``): a connection closed while its request's
   body is still arriving shuts its write side after the answer, swaps in a protocol that drops
   what arrives, and closes at the client's EOF or after ``LINGER_S``; the registry serves with
-  the same protocol.
+  the same protocol (fixed by fae40fe and 0ab81fe where it broke);
+* 12d3a23 / 8ac99bc the node's metrics (tasks in flight read when scraped; series kept by the
+  names given: fixed by 0ab81fe where it broke);
+* e166527 ``missing_required`` against the SDK's check;
+* 38e94ba / e949920 / 5648fd0 the coordinator's side (status metadata, flat state deltas, the
+  request's plain payload): its answers, requests to the peer, session and log lines compared
+  with the tree before, over a typed and an LLM hop;
+* the specialist's answers and stored tasks compared with the tree before.
 
 A test that passes guards behaviour that held; one marked ``xfail(strict=True)`` is a break
 (the behaviour of the tree before the commit, ``git archive dc03330``, differs; each says how);
@@ -215,16 +222,13 @@ class _SlowRefuser:
         await send({"type": "http.response.body", "body": body})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="s32 break (ad353a6, kept by fae40fe): a refusal answered while a shutdown is "
-    "under way lingers (the shutdown made its connection not kept alive, after its one pass "
-    "closing connections), and the shutdown waits LINGER_S for it (before: closed at once)",
-)
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_refusal_answered_during_a_shutdown_does_not_hold_it(
     loop: str, short_linger: None
 ) -> None:
+    """Broken by ad353a6 (kept by fae40fe): uvicorn's shutdown marks a running answer's
+    connection not kept alive after its one closing pass, so the refusal's close lingered and
+    the shutdown waited LINGER_S (dc03330: closed at once). Fixed by 0ab81fe."""
     app = _SlowRefuser(0.5)
     with (
         _serving(app, loop) as (server, port),
@@ -1304,15 +1308,10 @@ async def test_a_coordinators_remote_turns_are_the_trees_before(
 # --- 8ac99bc: the request counter kept under the method name the caller sent -----------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="s32 break (8ac99bc): NodeMetrics.request keeps its counter under the method name "
-    "as given (a caller's JSON-RPC 'method', up to the body limit: 10 MiB), up to 256 names: "
-    "a caller sending junk method names pins up to 256 bodies' worth of memory for the life "
-    "of the node (before: resolved to 'other' first, nothing kept). Against a real node: 60 "
-    "POST / with 2 MB method names, RSS 73 -> 193 MB (dc03330: 73 -> 77 MB)",
-)
 def test_junk_method_names_are_not_kept_by_the_request_counter() -> None:
+    """Broken by 8ac99bc: the request counter was kept under the method name the caller sent
+    (up to 256 names, each up to the body limit): against a real node, 60 POST / with 2 MB
+    method names grew its RSS 73 -> 193 MB (dc03330: 73 -> 77). Fixed by 0ab81fe."""
     import tracemalloc
 
     from prometheus_client import CollectorRegistry
