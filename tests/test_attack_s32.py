@@ -1389,3 +1389,56 @@ def test_delegation_request_bytes_are_the_trees_before(trees: Trees) -> None:
     assert len(got["now"]) == len(got["before"])
     diffs = [(a, b) for a, b in zip(got["now"], got["before"], strict=True) if a != b]
     assert diffs == []
+
+
+# --- durability: a blocking send's task and key are on disk when it answers -------------------
+
+
+@pytest.mark.integration
+async def test_a_blocking_sends_task_and_key_survive_a_kill_right_after_the_answer(
+    trees: Trees, tmp_path: Path, client: Any
+) -> None:
+    """Sends answered, then the node killed at once (SIGKILL, no shutdown): a new process on
+    the same database has every answered task (GetTask: the same task) and its idempotency
+    key (the same messageId again: the same task, not run again)."""
+    import asyncio
+
+    data = tmp_path / "data"
+    port = free_port()
+    argv = ["mesh", "serve", "s32_agent:agent", "--port", str(port), "--no-register"]
+    argv += ["--data-dir", str(data)]
+    env = clean_env(PYTHONPATH=trees.path("now"))
+    url = f"http://127.0.0.1:{port}"
+    proc = Proc.start(argv, name="durable", tmp=tmp_path, env=env)
+    try:
+        wait_until_ok(url + "/health", timeout=30, proc=proc)
+        sends = [
+            _message(skill, {"key": f"d{n}", "n": n}, f"durable-{n}")
+            for n, skill in enumerate(["plain", "rich", "plain", "rich", "plain", "plain"])
+        ]
+        answers = await asyncio.gather(
+            *(
+                client.post(url + "/", json=_rpc("SendMessage", {"message": m}), headers=HEADERS)
+                for m in sends
+            )
+        )
+        proc.popen.kill()
+        proc.popen.wait(10)
+    finally:
+        proc.terminate()
+    tasks = [a.json()["result"]["task"] for a in answers]
+    assert {t["status"]["state"] for t in tasks} == {"TASK_STATE_COMPLETED"}
+    with running(argv, name="durable-again", tmp=tmp_path, health=url + "/health", env=env):
+        for message, task in zip(sends, tasks, strict=True):
+            got = await client.post(
+                url + "/", json=_rpc("GetTask", {"id": task["id"]}), headers=HEADERS
+            )
+            stored = got.json()["result"]
+            assert stored["status"]["state"] == "TASK_STATE_COMPLETED"
+            assert _text_norm(json.dumps(stored["artifacts"], sort_keys=True)) == _text_norm(
+                json.dumps(task["artifacts"], sort_keys=True)
+            )
+            again = await client.post(
+                url + "/", json=_rpc("SendMessage", {"message": message}), headers=HEADERS
+            )
+            assert again.json()["result"]["task"]["id"] == task["id"]
