@@ -1442,3 +1442,39 @@ async def test_a_blocking_sends_task_and_key_survive_a_kill_right_after_the_answ
                 url + "/", json=_rpc("SendMessage", {"message": message}), headers=HEADERS
             )
             assert again.json()["result"]["task"]["id"] == task["id"]
+
+
+# --- the specialist's metrics after the same requests, against the tree before ----------------
+
+
+def _series(url: str) -> dict[str, float]:
+    """The node's metric samples but timings' (buckets, sums, created times) and the
+    process's own: what the same requests must count the same."""
+    text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, value = line.rsplit(" ", 1)
+        name = name_labels.split("{", 1)[0]
+        if name.startswith(("process_", "python_")) or name.endswith(
+            ("_bucket", "_sum", "_created")
+        ):
+            continue
+        if "seconds" in name and not name.endswith("_count"):
+            continue
+        out[_wire_norm(name_labels)] = float(value)
+    return out
+
+
+@pytest.mark.integration
+async def test_the_specialists_metrics_count_as_the_tree_before(nodes: Nodes, client: Any) -> None:
+    """After the same requests on both nodes (this module's sends, replays, bad requests,
+    GetTasks), each node's counters and gauges (tasks in flight, requests by method and
+    outcome, tasks by skill and outcome, fast path sends...): the same series and values."""
+    for name, params in SEND_CASES[:8]:
+        fresh = {**params, "message": {**params["message"], "messageId": f"metrics-{name}"}}
+        await _both_texts(client, nodes, "/", _rpc("SendMessage", fresh))
+    now, before = _series(nodes.now), _series(nodes.before)
+    assert {k: v for k, v in now.items() if before.get(k) != v} == {}
+    assert set(now) == set(before)
