@@ -404,6 +404,14 @@ def test_the_registry_never_runs_a_write_pipelined_after_a_refused_body(tmp_path
         time.sleep(0.3)
         # Only the gate's 403 was counted: the pipelined write never reached a route.
         assert _registry_requests(reg.url) == {**counted, ("gate", "403"): 1.0}
+        # A refused connection still lingering (its client neither sends nor closes) does not
+        # hold the registry's stop (SIGTERM) for LINGER_S.
+        with socket.create_connection(("127.0.0.1", reg.port), timeout=10) as sock:
+            sock.sendall(post("wrong", b"", 200_000) + b" " * 1000)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 403 ")
+            started = time.monotonic()
+            reg.proc.terminate()
+            assert time.monotonic() - started < 3.0
 
 
 # --- guards: what the lingering close must leave as it was ----------------------------------
@@ -967,7 +975,7 @@ async def _send_get(
 
 async def _get_tasks(http: httpx.AsyncClient, url: str, task_id: str) -> list[Any]:
     got = []
-    for history in (None, 0, 1, 5):
+    for history in (None, 0, 2):
         params: dict[str, Any] = {"id": task_id}
         if history is not None:
             params["historyLength"] = history
@@ -1398,7 +1406,7 @@ def test_delegation_request_bytes_are_the_trees_before(trees: Trees) -> None:
 async def test_a_blocking_sends_task_and_key_survive_a_kill_right_after_the_answer(
     trees: Trees, tmp_path: Path, client: Any
 ) -> None:
-    """Sends answered, then the node killed at once (SIGKILL, no shutdown): a new process on
+    """Four sends answered, then the node killed at once (SIGKILL, no shutdown): a new process on
     the same database has every answered task (GetTask: the same task) and its idempotency
     key (the same messageId again: the same task, not run again)."""
     import asyncio
@@ -1414,7 +1422,7 @@ async def test_a_blocking_sends_task_and_key_survive_a_kill_right_after_the_answ
         wait_until_ok(url + "/health", timeout=30, proc=proc)
         sends = [
             _message(skill, {"key": f"d{n}", "n": n}, f"durable-{n}")
-            for n, skill in enumerate(["plain", "rich", "plain", "rich", "plain", "plain"])
+            for n, skill in enumerate(["plain", "rich", "plain", "rich"])
         ]
         answers = await asyncio.gather(
             *(
