@@ -1486,3 +1486,65 @@ async def test_the_specialists_metrics_count_as_the_tree_before(nodes: Nodes, cl
     now, before = _series(nodes.now), _series(nodes.before)
     assert {k: v for k, v in now.items() if before.get(k) != v} == {}
     assert set(now) == set(before)
+
+
+# --- 5648fd0: StateView.get against Mapping.get ----------------------------------------------
+
+
+def test_state_view_get_is_mapping_get_for_odd_bases() -> None:
+    """``StateView.get`` (its own since 5648fd0) answers, raises and side-effects as
+    ``Mapping.get`` (``__getitem__`` in a try) did, whatever the base and delta."""
+    from collections import ChainMap, defaultdict
+    from collections.abc import Mapping
+    from types import MappingProxyType
+
+    from mesh._tools import StateView
+
+    class Missing(KeyError):
+        pass
+
+    class Odd(Mapping[str, Any]):
+        def __init__(self) -> None:
+            self.data = {"o": 1}
+
+        def __getitem__(self, key: str) -> Any:
+            if key == "boom":
+                raise Missing(key)
+            if key == "type":
+                raise TypeError("no such key type")
+            return self.data[key]
+
+        def __iter__(self) -> Iterator[str]:
+            return iter(self.data)
+
+        def __len__(self) -> int:
+            return len(self.data)
+
+    def bases() -> list[Any]:
+        return [
+            {"a": 1, "n": None},
+            defaultdict(lambda: "made", {"a": 1}),
+            Odd(),
+            MappingProxyType({"a": 2}),
+            ChainMap({"a": 3}, {"b": 4}),
+            StateView({"a": 5}, {"d": 6}),
+        ]
+
+    keys: list[Any] = ["a", "b", "n", "d", "missing", "boom", "type", ["unhashable"]]
+    for delta in ({}, {"a": "delta", "n": 0}, {"missing": None}):
+        for make in range(len(bases())):
+            for key in keys:
+                outcomes = []
+                for how in ("own", "mapping"):
+                    base = bases()[make]
+                    view = StateView(base, dict(delta))
+                    try:
+                        got: Any = (
+                            view.get(key, "dflt")
+                            if how == "own"
+                            else Mapping.get(view, key, "dflt")
+                        )
+                    except Exception as exc:
+                        got = (type(exc), str(exc))
+                    outcomes.append((got, dict(base) if not isinstance(base, Odd) else None))
+                assert outcomes[0] == outcomes[1], (delta, make, key, outcomes)
