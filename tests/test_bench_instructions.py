@@ -81,11 +81,11 @@ def test_the_counted_process_stretches_the_stores_wall_clock_thresholds(
     """Under valgrind the node runs ~50x slower: its SQLite thresholds in seconds would count
     hand-offs and lone commits a plain run does not make (71dfd7a, 5bdb875)."""
     from mesh import _sqlite
-    from tests.bench.instructions import VALGRIND_SLOWDOWN, _hold_commits_inline
+    from tests.bench.instructions import THRESHOLD_STRETCH, _hold_commits_inline
 
     for name in ("SLOW_BATCH_S", "DEFER_S", "LOOP_BUDGET_S"):
         monkeypatch.setattr(_sqlite, name, getattr(_sqlite, name))  # restored after the test
     defer, budget = _sqlite.DEFER_S, _sqlite.LOOP_BUDGET_S
     _hold_commits_inline()
     stretched = (_sqlite.SLOW_BATCH_S, _sqlite.DEFER_S, _sqlite.LOOP_BUDGET_S)
-    assert stretched == (float("inf"), defer * VALGRIND_SLOWDOWN, budget * VALGRIND_SLOWDOWN)
+    assert stretched == (float("inf"), defer * THRESHOLD_STRETCH, budget * THRESHOLD_STRETCH)
