@@ -1,11 +1,12 @@
 """Suite-wide guards: no test reaches a real model provider, a real registry or Consul, or runs
-with the developer's mesh settings, by accident."""
+with the developer's mesh settings, by accident. And the fixtures many test files share."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 
+import httpx
 import pytest
 
 # The PostgreSQL server fixtures (tests marked `postgres`), for every module that asks.
@@ -43,3 +44,11 @@ def _isolated_env(
     # Whatever an earlier test or an imported module put there since.
     for name in _isolated(os.environ):
         monkeypatch.delenv(name)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    """A plain async client for a test's calls to the nodes it started (loopback: no proxy
+    from the environment; 60 s bounds a call that hangs)."""
+    async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
+        yield client

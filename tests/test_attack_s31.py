@@ -29,7 +29,7 @@ import sqlite3
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -334,12 +334,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         tmp, "tests.node_agents:agent", file_var="NODE_TEST_CALLS", suffix=".calls"
     ) as served:
         yield served
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
-        yield client
 
 
 async def _answers(

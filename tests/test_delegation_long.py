@@ -187,12 +187,6 @@ async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
         await proxy.close()
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
-        yield client
-
-
 async def client_for(http: httpx.AsyncClient, url: str) -> Client:
     card = await A2ACardResolver(http, url).get_agent_card()
     return ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(card)

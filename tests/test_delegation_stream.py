@@ -15,7 +15,7 @@ import contextlib
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,12 +63,6 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
                 running(argv, name=name, tmp=tmp, env=env, health=f"{urls[name]}/health")
             )
         yield Chain(**urls)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
-        yield client
 
 
 async def client_for(http: httpx.AsyncClient, url: str, *, streaming: bool) -> Client:

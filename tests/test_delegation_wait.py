@@ -17,7 +17,7 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,12 +119,6 @@ class Chain:
 
     def calls(self) -> list[str]:
         return self.calls_file.read_text().splitlines() if self.calls_file.exists() else []
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

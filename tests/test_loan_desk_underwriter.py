@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,12 +104,6 @@ class Desk:
 def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Desk]:
     with contextlib.ExitStack() as stack:
         yield Desk(tmp_path_factory.mktemp("underwriting"), stack)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
-        yield client
 
 
 def the_question(task: Task) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +61,6 @@ def bureau(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     port = free_port()
     with _serve(tmp, "agents.credit_bureau:agent", "bureau", tmp / "data", port) as proc:
         yield Node(proc, f"http://127.0.0.1:{port}", tmp / "calls.txt", tmp / "data")
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
-        yield client
 
 
 def _rpc(url: str, method: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,12 +57,6 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
             argv += ["--data-dir", str(tmp / name), "--no-register", "--grace", "1"]
             stack.enter_context(running(argv, name=name, tmp=tmp, env=env, health=f"{url}/health"))
         yield Nodes(**urls)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
-        yield client
 
 
 async def client_for(

@@ -11,7 +11,7 @@ import json
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,12 +93,6 @@ class Asker:
     async def client(self, http: httpx.AsyncClient, *, streaming: bool = False) -> Client:
         card = await A2ACardResolver(http, self.url).get_agent_card()
         return ClientFactory(ClientConfig(streaming=streaming, httpx_client=http)).create(card)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

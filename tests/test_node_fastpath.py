@@ -110,12 +110,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         yield served
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
-        yield client
-
-
 def _send(
     data: Any,
     skill: str,

@@ -14,7 +14,7 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         tmp, "tests.llm_ask_agents:agent", file_var="NODE_TEST_CALLS", suffix=".calls"
     ) as served:
         yield served
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
-        yield client
 
 
 def _send(part: dict[str, Any], *, context: str, task_id: str = "", skill: str = "") -> Any:

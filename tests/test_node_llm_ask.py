@@ -7,7 +7,7 @@ frees the context."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +38,6 @@ COMPLETED = TaskState.TASK_STATE_COMPLETED
 def desk_node(tmp: Path) -> Asker:
     """One restartable node of tests.llm_ask_agents."""
     return Asker(tmp, name="desk", target="tests.llm_ask_agents:agent")
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +48,6 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict
             stack.enter_context(running(argv, name=name, tmp=tmp, env=env, health=health))
             urls[name] = f"http://127.0.0.1:{port}"
         yield tmp, urls
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
-        yield client
 
 
 def _send(text: str, context: str, method: str = "SendMessage") -> dict[str, Any]:

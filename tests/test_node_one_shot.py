@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -52,12 +52,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         tmp, "tests.one_shot_agents:agent", file_var="ONE_SHOT_CALLS", suffix=".calls"
     ) as served:
         yield served
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as client:
-        yield client
 
 
 async def _rpc(http: httpx.AsyncClient, url: str, method: str, params: Any) -> Any:
