@@ -47,6 +47,7 @@ import mesh._one_write
 from mesh._one_write import OneWriteProtocol
 from tests.registry_support import registry
 from tests.support import ROOT, Proc, clean_env, free_port, running, wait_until_ok
+from tests.test_node_input import _counted
 from tests.test_one_write import _post_head, _read_to_close, _Refuser
 
 # --- ad353a6: the lingering close -----------------------------------------------------------
@@ -285,15 +286,6 @@ def _send_body(text: str = "hi") -> bytes:
     }
     rpc = {"jsonrpc": "2.0", "id": 7, "method": "SendMessage", "params": {"message": message}}
     return json.dumps(rpc).encode()
-
-
-def _counted(url: str, method: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("mesh_requests_total{") and f'method="{method}"' in line
-    )
 
 
 def _task_count(url: str) -> int:

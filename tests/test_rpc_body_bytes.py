@@ -105,6 +105,28 @@ METADATA: list[Any] = [
 ]
 
 
+def _refused_alike(
+    payload: Any, error: type[Exception], match: str | None = None, *, metadata: Any = None
+) -> None:
+    """``send_message_body`` refuses ``payload`` with the encoder's own message (what
+    ``_reference``, the encoder's bytes, raises), as the SDK-facing ``InvalidParamsError``."""
+    with pytest.raises(InvalidParamsError) as sent:
+        jsonrpc.send_message_body(
+            payload, skill="s", message_id="m", context_id=None, metadata=metadata, wait=True
+        )
+    with pytest.raises(error, match=match) as encoded:
+        _reference(
+            payload,
+            skill="s",
+            message_id="m",
+            context_id=None,
+            metadata=metadata,
+            wait=True,
+            request_id=1,
+        )
+    assert str(sent.value) == str(InvalidParamsError(f"the payload is not JSON: {encoded.value}"))
+
+
 @pytest.mark.parametrize(
     ("payload", "metadata"), list(itertools.product(PAYLOADS, METADATA)), ids=str
 )
@@ -173,41 +195,13 @@ def test_a_new_message_id_and_the_next_request_id(monkeypatch: pytest.MonkeyPatc
     ],
 )
 def test_what_the_encoder_refuses_is_refused_the_same(payload: Any, metadata: Any) -> None:
-    with pytest.raises(InvalidParamsError) as sent:
-        jsonrpc.send_message_body(
-            payload, skill="s", message_id="m", context_id=None, metadata=metadata, wait=True
-        )
-    with pytest.raises(TypeError) as encoded:
-        _reference(
-            payload,
-            skill="s",
-            message_id="m",
-            context_id=None,
-            metadata=metadata,
-            wait=True,
-            request_id=1,
-        )
-    assert str(sent.value) == str(InvalidParamsError(f"the payload is not JSON: {encoded.value}"))
+    _refused_alike(payload, TypeError, metadata=metadata)
 
 
 def test_a_circular_payload_is_refused_the_same() -> None:
     loop: dict[str, Any] = {}
     loop["self"] = loop
-    with pytest.raises(InvalidParamsError) as sent:
-        jsonrpc.send_message_body(
-            loop, skill=None, message_id="m", context_id=None, metadata=None, wait=True
-        )
-    with pytest.raises(ValueError, match="Circular") as encoded:
-        _reference(
-            loop,
-            skill=None,
-            message_id="m",
-            context_id=None,
-            metadata=None,
-            wait=True,
-            request_id=1,
-        )
-    assert str(sent.value) == str(InvalidParamsError(f"the payload is not JSON: {encoded.value}"))
+    _refused_alike(loop, ValueError, "Circular")
 
 
 def test_only_the_payload_goes_through_the_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -245,19 +239,4 @@ def test_a_flat_payload_goes_through_no_encoder(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_an_int_past_the_digit_limit_is_refused_the_same() -> None:
-    with pytest.raises(InvalidParamsError) as sent:
-        jsonrpc.send_message_body(
-            {"a": 1, "big": 10**5000}, skill=None, message_id="m", context_id=None,
-            metadata=None, wait=True,
-        )  # fmt: skip
-    with pytest.raises(ValueError, match="digits") as encoded:
-        _reference(
-            {"a": 1, "big": 10**5000},
-            skill=None,
-            message_id="m",
-            context_id=None,
-            metadata=None,
-            wait=True,
-            request_id=1,
-        )
-    assert str(sent.value) == str(InvalidParamsError(f"the payload is not JSON: {encoded.value}"))
+    _refused_alike({"a": 1, "big": 10**5000}, ValueError, "digits")
