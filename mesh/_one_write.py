@@ -10,12 +10,12 @@ read found the head alone wakes once more for the body (~0.05 ms, the delegation
 (a stream: its first event may be far off), a ``HEAD`` answer's, a head with no body and any
 other write go out as uvicorn wrote them.
 
-A connection closed while its request's body is still arriving (an answer refusing the body
-before reading it: the gate's 413, 401) lingers: its write side is shut after the answer, and
-what the client still sends is read and dropped until it closes, at most ``LINGER_S``. Closed at
-once, the kernel would answer those bytes with a reset, and a client still writing its body
-(most do: they read only once it is sent) gets the reset instead of the answer it was sent
-(what Apache and nginx call a lingering close).
+A connection an answer ends (``Connection: close``) while its request's body is still arriving
+(a refusal before the body is read: the registry's 401, 403 and 413, a node's 408) lingers: its
+write side is shut after the answer, and what the client still sends is read and dropped until
+it closes, at most ``LINGER_S``. Closed at once, the kernel would answer those bytes with a
+reset, and a client still writing its body (most do: they read only once it is sent) gets the
+reset instead of the answer it was sent (what Apache and nginx call a lingering close).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ LINGER_S = 5.0
 
 class _HeldHead:
     """A connection's transport as its answers' cycles see it: holds the head of a sized answer
-    until the next write. Everything but ``write`` and ``close`` is the transport's own."""
+    until the next write, and lingers at a refusal's close. Everything but ``write``, ``close``
+    and ``is_closing`` is the transport's own."""
 
     __slots__ = ("_head", "_lingering", "_protocol", "_seen", "_shutting_down", "_transport")
 
@@ -152,7 +153,8 @@ class _Drain(asyncio.Protocol):
 
 
 class OneWriteProtocol(HttpToolsProtocol):
-    """uvicorn's httptools HTTP/1.1 protocol whose sized answers leave in one write."""
+    """uvicorn's httptools HTTP/1.1 protocol whose sized answers leave in one write, and whose
+    refusals of a body still arriving close once the client has stopped sending it."""
 
     def connection_made(  # type: ignore[override]
         self, transport: asyncio.Transport
