@@ -18,6 +18,7 @@ import pytest
 
 from tests.registry_support import registry
 from tests.support import ROOT, clean_env, free_port, wait_for
+from tests.test_one_write import _read_to_close
 
 pytestmark = pytest.mark.integration
 
@@ -116,12 +117,7 @@ def test_a_client_sending_a_whole_refused_body_reads_the_413(tmp_path: Path) -> 
             sock.sendall(head.encode())
             assert sock.recv(1, socket.MSG_PEEK)  # answered before the body was sent
             sock.sendall(b"x" * total)
-            answer = b""
-            for _ in range(1000):  # bounded: until the close
-                more = sock.recv(65536)
-                if not more:
-                    break
-                answer += more
+            answer = _read_to_close(sock)
         assert answer.startswith(b"HTTP/1.1 413 "), answer[:300]
         assert b"body_too_large" in answer
         assert httpx.get(f"{reg.url}/v1/instances").json()["instances"] == []
