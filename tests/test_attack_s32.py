@@ -41,14 +41,12 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 import mesh._one_write
-from mesh._one_write import OneWriteProtocol
 from tests.registry_support import registry
 from tests.support import ROOT, Proc, clean_env, free_port, running, wait_until_ok
 from tests.test_node_input import _counted
-from tests.test_one_write import _post_head, _read_to_close, _Refuser
+from tests.test_one_write import _post_head, _read_to_close, _Refuser, _serving
 
 # --- ad353a6: the lingering close -----------------------------------------------------------
 
@@ -60,38 +58,6 @@ SHORT_LINGER_S = 3.0
 def short_linger(monkeypatch: pytest.MonkeyPatch) -> None:
     # raising=False: the tree before ad353a6 has no LINGER_S (it closed at once).
     monkeypatch.setattr(mesh._one_write, "LINGER_S", SHORT_LINGER_S, raising=False)
-
-
-@contextmanager
-def _serving(app: Any, loop: str = "asyncio", **config: Any) -> Iterator[tuple[Any, int]]:
-    """``app`` on a real uvicorn with ``OneWriteProtocol`` in a thread of its own; yields the
-    server and its port. Leaving asks it to stop and waits (bounded) for it."""
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=port,
-            http=OneWriteProtocol,
-            log_config=None,
-            loop=loop,
-            timeout_graceful_shutdown=10,
-            **config,
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(500):
-            if server.started:
-                break
-            time.sleep(0.01)
-        assert server.started, "uvicorn did not start"
-        yield server, port
-    finally:
-        server.should_exit = True
-        thread.join(15)
-        assert not thread.is_alive(), "uvicorn did not stop"
 
 
 def _until(predicate: Any, timeout: float) -> bool:
@@ -248,7 +214,7 @@ def test_an_app_that_fails_mid_answer_ends_the_clients_read(short_linger: None) 
     """What the client reads is unchanged: the partial stream, then the end of the
     connection (no final chunk)."""
     with (
-        _serving(_FailsMidAnswer()) as (_, port),
+        _serving(_FailsMidAnswer(), "asyncio") as (_, port),
         socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
     ):
         sock.sendall(_post_head(port, 1_000_000) + b"x" * 10)

@@ -89,14 +89,23 @@ def test_mesh_serve_answers_in_one_segment(tmp_path: Path) -> None:
 
 
 @contextmanager
-def _serving(app: Any, loop: str = "auto") -> Iterator[tuple[uvicorn.Server, int]]:
-    """``app`` on a real uvicorn with ``OneWriteProtocol``, in a thread of its own (its own
-    loop, so its writes and this test's reads are apart as across processes)."""
+def _serving(app: Any, loop: str = "auto", **config: Any) -> Iterator[tuple[uvicorn.Server, int]]:
+    """``app`` on a real uvicorn with ``OneWriteProtocol`` (and ``config``), in a thread of its
+    own (its own loop, so its writes and this test's reads are apart as across processes);
+    yields the server and its port. Leaving asks it to stop and waits (bounded) for it."""
     port = free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, http=OneWriteProtocol, log_config=None, loop=loop
+    config.setdefault("timeout_graceful_shutdown", 10)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            http=OneWriteProtocol,
+            log_config=None,
+            loop=loop,
+            **config,
+        )
     )
-    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -108,7 +117,7 @@ def _serving(app: Any, loop: str = "auto") -> Iterator[tuple[uvicorn.Server, int
         yield server, port
     finally:
         server.should_exit = True
-        thread.join(10)
+        thread.join(15)
         assert not thread.is_alive(), "uvicorn did not stop"
 
 
