@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import uvicorn
 
 from mesh._errors import ConfigError
-from mesh._listener import bind_listener
+from mesh._listener import bind_listener, http_protocol
 from mesh._netpolicy import is_loopback_host
 from registry.app import create_app
 from registry.settings import RegistrySettings, token_problem
@@ -47,21 +46,13 @@ def run(settings: RegistrySettings, *, log_level: str = "info") -> int:
     )
     # One line per probe and card fetch would bury the health changes worth reading.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
-    http: Any = "auto"
-    try:
-        # As `mesh serve` does (mesh/_one_write.py): an answer in one write, and a refused
-        # body's connection closed only once the client has stopped sending it, so the client
-        # reads the 413 / 401 instead of a reset.
-        from mesh._one_write import OneWriteProtocol
-
-        http = OneWriteProtocol
-    except ImportError:  # no httptools (a plain install): uvicorn's h11
-        pass
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
-        http=http,
+        # As `mesh serve`: a refused body's connection closed only once the client has stopped
+        # sending it, so the client reads the 413 / 401 instead of a reset (mesh/_listener.py).
+        http=http_protocol(),
         log_level=log_level,
         # No config of uvicorn's own: its loggers propagate to the root handler above, so the
         # whole log has one line format.

@@ -171,7 +171,7 @@ def collect_from_here() -> None:
 def _serve(args: argparse.Namespace) -> int:
     _quiet_sdk_tracing()
     from mesh._cli import log_lines
-    from mesh._listener import bind_listener
+    from mesh._listener import bind_listener, http_protocol
     from mesh._settings import MeshSettings, NodeSettings
 
     paused = getattr(args, "collector_paused", False)  # by mesh._cli.main, for start-up
@@ -238,17 +238,9 @@ def _serve(args: argparse.Namespace) -> int:
             finally:
                 self.should_exit = True
 
-    http: Any = "auto"
-    try:
-        # A sized answer's head and body in one write (mesh/_one_write.py).
-        from mesh._one_write import OneWriteProtocol
-
-        http = OneWriteProtocol
-    except ImportError:  # no httptools (a plain install): uvicorn's h11, two writes
-        pass
     config = uvicorn.Config(
         node.app,
-        http=http,
+        http=http_protocol(),
         log_config=None,
         access_log=False,
         lifespan="on",
