@@ -417,7 +417,14 @@ class Database:
             if self._waiting:
                 conn.execute("pragma busy_timeout=0")
                 self._waiting = False
-            outcomes = self._run_batch(batch)
+            try:
+                outcomes = self._run_batch(batch)
+            except self.driver_error as exc:
+                # A statement of the batch's own (a savepoint, its release or rollback)
+                # interrupted past the budget: as any of the batch's statements.
+                if not _busy(exc):
+                    raise
+                raise _Busy from exc
         except _Busy:
             conn.set_progress_handler(None, 0)
             if conn.in_transaction:  # interrupted: none of it stays (SQLite may have undone it)
@@ -486,6 +493,8 @@ class Database:
                 conn.execute("commit")
                 self.commits += 1
             except self.driver_error as exc:
+                if nowait and _busy(exc):  # see _run_one
+                    raise _Busy from exc
                 if conn.in_transaction:
                     conn.execute("rollback")
                 return [
@@ -509,6 +518,11 @@ class Database:
             conn.execute("commit")
             self.commits += 1
         except self.driver_error as exc:
+            # The progress handler fires every _PROGRESS_OPS steps a cached statement ever
+            # made, so a COMMIT is interrupted too now and then when its batch ran past the
+            # budget (SQLite 3.40: before it committed; the transaction is still open).
+            if nowait and _busy(exc):
+                raise _Busy from exc
             if conn.in_transaction:
                 conn.execute("rollback")
             return [(False, exc)]

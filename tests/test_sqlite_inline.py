@@ -234,3 +234,53 @@ async def test_a_retention_sweep_runs_its_batches_on_the_database_thread(tmp_pat
         assert set(seen) == {"mesh-sqlite_0"}
     finally:
         await db.aclose()
+
+
+def _budget_at_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite calls the progress handler every ``_PROGRESS_OPS`` steps a cached statement has
+    made in all its runs, so now and then in one of a batch's own statements (its COMMIT, a
+    savepoint's rollback): one that comes after the budget ran out is interrupted. Here the
+    handler runs at every step, so the first statement past the budget is."""
+    monkeypatch.setattr(mesh._sqlite, "_PROGRESS_OPS", 1)
+    monkeypatch.setattr(mesh._sqlite, "LOOP_BUDGET_S", 0.01)
+
+
+async def test_a_commit_interrupted_past_the_budget_runs_again_on_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write's insert runs, then its time passes: only the COMMIT meets the budget. It is
+    interrupted before it committed, and the batch runs again on the thread, as when any of
+    its statements is: the write is not failed."""
+    _budget_at_every_step(monkeypatch)
+    db = await _open(tmp_path / "node.db")
+    threads = _Threads()
+    try:
+        await db.write(threads.insert("k", burn_s=0.02))
+        assert _on_disk(tmp_path / "node.db") == {"k"}
+        assert threads.seen == ["MainThread", "mesh-sqlite_0"]  # run again, on the thread
+    finally:
+        await db.aclose()
+
+
+async def test_a_savepoint_rollback_interrupted_past_the_budget_leaves_no_transaction_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write of a batch fails after the budget ran out: the rollback to its savepoint is
+    interrupted. The batch runs again on the thread (the failing write fails alone), and the
+    connection takes the next batches: no transaction is left open behind it."""
+    _budget_at_every_step(monkeypatch)
+    db = await _open(tmp_path / "node.db")
+
+    def fail_late(conn: sqlite3.Connection) -> None:
+        time.sleep(0.02)
+        raise ValueError("this write fails")
+
+    try:
+        failing = asyncio.ensure_future(db.write(fail_late))
+        await db.write(functools.partial(_insert_blob, "k1"))
+        with pytest.raises(ValueError, match="this write fails"):
+            await failing
+        await db.write(functools.partial(_insert_blob, "k2"))
+        assert _on_disk(tmp_path / "node.db") == {"k1", "k2"}
+    finally:
+        await db.aclose()
