@@ -66,7 +66,14 @@ from mesh._a2a.one_shot import OneShotQueue, OneShotUpdater, stepped
 from mesh._a2a.questions import question_message, question_metadata, waiting_state
 from mesh._a2a.relay import STREAMED, Followers, Relay
 from mesh._a2a.states import COMPLETED, INTERRUPTED_STATES, WORKING
-from mesh._a2a.store import DEADLINE, SHUTDOWN, WAIT_DEADLINE_TEXT, stopped_text
+from mesh._a2a.store import (
+    DEADLINE,
+    SHUTDOWN,
+    WAIT_DEADLINE_TEXT,
+    mark_first_save_held,
+    queue_first_save,
+    stopped_text,
+)
 from mesh._a2a.updater import MeshTaskUpdater
 from mesh._a2a.waits import CHILDREN, WAITING, WaitClock, WaitStore
 from mesh._artifacts import ATTACHMENTS, File
@@ -271,6 +278,11 @@ class MeshExecutor(AgentExecutor):
             record = functools.partial(keys.record, key, task_id) if keys and key else None
             updater = OneShotUpdater(event_queue, task_id, context_id, message, record)
         else:
+            if current is None and call is not None and isinstance(event_queue, OneShotQueue):
+                # An LLM turn on the fast path (a new blocking send): before its task settles
+                # it writes its session, and a resume point only after queue_first_save, so
+                # its first save may wait for its final one (one row write instead of two).
+                mark_first_save_held(call)
             if current is None:
                 await event_queue.enqueue_event(
                     Task(
@@ -874,6 +886,8 @@ class MeshExecutor(AgentExecutor):
         if self.waits is None:
             return await self._cannot_wait(updater, req, f"skill '{skill.id}'")
         owner = _owner(context.call_context)
+        if context.call_context is not None:  # the task's first row goes before its point
+            queue_first_save(context.call_context)
         await self.waits.suspend(
             owner=owner,
             task_id=updater.task_id,
@@ -969,6 +983,8 @@ class MeshExecutor(AgentExecutor):
         ``state``: ``waiting`` on them or following ``children``); the owner it is under."""
         assert self.waits is not None
         owner = _owner(context.call_context)
+        if context.call_context is not None:  # the task's first row goes before its point
+            queue_first_save(context.call_context)
         await self.waits.suspend_turn(
             owner=owner,
             task_id=updater.task_id,

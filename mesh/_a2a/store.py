@@ -24,13 +24,18 @@ For a new task of a blocking send the first save is queued but not awaited: the 
 of the task only with its final state, whose commit comes after (same queue, in order), so
 the promise holds with one wait less. When the run writes nothing else to the database before
 its task settles (``mark_single_write``: a function skill on the fast path), the first save is
-not even queued for ``DEFER_S``: a final state that comes sooner is written in its place, with
-what was staged for it (the idempotency key), in one write instead of three; a run that lasts
-longer has its first save queued then, as before. Listings, ``trace`` and a shutdown write
-such a first save before they read or end anything. Streaming sends await it (the client sees the task at
-once, and its idempotency key rides in that transaction). The store learns which save belongs
-to a blocking send from the call context every save gets (``mark_blocking_send``: a key of
-``ServerCallContext.state``, the SDK's place for a server's own per-request data).
+not even queued for ``DEFER_S`` (``mesh._sqlite``: as long as a queued write may wait): a final
+state that comes sooner is written in its place, with what was staged for it (the idempotency
+key), in one write instead of three; a run that lasts longer has its first save queued then,
+as before. An LLM turn on the fast path (``mark_first_save_held``) is held the same way: what
+it writes before its task settles is its session's rows, which need not follow the task's (a
+crash before the final commit leaves no task and no key, so a retry runs the turn, as after a
+crash before the first commit); the one row that must follow it, a resume point, is written
+by the executor after ``queue_first_save``. Listings, ``trace`` and a shutdown write such a
+first save before they read or end anything. Streaming sends await it (the client sees the
+task at once, and its idempotency key rides in that transaction). The store learns which save
+belongs to a blocking send from the call context every save gets (``mark_blocking_send``: a
+key of ``ServerCallContext.state``, the SDK's place for a server's own per-request data).
 
 Tasks cut by a stop: a crash leaves a task in its first saved state, so when the node starts,
 ``recover`` applies the one recovery rule (docs/node.md): every stored task that is neither
@@ -45,6 +50,7 @@ sending the message again runs the work (see ``mesh._a2a.idempotency``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sqlite3
 import time
@@ -65,6 +71,7 @@ from a2a.utils.task import ListTasksCursor, decode_list_tasks_cursor, encode_lis
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from mesh import _sqlite
 from mesh._a2a.ids import uuid4_text
 from mesh._a2a.states import INTERRUPTED_STATES, SETTLED_STATES, TERMINAL_STATES
 from mesh._a2a.task_feed import ACK_S, POLL_S, TaskFeed
@@ -75,6 +82,7 @@ from mesh._tracing import trace_id_of
 __all__ = [
     "BLOCKING_SEND",
     "DEADLINE",
+    "HOLD_FIRST_SAVE",
     "INTERRUPTED",
     "SHUTDOWN",
     "SINGLE_WRITE",
@@ -82,7 +90,9 @@ __all__ = [
     "Recovery",
     "SqliteTaskStore",
     "mark_blocking_send",
+    "mark_first_save_held",
     "mark_single_write",
+    "queue_first_save",
     "stopped_text",
 ]
 
@@ -110,9 +120,12 @@ BLOCKING_SEND = "mesh.blocking_send"
 #: database before its task settles (no resume point, no session), so nothing can be committed
 #: ahead of its first save if that save waits for the final one (``mark_single_write``).
 SINGLE_WRITE = "mesh.single_write"
-#: How long a first save that may be replaced by its final one waits before it is queued (a
-#: function skill's run takes microseconds; a longer run is on disk in its first state by then).
-FIRST_SAVE_WAIT_S = 0.005
+#: Key of ``ServerCallContext.state``: the run of this blocking send (an LLM turn) writes only
+#: rows that need not follow its task's first row before it settles (its session's), or calls
+#: ``queue_first_save`` first: its first save may wait for the final one (``mark_first_save_held``).
+HOLD_FIRST_SAVE = "mesh.hold_first_save"
+# Where a held first save of ``HOLD_FIRST_SAVE`` is queued from (``queue_first_save``).
+_QUEUE_FIRST_SAVE = "mesh.queue_first_save"
 # Fresh ids not yet saved: normally one per request in flight. A bound against a leak from
 # requests that end before their first save; clearing only costs a read per id.
 _MAX_FRESH = 10_000
@@ -240,6 +253,22 @@ def mark_single_write(context: ServerCallContext) -> None:
     database before its task settles: its first save may wait for its final one (see the
     module docstring)."""
     context.state[SINGLE_WRITE] = True
+
+
+def mark_first_save_held(context: ServerCallContext) -> None:
+    """Tell the store that the run of ``context`` (a blocking send) writes nothing before its
+    task settles that must follow the task's first row, except after ``queue_first_save``:
+    its first save may wait for its final one (see the module docstring)."""
+    context.state[HOLD_FIRST_SAVE] = True
+
+
+def queue_first_save(context: ServerCallContext) -> None:
+    """Before a write that must not reach the disk ahead of the task's first row (a resume
+    point, which recovery drops when its task is absent): queue that first save, with what was
+    staged for it, if the store still holds it (``mark_first_save_held``)."""
+    queue = context.state.pop(_QUEUE_FIRST_SAVE, None)
+    if queue is not None:
+        queue()
 
 
 def _row(owner: str, task: Task, data: bytes, created_ns: int | None = None) -> tuple[Any, ...]:
@@ -528,13 +557,18 @@ class SqliteTaskStore(TaskStore):
         lazy = not settled and born is not None and context.state.get(BLOCKING_SEND) is True
         self._live[key] = data
         self._dirty.discard(key)
-        if lazy and context.state.get(SINGLE_WRITE) is True:
-            # Not even queued yet: its final state may come first and take its place.
+        if lazy and (
+            context.state.get(SINGLE_WRITE) is True or context.state.get(HOLD_FIRST_SAVE) is True
+        ):
+            # Not even queued yet: its final state may come first and take its place. On disk
+            # no later than a queued write would be (``DEFER_S``, read now: a setting).
             self._unwritten[key] = (data, born or time.time_ns())
             if self._unwritten_timer is None:
                 self._unwritten_timer = asyncio.get_running_loop().call_later(
-                    FIRST_SAVE_WAIT_S, self._write_unwritten
+                    _sqlite.DEFER_S, self._write_unwritten
                 )
+            if context.state.get(SINGLE_WRITE) is not True:
+                context.state[_QUEUE_FIRST_SAVE] = functools.partial(self._write_held, key)
             return
         first = self._unwritten.pop(key, None)
         row = _row(owner, task, data, born if first is None else first[1])
@@ -581,11 +615,23 @@ class SqliteTaskStore(TaskStore):
             self._unwritten_timer.cancel()
             self._unwritten_timer = None
         unwritten, self._unwritten = self._unwritten, {}
-        for (owner, task_id), (data, created_ns) in unwritten.items():
-            row = _row(owner, _parse(data), data, created_ns)
-            staged = self._staged.pop((owner, task_id), [])
-            write = _task_write(row, owner, task_id, self.runner, staged)
-            self._queue_lazily(task_id, write, staged)
+        for key, first in unwritten.items():
+            self._queue_first(key, first)
+
+    def _write_held(self, key: TaskKey) -> None:
+        """Queue the first save of ``key`` if it is still held (``queue_first_save``)."""
+        first = self._unwritten.pop(key, None)
+        if first is not None:
+            self._queue_first(key, first)
+
+    def _queue_first(self, key: TaskKey, first: tuple[bytes, int]) -> None:
+        """Queue a held first save (its bytes and first save time) with what was staged for it,
+        as a blocking send's first save is queued."""
+        (owner, task_id), (data, created_ns) = key, first
+        row = _row(owner, _parse(data), data, created_ns)
+        staged = self._staged.pop(key, [])
+        write = _task_write(row, owner, task_id, self.runner, staged)
+        self._queue_lazily(task_id, write, staged)
 
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
         owner = self._owner(context)
