@@ -4,6 +4,7 @@ and ``stepped`` awaits a coroutine as ``await`` does, releasing first when it wi
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -11,9 +12,11 @@ from a2a.helpers import new_text_part
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import Message, Part, Role, Task, TaskState, TaskStatus
-from google.protobuf.json_format import MessageToDict
+from google.protobuf.json_format import MessageToDict, SerializeToJsonError
 
+from mesh._a2a.artifacts import answer_parts
 from mesh._a2a.fastpath import AppliedEvents
+from mesh._a2a.fastpath_json import SETTLED, Settled, response_text
 from mesh._a2a.one_shot import OneShotUpdater, stepped
 from mesh._a2a.store import SINGLE_WRITE
 from mesh._a2a.updater import MeshTaskUpdater
@@ -257,3 +260,86 @@ async def test_stepped_passes_a_cancellation_on() -> None:
     await asyncio.sleep(0.01)
     going.cancel()
     assert await going == "went on"
+
+
+# A flat answer's values of each kind the writer takes, keys in several orders and counts: a
+# Struct's member order is its hash table's, so each key set may come out in another order.
+FLAT: list[dict[str, Any]] = [
+    {"applicant_id": "a-1001", "score": 396, "tier": "D"},
+    {"tier": "A", "score": 800, "applicant_id": "grüße 🙂 \u2028\"'\\"},
+    {},
+    {"ok": True, "no": False, "none": None, "half": 0.5, "negzero": -0.0, "big": 2**60},
+    {f"k{i}": i * 1.25 for i in range(9)},
+    {f"key-{i}": str(i) for i in range(17)},
+]
+
+
+async def _settled_run(data: dict[str, Any], meta: dict[str, Any]) -> AppliedEvents:
+    events = _events()
+    updater = OneShotUpdater(events, TASK, CONTEXT, events._initial_message)
+    await updater.start_work(_message("running skill 'score'", "m-1"))
+    await updater.add_artifact(
+        answer_parts(data, "", typed=True),
+        artifact_id=f"answer-{TASK}",
+        name="score",
+        append=False,
+        last_chunk=True,
+    )
+    await updater.update_status(TaskState.TASK_STATE_COMPLETED, metadata=meta)
+    return events
+
+
+@pytest.mark.parametrize("data", FLAT)
+async def test_a_settled_task_is_written_from_its_values_as_walked(data: dict[str, Any]) -> None:
+    metas: list[dict[str, Any]] = [
+        {"skill": "score", "traceparent": TRACE, "usage": ZEROS, "childrenUsage": {}},
+        {"skill": "score", "caller": "coordinator", "usage": ZEROS, "childrenUsage": {}},
+    ]
+    for n in range(6):  # a kept order is reused for new values of the same keys
+        meta = {**metas[n % 2], "skill": f"score-{n}"}
+        values = {
+            key: (f"{value}-{n}" if type(value) is str else value) for key, value in data.items()
+        }
+        events = await _settled_run(values, meta)
+        settled = events._context.state[SETTLED] if events._context is not None else None
+        assert isinstance(settled, Settled)
+        task = events.task
+        assert settled.task is task
+        assert task is not None
+        for start in range(len(task.history) + 1):
+            # The task itself, not a copy: a copy may hold a Struct's members in another order.
+            walked = MessageToDict(task)
+            if walked["history"][start:]:
+                walked["history"] = walked["history"][start:]
+            else:
+                del walked["history"]
+            expected = json.dumps({"task": walked}, ensure_ascii=False, separators=(",", ":"))
+            assert response_text(task, start, settled) == expected
+            assert response_text(task, start) == expected
+
+
+@pytest.mark.parametrize(
+    ("data", "meta"),
+    [
+        ({"nested": {"a": 1}}, {"skill": "score"}),  # not flat: walked
+        ({"a": 1}, {"skill": "score", "usage": {"inputTokens": 3}}),  # no kept shape
+    ],
+)
+async def test_a_task_of_another_shape_is_not_settled_and_is_walked(
+    data: dict[str, Any], meta: dict[str, Any]
+) -> None:
+    events = await _settled_run(data, meta)
+    assert events._context is not None
+    assert SETTLED not in events._context.state
+
+
+async def test_a_settled_value_the_walk_refuses_is_refused_as_the_walk_does() -> None:
+    events = await _settled_run({"a": float("nan")}, {"skill": "score"})
+    settled = events._context.state[SETTLED] if events._context is not None else None
+    assert isinstance(settled, Settled)
+    assert events.task is not None
+    with pytest.raises(SerializeToJsonError) as by_values:
+        response_text(events.task, 0, settled)
+    with pytest.raises(SerializeToJsonError) as walked:
+        response_text(events.task, 0)
+    assert str(by_values.value) == str(walked.value)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from a2a.server.tasks import TaskUpdater
 
 __all__ = [
+    "AnswerParts",
     "AnswerStream",
     "answer_parts",
     "artifact_parts",
@@ -51,6 +52,16 @@ _TEXT = "text/plain"
 _OCTETS = "application/octet-stream"
 
 
+class AnswerParts(list[Part]):
+    """A typed answer's two parts (``answer_parts``) and what they were made of, for a writer
+    of the answer's JSON that does not walk them back (``fastpath_json.Settled``): ``data``,
+    the result's dict when it is flat (str keys; str, int, float, bool or None values: what
+    ``data_part`` builds without ``ParseDict``), else None; ``text``, its JSON text."""
+
+    data: dict[str, Any] | None = None
+    text: str = ""
+
+
 def answer_parts(data: dict[str, Any] | None, text: str, *, typed: bool) -> list[Part]:
     """The parts of an answer: a typed result's data part and its JSON text (one dump of the
     dict the output model's validation made; no second validation), or chat's text."""
@@ -58,7 +69,22 @@ def answer_parts(data: dict[str, Any] | None, text: str, *, typed: bool) -> list
         return [new_text_part(text, media_type=_TEXT)]
     value = data or {}
     rendered = pydantic_core.to_json(value).decode()
-    return [data_part(value, media_type=_JSON), new_text_part(rendered, media_type=_TEXT)]
+    parts = AnswerParts(
+        (data_part(value, media_type=_JSON), new_text_part(rendered, media_type=_TEXT))
+    )
+    parts.data = value if _flat(value) else None
+    parts.text = rendered
+    return parts
+
+
+#: The value types of a flat answer (exact types: a subclass may convert otherwise).
+_FLAT = frozenset({str, int, float, bool, type(None)})
+
+
+def _flat(value: Any) -> bool:
+    return type(value) is dict and all(
+        type(key) is str and type(item) in _FLAT for key, item in value.items()
+    )
 
 
 def _part(value: Any) -> Part:

@@ -75,6 +75,7 @@ from a2a.utils.proto_utils import validate_proto_required_fields
 from a2a.utils.task import validate_history_length
 
 from mesh._a2a.executor import NEW_CONTEXT
+from mesh._a2a.fastpath_json import SETTLED, Settled
 from mesh._a2a.fastpath_required import missing_required
 from mesh._a2a.ids import uuid4_text
 from mesh._a2a.json_text import json_object
@@ -230,13 +231,16 @@ class AppliedEvents(OneShotQueue):
         if saving is not None:
             await saving
 
-    async def settle(self, task: Task) -> None:
+    async def settle(self, task: Task, settled: Settled | None = None) -> None:
         """The task of a run that published no event before (``OneShotUpdater``), in its
-        final form: saved once, as its last event's save would have saved it."""
+        final form: saved once, as its last event's save would have saved it. ``settled`` is
+        kept in the call's state for the answer's writer (``FastRoute``)."""
         store, context = self._store, self._context
         if store is None or context is None or self.task is not None or self.message is not None:
             raise RuntimeError("AppliedEvents settles only a new task, with a store and a context")
         self.task = task
+        if settled is not None:
+            context.state[SETTLED] = settled
         await store.save(task, context)
         for tap in self.taps:
             tap.put_nowait(task)

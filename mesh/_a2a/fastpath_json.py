@@ -18,6 +18,8 @@ turn's request and ~40 us to write its answer, ~4 % of a turn. Here:
   ``NaN`` number), goes to ``MessageToDict``, whose result or error is the answer;
 * ``response_text`` and ``rpc_result`` write the answer's JSON text itself, in one pass, the
   bytes ``json.dumps`` writes of ``response_json``'s dict (see "writing text" below).
+* a function skill's task built at once (``mesh._a2a.one_shot``) is written from the values it
+  was built from (``Settled``, "writing a settled task" below), not walked back: the same text.
 
 tests/test_fastroute_json.py compares both with ``json_format`` on many requests and tasks.
 """
@@ -28,6 +30,7 @@ import base64
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -40,14 +43,18 @@ from a2a.types import (
     SendMessageRequest,
     SendMessageResponse,
     Task,
+    TaskStatus,
 )
 from google.protobuf import descriptor_pool
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message as ProtoMessage
 from google.protobuf.struct_pb2 import ListValue, Struct, Value
+from google.protobuf.timestamp_pb2 import Timestamp
 
 __all__ = [
+    "SETTLED",
+    "Settled",
     "data_part",
     "dumps",
     "response_json",
@@ -440,10 +447,18 @@ def dumps(value: Any) -> bytes:
     ).encode("utf-8")
 
 
-def response_text(answer: Task | Message, history_from: int = 0) -> str:
+def response_text(
+    answer: Task | Message, history_from: int = 0, settled: Settled | None = None
+) -> str:
     """The JSON text of ``response_json(answer)``, as ``dumps`` writes it (decoded), and its
     error for an answer it cannot write. ``history_from``: the task's history messages before
-    this index are left out, as of the task made without them (``_trimmed``)."""
+    this index are left out, as of the task made without them (``_trimmed``). ``settled``:
+    what a held run's final task was built from, written from that when ``answer`` is that
+    task (``Settled``)."""
+    if settled is not None and settled.task is answer:
+        text = _settled_text(settled, history_from)
+        if text is not None:
+            return '{"task":' + text + "}"
     key = '{"task":' if isinstance(answer, Task) else '{"message":'
     try:
         if history_from:
@@ -457,13 +472,18 @@ def response_text(answer: Task | Message, history_from: int = 0) -> str:
         )
 
 
-def rpc_result(answer: Task | Message, request_id: str | int, history_from: int = 0) -> bytes:
+def rpc_result(
+    answer: Task | Message,
+    request_id: str | int,
+    history_from: int = 0,
+    settled: Settled | None = None,
+) -> bytes:
     """``dumps`` of the SDK route's envelope of ``response_json(answer)`` (its
     ``JSONRPC20Response(result=..., _id=request_id).data``: result, id, jsonrpc), and
-    ``response_json``'s error for an answer it cannot write; ``history_from`` as for
-    ``response_text``."""
+    ``response_json``'s error for an answer it cannot write; ``history_from`` and ``settled``
+    as for ``response_text``."""
     rid = _quote(request_id) if isinstance(request_id, str) else _int_text(request_id)
-    text = response_text(answer, history_from)
+    text = response_text(answer, history_from, settled)
     return f'{{"result":{text},"id":{rid},"jsonrpc":"2.0"}}'.encode()
 
 
@@ -686,12 +706,17 @@ _second: tuple[int, str] = (0, "1970-01-01T00:00:00")
 
 def _timestamp_text(stamp: Any) -> str:
     """``_text_text(stamp)``: the second's text remembered, the fraction as it writes it."""
-    global _second
     seconds, nanos = stamp.seconds, stamp.nanos
     if not 0 <= nanos < 1_000_000_000:
         return _text_text(stamp)  # its error
+    return _stamp_text(seconds, nanos)
+
+
+def _stamp_text(seconds: int, nanos: int) -> str:
+    """A ``Timestamp``'s text given its fields (``nanos`` in range)."""
+    global _second
     if seconds != _second[0]:
-        whole = type(stamp)(seconds=seconds).ToJsonString()  # "...Z", or its error
+        whole = Timestamp(seconds=seconds).ToJsonString()  # "...Z", or its error
         _second = (seconds, whole[:-1])
     date = _second[1]
     if nanos == 0:
@@ -711,3 +736,148 @@ _SPECIAL_TEXT: dict[str, _Convert] = {
     "google.protobuf.Duration": _text_text,
     "google.protobuf.FieldMask": _text_text,
 }
+
+
+# --- writing a settled task from its values ---------------------------------------------------
+#
+# A function skill's task on the fast path is built at once from a few plain values
+# (``mesh._a2a.one_shot``: its ids, its final state and time, its answer artifact made of the
+# result's dict and that dict's JSON text, its metadata's dict). Walking the built task back
+# to write the answer's JSON costs a wrapper object per message and per value read; written
+# from those values instead, it is the same text. Only the order of a ``Struct``'s members is
+# not in the values: protobuf's map keeps the order of its hash table, which depends on the
+# keys, the order they were set in and how many times the map was copied since (each copy
+# re-inserts them). Within one process that is the same for the same keys built the same
+# way, so the order is read from the first task built of each key set and kept (the
+# ``_ORDERS``): a flat answer's keys, a metadata's shape (``one_shot._shape``: its keys, its
+# strings, its zero token counts, whose text is kept with it).
+
+#: Key of ``ServerCallContext.state``: the ``Settled`` of the call's task, when it has one.
+SETTLED = "mesh.settled"
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A held run's final task and the values it was built from (``one_shot``), in the one
+    shape ``_settled_text`` writes: a terminal status without a message, at ``at_ns``; one
+    artifact, a typed answer (``artifacts.AnswerParts`` of a flat dict); the metadata of one
+    status update, of a known ``shape``."""
+
+    task: Task
+    task_id: str
+    context_id: str
+    state: int
+    at_ns: int
+    artifact_id: str
+    name: str
+    data: dict[str, Any]
+    text: str
+    metadata: dict[str, Any]
+    shape: tuple[Any, ...]
+
+
+#: The members' key texts of a flat answer, by its keys in the dict's order, in the order of
+#: the built task's ``Struct``.
+_DATA_ORDERS: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+#: A metadata's members by shape, in the built task's order: key text, key, and the text of a
+#: value that is not a string (None for a string, written from the dict).
+_METADATA_ORDERS: dict[tuple[Any, ...], list[tuple[str, str, str | None]]] = {}
+#: Most key sets kept in each (a node's skills make a few); past it, the task is walked.
+_MAX_ORDERS = 256
+_STATE_FIELD = TaskStatus.DESCRIPTOR.fields_by_name["state"]
+#: The status state's writer (None: enums carry JSON names of their own; 0: not made yet).
+_state_text: _Convert | int | None = 0
+
+
+def _settled_text(settled: Settled, history_from: int) -> str | None:
+    """``_task_text(settled.task, history_from)`` written from ``settled``'s values; None
+    when a key set is new and cannot be kept, or a value is one the walk refuses."""
+    global _state_text
+    if _state_text == 0:
+        _state_text = _enum_text(_STATE_FIELD)
+    state = _state_text
+    if not callable(state) or not settled.state:
+        return None
+    data = _data_text(settled)
+    metadata = _metadata_text(settled) if data is not None else None
+    if metadata is None:
+        return None
+    seconds, nanos = divmod(settled.at_ns, 1_000_000_000)
+    members = []
+    if settled.task_id:
+        members.append('"id":' + _quote(settled.task_id))
+    if settled.context_id:
+        members.append('"contextId":' + _quote(settled.context_id))
+    members.append(
+        f'"status":{{"state":{state(settled.state)},"timestamp":{_stamp_text(seconds, nanos)}}}'
+    )
+    artifact = ['"artifactId":' + _quote(settled.artifact_id)] if settled.artifact_id else []
+    if settled.name:
+        artifact.append('"name":' + _quote(settled.name))
+    artifact.append(
+        f'"parts":[{{"data":{data},"mediaType":"application/json"}},'
+        f'{{"text":{_quote(settled.text)},"mediaType":"text/plain"}}]'
+    )
+    members.append('"artifacts":[{' + ",".join(artifact) + "}]")
+    history = settled.task.history[history_from:]
+    if history:
+        members.append('"history":[' + ",".join([_message_text(m) for m in history]) + "]")
+    members.append('"metadata":' + metadata)
+    return "{" + ",".join(members) + "}"
+
+
+def _data_text(settled: Settled) -> str | None:
+    data = settled.data
+    keys = tuple(data)
+    order = _DATA_ORDERS.get(keys)
+    if order is None:
+        if len(_DATA_ORDERS) >= _MAX_ORDERS:
+            return None
+        built = settled.task.artifacts[0].parts[0].data.struct_value.fields
+        order = _DATA_ORDERS[keys] = [(_quote(key) + ":", key) for key in built]
+    members = []
+    for prefix, key in order:
+        value = data[key]
+        kind = type(value)
+        if kind is str:
+            members.append(prefix + _quote(value))
+        elif kind is bool:
+            members.append(prefix + ("true" if value else "false"))
+        elif value is None:
+            members.append(prefix + "null")
+        else:
+            try:
+                number = float(value)
+            except OverflowError:
+                return None
+            if not _isfinite(number):
+                return None  # the walk's refusal
+            members.append(prefix + _float_text(number))
+    return "{" + ",".join(members) + "}"
+
+
+def _metadata_text(settled: Settled) -> str | None:
+    metadata = settled.metadata
+    order = _METADATA_ORDERS.get(settled.shape)
+    if order is None:
+        if len(_METADATA_ORDERS) >= _MAX_ORDERS:
+            return None
+        fields = settled.task.metadata.fields
+        order = _METADATA_ORDERS[settled.shape] = [
+            (
+                _quote(key) + ":",
+                key,
+                None if type(metadata[key]) is str else _value_text(fields[key], True),
+            )
+            for key in fields
+        ]
+    return (
+        "{"
+        + ",".join(
+            [
+                prefix + (_quote(metadata[key]) if const is None else const)
+                for prefix, key, const in order
+            ]
+        )
+        + "}"
+    )

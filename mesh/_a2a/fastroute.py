@@ -43,7 +43,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from mesh._a2a.fastpath import FastPath
-from mesh._a2a.fastpath_json import dumps, response_text, rpc_result, send_request
+from mesh._a2a.fastpath_json import SETTLED, dumps, response_text, rpc_result, send_request
 from mesh._a2a.handler import MeshRequestHandler
 from mesh._a2a.idempotency import send_answer_cut
 
@@ -101,7 +101,8 @@ class FastRoute:
         context.state["request_id"] = request_id
         try:
             result, start = self._answer(await self._call(params, context), params)
-            answer = rpc_result(result, request_id, history_from=start)
+            settled = context.state.get(SETTLED)
+            answer = rpc_result(result, request_id, history_from=start, settled=settled)
         except A2AError as exc:
             error = dumps(build_error_response(request_id, exc))
         except Exception as exc:
@@ -127,7 +128,8 @@ class FastRoute:
             return False
         try:
             result, start = self._answer(await self._call(params, context), params)
-            answer = response_text(result, history_from=start).encode()
+            settled = context.state.get(SETTLED)
+            answer = response_text(result, history_from=start, settled=settled).encode()
         except Exception as exc:
             if not isinstance(exc, A2AError):
                 log.exception("SendMessage failed")  # as the SDK's REST route logs it

@@ -42,6 +42,8 @@ from a2a.utils.errors import InvalidAgentResponseError
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from mesh._a2a.artifacts import AnswerParts
+from mesh._a2a.fastpath_json import Settled
 from mesh._a2a.ids import uuid4_text
 from mesh._a2a.states import TERMINAL_STATES, WORKING
 from mesh._a2a.updater import MeshTaskUpdater
@@ -59,8 +61,9 @@ class OneShotQueue(EventQueue):
     #: the database for the task before it settles.
     one_shot: bool = False
 
-    async def settle(self, task: Task) -> None:
-        """The task of a run whose events were all held, in its final (terminal) form."""
+    async def settle(self, task: Task, settled: Settled | None = None) -> None:
+        """The task of a run whose events were all held, in its final (terminal) form;
+        ``settled``: the values it was built from, when it has the shape that writes them."""
         raise NotImplementedError
 
 
@@ -92,6 +95,8 @@ class _Status:
 class _Artifact:
     artifact: Artifact
     last_chunk: bool | None
+    #: The typed answer it was made of (``AnswerParts`` of a flat dict, nothing else given).
+    answer: AnswerParts | None = None
 
     def event(self, task_id: str, context_id: str) -> TaskArtifactUpdateEvent:
         return TaskArtifactUpdateEvent(
@@ -176,11 +181,11 @@ class OneShotUpdater(MeshTaskUpdater):
         held.append(_Status(state, message, at, metadata))
         if state in TERMINAL_STATES:
             self._ended = True
-            task = self._final(held)
+            task, settled = self._final(held)
             self._held = None  # anything after this is an event of the settled task
             if self._on_start is not None:
                 await self._on_start()
-            await self.events.settle(task)
+            await self.events.settle(task, settled)
 
     async def add_artifact(
         self,
@@ -208,13 +213,22 @@ class OneShotUpdater(MeshTaskUpdater):
             metadata=metadata,
             extensions=extensions,
         )
-        held.append(_Artifact(artifact, last_chunk))
+        answer = None
+        if (
+            isinstance(parts, AnswerParts)
+            and parts.data is not None
+            and metadata is None
+            and extensions is None
+        ):
+            answer = parts
+        held.append(_Artifact(artifact, last_chunk, answer))
 
-    def _final(self, held: list[_Status | _Artifact]) -> Task:
+    def _final(self, held: list[_Status | _Artifact]) -> tuple[Task, Settled | None]:
         """The task as its events would leave it (``TaskManager``'s rules, as
         ``mesh._a2a.fastpath.AppliedEvents`` applies them: a new status moves the one before's
         message to the history and merges its metadata; an artifact is added, or replaces one
-        of its id), made at once from the lists the updates leave."""
+        of its id), made at once from the lists the updates leave; and what it was made of,
+        when it has the shape ``Settled`` describes."""
         first = self._first
         history = [first] if first is not None else []
         artifacts: list[Artifact] = []
@@ -238,18 +252,43 @@ class OneShotUpdater(MeshTaskUpdater):
         assert last is not None  # a held run ends with its terminal status
         # One status's metadata (the usual case) copied in as the task is built: what merging
         # it into the task's empty Struct gives (a copy is a clear, then a merge).
+        shape = _shape(metadata[0]) if len(metadata) == 1 else None
         task = Task(
             id=self.task_id,
             context_id=self.context_id,
             status=last.fields(),
             history=history,
             artifacts=artifacts,
-            metadata=_made(metadata[0]) if len(metadata) == 1 else None,
+            metadata=_made(metadata[0], shape) if len(metadata) == 1 else None,
         )
         if len(metadata) > 1:
             for values in metadata:
                 merge_metadata(task.metadata, values)
-        return task
+        answers = [update for update in held if isinstance(update, _Artifact)]
+        answer = answers[0].answer if len(answers) == 1 else None
+        if (
+            answer is None
+            or answer.data is None
+            or shape is None
+            or not metadata[0]
+            or last.message is not None
+            or not isinstance(last.at, int)
+        ):
+            return task, None
+        made = answers[0].artifact
+        return task, Settled(
+            task=task,
+            task_id=self.task_id,
+            context_id=self.context_id,
+            state=last.state,
+            at_ns=last.at,
+            artifact_id=made.artifact_id,
+            name=made.name,
+            data=answer.data,
+            text=answer.text,
+            metadata=metadata[0],
+            shape=shape,
+        )
 
 
 def merge_metadata(struct: Struct, values: dict[str, Any]) -> None:
@@ -259,13 +298,12 @@ def merge_metadata(struct: Struct, values: dict[str, Any]) -> None:
     shape of values seen before (the same keys in the same order, strings anywhere, the same
     zero token counts) is kept and its strings set anew: the same map, without building it (a
     Python call per key and per count, ~10 us for a task's usual metadata)."""
-    struct.MergeFrom(_made(values))
+    struct.MergeFrom(_made(values, _shape(values)))
 
 
-def _made(values: dict[str, Any]) -> Struct:
-    """The ``Struct`` of ``values`` for ``merge_metadata``: one kept for their shape, its
-    strings set anew, or a new one."""
-    shape = _shape(values)
+def _made(values: dict[str, Any], shape: tuple[Any, ...] | None) -> Struct:
+    """The ``Struct`` of ``values`` for ``merge_metadata``: one kept for their ``shape``
+    (``_shape(values)``), its strings set anew, or a new one."""
     made = _MADE.get(shape) if shape is not None else None
     if made is None:
         made = Struct()
