@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 import mesh._sqlite
@@ -26,6 +31,7 @@ from mesh._errors import StoreError
 from mesh._events import Content, Event
 from mesh._sessions.sqlite import SqliteSessionStore
 from mesh._sqlite import Database
+from tests.support import ROOT, Proc, clean_env, free_port, running, wait_until_ok
 
 # --- 1a88c36: a COMMIT interrupted past the loop's budget -----------------------------------
 
@@ -177,3 +183,186 @@ async def test_a_session_event_appended_past_the_budget_is_stored_once(
         await db.aclose()
     assert stored is not None
     assert [e.id for e in stored.events] == [event.id]
+
+
+# --- 53a1f2a: an LLM turn's first save held until its final one or DEFER_S ------------------
+#
+# The agent below served by this checkout and by `git archive b9dadd4` (first on PYTHONPATH),
+# with DEFER_S stretched (S33_DEFER_S, set in the node's process) so that the windows are
+# wide enough to hit from outside.
+
+BEFORE = "b9dadd4"
+HEADERS = {"A2A-Version": "1.0"}
+
+_HOLDER_SOURCE = '''
+import asyncio
+import os
+
+import mesh._sqlite
+from mesh import Agent, Call, Rule, Script, tool
+
+if os.environ.get("S33_DEFER_S"):
+    mesh._sqlite.DEFER_S = float(os.environ["S33_DEFER_S"])
+
+
+@tool
+async def hold(seconds: float) -> dict[str, float]:
+    """Hold a while."""
+    await asyncio.sleep(seconds)
+    return {"held": seconds}
+
+
+SCRIPT = Script(
+    rules=[
+        Rule(
+            when=r"hold (?P<s>[\\d.]+)",
+            steps=[Call("hold", {"seconds": "{s|number}"})],
+            answer="held {hold.held}",
+        ),
+        Rule(when=r"hello", answer="hello back"),
+    ],
+    fallback="?",
+)
+
+agent = Agent(
+    name="s33-holder", description="Holds.", instruction="Hold.", tools=[hold], script=SCRIPT
+)
+'''
+
+
+@dataclass
+class Trees:
+    """Where the agent modules are, and the tree of ``BEFORE`` (``git archive``)."""
+
+    agent_dir: Path
+    before: Path
+
+    def path(self, side: str) -> str:
+        if side == "before":
+            return f"{self.before}{os.pathsep}{self.agent_dir}"
+        return str(self.agent_dir)
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> Trees:
+    tmp = tmp_path_factory.mktemp("s33-trees")
+    tree = tmp / "before"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", BEFORE], capture_output=True, check=False
+    )
+    if archive.returncode != 0:
+        pytest.skip(f"no git archive of {BEFORE}: {archive.stderr.decode()[:200]}")
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    (tmp / "s33_holder.py").write_text(_HOLDER_SOURCE)
+    return Trees(tmp, tree)
+
+
+def _env(trees: Trees, side: str, **extra: str) -> dict[str, str]:
+    """A node's environment on ``side``'s tree. PYTHONSAFEPATH: ``python -m mesh`` (and ``-c``)
+    put the working directory first on sys.path, and tests.support starts children in the
+    checkout, whose ``mesh`` would then shadow the tree before on PYTHONPATH."""
+    return clean_env(PYTHONPATH=trees.path(side), PYTHONSAFEPATH="1", **extra)
+
+
+def _text_message(text: str, message_id: str, context_id: str | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "ROLE_USER",
+        "messageId": message_id,
+        "parts": [{"text": text}],
+    }
+    if context_id is not None:
+        message["contextId"] = context_id
+    return {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
+
+
+def _on_disk(db: Path, context_id: str, message_id: str) -> dict[str, Any]:
+    """What a new process finds of the context's turn: its tasks' states, its message key,
+    its session's events (their authors)."""
+    conn = sqlite3.connect(db)
+    try:
+        states = [
+            int(s)
+            for (s,) in conn.execute(
+                "select state from a2a_tasks where context_id = ?", (context_id,)
+            )
+        ]
+        (keys,) = conn.execute(
+            "select count(*) from a2a_message_keys where message_id = ?", (message_id,)
+        ).fetchone()
+        authors = [
+            a
+            for (a,) in conn.execute(
+                "select author from mesh_session_events where session_id = ? order by seq",
+                (context_id,),
+            )
+        ]
+    finally:
+        conn.close()
+    return {"task_states": states, "keys": int(keys), "session_authors": authors}
+
+
+HELD_DEFER_S = 0.3
+
+
+async def _killed_mid_turn(side: str, trees: Trees, tmp: Path) -> dict[str, Any]:
+    """An LLM turn held in its tool; another request answered meanwhile (its commit takes the
+    turn's queued session rows); the node SIGKILLed 1.5 DEFER_S into the turn. What is on
+    disk then, and what the same message sent again to a new process on that database does."""
+    data = tmp / side
+    port = free_port()
+    argv = ["mesh", "serve", "s33_holder:agent", "--port", str(port), "--no-register"]
+    argv += ["--data-dir", str(data)]
+    env = _env(trees, side, S33_DEFER_S=str(HELD_DEFER_S))
+    url = f"http://127.0.0.1:{port}"
+    held = _text_message("hold 1", f"held-{side}", "ctx-held")
+    async with httpx.AsyncClient(base_url=url, timeout=30.0, trust_env=False) as http:
+        proc = Proc.start(argv, name=f"held-{side}", tmp=tmp, env=env)
+        try:
+            wait_until_ok(url + "/health", timeout=30, proc=proc)
+            await http.post("/", json=_text_message("hello", f"warm-{side}"), headers=HEADERS)
+            await asyncio.sleep(3 * HELD_DEFER_S)  # nothing left queued
+            turn = asyncio.ensure_future(http.post("/", json=held, headers=HEADERS))
+            await asyncio.sleep(HELD_DEFER_S / 3)
+            other = await http.post(
+                "/", json=_text_message("hello", f"other-{side}"), headers=HEADERS
+            )
+            assert other.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+            await asyncio.sleep(1.5 * HELD_DEFER_S - HELD_DEFER_S / 3)
+            assert not turn.done()
+            proc.popen.kill()
+            proc.popen.wait(10)
+            with contextlib.suppress(httpx.HTTPError):
+                await turn
+        finally:
+            proc.terminate()
+        seen = {
+            "at_kill": _on_disk(
+                data / "node.db", "ctx-held", held["params"]["message"]["messageId"]
+            )
+        }
+        with running(argv, name=f"held-{side}-again", tmp=tmp, health=url + "/health", env=env):
+            again = await http.post("/", json=held, headers=HEADERS)
+            seen["sent_again"] = again.json()["result"]["task"]["status"]["state"]
+        seen["after"] = _on_disk(
+            data / "node.db", "ctx-held", held["params"]["message"]["messageId"]
+        )
+    return seen
+
+
+@pytest.mark.integration
+@pytest.mark.xfail(
+    strict=True,
+    reason="s33 break (53a1f2a): between DEFER_S and 2 DEFER_S into an LLM turn whose session "
+    "rows another request's commit took, its task and idempotency key are not on disk (the "
+    "session rows are): killed then, a new process has no such task (b9dadd4: the task on disk "
+    "SUBMITTED with its key, ended FAILED 'interrupted' by recovery, GetTask finds it)",
+)
+async def test_a_turn_killed_past_defer_s_has_its_task_and_key_on_disk(
+    trees: Trees, tmp_path: Path
+) -> None:
+    now = await _killed_mid_turn("now", trees, tmp_path)
+    before = await _killed_mid_turn("before", trees, tmp_path)
+    assert before["at_kill"]["task_states"] == [1]  # the reference: SUBMITTED, its key
+    assert before["at_kill"]["keys"] == 1
+    assert now == before
