@@ -366,3 +366,86 @@ async def test_a_turn_killed_past_defer_s_has_its_task_and_key_on_disk(
     assert before["at_kill"]["task_states"] == [1]  # the reference: SUBMITTED, its key
     assert before["at_kill"]["keys"] == 1
     assert now == before
+
+
+def _holder() -> Any:
+    """The holder agent, in this process (``S33_DEFER_S`` unset: the test sets DEFER_S)."""
+    namespace: dict[str, Any] = {}
+    exec(compile(_HOLDER_SOURCE, "s33_holder", "exec"), namespace)
+    return namespace["agent"]
+
+
+def _rpc(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 3, "method": method, "params": params}
+
+
+def _stored_rows(db: Path, context_id: str) -> list[tuple[str, int]]:
+    conn = sqlite3.connect(db)
+    try:
+        return [
+            (str(i), int(s))
+            for i, s in conn.execute(
+                "select id, state from a2a_tasks where context_id = ?", (context_id,)
+            )
+        ]
+    finally:
+        conn.close()
+
+
+async def test_a_held_turn_is_seen_by_get_list_and_cancel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While an LLM turn's first save is held (DEFER_S stretched: not on disk yet), GetTask
+    answers its live task, ListTasks of its context lists it (and writes it), and CancelTask
+    ends it: the turn's answer CANCELED, stored once with its key. Holds."""
+    from mesh._a2a.store import SqliteTaskStore
+    from mesh._node import Node
+    from mesh._settings import NodeSettings
+    from tests.support import uvicorn_serving
+
+    monkeypatch.setattr(mesh._sqlite, "DEFER_S", 1.5)  # a queued write may wait that long
+    saved: list[str] = []
+    first_saved = asyncio.Event()
+    save = SqliteTaskStore.save
+
+    async def spy(self: SqliteTaskStore, task: Any, context: Any) -> None:
+        saved.append(task.id)
+        first_saved.set()
+        await save(self, task, context)
+
+    monkeypatch.setattr(SqliteTaskStore, "save", spy)
+    port = free_port()
+    node = Node(_holder(), NodeSettings(port=port, data_dir=tmp_path, registry=None))
+    db = tmp_path / "node.db"
+    async with (
+        uvicorn_serving(node.app, port, what="the node", log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30, trust_env=False) as http,
+    ):
+        await http.post("/", json=_text_message("hello", "warm"), headers=HEADERS)
+        for held_id, context_id in (("cancelled", "ctx-cancel"), ("listed", "ctx-list")):
+            saved.clear()
+            first_saved.clear()
+            message = _text_message("hold 5", held_id, context_id)
+            turn = asyncio.ensure_future(http.post("/", json=message, headers=HEADERS))
+            await asyncio.wait_for(first_saved.wait(), 10)
+            task_id = saved[0]
+            got = await http.post("/", json=_rpc("GetTask", {"id": task_id}), headers=HEADERS)
+            assert got.json()["result"]["status"]["state"] in (
+                "TASK_STATE_SUBMITTED",
+                "TASK_STATE_WORKING",
+            )
+            if held_id == "listed":
+                listed = await http.post(
+                    "/", json=_rpc("ListTasks", {"contextId": context_id}), headers=HEADERS
+                )
+                assert [t["id"] for t in listed.json()["result"]["tasks"]] == [task_id]
+                assert [i for i, _ in _stored_rows(db, context_id)] == [task_id]
+            cancelled = await http.post(
+                "/", json=_rpc("CancelTask", {"id": task_id}), headers=HEADERS
+            )
+            assert cancelled.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED"
+            answer = (await turn).json()
+            assert answer["result"]["task"]["status"]["state"] == "TASK_STATE_CANCELED", answer
+            assert _stored_rows(db, context_id) == [(task_id, 5)]
+            again = await http.post("/", json=message, headers=HEADERS)  # its key: the same task
+            assert again.json()["result"]["task"]["id"] == task_id
