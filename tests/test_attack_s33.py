@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -449,3 +451,300 @@ async def test_a_held_turn_is_seen_by_get_list_and_cancel(
             assert _stored_rows(db, context_id) == [(task_id, 5)]
             again = await http.post("/", json=message, headers=HEADERS)  # its key: the same task
             assert again.json()["result"]["task"]["id"] == task_id
+
+
+# --- 53a1f2a / 28a9da9: LLM turns and typed answers against the tree before -----------------
+#
+# Each driver runs in a process of each tree (PYTHONSAFEPATH: see ``_env``), serving its agent
+# in process, and prints what the requests got, ids, times and traces replaced: LLM turns of
+# tests.llm_ask_agents (a plain turn, its replay, a history length, a tool that asks and its
+# answer, a turn rejected in a waiting context, a typed turn, a typed ask answered by a
+# streamed message, a streamed turn, ListTasks, GetTask under history lengths, the trace rows,
+# the session rows, the task rows and the message keys); typed answers of flat values of
+# every kind, of 300 key sets (past the 256 orders 28a9da9 keeps) and of values the walk
+# refuses, on JSON-RPC and REST with GetTask. The fast path's driver also checks, in the
+# process of this checkout, each answer written from a ``Settled`` against the walk of the
+# same task (a Struct's member order is the process's: only there are the bytes comparable).
+
+_LLM_DRIVER = r"""
+import asyncio, json, re, sqlite3, sys, tempfile
+from pathlib import Path
+import httpx
+import mesh, mesh._sqlite as msq
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+from tests.llm_ask_agents import agent as desk
+msq.DEFER_S = float(sys.argv[1])
+H = {"A2A-Version": "1.0"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+NUMS = re.compile(r'"(durationMs|startedAt|endedAt|at|created_at|updated_at|timestamp|started_at|ended_at)":\s?[0-9.e+-]+')
+QIDS = re.compile(r"q-[0-9a-f]{8}")
+def norm(t):
+    return QIDS.sub("q-<id>", NUMS.sub(r'"\1":0', IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", t)))))
+def canon(text):
+    try:
+        return json.loads(norm(text))
+    except ValueError:
+        return norm(text)
+def msg(text=None, data=None, mid="m", ctx=None, task=None, skill=None):
+    m = {"role": "ROLE_USER", "messageId": mid, "parts": [{"text": text} if text is not None else {"data": data, "mediaType": "application/json"}]}
+    if ctx: m["contextId"] = ctx
+    if task: m["taskId"] = task
+    if skill: m["metadata"] = {"skill": skill}
+    return m
+def rpc(method, params, rid=1):
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+async def main():
+    tmp = Path(tempfile.mkdtemp()); port = free_port()
+    out = {"mesh": mesh.__file__}
+    node = Node(desk, NodeSettings(port=port, data_dir=tmp, registry=None))
+    async with uvicorn_serving(node.app, port, log_level="warning"):
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http:
+            async def call(method, params, rid=1):
+                r = await http.post("/", json=rpc(method, params, rid), headers=H)
+                return r.json()
+            res = []
+            tasks = []
+            a = await call("SendMessage", {"message": msg("hello", mid="m1", ctx="ctx-a")})
+            res.append(a); tasks.append(a["result"]["task"]["id"])
+            a = await call("SendMessage", {"message": msg("hello", mid="m1", ctx="ctx-a")})  # replay
+            res.append(a)
+            a = await call("SendMessage", {"message": msg("hello", mid="m2", ctx="ctx-a"), "configuration": {"historyLength": 1}})
+            res.append(a); tasks.append(a["result"]["task"]["id"])
+            ask = await call("SendMessage", {"message": msg("pay APP-1 80,000", mid="m3", ctx="ctx-b")})
+            res.append(ask); tid = ask["result"]["task"]["id"]; tasks.append(tid)
+            res.append(await call("GetTask", {"id": tid}))
+            res.append(await call("SendMessage", {"message": msg("hello", mid="m4", ctx="ctx-b")}))  # rejected
+            done = await call("SendMessage", {"message": msg(data={"decision": "approve", "note": "ok"}, mid="m5", ctx="ctx-b", task=tid)})
+            res.append(done)
+            typed = await call("SendMessage", {"message": msg(data={"applicant_id": "APP-2", "amount": 100}, mid="m6", ctx="ctx-c", skill="payout")})
+            res.append(typed); tasks.append(typed["result"]["task"]["id"])
+            typed2 = await call("SendMessage", {"message": msg(data={"applicant_id": "APP-3", "amount": 90000}, mid="m7", ctx="ctx-d", skill="payout")})
+            res.append(typed2); tasks.append(typed2["result"]["task"]["id"])
+            # the typed ask answered by a streamed message
+            r = await http.post("/", json=rpc("SendStreamingMessage", {"message": msg(data={"decision": "decline", "note": "no"}, mid="m8", ctx="ctx-d", task=typed2["result"]["task"]["id"])}), headers={**H, "Accept": "text/event-stream"})
+            res.append([canon(l[5:]) for l in r.text.splitlines() if l.startswith("data:")])
+            r = await http.post("/", json=rpc("SendStreamingMessage", {"message": msg("pay APP-9 10", mid="m9", ctx="ctx-e")}), headers={**H, "Accept": "text/event-stream"})
+            evs = [json.loads(l[5:]) for l in r.text.splitlines() if l.startswith("data:")]
+            res.append([canon(json.dumps(e)) for e in evs])
+            try:
+                tasks.append(evs[0]["result"]["task"]["id"])
+            except Exception:
+                pass
+            res.append(await call("ListTasks", {"contextId": "ctx-a"}))
+            for t in tasks:
+                for hl in (None, 0, 2):
+                    res.append(await call("GetTask", {"id": t, **({} if hl is None else {"historyLength": hl})}))
+            traces = set()
+            for t in tasks:
+                g = await call("GetTask", {"id": t})
+                tp = g["result"].get("metadata", {}).get("traceparent")
+                if tp: traces.add(tp.split("-")[1])
+            rows = []
+            for tr in sorted(traces):
+                r = await http.get(f"/v1/traces/{tr}/tasks")
+                rows.append(canon(r.text))
+            res.append(sorted(rows, key=lambda x: json.dumps(x, sort_keys=True)))
+            out["answers"] = [canon(json.dumps(x)) if not isinstance(x, list) else x for x in res]
+    c = sqlite3.connect(tmp / "node.db")
+    out["sessions"] = [canon(json.dumps([r[0], r[1], json.loads(r[2]) if r[2] else None])) for r in c.execute("select session_id, author, data from mesh_session_events order by seq")]
+    out["session_state"] = [canon(json.dumps(list(r))) for r in c.execute("select id, state from mesh_sessions order by id")]
+    out["tasks"] = sorted(canon(json.dumps([r[0], r[1]])) for r in c.execute("select context_id, state from a2a_tasks"))
+    out["keys"] = sorted(r[0] for r in c.execute("select message_id from a2a_message_keys"))
+    print(json.dumps(out))
+asyncio.run(main())
+"""
+
+_FAST_DRIVER = r'''
+import asyncio, json, re, sys, tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+import mesh._a2a.fastroute as fr
+from tests.support import free_port, uvicorn_serving
+
+H = {"A2A-Version": "1.0"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+
+
+def canon(status, text):
+    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
+    try:
+        return [status, json.loads(text)]
+    except ValueError:
+        return [status, text]
+
+
+class In(BaseModel):
+    case: int
+
+
+class Flat(BaseModel):
+    s: str
+    i: int
+    f: float
+    b: bool
+    n: None | int
+
+
+VALUES = [
+    ("a", 0, 0.0, True, None),
+    ("\u00e9\u2028\"\\\n\x00\x7f\U0001f642", 2**53 + 1, -0.0, False, 7),
+    ("", -(2**63) - 1, 1e308, True, 2**64),
+    ("x" * 5000, 10**30, 5e-324, False, -1),
+    ("z", 1, 0.1, True, None),
+    ("q", 2**1023, 1.7976931348623157e308, True, 3),
+]
+
+
+@skill
+def flat(req: In) -> Flat:
+    """Flat values of every kind."""
+    s, i, f, b, n = VALUES[req.case % len(VALUES)]
+    return Flat(s=s, i=i, f=f, b=b, n=n)
+
+
+class Keyed(BaseModel):
+    model_config = {"extra": "allow"}
+
+
+@skill
+def keyed(req: In) -> Keyed:
+    """The case's own key set (300 of them: past the kept orders)."""
+    k = req.case
+    if k < 0:
+        return Keyed()
+    return Keyed(**{f"key{j}-{k % 300}": (j if j % 2 else f"v{j}") for j in range(k % 23)})
+
+
+ODD = [
+    {"nan": float("nan")},
+    {"inf": float("inf")},
+    {"big": 10**400},
+    {"": 1, '"': 2, "\\": 3, "\u2028": 4},
+    {"a": 1.0, "b": 1e16, "c": 1e-7, "d": 123456789.123456789},
+    {"nested": {}},
+    {"list": []},
+]
+
+
+@skill
+def odd(req: In) -> Keyed:
+    """Values the walk refuses or writes its own way."""
+    return Keyed(**ODD[req.case % len(ODD)])
+
+
+agent = Agent(name="s33-fast", description="Fast.", skills=[flat, keyed, odd])
+# Each answer written from a Settled is also walked: the two texts must be the same bytes.
+differ: list[Any] = []
+settled_answers = [0]
+walk = fr.rpc_result
+
+
+def rpc_result(result, request_id, history_from=0, settled=None):
+    if settled is not None:
+        settled_answers[0] += 1
+        try:
+            walked = walk(result, request_id, history_from=history_from)
+        except Exception as exc:
+            walked = repr(exc)
+        try:
+            mine = walk(result, request_id, history_from=history_from, settled=settled)
+        except Exception as exc:
+            mine = repr(exc)
+        if mine != walked:
+            differ.append([str(mine)[:3000], str(walked)[:3000]])
+    return walk(result, request_id, history_from=history_from, settled=settled)
+
+
+if "settled" in walk.__code__.co_varnames:
+    fr.rpc_result = rpc_result
+
+
+async def main():
+    tmp = Path(tempfile.mkdtemp())
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=tmp, registry=None))
+    answers = []
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http,
+    ):
+        runs = [("flat", range(12), (None, 0, 1, 5)), ("odd", range(7), (None, 0, 2)),
+                ("keyed", range(-1, 40), (None, 0)), ("keyed", range(40, 320), (None,))]
+        for skill_id, cases, lengths in runs:
+            for case in cases:
+                for hl in lengths:
+                    msg = {"role": "ROLE_USER", "messageId": f"m-{skill_id}-{case}-{hl}",
+                           "parts": [{"data": {"case": case}, "mediaType": "application/json"}],
+                           "metadata": {"skill": skill_id}}
+                    params: dict[str, Any] = {"message": msg}
+                    if hl is not None:
+                        params["configuration"] = {"historyLength": hl}
+                    body = {"jsonrpc": "2.0", "id": case, "method": "SendMessage", "params": params}
+                    r = await http.post("/", json=body, headers=H)
+                    answers.append(canon(r.status_code, r.text))
+                    if case < 40:
+                        rest = {**params, "message": {**msg, "messageId": "r" + msg["messageId"]}}
+                        r = await http.post("/a2a/rest/message:send", json=rest, headers=H)
+                        answers.append(canon(r.status_code, r.text))
+                        task = r.json().get("task") if r.status_code == 200 else None
+                        if task:
+                            get = {"id": task["id"], **({} if hl is None else {"historyLength": hl})}
+                            body = {"jsonrpc": "2.0", "id": 9, "method": "GetTask", "params": get}
+                            r = await http.post("/", json=body, headers=H)
+                            answers.append(canon(r.status_code, r.text))
+    print(json.dumps({"mesh": mesh.__file__, "answers": answers, "differ": differ,
+                      "settled": settled_answers[0]}))
+
+
+asyncio.run(main())
+'''
+
+
+def _driven(trees: Trees, side: str, source: str, *args: str) -> dict[str, Any]:
+    run = subprocess.run(
+        [sys.executable, "-c", source, *args],
+        capture_output=True,
+        env=_env(trees, side),
+        cwd=trees.agent_dir,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr.decode()[-3000:]
+    out: dict[str, Any] = json.loads(run.stdout)
+    assert out.pop("mesh").startswith(str(trees.before if side == "before" else ROOT))
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("defer_s", ["0.0", "1.0"])
+def test_llm_turns_are_the_trees_before(trees: Trees, defer_s: str) -> None:
+    """Every turn past DEFER_S (0) or within it (1 s): the same answers, events, stored tasks,
+    trace rows, sessions and keys as b9dadd4's. Holds."""
+    now = _driven(trees, "now", _LLM_DRIVER, defer_s)
+    before = _driven(trees, "before", _LLM_DRIVER, defer_s)
+    assert now == before
+
+
+@pytest.mark.integration
+def test_typed_answers_are_the_trees_before_and_settled_texts_the_walks(trees: Trees) -> None:
+    """Holds: the same answers as b9dadd4's; every answer written from a Settled the bytes of
+    the walk of its task."""
+    now = _driven(trees, "now", _FAST_DRIVER)
+    before = _driven(trees, "before", _FAST_DRIVER)
+    assert now.pop("differ") == []
+    assert now.pop("settled") > 300  # the case under test: answers written from a Settled
+    before.pop("differ"), before.pop("settled")
+    assert now == before
