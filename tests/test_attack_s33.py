@@ -748,3 +748,103 @@ def test_typed_answers_are_the_trees_before_and_settled_texts_the_walks(trees: T
     assert now.pop("settled") > 300  # the case under test: answers written from a Settled
     before.pop("differ"), before.pop("settled")
     assert now == before
+
+
+# Long turns: 70 tool rounds that change state (some nested), 150 that do not, 130 calls in one
+# response, a 400 KB tool result; two contexts, turns interleaved: every session row in order.
+_MANY_DRIVER = r'''
+import asyncio, json, re, sqlite3, sys, tempfile
+from pathlib import Path
+
+import httpx
+
+import mesh
+from mesh import Agent, Call, Rule, Script, ToolContext, tool
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+H = {"A2A-Version": "1.0"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+NUMS = re.compile(r'"(timestamp|id|invocation_id|created_at|updated_at)":\s?("[^"]*"|[0-9.e+-]+)')
+
+
+def canon(text):
+    text = NUMS.sub(r'"\1":0', IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text))))
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@tool
+def note(i: int, size: int, ctx: ToolContext) -> dict:
+    """A note of ``size`` bytes; counts notes in session state."""
+    ctx.state_delta["notes"] = int(ctx.state.get("notes", 0)) + 1
+    if i % 7 == 0:
+        ctx.state_delta[f"n{i}"] = {"i": i, "deep": [i, {"x": None}]}
+    return {"i": i, "pad": "x" * size, "u": "\u00e9\U0001f642\u2028"}
+
+
+@tool
+def plain(i: int) -> dict:
+    """No state."""
+    return {"i": i}
+
+
+SCRIPT = Script(
+    rules=[
+        Rule(when=r"^many", steps=[Call("note", {"i": k, "size": 10}) for k in range(70)],
+             answer="many {state.notes}"),
+        Rule(when=r"^plain", steps=[Call("plain", {"i": k}) for k in range(150)], answer="plain"),
+        Rule(when=r"^wide", steps=[[Call("plain", {"i": k}) for k in range(130)]], answer="wide"),
+        Rule(when=r"^big", steps=[Call("note", {"i": 1, "size": 400_000})], answer="big"),
+        Rule(when=r"hello", answer="hello back"),
+    ],
+    fallback="?",
+)
+agent = Agent(name="s33-many", description="Many events.", instruction="Note.",
+              tools=[note, plain], script=SCRIPT, max_model_calls=200)
+
+
+async def main():
+    tmp = Path(tempfile.mkdtemp())
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=tmp, registry=None))
+    res = []
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=60) as http,
+    ):
+        for n, text in enumerate(["many", "plain", "wide", "big", "hello", "many", "plain"]):
+            ctx = "ctx-1" if n % 2 == 0 else "ctx-2"
+            message = {"role": "ROLE_USER", "messageId": f"m{n}", "contextId": ctx,
+                       "parts": [{"text": text}]}
+            body = {"jsonrpc": "2.0", "id": n, "method": "SendMessage",
+                    "params": {"message": message, "configuration": {"historyLength": 3}}}
+            r = await http.post("/", json=body, headers=H)
+            res.append(canon(r.text))
+            tid = r.json()["result"]["task"]["id"]
+            body = {"jsonrpc": "2.0", "id": n, "method": "GetTask", "params": {"id": tid}}
+            r = await http.post("/", json=body, headers=H)
+            res.append(canon(r.text))
+    conn = sqlite3.connect(tmp / "node.db")
+    events = [[s, a, canon(d)] for s, a, d in conn.execute(
+        "select session_id, author, data from mesh_session_events order by seq")]
+    states = [[i, json.loads(s)] for i, s in conn.execute("select id, state from mesh_sessions order by id")]
+    print(json.dumps({"mesh": mesh.__file__, "answers": res, "events": events, "states": states}))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_long_turns_and_big_events_are_stored_as_the_tree_before(trees: Trees) -> None:
+    """The answers, GetTask, every session event (in order) and state: b9dadd4's. Holds."""
+    now = _driven(trees, "now", _MANY_DRIVER)
+    before = _driven(trees, "before", _MANY_DRIVER)
+    assert len(now["events"]) > 800
+    assert now == before
