@@ -462,7 +462,8 @@ async def test_a_held_turn_is_seen_by_get_list_and_cancel(
 # streamed message, a streamed turn, ListTasks, GetTask under history lengths, the trace rows,
 # the session rows, the task rows and the message keys); typed answers of flat values of
 # every kind, of 300 key sets (past the 256 orders 28a9da9 keeps) and of values the walk
-# refuses, on JSON-RPC and REST with GetTask. The fast path's driver also checks, in the
+# refuses, on JSON-RPC and REST with GetTask, with request metadata of several shapes (caller,
+# traceparent valid or not, deadline, extra keys). The fast path's driver also checks, in the
 # process of this checkout, each answer written from a ``Settled`` against the walk of the
 # same task (a Struct's member order is the process's: only there are the bytes comparable).
 
@@ -683,13 +684,17 @@ async def main():
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http,
     ):
         runs = [("flat", range(12), (None, 0, 1, 5)), ("odd", range(7), (None, 0, 2)),
-                ("keyed", range(-1, 40), (None, 0)), ("keyed", range(40, 320), (None,))]
+                ("keyed", range(-1, 40), (None, 0)), ("keyed", range(40, 320), (None,)),
+                ("flat", range(100, 112), (None, 1))]
+        metas = [{}, {"caller": "c\u00e9"}, {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"},
+                 {"traceparent": "junk"}, {"deadline": 4102444800.5}, {"caller": "", "x": [1, {"y": None}]},
+                 {"caller": 5}, {"caller": "a", "traceparent": "00-" + "12" * 16 + "-" + "34" * 8 + "-00", "deadline": 4102444800}]
         for skill_id, cases, lengths in runs:
             for case in cases:
                 for hl in lengths:
                     msg = {"role": "ROLE_USER", "messageId": f"m-{skill_id}-{case}-{hl}",
                            "parts": [{"data": {"case": case}, "mediaType": "application/json"}],
-                           "metadata": {"skill": skill_id}}
+                           "metadata": {"skill": skill_id, **(metas[case % len(metas)] if case >= 100 else {})}}
                     params: dict[str, Any] = {"message": msg}
                     if hl is not None:
                         params["configuration"] = {"historyLength": hl}
