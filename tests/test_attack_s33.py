@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -853,3 +854,99 @@ def test_long_turns_and_big_events_are_stored_as_the_tree_before(trees: Trees) -
     before = _driven(trees, "before", _MANY_DRIVER)
     assert len(now["events"]) > 800
     assert now == before
+
+
+# A database made by b9dadd4 (a turn done, a turn waiting on its tool's question, a small
+# payout) opened by each tree: GetTask, a replay, a new turn of the old context, the old
+# question answered, ListTasks, the session rows, the schema versions, the page size.
+_REOPEN_DRIVER = r"""
+import asyncio, json, re, sqlite3, sys
+from pathlib import Path
+
+import httpx
+
+import mesh
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.llm_ask_agents import agent as desk
+from tests.support import free_port, uvicorn_serving
+
+H = {"A2A-Version": "1.0"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+QIDS = re.compile(r"q-[0-9a-f]{8}")
+
+
+def canon(text):
+    text = QIDS.sub("q-<id>", IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text))))
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def message(mid, ctx, text=None, data=None, task=None):
+    m = {"role": "ROLE_USER", "messageId": mid, "contextId": ctx,
+         "parts": [{"text": text} if text is not None else {"data": data}]}
+    if task:
+        m["taskId"] = task
+    return m
+
+
+async def main(phase, data):
+    port = free_port()
+    node = Node(desk, NodeSettings(port=port, data_dir=Path(data), registry=None))
+    out = {"mesh": mesh.__file__}
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=60) as http,
+    ):
+        async def call(method, params):
+            r = await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=H)
+            return r.json()
+
+        if phase == "make":
+            ids = {}
+            for name, ctx, text in (("hello", "ctx-1", "hello"), ("ask", "ctx-2", "pay APP-1 80,000"),
+                                    ("small", "ctx-3", "pay APP-7 10")):
+                a = await call("SendMessage", {"message": message("m-" + name, ctx, text)})
+                ids[name] = a["result"]["task"]["id"]
+            out["ids"] = ids
+        else:
+            ids = json.loads(Path(data, "ids.json").read_text())
+            res = []
+            for name in ("hello", "ask", "small"):
+                res.append(canon(json.dumps(await call("GetTask", {"id": ids[name]}))))
+            res.append(canon(json.dumps(await call("SendMessage", {"message": message("m-hello", "ctx-1", "hello")}))))
+            res.append(canon(json.dumps(await call("SendMessage", {"message": message("m-2", "ctx-1", "hello")}))))
+            done = await call("SendMessage", {"message": message("m-3", "ctx-2", data={"decision": "approve", "note": "later"}, task=ids["ask"])})
+            res.append(canon(json.dumps(done)))
+            res.append(canon(json.dumps(await call("ListTasks", {"contextId": "ctx-2"}))))
+            out["answers"] = res
+    if phase != "make":
+        conn = sqlite3.connect(Path(data, "node.db"))
+        out["events"] = [[s, a] for s, a in conn.execute("select session_id, author from mesh_session_events order by seq")]
+        out["schema"] = [list(r) for r in conn.execute("select component, version from mesh_schema order by component")]
+        out["page_size"] = conn.execute("pragma page_size").fetchone()[0]
+        out["integrity"] = conn.execute("pragma integrity_check").fetchone()[0]
+    print(json.dumps(out))
+
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+@pytest.mark.integration
+def test_a_database_of_the_tree_before_is_read_and_continued_alike(
+    trees: Trees, tmp_path: Path
+) -> None:
+    """Holds."""
+    made = _driven(trees, "before", _REOPEN_DRIVER, "make", str(tmp_path / "made"))
+    (tmp_path / "made" / "ids.json").write_text(json.dumps(made["ids"]))
+    got = {}
+    for side in ("now", "before"):
+        shutil.copytree(tmp_path / "made", tmp_path / side)
+        got[side] = _driven(trees, side, _REOPEN_DRIVER, "read", str(tmp_path / side))
+    assert got["now"]["integrity"] == "ok"
+    assert got["now"] == got["before"]
