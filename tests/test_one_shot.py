@@ -343,3 +343,19 @@ async def test_a_settled_value_the_walk_refuses_is_refused_as_the_walk_does() ->
     with pytest.raises(SerializeToJsonError) as walked:
         response_text(events.task, 0)
     assert str(by_values.value) == str(walked.value)
+
+
+async def test_a_flat_answer_of_many_keys_is_walked_and_its_order_not_kept() -> None:
+    """Keys a caller chose (a ``dict[str, float]`` echoed back) are not pinned by the kept
+    orders: past ``_MAX_KEYS`` the answer is walked, the same text."""
+    from mesh._a2a import fastpath_json
+
+    data = {f"caller-key-{i}": float(i) for i in range(fastpath_json._MAX_KEYS + 1)}
+    events = await _settled_run(data, {"skill": "score"})
+    settled = events._context.state[SETTLED] if events._context is not None else None
+    assert isinstance(settled, Settled)
+    assert events.task is not None
+    expected = response_text(events.task, 0)
+    assert response_text(events.task, 0, settled) == expected
+    assert tuple(data) not in fastpath_json._DATA_ORDERS
+    assert json.loads(expected)["task"]["artifacts"][0]["parts"][0]["data"] == data
