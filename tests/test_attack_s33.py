@@ -950,3 +950,93 @@ def test_a_database_of_the_tree_before_is_read_and_continued_alike(
         got[side] = _driven(trees, side, _REOPEN_DRIVER, "read", str(tmp_path / side))
     assert got["now"]["integrity"] == "ok"
     assert got["now"] == got["before"]
+
+
+# --- 28a9da9 / e209202: the member orders a flat answer's keys are kept under ----------------
+#
+# A typed skill whose answer's keys come from its caller (B's own example: a dict[str, float]
+# echoed back); each request one new key of 1 MB. e209202 bounds the keys of a kept order (64),
+# not their length: each order keeps the key tuple and each key's quoted text.
+_KEYS_DRIVER = r'''
+import asyncio, gc, json, sys, tempfile
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+
+class Scores(BaseModel):
+    scores: dict[str, float]
+
+
+class Echo(BaseModel):
+    model_config = {"extra": "allow"}
+
+
+@skill
+def echo(req: Scores) -> Echo:
+    """The caller's scores back, one member each."""
+    return Echo(**req.scores)
+
+
+agent = Agent(name="s33-echo", description="Echoes.", skills=[echo])
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return -1.0
+
+
+async def main(n: int, size: int) -> None:
+    tmp = Path(tempfile.mkdtemp())
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=tmp, registry=None))
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=60) as http,
+    ):
+        async def send(i: int, key: str) -> int:
+            message = {"role": "ROLE_USER", "messageId": f"m{i}",
+                       "parts": [{"data": {"scores": {key: 1.5}}}], "metadata": {"skill": "echo"}}
+            body = {"jsonrpc": "2.0", "id": i, "method": "SendMessage", "params": {"message": message,
+                    "configuration": {"historyLength": 0}}}
+            r = await http.post("/", json=body, headers={"A2A-Version": "1.0"})
+            return r.status_code
+
+        for i in range(5):
+            await send(-i - 1, f"warm{i}")
+        gc.collect()
+        start = rss_mb()
+        codes = set()
+        for i in range(n):
+            codes.add(await send(i, f"{i:08d}" + "k" * size))
+        gc.collect()
+        await asyncio.sleep(0.5)
+        gc.collect()
+        print(json.dumps({"mesh": mesh.__file__, "codes": sorted(codes), "grew_mb": rss_mb() - start}))
+
+
+asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+'''
+
+
+@pytest.mark.integration
+@pytest.mark.xfail(
+    strict=True,
+    reason="s33 break (28a9da9, e209202 bounds the key count only): a flat answer's key set is "
+    "kept in _DATA_ORDERS (up to 256) whatever its keys' length: 60 answers each with a new 1 MB "
+    "caller-chosen key grow the node ~250 MB, kept (b9dadd4: ~25 MB); 256 of them ~1 GB",
+)
+def test_answers_of_caller_chosen_keys_keep_no_memory(trees: Trees) -> None:
+    now = _driven(trees, "now", _KEYS_DRIVER, "60", "1000000")
+    before = _driven(trees, "before", _KEYS_DRIVER, "60", "1000000")
+    assert now["codes"] == before["codes"] == [200]
+    assert now["grew_mb"] < before["grew_mb"] + 64, (now, before)
