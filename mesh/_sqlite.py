@@ -494,6 +494,9 @@ class Database:
                 self.commits += 1
             except self.driver_error as exc:
                 if nowait and _busy(exc):  # see _run_one
+                    if not conn.in_transaction:
+                        self.commits += 1
+                        return outcomes
                     raise _Busy from exc
                 if conn.in_transaction:
                     conn.execute("rollback")
@@ -520,8 +523,13 @@ class Database:
         except self.driver_error as exc:
             # The progress handler fires every _PROGRESS_OPS steps a cached statement ever
             # made, so a COMMIT is interrupted too now and then when its batch ran past the
-            # budget (SQLite 3.40: before it committed; the transaction is still open).
+            # budget: before it committed (the transaction still open: the batch goes to the
+            # thread), or after its last step (SQLite looks once more when the statement
+            # ends): committed, nothing open, and nothing to run again.
             if nowait and _busy(exc):
+                if not conn.in_transaction:
+                    self.commits += 1
+                    return [(True, value)]
                 raise _Busy from exc
             if conn.in_transaction:
                 conn.execute("rollback")

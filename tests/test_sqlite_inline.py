@@ -284,3 +284,21 @@ async def test_a_savepoint_rollback_interrupted_past_the_budget_leaves_no_transa
         assert _on_disk(tmp_path / "node.db") == {"k1", "k2"}
     finally:
         await db.aclose()
+
+
+async def test_a_commit_interrupted_after_it_committed_is_a_success_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite looks at the progress handler once more when a statement ends: a COMMIT (three
+    steps) with the handler every three steps is interrupted after it committed. Nothing is
+    open and the row is on disk: the write succeeded, and is not run again."""
+    monkeypatch.setattr(mesh._sqlite, "_PROGRESS_OPS", 3)
+    monkeypatch.setattr(mesh._sqlite, "LOOP_BUDGET_S", 0.01)
+    db = await _open(tmp_path / "node.db")
+    threads = _Threads()
+    try:
+        await db.write(threads.insert("k", burn_s=0.02))
+        assert _on_disk(tmp_path / "node.db") == {"k"}
+        assert threads.seen == ["MainThread"]  # once, on the loop
+    finally:
+        await db.aclose()
