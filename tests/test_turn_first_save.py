@@ -7,6 +7,7 @@ rows counted by triggers another connection adds to the file."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
@@ -16,8 +17,12 @@ from typing import Any
 
 import httpx
 import pytest
+from a2a.server.context import ServerCallContext
+from a2a.server.id_generator import IDGeneratorContext
+from a2a.types import Task, TaskState, TaskStatus
 
 from mesh import _sqlite
+from mesh._a2a.store import SqliteTaskStore, mark_blocking_send, mark_first_save_held
 from mesh._node import Node
 from mesh._settings import NodeSettings
 from tests.llm_ask_agents import agent as desk_agent
@@ -149,3 +154,33 @@ async def test_a_turn_that_asks_has_its_task_row_on_disk_before_its_resume_point
         assert waits_without_task == 0  # the first row went in before the resume point
         assert writes == 2  # the first state, then the waiting one
         assert _stored(path, task["id"]) == ("6", 1)  # INPUT_REQUIRED, its key
+
+
+async def test_a_held_first_save_is_on_disk_defer_s_after_it_was_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the hold ends it commits at once: a first save queued when it was made would have
+    been on disk ``DEFER_S`` later, not twice that (its run's other writes may be gone in
+    another request's batch, so nothing else brings a batch sooner)."""
+    monkeypatch.setattr(_sqlite, "DEFER_S", 0.3)
+    db = await _sqlite.Database.open(tmp_path / "node.db")
+    store = SqliteTaskStore(db)
+    await store.initialize()
+    context = ServerCallContext()
+    mark_blocking_send(context)
+    mark_first_save_held(context)
+    try:
+        task_id = store.id_generator().generate(IDGeneratorContext())
+        task = Task(
+            id=task_id, context_id="c", status=TaskStatus(state=TaskState.TASK_STATE_WORKING)
+        )
+        await store.save(task, context)
+        await asyncio.sleep(0.45)  # past DEFER_S, well before 2 DEFER_S
+        conn = sqlite3.connect(tmp_path / "node.db")
+        try:
+            rows = conn.execute("select state from a2a_tasks where id = ?", (task_id,)).fetchall()
+        finally:
+            conn.close()
+        assert rows == [(int(TaskState.TASK_STATE_WORKING),)]
+    finally:
+        await db.aclose()

@@ -565,7 +565,7 @@ class SqliteTaskStore(TaskStore):
             self._unwritten[key] = (data, born or time.time_ns())
             if self._unwritten_timer is None:
                 self._unwritten_timer = asyncio.get_running_loop().call_later(
-                    _sqlite.DEFER_S, self._write_unwritten
+                    _sqlite.DEFER_S, self._unwritten_due
                 )
             if context.state.get(SINGLE_WRITE) is not True:
                 context.state[_QUEUE_FIRST_SAVE] = functools.partial(self._write_held, key)
@@ -617,6 +617,13 @@ class SqliteTaskStore(TaskStore):
         unwritten, self._unwritten = self._unwritten, {}
         for key, first in unwritten.items():
             self._queue_first(key, first)
+
+    def _unwritten_due(self) -> None:
+        """``DEFER_S`` after a first save was held: queue what is held and commit it now. Queued
+        at once, it would have been on disk by then; queued now it must not wait another
+        ``DEFER_S`` for company (the batch its run's other writes were in may be gone)."""
+        self._write_unwritten()
+        self._db.flush()
 
     def _write_held(self, key: TaskKey) -> None:
         """Queue the first save of ``key`` if it is still held (``queue_first_save``)."""
