@@ -345,12 +345,17 @@ async def test_a_settled_value_the_walk_refuses_is_refused_as_the_walk_does() ->
     assert str(by_values.value) == str(walked.value)
 
 
-async def test_a_flat_answer_of_many_keys_is_walked_and_its_order_not_kept() -> None:
+@pytest.mark.parametrize("many", ["keys", "characters"])
+async def test_a_flat_answer_of_many_keys_is_walked_and_its_order_not_kept(many: str) -> None:
     """Keys a caller chose (a ``dict[str, float]`` echoed back) are not pinned by the kept
-    orders: past ``_MAX_KEYS`` the answer is walked, the same text."""
+    orders: past ``_MAX_KEYS`` keys or ``_MAX_KEY_CHARS`` of them the answer is walked, the
+    same text."""
     from mesh._a2a import fastpath_json
 
-    data = {f"caller-key-{i}": float(i) for i in range(fastpath_json._MAX_KEYS + 1)}
+    if many == "keys":
+        data = {f"caller-key-{i}": float(i) for i in range(fastpath_json._MAX_KEYS + 1)}
+    else:
+        data = {"k" * (fastpath_json._MAX_KEY_CHARS + 1): 1.0}
     events = await _settled_run(data, {"skill": "score"})
     settled = events._context.state[SETTLED] if events._context is not None else None
     assert isinstance(settled, Settled)

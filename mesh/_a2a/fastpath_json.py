@@ -784,9 +784,11 @@ _DATA_ORDERS: dict[tuple[str, ...], list[tuple[str, str]]] = {}
 _METADATA_ORDERS: dict[tuple[Any, ...], list[tuple[str, str, str | None]]] = {}
 #: Most key sets kept in each (a node's skills make a few); past it, the task is walked.
 _MAX_ORDERS = 256
-#: Most keys of a flat answer whose order is kept: an answer whose keys come from its caller
-#: (a ``dict[str, float]`` echoed back) must not pin 256 request bodies' worth of keys.
+#: Most keys, and characters of keys, of a flat answer whose order is kept: an answer whose
+#: keys come from its caller (a ``dict[str, float]`` echoed back) must not pin 256 request
+#: bodies' worth of keys (a kept order holds its keys twice: as they are and quoted).
 _MAX_KEYS = 64
+_MAX_KEY_CHARS = 4096
 _STATE_FIELD = TaskStatus.DESCRIPTOR.fields_by_name["state"]
 #: The status state's writer (None: enums carry JSON names of their own; 0: not made yet).
 _state_text: _Convert | int | None = 0
@@ -834,7 +836,11 @@ def _data_text(settled: Settled) -> str | None:
     keys = tuple(data)
     order = _DATA_ORDERS.get(keys)
     if order is None:
-        if len(_DATA_ORDERS) >= _MAX_ORDERS or len(keys) > _MAX_KEYS:
+        if (
+            len(_DATA_ORDERS) >= _MAX_ORDERS
+            or len(keys) > _MAX_KEYS
+            or sum(map(len, keys)) > _MAX_KEY_CHARS
+        ):
             return None
         built = settled.task.artifacts[0].parts[0].data.struct_value.fields
         order = _DATA_ORDERS[keys] = [(_quote(key) + ":", key) for key in built]
