@@ -300,12 +300,12 @@ def _on_disk(db: Path, context_id: str, message_id: str) -> dict[str, Any]:
     return {"task_states": states, "keys": int(keys), "session_authors": authors}
 
 
-HELD_DEFER_S = 0.3
+HELD_DEFER_S = 0.5
 
 
 async def _killed_mid_turn(side: str, trees: Trees, tmp: Path) -> dict[str, Any]:
     """An LLM turn held in its tool; another request answered meanwhile (its commit takes the
-    turn's queued session rows); the node SIGKILLed 1.5 DEFER_S into the turn. What is on
+    turn's queued session rows); the node SIGKILLed 1.6 DEFER_S into the turn. What is on
     disk then, and what the same message sent again to a new process on that database does."""
     data = tmp / side
     port = free_port()
@@ -313,7 +313,7 @@ async def _killed_mid_turn(side: str, trees: Trees, tmp: Path) -> dict[str, Any]
     argv += ["--data-dir", str(data)]
     env = _env(trees, side, S33_DEFER_S=str(HELD_DEFER_S))
     url = f"http://127.0.0.1:{port}"
-    held = _text_message("hold 1", f"held-{side}", "ctx-held")
+    held = _text_message("hold 2", f"held-{side}", "ctx-held")
     async with httpx.AsyncClient(base_url=url, timeout=30.0, trust_env=False) as http:
         proc = Proc.start(argv, name=f"held-{side}", tmp=tmp, env=env)
         try:
@@ -326,7 +326,7 @@ async def _killed_mid_turn(side: str, trees: Trees, tmp: Path) -> dict[str, Any]
                 "/", json=_text_message("hello", f"other-{side}"), headers=HEADERS
             )
             assert other.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
-            await asyncio.sleep(1.5 * HELD_DEFER_S - HELD_DEFER_S / 3)
+            await asyncio.sleep(1.6 * HELD_DEFER_S - HELD_DEFER_S / 3)
             assert not turn.done()
             proc.popen.kill()
             proc.popen.wait(10)
