@@ -183,6 +183,41 @@ async def test_a_session_event_appended_past_the_budget_is_stored_once(
     assert [e.id for e in stored.events] == [event.id]
 
 
+@pytest.mark.parametrize("ops", [1, 2, 3, 5, 7, 11, 13])
+async def test_a_batch_past_the_budget_at_any_statement_commits_each_write_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ops: int
+) -> None:
+    """Three writes in one batch, one of them (each in turn) taking the batch past its budget,
+    the progress handler every ``ops`` steps: whichever statement meets it (an insert, a
+    savepoint's release, the next savepoint, the COMMIT; before or after its last step), each
+    write is committed once and reported committed; and a write that fails late fails alone
+    (its savepoint's rollback interrupted or not). Holds (1a88c36, 414aedc)."""
+    monkeypatch.setattr(mesh._sqlite, "_PROGRESS_OPS", ops)
+    monkeypatch.setattr(mesh._sqlite, "LOOP_BUDGET_S", 0.01)
+
+    def fails_late(conn: sqlite3.Connection) -> None:
+        conn.execute("insert into log (k) values ('failed')")
+        time.sleep(0.02)
+        raise ValueError("this write fails")
+
+    for late in range(3):
+        db = await Database.open(tmp_path / f"{late}.db")
+        await db.ensure_schema("log", LOG)
+        try:
+            keys = [f"k{i}" for i in range(3)]
+            writes = [_log(key, burn_s=0.02 if i == late else 0.0) for i, key in enumerate(keys)]
+            assert await asyncio.gather(*(db.write(w) for w in writes)) == [None] * 3
+            failing = [_log("a"), fails_late, _log("b")]
+            failing.insert(late, failing.pop(1))
+            got = await asyncio.gather(*(db.write(w) for w in failing), return_exceptions=True)
+            assert [type(g).__name__ for g in got] == [
+                "ValueError" if w is fails_late else "NoneType" for w in failing
+            ]
+        finally:
+            await db.aclose()
+        assert _logged(tmp_path / f"{late}.db") == [*keys, "a", "b"]
+
+
 # --- 53a1f2a: an LLM turn's first save held until its final one or DEFER_S ------------------
 #
 # The agent below served by this checkout and by `git archive b9dadd4` (first on PYTHONPATH),
