@@ -491,7 +491,8 @@ async def test_a_held_turn_is_seen_by_get_list_and_cancel(
 # the session rows, the task rows and the message keys); typed answers of flat values of
 # every kind, of 300 key sets (past the 256 orders 28a9da9 keeps) and of values the walk
 # refuses, on JSON-RPC and REST with GetTask, with request metadata of several shapes (caller,
-# traceparent valid or not, deadline, extra keys). The fast path's driver also checks, in the
+# traceparent valid or not, deadline, extra keys); direct message answers (reply="message"),
+# with attachments too, and a task answer with attachments (walked). The fast path's driver also checks, in the
 # process of this checkout, each answer written from a ``Settled`` against the walk of the
 # same task (a Struct's member order is the process's: only there are the bytes comparable).
 
@@ -675,7 +676,35 @@ def odd(req: In) -> Keyed:
     return Keyed(**ODD[req.case % len(ODD)])
 
 
-agent = Agent(name="s33-fast", description="Fast.", skills=[flat, keyed, odd])
+from mesh import File, SkillContext
+
+
+@skill(reply="message")
+def direct(req: In) -> Flat:
+    """A direct message answer."""
+    s, i, f, b, n = VALUES[req.case % len(VALUES)]
+    return Flat(s=s, i=i, f=f, b=b, n=n)
+
+
+@skill(reply="message")
+async def direct_files(req: In, ctx: SkillContext) -> Flat:
+    """A direct answer with attachments."""
+    ctx.attach(File(b"\x89PNG" * 3, media_type="image/png", name="c.png"))
+    ctx.attach({"rate": 1.5, "k": [1, None]}, "the rate", name="rate")
+    s, i, f, b, n = VALUES[req.case % len(VALUES)]
+    return Flat(s=s, i=i, f=f, b=b, n=n)
+
+
+@skill
+async def files(req: In, ctx: SkillContext) -> Flat:
+    """A task answer with attachments."""
+    ctx.attach(File(b"\x89PNG" * 3, media_type="image/png", name="c.png"))
+    ctx.attach("text only")
+    s, i, f, b, n = VALUES[req.case % len(VALUES)]
+    return Flat(s=s, i=i, f=f, b=b, n=n)
+
+
+agent = Agent(name="s33-fast", description="Fast.", skills=[flat, keyed, odd, direct, direct_files, files])
 # Each answer written from a Settled is also walked: the two texts must be the same bytes.
 differ: list[Any] = []
 settled_answers = [0]
@@ -711,7 +740,8 @@ async def main():
         uvicorn_serving(node.app, port, log_level="warning"),
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http,
     ):
-        runs = [("flat", range(12), (None, 0, 1, 5)), ("odd", range(7), (None, 0, 2)),
+        runs = [("direct", range(8), (None, 0)), ("direct_files", range(8), (None, 0)),
+                ("files", range(8), (None, 0, 1)), ("flat", range(12), (None, 0, 1, 5)), ("odd", range(7), (None, 0, 2)),
                 ("keyed", range(-1, 40), (None, 0)), ("keyed", range(40, 320), (None,)),
                 ("flat", range(100, 112), (None, 1))]
         metas = [{}, {"caller": "c\u00e9"}, {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"},
