@@ -490,13 +490,9 @@ class Database:
             outcomes.append((True, value))
         if writes:
             try:
-                conn.execute("commit")
-                self.commits += 1
+                self._commit(conn, nowait)
             except self.driver_error as exc:
-                if nowait and _busy(exc):  # see _run_one
-                    if not conn.in_transaction:
-                        self.commits += 1
-                        return outcomes
+                if nowait and _busy(exc) and conn.in_transaction:  # see _commit
                     raise _Busy from exc
                 if conn.in_transaction:
                     conn.execute("rollback")
@@ -518,23 +514,27 @@ class Database:
                 conn.execute("rollback")
             return [(False, exc)]
         try:
-            conn.execute("commit")
-            self.commits += 1
+            self._commit(conn, nowait)
         except self.driver_error as exc:
-            # The progress handler fires every _PROGRESS_OPS steps a cached statement ever
-            # made, so a COMMIT is interrupted too now and then when its batch ran past the
-            # budget: before it committed (the transaction still open: the batch goes to the
-            # thread), or after its last step (SQLite looks once more when the statement
-            # ends): committed, nothing open, and nothing to run again.
-            if nowait and _busy(exc):
-                if not conn.in_transaction:
-                    self.commits += 1
-                    return [(True, value)]
+            if nowait and _busy(exc) and conn.in_transaction:  # see _commit
                 raise _Busy from exc
             if conn.in_transaction:
                 conn.execute("rollback")
             return [(False, exc)]
         return [(True, value)]
+
+    def _commit(self, conn: Any, nowait: bool) -> None:
+        """COMMIT the batch's transaction. On the loop, without the budget's progress handler:
+        SQLite calls it every ``_PROGRESS_OPS`` steps a cached statement has made over all its
+        runs, so a COMMIT would meet it now and then, and once more after its last step, where
+        an interrupt says nothing true: the COMMIT has committed, or has failed and rolled
+        back, either way with no transaction open (session 33's attack: a write run twice, or
+        told committed when it was not). The batch's work is done by then; its COMMIT is what
+        is left of it. A lock (busy, the transaction still open) still sends it to the thread."""
+        if nowait:
+            conn.set_progress_handler(None, 0)
+        conn.execute("commit")
+        self.commits += 1
 
     def _start_checkpoint(self) -> None:
         """Checkpoint on the database thread, on its own connection (one at a time)."""

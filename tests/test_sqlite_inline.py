@@ -245,19 +245,22 @@ def _budget_at_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mesh._sqlite, "LOOP_BUDGET_S", 0.01)
 
 
-async def test_a_commit_interrupted_past_the_budget_runs_again_on_the_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("every", [1, 3])
+async def test_a_batch_past_the_budget_at_its_commit_commits_once_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int
 ) -> None:
-    """The write's insert runs, then its time passes: only the COMMIT meets the budget. It is
-    interrupted before it committed, and the batch runs again on the thread, as when any of
-    its statements is: the write is not failed."""
-    _budget_at_every_step(monkeypatch)
+    """The write's insert runs, then its time passes: only the COMMIT is left when the budget
+    has run out, and it is not interrupted (the handler every step would interrupt it before
+    it commits; every three steps, a COMMIT's count, after its last step, where the interrupt
+    would hide whether it committed). Committed once, on the loop."""
+    monkeypatch.setattr(mesh._sqlite, "_PROGRESS_OPS", every)
+    monkeypatch.setattr(mesh._sqlite, "LOOP_BUDGET_S", 0.01)
     db = await _open(tmp_path / "node.db")
     threads = _Threads()
     try:
         await db.write(threads.insert("k", burn_s=0.02))
         assert _on_disk(tmp_path / "node.db") == {"k"}
-        assert threads.seen == ["MainThread", "mesh-sqlite_0"]  # run again, on the thread
+        assert threads.seen == ["MainThread"]
     finally:
         await db.aclose()
 
@@ -282,23 +285,5 @@ async def test_a_savepoint_rollback_interrupted_past_the_budget_leaves_no_transa
             await failing
         await db.write(functools.partial(_insert_blob, "k2"))
         assert _on_disk(tmp_path / "node.db") == {"k1", "k2"}
-    finally:
-        await db.aclose()
-
-
-async def test_a_commit_interrupted_after_it_committed_is_a_success_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """SQLite looks at the progress handler once more when a statement ends: a COMMIT (three
-    steps) with the handler every three steps is interrupted after it committed. Nothing is
-    open and the row is on disk: the write succeeded, and is not run again."""
-    monkeypatch.setattr(mesh._sqlite, "_PROGRESS_OPS", 3)
-    monkeypatch.setattr(mesh._sqlite, "LOOP_BUDGET_S", 0.01)
-    db = await _open(tmp_path / "node.db")
-    threads = _Threads()
-    try:
-        await db.write(threads.insert("k", burn_s=0.02))
-        assert _on_disk(tmp_path / "node.db") == {"k"}
-        assert threads.seen == ["MainThread"]  # once, on the loop
     finally:
         await db.aclose()
