@@ -4,7 +4,9 @@
   interrupted past ``LOOP_BUDGET_S`` sends the batch to the thread, to run again whole. SQLite
   also calls the progress handler after a statement's last step (``vdbe_return``), so a COMMIT
   can be interrupted after it committed (``in_transaction`` False, the rows on disk): the batch
-  then ran a second time (fixed by 414aedc: such a COMMIT is the batch's success);
+  then ran a second time (fixed by 414aedc: such a COMMIT is the batch's success; which broke
+  a failed COMMIT, rolled back and then interrupted, into 'committed': fixed by 46519bb, the
+  COMMIT runs without the handler);
 * 53a1f2a an LLM turn's first save held until its final one or ``DEFER_S``;
 * 28a9da9 / e209202 a typed answer written from the values its task was built from
   (``fastpath_json.Settled``) and the member orders kept for that.
@@ -271,25 +273,24 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="s33 break (414aedc): an interrupted COMMIT with nothing open is taken for committed, "
-    "but a COMMIT that failed (disk I/O error: SQLite rolled it back) and then met the progress "
-    "handler after its last step reads the same: the write is reported committed and is not on "
-    "disk (b9dadd4: StoreError 'interrupted'; 1a88c36: StoreError 'disk I/O error')",
-)
 @pytest.mark.parametrize("batch", ["one", "batch"])
 def test_a_commit_that_failed_past_the_budget_is_not_reported_committed(
     trees: Trees, batch: str
 ) -> None:
-    """One write (``_run_one``), or two and a read taking the time (``_run_batch``)."""
+    """One write (``_run_one``), or two and a read taking the time (``_run_batch``): the
+    COMMIT's error, not 'committed'. Broken by 414aedc (an interrupted COMMIT with nothing
+    open taken for committed: a COMMIT that failed and was rolled back reads the same, so the
+    write was reported committed and was not on disk; b9dadd4: StoreError 'interrupted';
+    1a88c36: StoreError 'disk I/O error'), fixed by 46519bb (the COMMIT runs without the
+    progress handler)."""
     got = {}
     for side in ("now", "before"):
         got[side] = _driven(trees, side, _FAILED_COMMIT_DRIVER, batch)
         assert got[side]["on_disk"] == ["seed"]  # the COMMIT failed: nothing of it on disk
     interrupted = "StoreError: interrupted"  # the reference: an error
     assert got["before"]["outcome"] == (interrupted if batch == "one" else [interrupted] * 2)
-    assert "reported committed" not in str(got["now"]["outcome"])
+    error = "StoreError: disk I/O error"
+    assert got["now"]["outcome"] == (error if batch == "one" else [error] * 2)
 
 
 # --- 53a1f2a: an LLM turn's first save held until its final one or DEFER_S ------------------
