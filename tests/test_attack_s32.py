@@ -569,7 +569,8 @@ def test_over_tls_a_refused_body_closes_at_once(
 
 # --- the specialist's answers against the tree before this session (dc03330) -----------------
 #
-# One agent served twice, by this checkout and by `git archive dc03330` (on PYTHONPATH first),
+# One agent served twice, by this checkout and by `git archive dc03330` (on PYTHONPATH first, with
+# PYTHONSAFEPATH: `python -m` would otherwise put the working directory, this checkout, ahead of it),
 # each with its own data dir; the same requests to both; every answer's text compared with ids
 # and times replaced by placeholders: the same members in the same order, byte for byte.
 
@@ -654,7 +655,7 @@ def _node(tmp: Path, name: str, pythonpath: str, data: Path | None = None) -> It
     argv = ["mesh", "serve", "s32_agent:agent", "--port", str(port), "--no-register"]
     argv += ["--data-dir", str(data or tmp / name)]
     url = f"http://127.0.0.1:{port}"
-    env = clean_env(PYTHONPATH=pythonpath)
+    env = clean_env(PYTHONSAFEPATH="1", PYTHONPATH=pythonpath)
     with running(argv, name=name, tmp=tmp, health=f"{url}/health", env=env):
         yield url
 
@@ -956,7 +957,7 @@ def _started_together(tmp: Path, dirs: dict[str, tuple[str, Path]]) -> Iterator[
             port = free_port()
             argv = ["mesh", "serve", "s32_agent:agent", "--port", str(port), "--no-register"]
             argv += ["--data-dir", str(data)]
-            env = clean_env(PYTHONPATH=path)
+            env = clean_env(PYTHONSAFEPATH="1", PYTHONPATH=path)
             procs[side] = Proc.start(argv, name=side, tmp=tmp, env=env)
             urls[side] = f"http://127.0.0.1:{port}"
         for side, proc in procs.items():
@@ -1168,7 +1169,9 @@ def coordinators(
                 argv = ["mesh", "serve", coordinator, "--port", str(port), "--no-register"]
                 argv += ["--data-dir", str(tmp / side)]
                 env = clean_env(
-                    BENCH_PEER_URL=f"http://127.0.0.1:{proxy_port}", PYTHONPATH=trees.path(tree)
+                    BENCH_PEER_URL=f"http://127.0.0.1:{proxy_port}",
+                    PYTHONSAFEPATH="1",
+                    PYTHONPATH=trees.path(tree),
                 )
                 procs[side] = Proc.start(argv, name=side, tmp=tmp, env=env)
                 stack.callback(procs[side].terminate)
@@ -1346,7 +1349,7 @@ def test_delegation_request_bytes_are_the_trees_before(trees: Trees) -> None:
     as dc03330's."""
     got = {}
     for side in ("now", "before"):
-        env = clean_env(PYTHONPATH=trees.path(side))
+        env = clean_env(PYTHONSAFEPATH="1", PYTHONPATH=trees.path(side))
         run = subprocess.run(
             [sys.executable, "-c", _BODIES_SOURCE], capture_output=True, env=env, timeout=60
         )
@@ -1373,7 +1376,7 @@ async def test_a_blocking_sends_task_and_key_survive_a_kill_right_after_the_answ
     port = free_port()
     argv = ["mesh", "serve", "s32_agent:agent", "--port", str(port), "--no-register"]
     argv += ["--data-dir", str(data)]
-    env = clean_env(PYTHONPATH=trees.path("now"))
+    env = clean_env(PYTHONSAFEPATH="1", PYTHONPATH=trees.path("now"))
     url = f"http://127.0.0.1:{port}"
     proc = Proc.start(argv, name="durable", tmp=tmp_path, env=env)
     try:
