@@ -60,6 +60,23 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def archived_tree(commit: str, dest: Path) -> Path:
+    """``git archive commit`` of this checkout extracted into ``dest`` (made), for a test that
+    serves the tree before a change beside this one; skips the test when there is no such
+    commit (a shallow clone). Its processes need ``PYTHONSAFEPATH=1`` with the tree on
+    PYTHONPATH: ``python -m`` and ``-c`` put the working directory, this checkout, first."""
+    import pytest
+
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=False
+    )
+    if archive.returncode != 0:
+        pytest.skip(f"no git archive of {commit}: {archive.stderr.decode()[:200]}")
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest
+
+
 def wait_for(
     predicate: Callable[[], T], *, timeout: float = 20.0, interval: float = 0.05, what: str = ""
 ) -> T:

@@ -44,7 +44,14 @@ import pytest
 
 import mesh._one_write
 from tests.registry_support import registry
-from tests.support import ROOT, Proc, clean_env, free_port, running, wait_until_ok
+from tests.support import (
+    Proc,
+    archived_tree,
+    clean_env,
+    free_port,
+    running,
+    wait_until_ok,
+)
 from tests.test_node_input import _counted
 from tests.test_one_write import _post_head, _read_to_close, _Refuser, _serving
 
@@ -684,14 +691,7 @@ class Trees:
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory) -> Trees:
     tmp = tmp_path_factory.mktemp("s32-trees")
-    tree = tmp / "before"
-    tree.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", BEFORE], capture_output=True, check=False
-    )
-    if archive.returncode != 0:
-        pytest.skip(f"no git archive of {BEFORE}: {archive.stderr.decode()[:200]}")
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    tree = archived_tree(BEFORE, tmp / "before")
     (tmp / "s32_agent.py").write_text(_AGENT_SOURCE)
     return Trees(tmp, tree)
 

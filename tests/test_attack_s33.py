@@ -44,7 +44,15 @@ from mesh._errors import StoreError
 from mesh._events import Content, Event
 from mesh._sessions.sqlite import SqliteSessionStore
 from mesh._sqlite import Database
-from tests.support import ROOT, Proc, clean_env, free_port, running, wait_until_ok
+from tests.support import (
+    ROOT,
+    Proc,
+    archived_tree,
+    clean_env,
+    free_port,
+    running,
+    wait_until_ok,
+)
 
 # --- 1a88c36: a COMMIT interrupted past the loop's budget -----------------------------------
 
@@ -354,14 +362,7 @@ class Trees:
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory) -> Trees:
     tmp = tmp_path_factory.mktemp("s33-trees")
-    tree = tmp / "before"
-    tree.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", BEFORE], capture_output=True, check=False
-    )
-    if archive.returncode != 0:
-        pytest.skip(f"no git archive of {BEFORE}: {archive.stderr.decode()[:200]}")
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    tree = archived_tree(BEFORE, tmp / "before")
     (tmp / "s33_holder.py").write_text(_HOLDER_SOURCE)
     return Trees(tmp, tree)
 
