@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -175,12 +176,20 @@ async def test_a_held_first_save_is_on_disk_defer_s_after_it_was_held(
             id=task_id, context_id="c", status=TaskStatus(state=TaskState.TASK_STATE_WORKING)
         )
         await store.save(task, context)
-        await asyncio.sleep(0.45)  # past DEFER_S, well before 2 DEFER_S
-        conn = sqlite3.connect(tmp_path / "node.db")
-        try:
-            rows = conn.execute("select state from a2a_tasks where id = ?", (task_id,)).fetchall()
-        finally:
-            conn.close()
+        # On disk by 1.5 DEFER_S (past DEFER_S, well before 2 DEFER_S): polled until then.
+        deadline = time.monotonic() + 0.45
+        while not (rows := _rows_of(tmp_path / "node.db", task_id)):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.01)
         assert rows == [(int(TaskState.TASK_STATE_WORKING),)]
     finally:
         await db.aclose()
+
+
+def _rows_of(path: Path, task_id: str) -> list[tuple[int]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("select state from a2a_tasks where id = ?", (task_id,)).fetchall()
+    finally:
+        conn.close()
