@@ -364,3 +364,109 @@ async def test_a_flat_answer_of_many_keys_is_walked_and_its_order_not_kept(many:
     assert response_text(events.task, 0, settled) == expected
     assert tuple(data) not in fastpath_json._DATA_ORDERS
     assert json.loads(expected)["task"]["artifacts"][0]["parts"][0]["data"] == data
+
+
+async def _typed_run(
+    updater: MeshTaskUpdater, held: bool, data: dict[str, Any], name: str | None, release: bool
+) -> None:
+    """A typed skill's updates as the executor makes them: ``work`` on a held run (its message
+    kept as its fields), the SDK's way otherwise; the answer's ``AnswerParts``."""
+    if held:
+        assert isinstance(updater, OneShotUpdater)
+        await updater.work("running skill 'score'")
+    else:
+        await updater.update_status(
+            TaskState.TASK_STATE_WORKING,
+            message=updater.new_agent_message([new_text_part("running skill 'score'")]),
+        )
+    await updater.add_artifact(
+        answer_parts(data, "", typed=True),
+        artifact_id=f"answer-{TASK}",
+        name=name,
+        append=False,
+        last_chunk=True,
+    )
+    if release:
+        assert isinstance(updater, OneShotUpdater)
+        await updater.release()  # as a handler that awaits: each held update an event
+    meta = {"skill": "score", "traceparent": TRACE, "usage": ZEROS, "childrenUsage": {}}
+    await updater.update_status(TaskState.TASK_STATE_COMPLETED, metadata=meta)
+
+
+@pytest.mark.parametrize(
+    ("data", "name", "release"),
+    [
+        ({"applicant_id": "a-1", "score": 396, "tier": "D"}, "score", False),
+        ({"nested": {"a": [1, "b", None]}, "ü-key": 1.5}, "score", False),  # not flat
+        ({"a": 1}, None, False),  # no name: left unset, as the constructor leaves it
+        ({f"key-{i}-{'x' * i}": i for i in range(24)}, "score", False),
+        ({"applicant_id": "a-1", "score": 396}, "score", True),  # released: the events
+    ],
+)
+async def test_a_held_typed_answer_and_working_message_are_the_events_to_the_byte(
+    monkeypatch: pytest.MonkeyPatch,
+    data: dict[str, Any],
+    name: str | None,
+    release: bool,
+) -> None:
+    """The WORKING message held as its fields (``OneShotUpdater.work``) is built where it is
+    kept: the task is the events' (its messages and status to the byte), and a released
+    run's events carry the same message. The whole task is compared as a message, not as
+    bytes: the answer's ``Struct`` is copied into the task once fewer than by the events, and
+    a map's member order after a copy depends on the process's hash seed (both paths' orders
+    are read back as the same task)."""
+    from mesh._a2a import one_shot, updater
+
+    tasks: list[Task] = []
+    for held in (False, True):
+        ids = iter(f"m-{n}" for n in range(1, 10))
+        monkeypatch.setattr(one_shot, "uuid4_text", ids.__next__)
+        monkeypatch.setattr(updater, "uuid4_text", ids.__next__)
+        events = _events()
+        first = events._initial_message
+        assert first is not None
+        if held:
+            made: MeshTaskUpdater = OneShotUpdater(events, TASK, CONTEXT, first)
+        else:
+            await events.enqueue_event(
+                Task(
+                    id=TASK,
+                    context_id=CONTEXT,
+                    status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                    history=[first],
+                )
+            )
+            made = MeshTaskUpdater(events, TASK, CONTEXT)
+        await _typed_run(made, held, data, name, release and held)
+        assert events.task is not None
+        tasks.append(events.task)
+    expected, built = tasks
+    assert built.history[1].message_id == "m-1"
+    assert built.status.state == TaskState.TASK_STATE_COMPLETED
+    built.status.timestamp.CopyFrom(expected.status.timestamp)  # the one difference
+    assert built == expected
+    assert [m.SerializeToString() for m in built.history] == [
+        m.SerializeToString() for m in expected.history
+    ]
+    assert built.status.SerializeToString() == expected.status.SerializeToString()
+    assert built.metadata.SerializeToString() == expected.metadata.SerializeToString()
+
+
+async def test_work_after_release_or_the_end_is_an_event_or_refused() -> None:
+    """``work`` on a released run publishes its status at once; after the terminal one it is
+    refused as ``update_status`` refuses it."""
+    events = _events()
+    updater = OneShotUpdater(events, TASK, CONTEXT, events._initial_message)
+    await updater.release()
+    await updater.work("running skill 'score'")
+    assert events.task is not None
+    assert events.task.status.state == TaskState.TASK_STATE_WORKING
+    assert [p.text for p in events.task.status.message.parts] == ["running skill 'score'"]
+    assert events.task.status.message.role == Role.ROLE_AGENT
+    await updater.update_status(TaskState.TASK_STATE_COMPLETED)
+    with pytest.raises(RuntimeError, match="terminal"):
+        await updater.work("again")
+    held = OneShotUpdater(_events(), TASK, CONTEXT, None)
+    await held.update_status(TaskState.TASK_STATE_COMPLETED)
+    with pytest.raises(RuntimeError, match="terminal"):
+        await held.work("again")

@@ -641,7 +641,10 @@ class MeshExecutor(AgentExecutor):
                 updater, TaskState.TASK_STATE_REJECTED, "deadline", "deadline exceeded", req
             )
             return "rejected"
-        if resumed is None:
+        if resumed is None and isinstance(updater, OneShotUpdater):
+            # The same status, its message held as its fields (built in the final task).
+            await updater.work(f"running skill '{skill.id}'")
+        elif resumed is None:
             # ``start_work``'s status, its state read once (``mesh._a2a.states``).
             await updater.update_status(
                 WORKING,
