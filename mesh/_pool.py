@@ -53,7 +53,8 @@ project is built on it (``mesh._netguard.create_http_client``, ``RegistryBackend
 ``POST`` of a small JSON body to a kept-alive connection; through httpx and httpcore's pool that
 cost ~1.1 ms of client CPU, most of it request/response objects and pool bookkeeping around a
 few hundred bytes each way (``tests/bench/hop_client.py``). ``DirectPool.post`` speaks HTTP/1.1 on
-asyncio streams: it writes the request itself (every name and value held to h11's grammar) and
+a protocol of its own (``_Connection``: the bytes in, the end, one waiter; asyncio's streams
+cost ~15 k instructions more a call): it writes the request itself (every name and value held to h11's grammar) and
 reads a textbook answer (HTTP/1.1, a final status, one Content-Length) itself; any other answer
 (chunked, read to its close, 1xx, HTTP/1.0, malformed) goes to h11 (what httpcore itself speaks
 HTTP/1.1 with) from its first byte, which reads or refuses it. h11 alone for both was 0.39 ms of
@@ -79,7 +80,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Se
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import h11
 import httpcore
@@ -254,23 +255,135 @@ class Resolver(Protocol):
     ) -> list[str]: ...
 
 
-@dataclass(eq=False)
-class _Connection:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    origin: tuple[str, str, int]
-    idle_since: float = 0.0
+class _Connection(asyncio.Protocol):
+    """One connection of a ``DirectPool``, as the protocol of its transport: what arrives is
+    gathered here and its reader woken (``read``). asyncio's ``StreamReader`` and
+    ``StreamWriter`` did the same through a reader, a writer, a protocol between them and a
+    coroutine per drain; a request is one write of a few hundred bytes and an answer a read
+    or two, so this holds only what ``DirectPool`` asks of it: the bytes in, the end (EOF, or
+    the connection lost and its error), one waiter, and write flow control."""
 
+    def __init__(self, origin: tuple[str, str, int]) -> None:
+        self.origin = origin
+        self.idle_since = 0.0
+        self.transport: asyncio.Transport | None = None
+        self._received: list[bytes] = []
+        self._size = 0
+        # The peer ended it (EOF) or it was lost; lost: with this error, if any.
+        self._eof = False
+        self._lost = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        # Write flow control: the transport's buffer is over its high-water mark.
+        self._paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._reading_paused = False
 
-def _quiet(connection: _Connection) -> bool:
-    """Whether nothing has come in on ``connection`` since its last answer: no byte buffered
-    and no close. A connection is kept and reused only so (an answer is kept only when it
-    ended exactly at its last byte): bytes past an answer's end (a Content-Length that lies
-    short, unsolicited output) would otherwise be read as the next request's answer."""
-    reader = connection.reader
-    # StreamReader has no public "bytes buffered" accessor; at_eof() is False while any are.
-    buffered = getattr(reader, "_buffer", b"")
-    return not buffered and not reader.at_eof() and not connection.writer.transport.is_closing()
+    # -- the transport's calls ------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's are not asyncio.Transport's subclasses: no isinstance).
+        self.transport = cast("asyncio.Transport", transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._received.append(data)
+        self._size += len(data)
+        if self._size > 2 * _READ_BYTES and not self._reading_paused and self.transport:
+            # StreamReader's limit: what nobody read yet stops further reads meanwhile.
+            self._reading_paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return False  # the transport closes itself: nothing more is written on it
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = self._lost = True
+        self._error = exc
+        self._wake()
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- DirectPool's ---------------------------------------------------------------------
+    def quiet(self) -> bool:
+        """Whether nothing has come in since the last read: no byte and no close. A connection
+        is kept and reused only so (an answer is kept only when it ended exactly at its last
+        byte): bytes past an answer's end (a Content-Length that lies short, unsolicited
+        output) would otherwise be read as the next request's answer."""
+        transport = self.transport
+        return (
+            not self._received
+            and not self._eof
+            and transport is not None
+            and not transport.is_closing()
+        )
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data``, waiting while the transport's buffer is full; a connection lost or
+        failing is ``httpx.WriteError``."""
+        transport = self.transport
+        assert transport is not None
+        try:
+            transport.write(data)
+        except OSError as exc:
+            raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
+        while self._paused and not self._lost:
+            drained = self._drained = asyncio.get_running_loop().create_future()
+            try:
+                await drained
+            finally:
+                self._drained = None
+        if self._lost:
+            # As StreamWriter.drain: a connection lost under the write says so.
+            raise httpx.WriteError("Connection lost")
+
+    async def read(self) -> bytes:
+        """The bytes that came in since the last read (waiting for some), b"" at the end; a
+        connection lost with an error is ``httpx.ReadError`` (as StreamReader, even with bytes
+        unread)."""
+        if not self._received and not self._eof:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        error = self._error
+        if error is not None:
+            raise httpx.ReadError(str(error) or type(error).__name__) from error
+        received = self._received
+        if not received:
+            return b""
+        data = received[0] if len(received) == 1 else b"".join(received)
+        self._received = []
+        self._size = 0
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        return data
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
 
 @dataclass
@@ -304,14 +417,6 @@ _MAX_HEAD = 16 * 1024
 _MAX_LENGTH_DIGITS = 20
 # Request heads a pool keeps (by URL and headers).
 _HEADS_KEPT = 64
-
-
-async def _read(reader: asyncio.StreamReader) -> bytes:
-    """The next bytes that came in (b"" at the end), an ``OSError`` as httpx's ``ReadError``."""
-    try:
-        return await reader.read(_READ_BYTES)
-    except OSError as exc:
-        raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
 
 
 def _request_head(url: httpx.URL, headers: Sequence[tuple[str, str]]) -> tuple[bytes, bool]:
@@ -519,19 +624,14 @@ class DirectPool:
         too_large: Callable[[], Exception],
         error_bytes: int,
     ) -> tuple[int, bytes]:
-        reader, writer = connection.reader, connection.writer
         keep = False
         try:
             try:  # _as_httpx, without a context manager's generator per exchange
-                try:
-                    writer.write(request)
-                    await writer.drain()
-                except OSError as exc:
-                    raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
+                await connection.write(request)
                 received = b""
                 end = -1
                 while end < 0 and len(received) <= _MAX_HEAD:
-                    data = await _read(reader)
+                    data = await connection.read()
                     if not data:
                         break
                     # Any byte back (even garbage) means the request arrived: not stale.
@@ -561,7 +661,7 @@ class DirectPool:
                     # per read (a 32 MiB answer in 64 KiB reads: ~8 GB, seconds of CPU).
                     pieces, have = [received], len(received)
                     while have < wanted:
-                        data = await _read(reader)
+                        data = await connection.read()
                         if not data:
                             raise httpx.RemoteProtocolError(
                                 "peer closed connection without sending complete message body "
@@ -575,7 +675,7 @@ class DirectPool:
                     not closes
                     and not head.closes
                     and len(received) == start + head.length
-                    and _quiet(connection)
+                    and connection.quiet()
                 )
                 return status, received[start:wanted]
             except Exception as exc:
@@ -588,7 +688,7 @@ class DirectPool:
                 self._release(connection)
             else:
                 # Aborted: whatever is half-sent or half-read on it is of no use to anyone.
-                connection.writer.transport.abort()
+                connection.abort()
 
     async def _by_h11(
         self,
@@ -613,7 +713,7 @@ class DirectPool:
         while True:
             event = state.next_event()
             if event is h11.NEED_DATA:
-                state.receive_data(await _read(connection.reader))
+                state.receive_data(await connection.read())
             elif isinstance(event, h11.Response):
                 status = event.status_code
                 cap = max_bytes if status < 400 else error_bytes
@@ -640,7 +740,7 @@ class DirectPool:
                     and state.their_state is h11.DONE
                     and not pending
                     and not closed
-                    and _quiet(connection)
+                    and connection.quiet()
                 )
                 return status, b"".join(chunks), keep
             elif isinstance(event, h11.ConnectionClosed):
@@ -655,7 +755,7 @@ class DirectPool:
         for index in range(len(self._idle) - 1, -1, -1):
             if self._idle[index].origin == origin:
                 connection = self._idle.pop(index)
-                if _quiet(connection):
+                if connection.quiet():
                     return connection
                 # The peer wrote to it or closed it while it was idle (a "408 Request
                 # Timeout", say): what it wrote answers no request of ours.
@@ -673,11 +773,12 @@ class DirectPool:
         origin: tuple[str, str, int],
         timeout: float | None,  # noqa: ASYNC109 - the connect timeout
     ) -> _Connection:
-        reader, writer = await open_checked(self._resolver, *origin, timeout)
-        return _Connection(reader, writer, origin)
+        connection = _Connection(origin)
+        await _connect_checked(self._resolver, *origin, timeout, lambda: connection)
+        return connection
 
     def _discard(self, connection: _Connection) -> None:
-        connection.writer.close()
+        connection.close()
 
     async def aclose(self) -> None:
         """Close every idle connection (one in use is closed when its request ends)."""
@@ -698,11 +799,29 @@ async def open_checked(
     the addresses it checked, never the name again (``mesh._netguard``); for ``https`` TLS
     with ``mesh._tls.client_context()``, the URL's host verified and sent as SNI. Failures are
     httpx's: ``ConnectError`` (its cause the resolver's refusal, the TLS error or the last
-    ``OSError``), ``ConnectTimeout``. ``DirectPool`` and ``mesh._outbound.get_once`` use it."""
+    ``OSError``), ``ConnectTimeout``. ``mesh._outbound.get_once`` uses it (``DirectPool`` the
+    same connection with its own protocol)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=_READ_BYTES, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport = await _connect_checked(resolver, scheme, host, port, timeout, lambda: protocol)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
+async def _connect_checked(
+    resolver: Resolver | None,
+    scheme: str,
+    host: str,
+    port: int,
+    timeout: float | None,  # noqa: ASYNC109 - the connect timeout
+    protocol: Callable[[], asyncio.Protocol],
+) -> asyncio.Transport:
+    """``open_checked``'s connection, its transport driving ``protocol()``'s protocol."""
     context: ssl.SSLContext | None = None
     if scheme == "https":
         context = client_context()
         context.set_alpn_protocols(["http/1.1"])
+    loop = asyncio.get_running_loop()
     last: OSError | None = None
     try:
         async with asyncio.timeout(timeout):
@@ -714,17 +833,19 @@ async def open_checked(
                 )
             for address in addresses:
                 try:
-                    return await asyncio.open_connection(
+                    transport, _ = await loop.create_connection(
+                        protocol,
                         address,
                         port,
                         ssl=context,
                         server_hostname=host if context is not None else None,
-                        limit=_READ_BYTES,
                     )
                 except ssl.SSLError as exc:
                     raise httpx.ConnectError(str(exc)) from exc  # no other address helps
                 except OSError as exc:
                     last = exc
+                else:
+                    return transport
     except TimeoutError as exc:
         raise httpx.ConnectTimeout(f"no connection to {host}:{port} in {timeout}s") from exc
     assert last is not None

@@ -22,7 +22,7 @@ import pytest
 
 from mesh._a2a.client import A2APeer
 from mesh._errors import RemoteError
-from mesh._pool import MeshTransport, create_transport
+from mesh._pool import DirectPool, MeshTransport, create_transport
 from tests.raw_http import TASK, connection_server, header_fields, read_request
 from tests.support import eventually
 
@@ -167,3 +167,57 @@ async def test_closing_the_client_closes_its_direct_connections() -> None:
             await _send(A2APeer(http, f"http://127.0.0.1:{server.port}"))
             assert server.open == 1
         await eventually(lambda: server.open == 0)
+
+
+async def _post_body(port: int, body: bytes, deadline: float = 10.0) -> tuple[int, bytes]:
+    pool = DirectPool(None, max_connections=4, keepalive_expiry=30.0)
+    try:
+        return await pool.post(
+            httpx.URL(f"http://127.0.0.1:{port}/"),
+            [("Content-Type", "application/json")],
+            body,
+            timeout=deadline,
+            connect_timeout=deadline,
+            max_bytes=1_000,
+            too_large=lambda: AssertionError("too large"),
+        )
+    finally:
+        await pool.aclose()
+
+
+async def test_a_body_larger_than_the_socket_buffers_waits_for_the_peer_to_read_it() -> None:
+    # The connection is the pool's own protocol (no StreamWriter): a body the kernel cannot take
+    # at once pauses the write until the peer reads, then the answer is read as ever.
+    body = b'{"x":"' + b"y" * (16 << 20) + b'"}'
+    received: list[int] = []
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(header_fields(head)["content-length"])
+        got = 0
+        while got < length:
+            await asyncio.sleep(0.01)  # a reader slower than the writer: the buffers fill
+            got += len(await reader.read(1 << 20))
+        received.append(got)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+    async with connection_server(slow) as port:
+        assert await _post_body(port, body) == (200, b"ok")
+    assert received == [len(body)]
+
+
+async def test_a_peer_that_hangs_up_mid_body_is_an_httpx_error() -> None:
+    # Gone while the write waits for room: the pool's write (or the read after it) fails as
+    # httpx's error, not a hang until the deadline and not a bare OSError.
+    async def rude(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.read(1 << 16)
+        writer.transport.abort()
+
+    body = b'{"x":"' + b"y" * (32 << 20) + b'"}'
+    async with connection_server(rude) as port:
+        started = time.monotonic()
+        with pytest.raises((httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError)):
+            await _post_body(port, body, deadline=20.0)
+        assert time.monotonic() - started < 10.0
