@@ -60,7 +60,11 @@ class TraceParent:
         ids = _ids(header)
         if ids is None:
             return None
-        return cls(trace_id=ids[0], span_id=ids[1], flags=ids[2], version="00")
+        # Without the frozen __init__ (an object.__setattr__ per field, ~10 k instructions):
+        # every delegation parses its turn's header. The same object (tests/test_tracing.py).
+        made = object.__new__(cls)
+        made.__dict__.update(trace_id=ids[0], span_id=ids[1], flags=ids[2], version="00")
+        return made
 
     @classmethod
     def new(cls, *, sampled: bool = True) -> TraceParent:

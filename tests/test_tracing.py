@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -24,6 +25,20 @@ def test_parse_valid_header_round_trips() -> None:
     assert tp.span_id == "00f067aa0ba902b7"
     assert tp.sampled
     assert str(tp) == VALID
+
+
+def test_a_parsed_header_is_the_object_its_init_makes() -> None:
+    # parse builds it without the frozen __init__: every field set, equal, hashed and frozen
+    # as the one __init__ makes.
+    tp = TraceParent.parse("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-more")
+    made = TraceParent("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", "00", "00")
+    assert tp == made
+    assert hash(tp) == hash(made)
+    assert repr(tp) == repr(made)
+    assert vars(tp) == vars(made)
+    assert set(vars(tp)) == {f.name for f in dataclasses.fields(TraceParent)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tp.span_id = "x"  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
