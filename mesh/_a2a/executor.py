@@ -44,9 +44,9 @@ from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.owner_resolver import resolve_user_scope
 from a2a.server.tasks import TaskUpdater
-from a2a.types import Message, Role, Task, TaskState, TaskStatus
+from a2a.types import Message, Part, Role, Task, TaskState, TaskStatus
 from a2a.utils.errors import ContentTypeNotSupportedError, InternalError, InvalidParamsError
-from pydantic import BaseModel
+from pydantic import BaseModel, RootModel
 
 from mesh import _timeouts
 from mesh._a2a.artifacts import (
@@ -58,7 +58,7 @@ from mesh._a2a.artifacts import (
     refused_types,
 )
 from mesh._a2a.dispatcher import Outcome, SkillDispatcher, WaitCheck
-from mesh._a2a.fastpath_json import to_json
+from mesh._a2a.fastpath_json import RAW_MESSAGE, UNREAD, handed_values, to_json
 from mesh._a2a.idempotency import IdempotencyKeys, MessageKey, message_key
 from mesh._a2a.json_text import json_object
 from mesh._a2a.metadata_keys import CALLER_TASK, CHILDREN_USAGE, TOOL_CALLS, USAGE, read, usage_json
@@ -164,6 +164,60 @@ class _Request:
     metadata: dict[str, Any]
     #: The idempotency key the task was recorded under (released if a shutdown ends it).
     key: MessageKey | None = None
+
+
+def _handed(message: Message | None, call: ServerCallContext, what: str) -> Any:
+    """What the gate's parse of ``message`` holds (``fastpath_json.RAW_MESSAGE``, kept when
+    ``send_request`` built the message from it), as reading ``message`` back gives it but
+    for an object's members' order (``handed_values``): ``"metadata"``, its metadata's dict;
+    ``"data"``, its data parts' values, flat objects only. ``UNREAD`` when the message is
+    another, or a value is one to read back."""
+    kept = call.state.get(RAW_MESSAGE)
+    if message is None or type(kept) is not tuple or kept[0] is not message:
+        return UNREAD
+    raw = kept[1]
+    if what == "metadata":
+        metadata = raw.get("metadata")
+        return {} if not metadata else handed_values(metadata)
+    values = []
+    for part in raw.get("parts", ()):
+        if "data" in part:
+            value = handed_values(part["data"], flat=True)
+            if value is UNREAD:
+                return UNREAD
+            values.append(value)
+    return values
+
+
+def _data_parts(parts: list[Part]) -> list[Part]:
+    return [part for part in parts if part.HasField("data")]
+
+
+#: Whether a skill's input model sees its input's members' order, by model (``_order_free``).
+_ORDER_FREE: dict[type[BaseModel], bool] = {}
+
+
+def _order_free(model: type[BaseModel] | None) -> bool:
+    """Whether validating a flat object with ``model`` gives the same model whatever the
+    order of its members: each member goes to its own field (a field's validators see its
+    value only). Not when the model keeps extra members (``extra="allow"``: in their order),
+    is a root model (the object is its value), or has a model validator (it may see the
+    object whole)."""
+    if model is None:
+        return False
+    free = _ORDER_FREE.get(model)
+    if free is None:
+        decorators = getattr(model, "__pydantic_decorators__", None)
+        free = (
+            model.model_config.get("extra") != "allow"
+            and not issubclass(model, RootModel)
+            and decorators is not None
+            and not decorators.model_validators
+            and not decorators.root_validators
+        )
+        if len(_ORDER_FREE) < 1024:
+            _ORDER_FREE[model] = free
+    return free
 
 
 def _message_metadata(message: Message | None) -> dict[str, Any]:
@@ -314,7 +368,7 @@ class MeshExecutor(AgentExecutor):
                 else:
                     req = self.read_request(message, context.call_context)
                     skill_id = req.skill_id or "unknown"
-                    skill, payload = self._validate(req, message)
+                    skill, payload = self._validate(req, message, context.call_context)
                 skill_id = skill.id
             except SkillInputError as exc:
                 outcome = "rejected"
@@ -546,10 +600,16 @@ class MeshExecutor(AgentExecutor):
             if isinstance(known, tuple) and known[0] is message:
                 read_before: _Request = known[1]
                 return read_before
-            req = self.read_request(message)
+            req = self._read_request(message, _handed(message, call, "metadata"))
             call.state[REQUEST] = (message, req)
             return req
-        meta = _message_metadata(message)
+        return self._read_request(message, UNREAD)
+
+    def _read_request(self, message: Message | None, handed: Any) -> _Request:
+        """``read_request`` of ``message``, its metadata as ``handed`` (the gate's parse of
+        it, ``_handed``: read by key only, so its members' order is nobody's to see) unless
+        that is ``UNREAD``."""
+        meta = _message_metadata(message) if handed is UNREAD else handed
         skill = meta.get("skill")
         if skill is not None and not isinstance(skill, str):
             raise SkillInputError("metadata field 'skill' must be a string (a skill id)")
@@ -569,10 +629,19 @@ class MeshExecutor(AgentExecutor):
             metadata=meta,
         )
 
-    def _validate(self, req: _Request, message: Message | None) -> tuple[Skill, BaseModel | str]:
+    def _validate(
+        self, req: _Request, message: Message | None, call: ServerCallContext | None = None
+    ) -> tuple[Skill, BaseModel | str]:
         parts = message.parts[:] if message is not None else []  # (``[:]``: see check_send)
-        # get_data_parts' values by json_format's rules without its descriptor walk.
-        data = [to_json(part.data) for part in parts if part.HasField("data")]
+        # The data parts' values as the gate parsed them (``_handed``), when they are what
+        # reading them back gives but for an object's members' order: a flat object's order
+        # only an order-aware input model sees, or the error of one that refuses it.
+        handed = _handed(message, call, "data") if call is not None else UNREAD
+        if handed is UNREAD:
+            # get_data_parts' values by json_format's rules without its descriptor walk.
+            data = [to_json(part.data) for part in parts if part.HasField("data")]
+        else:
+            data = handed
         texts = get_text_parts(parts)
         # Text-only clients send a typed skill's input as a JSON object in text.
         as_text = None if data else json_object(parts)
@@ -586,6 +655,7 @@ class MeshExecutor(AgentExecutor):
         if skill.typed:
             if not data and as_text is not None and as_text.value is not None:
                 value: Any = as_text.value
+                handed = UNREAD  # the text's object, parsed here
             elif len(data) != 1:
                 why = f"got {len(data)} data parts"
                 if not data:
@@ -596,7 +666,17 @@ class MeshExecutor(AgentExecutor):
                 )
             else:
                 value = data[0]
-            payload = self.dispatcher.validate_input(skill, value)
+            if handed is not UNREAD and not _order_free(skill.input_model):
+                handed, value = UNREAD, to_json(_data_parts(parts)[0].data)
+            try:
+                payload = self.dispatcher.validate_input(skill, value)
+            except SkillInputError:
+                if handed is UNREAD:
+                    raise
+                # Refused: the error as of the values read back (it may name members in
+                # their order), so the caller gets the same words.
+                value = to_json(_data_parts(parts)[0].data)
+                payload = self.dispatcher.validate_input(skill, value)
             if skill.llm:
                 # The model's turn is the input as JSON: bounded like a chat message.
                 self._check_turn(skill, payload.model_dump_json())

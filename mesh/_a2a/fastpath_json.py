@@ -53,10 +53,13 @@ from google.protobuf.struct_pb2 import ListValue, Struct, Value
 from google.protobuf.timestamp_pb2 import Timestamp
 
 __all__ = [
+    "RAW_MESSAGE",
     "SETTLED",
+    "UNREAD",
     "Settled",
     "data_part",
     "dumps",
+    "handed_values",
     "response_json",
     "response_text",
     "rpc_result",
@@ -112,6 +115,51 @@ def send_request(raw: dict[str, Any]) -> SendMessageRequest | None:
     if "configuration" in raw and not _configuration(request.configuration, raw["configuration"]):
         return None
     return request
+
+
+#: Key of ``ServerCallContext.state``: the request's message as ``send_request`` built it and
+#: the gate's parse it was built from (``FastRoute``), for ``handed_values``.
+RAW_MESSAGE = "mesh.raw_message"
+#: ``handed_values``'s answer for a value it leaves to the ``Struct`` it was built into.
+UNREAD: Any = object()
+
+
+def handed_values(raw: Any, *, flat: bool = False) -> Any:
+    """``raw`` (a gate's parse of a JSON value that ``send_request`` built into a ``Value``) as
+    ``to_json`` reads that ``Value`` back, without reading it: a number is a float (a
+    ``Value`` holds a double), a string, bool or null itself, objects and arrays the same,
+    except for the order of an object's members (a ``Struct``'s is its map's, which depends
+    on the process's hash seed): a caller whose reader may see that order reads the
+    ``Struct`` instead. ``UNREAD`` for what ``to_json`` may answer otherwise (a number that is
+    not finite: its error; a type a parse does not make), and with ``flat`` for an object
+    that holds an object (its members' order is the reader's to see)."""
+    kind = type(raw)
+    if kind is dict:
+        values = {}
+        for key, item in raw.items():
+            if type(item) is dict and flat:
+                return UNREAD
+            value = handed_values(item, flat=flat)
+            if value is UNREAD:
+                return UNREAD
+            values[key] = value
+        return values
+    if kind is str or kind is bool or raw is None:
+        return raw
+    if kind is int or kind is float:
+        number = float(raw)  # the double the Value holds (an int past 1e308 was refused)
+        return number if _isfinite(number) else UNREAD
+    if kind is list:
+        items = []
+        for item in raw:
+            if type(item) is dict and flat:
+                return UNREAD
+            value = handed_values(item, flat=flat)
+            if value is UNREAD:
+                return UNREAD
+            items.append(value)
+        return items
+    return UNREAD
 
 
 def _part(part: Part, raw: Any) -> bool:

@@ -43,7 +43,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from mesh._a2a.fastpath import FastPath
-from mesh._a2a.fastpath_json import SETTLED, dumps, response_text, rpc_result, send_request
+from mesh._a2a.fastpath_json import (
+    RAW_MESSAGE,
+    SETTLED,
+    dumps,
+    response_text,
+    rpc_result,
+    send_request,
+)
 from mesh._a2a.handler import MeshRequestHandler
 from mesh._a2a.idempotency import send_answer_cut
 
@@ -91,10 +98,12 @@ class FastRoute:
         prepared = self._prepare(body)
         if prepared is None:
             return None
-        request_id, params = prepared
+        request_id, params, built = prepared
         # Decided in the call's context: the message's metadata is read once, for the run too
         # (``MeshExecutor.read_request``), and the run's kind is marked for the store.
         context = self._context(scope, params)
+        if built:  # the parse's values, for the run's reading of them (``handed_values``)
+            context.state[RAW_MESSAGE] = (params.message, body["params"]["message"])
         if not self.fastpath.takes(params, context):
             return None
         context.state["method"] = "SendMessage"
@@ -120,10 +129,12 @@ class FastRoute:
     async def serve_rest(self, body: Any, scope: Scope, receive: Receive, send: Send) -> bool:
         """Answer ``body`` (the parsed JSON of a REST ``POST /message:send``) when the fast path
         takes it; False, with nothing sent, when the SDK's REST route must handle it."""
-        params = self._params(body)
+        params, built = self._read_params(body)
         if params is None:
             return False
         context = self._context(scope, params)
+        if built:
+            context.state[RAW_MESSAGE] = (params.message, body["message"])
         if not self.fastpath.takes(params, context):
             return False
         try:
@@ -191,8 +202,9 @@ class FastRoute:
             return send_answer_cut(result, params)
         return result, 0
 
-    def _prepare(self, body: Any) -> tuple[str | int, SendMessageRequest] | None:
-        """The request id and params of a ``SendMessage`` request, else None."""
+    def _prepare(self, body: Any) -> tuple[str | int, SendMessageRequest, bool] | None:
+        """The request id and params of a ``SendMessage`` request, and whether ``send_request``
+        built them; else None."""
         if not isinstance(body, dict) or body.get("jsonrpc") != "2.0":
             return None
         if body.get("method") != "SendMessage":
@@ -200,31 +212,37 @@ class FastRoute:
         request_id = body.get("id")
         if isinstance(request_id, bool) or not isinstance(request_id, str | int):
             return None
-        params = self._params(body.get("params"))
-        return None if params is None else (request_id, params)
+        params, built = self._read_params(body.get("params"))
+        return None if params is None else (request_id, params, built)
 
     @staticmethod
     def _params(raw: Any) -> SendMessageRequest | None:
         """``raw`` (the JSON of a ``SendMessageRequest``) parsed, or None when the SDK's route
         must answer it (a follow-up, or params it refuses with its own error)."""
+        return FastRoute._read_params(raw)[0]
+
+    @staticmethod
+    def _read_params(raw: Any) -> tuple[SendMessageRequest | None, bool]:
+        """``_params``, and whether ``send_request`` built them (from ``raw``'s common shape,
+        which ``handed_values`` reads) rather than ``ParseDict``."""
         if not isinstance(raw, dict):
-            return None
+            return None, False
         message = raw.get("message")
         # Cheap refusals before parsing: follow-ups go to the SDK.
         if not isinstance(message, dict) or message.get("taskId") or message.get("task_id"):
-            return None
+            return None, False
         try:
             fast = send_request(raw)
         except Exception:
             fast = None  # ParseDict decides
         if fast is not None:
-            return fast
+            return fast, True
         params = SendMessageRequest()
         try:
             ParseDict(raw, params, ignore_unknown_fields=True)
         except Exception:
-            return None  # the SDK's route answers with its own error
-        return params
+            return None, False  # the SDK's route answers with its own error
+        return params, False
 
 
 async def _send_json(send: Send, status: int, body: bytes, media_type: bytes) -> None:
