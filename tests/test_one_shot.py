@@ -470,3 +470,41 @@ async def test_work_after_release_or_the_end_is_an_event_or_refused() -> None:
     await held.update_status(TaskState.TASK_STATE_COMPLETED)
     with pytest.raises(RuntimeError, match="terminal"):
         await held.work("again")
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"skill": "score", "traceparent": TRACE, "usage": ZEROS, "childrenUsage": {}},
+        {"skill": "score", "caller": "coordinator"},  # no traceparent: the request's, or none
+        {"skill": "score", "traceparent": "not a traceparent"},
+    ],
+)
+async def test_a_settled_tasks_row_is_the_row_read_from_the_task(meta: dict[str, Any]) -> None:
+    """The store writes a held run's final task's row from the values it was built from
+    (``store._made_row``): the same columns ``_row`` reads from the task."""
+    from mesh._a2a import store
+
+    for request_trace in (None, "00-" + "d" * 32 + "-" + "e" * 16 + "-01"):
+        events = _events()
+        first = events._initial_message
+        assert first is not None
+        if request_trace is not None:
+            first.metadata.update({"traceparent": request_trace})
+        updater = OneShotUpdater(events, TASK, CONTEXT, first)
+        await updater.work("running skill 'score'")
+        await updater.add_artifact(
+            answer_parts({"score": 1}, "", typed=True),
+            artifact_id=f"answer-{TASK}",
+            name="score",
+            last_chunk=True,
+        )
+        await updater.update_status(TaskState.TASK_STATE_COMPLETED, metadata=meta)
+        settled = events._context.state[SETTLED] if events._context is not None else None
+        assert isinstance(settled, Settled)
+        assert settled.task is events.task
+        data = settled.task.SerializeToString()
+        made = store._made_row("owner", settled, data, 123)
+        assert made == store._row("owner", settled.task, data, 123)
+        if request_trace is not None:  # a trace id found: the task's, else the request's
+            assert made[6] is not None

@@ -72,6 +72,7 @@ from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from mesh import _sqlite
+from mesh._a2a.fastpath_json import SETTLED, Settled
 from mesh._a2a.ids import uuid4_text
 from mesh._a2a.states import INTERRUPTED_STATES, SETTLED_STATES, TERMINAL_STATES
 from mesh._a2a.task_feed import ACK_S, POLL_S, TaskFeed
@@ -286,6 +287,29 @@ def _row(owner: str, task: Task, data: bytes, created_ns: int | None = None) -> 
     )
 
 
+def _made_row(owner: str, made: Settled, data: bytes, created_ns: int | None) -> tuple[Any, ...]:
+    """``_row`` of ``made.task`` from the values it was built from: its ids, state, status
+    time (``at_ns``, the timestamp's nanoseconds) and metadata's ``traceparent`` (a ``Settled``
+    task's metadata is that of its one status update, and ``_trace_id`` reads it first)."""
+    at_ns = made.at_ns
+    if not 0 <= at_ns <= _MAX_TIMESTAMP_NS:
+        return _row(owner, made.task, data, created_ns)  # ``_timestamp_ns``'s own answer
+    traceparent = made.metadata.get("traceparent")
+    trace_id = trace_id_of(traceparent) if type(traceparent) is str else None
+    if trace_id is None:  # none there: ``_trace_id`` reads its next place, the request's
+        trace_id = _trace_id(made.task)
+    return (
+        owner,
+        made.task_id,
+        made.context_id,
+        int(made.state),
+        at_ns,
+        data,
+        trace_id,
+        time.time_ns() if created_ns is None else created_ns,
+    )
+
+
 def _trace_id(task: Task) -> str | None:
     """The trace id of the task's ``traceparent``: its metadata's (set with its final or
     waiting state), else the request message's (a running task, when its caller sent one)."""
@@ -322,6 +346,8 @@ def _timestamp_ns(task: Task) -> int:
 
 #: The last second a ``Timestamp`` may hold (9999-12-31T23:59:59Z).
 _MAX_TIMESTAMP_S = 253402300799
+#: The last nanosecond of that second.
+_MAX_TIMESTAMP_NS = _MAX_TIMESTAMP_S * 1_000_000_000 + 999_999_999
 
 
 class _FreshIds(IDGenerator):
@@ -535,8 +561,13 @@ class SqliteTaskStore(TaskStore):
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
         owner = self._owner(context)
-        key = (owner, task.id)
-        state = task.status.state
+        # A held run's final task (``AppliedEvents.settle``): its row's columns are the values
+        # it was built from, not read back from it (a wrapper object per field read).
+        made: Settled | None = context.state.get(SETTLED)
+        if made is not None and made.task is not task:
+            made = None
+        key = (owner, task.id if made is None else made.task_id)
+        state = task.status.state if made is None else made.state
         settled = state in SETTLED_STATES
         if self._redact and task.id in self._redact:
             hidden = self._redact[task.id]
@@ -571,7 +602,12 @@ class SqliteTaskStore(TaskStore):
                 context.state[_QUEUE_FIRST_SAVE] = functools.partial(self._write_held, key)
             return
         first = self._unwritten.pop(key, None)
-        row = _row(owner, task, data, born if first is None else first[1])
+        created = born if first is None else first[1]
+        row = (
+            _row(owner, task, data, created)
+            if made is None
+            else _made_row(owner, made, data, created)
+        )
         staged = self._staged.pop(key, [])
         runner = None if settled else self.runner
 
