@@ -254,7 +254,8 @@ class Delegation:
         """Send ``payload`` (checked by ``check_arguments``) and return the child task as it
         ended; ``RemoteError`` when no instance could take it."""
         ctx, skill = self.ctx, self.tool.skill_id
-        await self.link.ready()
+        if not self.link.is_ready():
+            await self.link.ready()
         self._start_clock()
         targets = await self.link.targets(skill)
         context_id = ctx.state.get(context_key(self.peer))

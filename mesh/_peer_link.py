@@ -148,6 +148,15 @@ class PeerLink:
             self._watching = False
         self._loop = None  # the next use starts over (and watches the breakers again)
 
+    def is_ready(self) -> bool:
+        """Whether ``ready`` would return at once: its client is open on this event loop (every
+        call after the first one; a call asks this first, no coroutine made for it)."""
+        return (
+            self._http is not None
+            and (self._discovery is not None or self.url is not None)
+            and self._loop is asyncio.get_running_loop()
+        )
+
     async def ready(self) -> httpx.AsyncClient:
         """The HTTP client for this peer's instances (opening this link's own, the first time
         on this event loop, when none was bound)."""
@@ -208,7 +217,8 @@ class PeerLink:
     async def targets(self, skill: str) -> list[str]:
         """The URLs of the peer's instances now; ``RemoteError`` "unavailable" when discovery
         knows none or cannot answer."""
-        await self.ready()
+        if not self.is_ready():
+            await self.ready()
         if self.url is not None:
             found = [self.url]
         else:

@@ -334,15 +334,23 @@ class _Connection(asyncio.Protocol):
             and not transport.is_closing()
         )
 
-    async def write(self, data: bytes) -> None:
-        """Send ``data``, waiting while the transport's buffer is full; a connection lost or
-        failing is ``httpx.WriteError``."""
+    def write(self, data: bytes) -> bool:
+        """Send ``data``; True when the transport's buffer is full (then ``drain`` before
+        reading): a request of a few hundred bytes never waits, and no coroutine is made for
+        it. A connection lost or failing is ``httpx.WriteError``."""
         transport = self.transport
         assert transport is not None
         try:
             transport.write(data)
         except OSError as exc:
             raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
+        if self._lost:
+            # As StreamWriter.drain: a connection lost under the write says so.
+            raise httpx.WriteError("Connection lost")
+        return self._paused
+
+    async def drain(self) -> None:
+        """Wait until the transport's buffer has room again (``write`` said it was full)."""
         while self._paused and not self._lost:
             drained = self._drained = asyncio.get_running_loop().create_future()
             try:
@@ -350,7 +358,6 @@ class _Connection(asyncio.Protocol):
             finally:
                 self._drained = None
         if self._lost:
-            # As StreamWriter.drain: a connection lost under the write says so.
             raise httpx.WriteError("Connection lost")
 
     async def read(self) -> bytes:
@@ -627,7 +634,8 @@ class DirectPool:
         keep = False
         try:
             try:  # _as_httpx, without a context manager's generator per exchange
-                await connection.write(request)
+                if connection.write(request):
+                    await connection.drain()
                 received = b""
                 end = -1
                 while end < 0 and len(received) <= _MAX_HEAD:

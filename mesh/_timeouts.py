@@ -15,8 +15,9 @@ cancellation taken back (``Task.uncancel``) and no other left, a ``CancelledErro
 never expires; ``reschedule(when)`` moves an entered deadline (to now or before: due at the
 loop's next iteration; None: never), ``expired()`` says whether it fired, as on
 ``asyncio.Timeout``. It is a plain context manager too (``with``, in a task): nothing in it awaits.
-Deadlines that are over wait in the heap until their time or until they are most of it (then
-it is rebuilt without them), so a long deadline left early is not kept for long.
+A deadline left while it is the soonest leaves the heap at once; others that are over wait in
+it until their time or until they are most of it (then it is rebuilt without them), so a long
+deadline left early is not kept for long.
 
 ``mesh._gate._BodyDeadlines`` does the same for the gate's body reads, whose deadlines all have
 one length and so fall due in the order set: a deque there, ~1 k instructions a read against
@@ -125,9 +126,16 @@ class timeout:
     ) -> None:
         state, task = self._state, self._task
         self._task = None
-        if self._entry is not None:
+        entry = self._entry
+        if entry is not None:
             self._entry = None
-            self._wheel.over()
+            heap = self._wheel.heap
+            if heap[0] is entry:
+                # The soonest deadline (the usual one to leave first: the innermost of nested
+                # ones, set last, is the soonest): out of the heap at once, not kept as over.
+                heapq.heappop(heap)
+            else:
+                self._wheel.over()
         if state == _EXPIRING:
             self._state = _EXPIRED
             if (
