@@ -359,3 +359,296 @@ def test_a_head_past_h11s_limit_is_refused(trees: Trees) -> None:
         "Receive buffer too long",
     ]
     assert now == before
+
+
+# --- bcbfdf2 / 1ef875b: typed requests' values handed from the gate's parse; held WORKING -----
+#
+# Typed skills whose answers show what their input model got (each value's type and repr,
+# an object's members sorted: a nested object comes from a Struct, whose order is the
+# process's in either tree), sent as raw JSON text (duplicate keys, big ints, -0.0, 1e400,
+# lone surrogates, 50 nested lists, a 100 KB string, members out of order) under metadata of
+# many shapes (caller a number, a list, duplicated; deadline past, huge, text), on JSON-RPC
+# and as a text object on REST; every fifth again (its message key); each task by GetTask
+# under history lengths; then a new node on the same database reads them all back. A skill
+# that awaits (its run released: the held WORKING message published as an event) and one
+# that fails.
+
+_TYPED_DRIVER = r'''
+import asyncio, json, re, sqlite3, sys, tempfile
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import httpx
+from pydantic import BaseModel, Field, field_validator
+
+import mesh
+from mesh import Agent, skill, SkillContext
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+H = {"A2A-Version": "1.0", "Content-Type": "application/json"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+
+
+def canon(status, text):
+    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
+    try:
+        return [status, json.loads(text)]
+    except ValueError:
+        return [status, text]
+
+
+class Out(BaseModel):
+    view: str
+
+
+def shown(v):
+    # A dict's members sorted: a nested object comes from a Struct, whose order is the
+    # process's (the hash seed of its map), in either tree.
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k!r}: {shown(v[k])}" for k in sorted(v)) + "}"
+    if isinstance(v, list):
+        return "[" + ", ".join(shown(x) for x in v) + "]"
+    return f"{type(v).__name__}:{v!r}"
+
+
+def view(req, ctx=None):
+    d = {k: shown(v) for k, v in req.__dict__.items()}
+    if ctx is not None:
+        d["_caller"] = repr(getattr(ctx, "caller", None))
+    return Out(view=json.dumps(d, sort_keys=True))
+
+
+class Anys(BaseModel):
+    a: Any = None
+    b: Any = None
+    c: Any = None
+
+
+class Nums(BaseModel):
+    i: int = 0
+    f: float = 0.0
+    u: int | float = 0
+    s: str = ""
+    o: Optional[int] = None
+    l: list[Any] = []
+
+
+class Strict(BaseModel):
+    model_config = {"strict": True}
+    i: int = 0
+    f: float = 0.0
+    s: str = ""
+    b: bool = False
+
+
+class Checked(BaseModel):
+    x: Any = None
+
+    @field_validator("x")
+    @classmethod
+    def seen(cls, v):
+        if isinstance(v, float) and v.is_integer() and str(v) == "3.0":
+            raise ValueError("three as a float")
+        return v
+
+
+class Lit(BaseModel):
+    k: Literal[1, "a", True] = "a"
+    g: int = Field(default=0, gt=-5)
+
+
+@skill
+def anys(req: Anys) -> Out:
+    """Anything."""
+    return view(req)
+
+
+@skill
+def nums(req: Nums) -> Out:
+    """Numbers."""
+    return view(req)
+
+
+@skill
+def strict(req: Strict) -> Out:
+    """Strict."""
+    return view(req)
+
+
+@skill
+def checked(req: Checked) -> Out:
+    """Checked."""
+    return view(req)
+
+
+@skill
+def lit(req: Lit) -> Out:
+    """Literal."""
+    return view(req)
+
+
+@skill
+async def meta(req: Anys, ctx: SkillContext) -> Out:
+    """Its context."""
+    seen = {k: repr(getattr(ctx, k, None)) for k in ("caller", "deadline", "traceparent", "task_id") if k != "task_id"}
+    return Out(view=json.dumps(seen, sort_keys=True) + json.dumps(view(req).view))
+
+
+@skill
+async def awaits(req: Nums) -> Out:
+    """Awaits: its run released (its events published)."""
+    await asyncio.sleep(0.001)
+    return view(req)
+
+
+@skill
+def fails(req: Nums) -> Out:
+    """Fails on an odd i."""
+    if req.i % 2:
+        raise ValueError(f"odd {req.i}")
+    return view(req)
+
+
+agent = Agent(name="s34-typed", description="Typed.", skills=[anys, nums, strict, checked, lit, meta, awaits, fails])
+
+DATA = [
+    '{"a": 1, "b": 1.0, "c": -0.0}',
+    '{"a": 9007199254740993, "b": 18446744073709551616, "c": 1e308}',
+    '{"a": 1e400}',
+    '{"a": -1e400}',
+    '{"a": 123456789012345678901234567890}',
+    '{"a": 0.1, "b": 5e-324, "c": 2.5e-320}',
+    '{"a": "\\u00e9\\ud83d\\ude42\\u2028\\u0000", "b": "", "c": "\\ud800"}',
+    '{"a": 1, "a": "dup", "b": {"x": 1, "x": 2}}',
+    '{"a": [1, 2.0, -0.0, [3], {"z": 1, "y": 2}], "b": {}}',
+    '{"a": [], "b": null, "c": true}',
+    '{}',
+    '{"a": {"n": {"m": [1, {"k": 1.5}]}}}',
+    '{"c": 3, "b": 2, "a": 1}',
+    '{"a": 1E2, "b": 1e-0, "c": 100000000000000000000000}',
+    '{"zzz": 1, "a": 2}',
+    '{"a": 1.7976931348623157e308, "b": -1.7976931348623157e308}',
+    '{"a": 4.9e-324}',
+    '{"a": ' + '[' * 50 + ']' * 50 + '}',
+    '{"a": "' + 'x' * 100000 + '"}',
+    '{"i": 3, "f": 3, "u": 3, "s": "3", "o": null, "l": [1, 1.5]}',
+    '{"i": 3.0, "f": 3.5, "u": 3.0, "s": 3, "o": 2.0}',
+    '{"i": 3.5}',
+    '{"i": 9007199254740993, "f": 9007199254740993}',
+    '{"i": 1e20, "u": 1e20}',
+    '{"i": -0.0, "u": -0.0, "f": -0}',
+    '{"i": true, "f": false, "s": null}',
+    '{"i": "7", "f": "7.5", "u": "7"}',
+    '{"o": 1.5}',
+    '{"l": 5}',
+    '{"s": "x", "extra": 1, "extra2": {"a": 1}}',
+    '{"i": 1, "f": 1.0, "s": "s", "b": true}',
+    '{"i": 1.0}',
+    '{"f": 1}',
+    '{"b": 1}',
+    '{"x": 3}',
+    '{"x": 3.0}',
+    '{"x": 3.5}',
+    '{"k": 1}',
+    '{"k": 1.0}',
+    '{"k": true}',
+    '{"k": "a", "g": -4.0}',
+    '{"k": 2}',
+    '{"g": -5}',
+    '{"g": -5.0}',
+]
+
+SKILLS_FOR = {"anys": range(0, 19), "nums": range(19, 30), "strict": range(30, 34),
+              "checked": range(34, 37), "lit": range(37, 44), "meta": range(0, 3),
+              "awaits": range(19, 30), "fails": range(19, 30)}
+
+METAS = [
+    '{"skill": "%s"}',
+    '{"skill": "%s", "caller": 5}',
+    '{"skill": "%s", "caller": 5.5, "deadline": 4102444800}',
+    '{"skill": "%s", "caller": "c\\u00e9", "deadline": 4102444800.25, "traceparent": "00-' + 'ab' * 16 + '-' + 'cd' * 8 + '-01"}',
+    '{"skill": "%s", "deadline": 1e400}',
+    '{"skill": "%s", "deadline": "soon"}',
+    '{"skill": "%s", "caller": true, "x": {"b": 1, "a": [1, {"c": null}]}}',
+    '{"caller": "first", "skill": "%s", "caller": "second"}',
+    '{"skill": "%s", "deadline": 1}',
+    '{"skill": "%s", "caller": 1e20}',
+    '{"skill": "%s", "caller": -0.0}',
+    '{"skill": "%s", "caller": [1, 2]}',
+    '{"skill": "%s", "caller": {}}',
+    '{"skill": "%s", "caller": 0}',
+]
+
+
+async def main():
+    tmp = Path(tempfile.mkdtemp())
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=tmp, registry=None))
+    answers = []
+    tasks = []
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http,
+    ):
+        n = 0
+        for skill_id, cases in SKILLS_FOR.items():
+            metas = METAS if skill_id == "meta" else METAS[:2]
+            for case in cases:
+                for m in metas:
+                    n += 1
+                    meta_text = m % skill_id
+                    body = ('{"jsonrpc": "2.0", "id": %d, "method": "SendMessage", "params": {"message": '
+                            '{"role": "ROLE_USER", "messageId": "m%d", "parts": [{"data": %s, "mediaType": "application/json"}], '
+                            '"metadata": %s}}}' % (n, n, DATA[case], meta_text))
+                    r = await http.post("/", content=body.encode("utf-8", "surrogatepass"), headers=H)
+                    answers.append([skill_id, case, canon(r.status_code, r.text)])
+                    task = (r.json().get("result") or {}).get("task") if r.status_code == 200 else None
+                    if task:
+                        tasks.append(task["id"])
+                    if n % 5 == 0:  # the same message again: its task
+                        r = await http.post("/", content=body.encode("utf-8", "surrogatepass"), headers=H)
+                        answers.append([skill_id, case, "again", canon(r.status_code, r.text)])
+                    # the same as REST and as text
+                    rest = ('{"message": {"role": "ROLE_USER", "messageId": "r%d", "parts": [{"text": %s}], "metadata": %s}}'
+                            % (n, json.dumps(DATA[case]), meta_text))
+                    r = await http.post("/a2a/rest/message:send", content=rest.encode("utf-8", "surrogatepass"), headers=H)
+                    answers.append([skill_id, case, "text", canon(r.status_code, r.text)])
+        for i, tid in enumerate(tasks):
+            hl = (None, 0, 1, 3)[i % 4]
+            params = {"id": tid, **({} if hl is None else {"historyLength": hl})}
+            r = await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": params}, headers=H)
+            answers.append(["get", hl, canon(r.status_code, r.text)])
+    # A new node on the same database: the stored tasks read back, a duplicate answered.
+    node = Node(agent, NodeSettings(port=port, data_dir=tmp, registry=None))
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http,
+    ):
+        for tid in tasks:
+            r = await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": tid}}, headers=H)
+            answers.append(["restart", canon(r.status_code, r.text)])
+        body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {
+            "role": "ROLE_USER", "messageId": "m5", "parts": [{"data": {}}], "metadata": {"skill": "anys"}}}}
+        r = await http.post("/", json=body, headers=H)
+        answers.append(["restart-again", canon(r.status_code, r.text)])
+    conn = sqlite3.connect(tmp / "node.db")
+    states = sorted(int(s) for (s,) in conn.execute("select state from a2a_tasks"))
+    print(json.dumps({"mesh": mesh.__file__, "answers": answers, "states": states}))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_typed_requests_of_odd_values_are_answered_and_stored_as_the_tree_before(
+    trees: Trees,
+) -> None:
+    """Holds (bcbfdf2, 1ef875b): 683 answers, GetTask and restart reads equal 19420e3's."""
+    now, before = _both(trees, _TYPED_DRIVER)
+    assert len(now["answers"]) > 600
+    assert now == before
