@@ -637,7 +637,29 @@ async def main():
         answers.append(["restart-again", canon(r.status_code, r.text)])
     conn = sqlite3.connect(tmp / "node.db")
     states = sorted(int(s) for (s,) in conn.execute("select state from a2a_tasks"))
-    print(json.dumps({"mesh": mesh.__file__, "answers": answers, "states": states}))
+    # Each row's columns against its task's bytes, read here by the rules of 19420e3's _row:
+    # the state, the status time in ns, the trace id of the metadata's traceparent, else the
+    # request's; the fixed traceparent of the metadata cases kept as is.
+    from a2a.types import Task
+
+    def trace_of(struct):
+        value = struct.fields.get("traceparent")
+        if value is None or not value.HasField("string_value"):
+            return None
+        parts = value.string_value.split("-")
+        return parts[1] if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != "0" * 32 else None
+
+    rows = []
+    for owner, tid, ctx, state, at, data, trace, created in conn.execute(
+        "select owner, id, context_id, state, updated_at, data, trace_id, created_at from a2a_tasks"
+    ):
+        task = Task.FromString(data)
+        want = trace_of(task.metadata) or (trace_of(task.history[0].metadata) if task.history else None)
+        rows.append([owner, tid == task.id, ctx == task.context_id, state == int(task.status.state),
+                     at == task.status.timestamp.ToNanoseconds(), trace == want,
+                     trace if trace == "ab" * 16 else (trace is not None), state])
+    rows.sort(key=json.dumps)
+    print(json.dumps({"mesh": mesh.__file__, "answers": answers, "states": states, "rows": rows}))
 
 
 asyncio.run(main())
