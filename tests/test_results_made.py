@@ -35,6 +35,12 @@ _TASKS: list[dict[str, Any]] = [
         "status": {"state": "TASK_STATE_FAILED", "message": {"parts": [{"text": "boom"}]}},
         "metadata": {"error": {"reason": "rejected", "message": "no"}},
     },
+    {  # failed, with what it made before
+        "id": "t-4",
+        "status": {"state": "TASK_STATE_FAILED"},
+        "artifacts": [{"name": "partial", "parts": [{"text": "half"}, "junk", {"data": {}}]}],
+        "metadata": {"error": {"reason": "failed", "message": "no"}, "skill": "partial"},
+    },
     {  # waiting for input
         "id": "t-3",
         "contextId": "c-3",
@@ -68,3 +74,17 @@ def test_a_read_artifact_hashes_as_its_init_makes() -> None:
     assert hash(artifact) == hash(Artifact(name="n", parts=("a",), description="d"))
     with pytest.raises(dataclasses.FrozenInstanceError):
         artifact.name = "m"  # type: ignore[misc]
+
+
+def test_the_answer_is_read_from_a_list_of_parts_and_artifacts_from_any() -> None:
+    # The answer comes from a list of parts only (what the wire gives); ``artifacts`` keeps the
+    # objects of any iterable, as artifact_from_json reads them (as at 19420e3).
+    failed = TaskResult.from_json(_TASKS[1 + 1])
+    assert (failed.state, failed.text, failed.data) == ("failed", "half", {})
+    assert failed.error == {"reason": "failed", "message": "no"}
+    assert failed.artifacts == (Artifact(name="partial", parts=("half", {})),)
+    odd = TaskResult.from_json(
+        {"status": {"state": "TASK_STATE_COMPLETED"}, "artifacts": [{"parts": ({"text": "t"},)}]}
+    )
+    assert (odd.text, odd.data) == ("", None)
+    assert odd.artifacts == (Artifact(name="", parts=("t",)),)
