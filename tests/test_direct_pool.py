@@ -221,3 +221,32 @@ async def test_a_peer_that_hangs_up_mid_body_is_an_httpx_error() -> None:
         with pytest.raises((httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError)):
             await _post_body(port, body, deadline=20.0)
         assert time.monotonic() - started < 10.0
+
+
+async def test_the_clients_headers_changed_between_calls_go_with_the_next() -> None:
+    # A2APeer keeps its merged header list while the client's and the call's headers are the
+    # same: one changed in place, replaced, or a call header changed, goes with the next call.
+    async with (
+        recording_server() as server,
+        httpx.AsyncClient(transport=create_transport(), headers={"X-A": "1"}, timeout=5.0) as http,
+    ):
+        peer = A2APeer(http, f"http://127.0.0.1:{server.port}", headers={"X-Call": "c"})
+        await _send(peer)
+        await _send(peer)
+        http.headers["X-A"] = "2"  # in place
+        await _send(peer)
+        http.headers["X-B"] = "b"
+        await _send(peer)
+        http.headers = httpx.Headers({"X-C": "3"})  # replaced
+        await _send(peer)
+        peer.headers = {"X-Call": "d"}
+        await _send(peer)
+    seen = [(h.get("x-a"), h.get("x-b"), h.get("x-c"), h["x-call"]) for h in server.heads]
+    assert seen == [
+        ("1", None, None, "c"),
+        ("1", None, None, "c"),
+        ("2", None, None, "c"),
+        ("2", "b", None, "c"),
+        (None, None, "3", "c"),
+        (None, None, "3", "d"),
+    ]

@@ -146,7 +146,7 @@ class A2APeer:
         self._direct_for: httpx.AsyncClient | None = None
         self._direct: DirectPool | None = None
         # ``_direct_headers``' last list, by what it was made of.
-        self._merged: tuple[Any, list[tuple[str, str]]] | None = None
+        self._merged: tuple[list[Any], tuple[Any, ...], list[tuple[str, str]]] | None = None
         # Whether the card speaks HTTP+JSON only, by the card it was read of (asked per send).
         self._rest: tuple[AgentCard, bool] | None = None
 
@@ -349,15 +349,19 @@ class A2APeer:
         """The headers of a direct call: the call's over the client's, by name, as httpx
         merges them; the same list while neither changes (a fresh credential changes them
         every call)."""
-        call = self._call_headers()
-        key = (tuple(self.http.headers.raw), tuple(call.items()))
-        if self._merged is not None and self._merged[0] == key:
-            return self._merged[1]
+        # The client's headers as httpx holds them (its list of raw name, lower-case name and
+        # value: compared as it is, not copied out through ``Headers.raw`` per call; httpx is
+        # pinned below 1.0, where it is stable) and the call's.
+        client = self.http.headers._list
+        call = tuple(self._call_headers().items())
+        known = self._merged
+        if known is not None and known[0] == client and known[1] == call:
+            return known[2]
         headers = self._client_headers()
-        for name, value in (*jsonrpc.HEADERS.items(), *call.items()):
+        for name, value in (*jsonrpc.HEADERS.items(), *call):
             headers[name.lower()] = value
         merged = list(headers.items())
-        self._merged = (key, merged)
+        self._merged = (list(client), call, merged)
         return merged
 
     def _client_headers(self) -> dict[str, str]:
