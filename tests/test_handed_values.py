@@ -190,7 +190,15 @@ def test_a_handed_input_validates_as_the_read_back_one(skill_id: str, data: Any)
     assert _outcome(executor, skill_id, data, True) == _outcome(executor, skill_id, data, False)
 
 
-def test_the_handed_metadata_reads_as_the_read_back_one() -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"ü": [1, "ü", None, True]},
+        {"ü": {"b": [1, {"a": 2}]}},  # nested: read back
+        {"caller": {"z": 1, "a": 2, "m": 3, "b": 4, "q": 5, "c": 6, "k": 7}},  # str() shows order
+    ],
+)
+def test_the_handed_metadata_reads_as_the_read_back_one(extra: dict[str, Any]) -> None:
     executor = MeshExecutor(SkillDispatcher(AGENT))
     metadata = {
         "skill": "plain",
@@ -198,7 +206,7 @@ def test_the_handed_metadata_reads_as_the_read_back_one() -> None:
         "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01",
         "deadline": 4102444800,
         "callerTask": "up-1",
-        "ü": {"b": [1, {"a": 2}]},
+        **extra,
     }
     reads = []
     for handed in (True, False):
@@ -212,6 +220,7 @@ def test_the_handed_metadata_reads_as_the_read_back_one() -> None:
         reads.append((req.skill_id, req.caller, req.traceparent, req.deadline, req.metadata))
         assert executor._task_metadata(req)["callerTask"] == "up-1"
     assert _typed(reads[0]) == _typed(reads[1])
+    assert reads[0][1] == reads[1][1]  # the caller's text, as it is logged
 
 
 def test_a_message_other_than_the_handed_ones_is_read_back() -> None:

@@ -169,16 +169,18 @@ class _Request:
 def _handed(message: Message | None, call: ServerCallContext, what: str) -> Any:
     """What the gate's parse of ``message`` holds (``fastpath_json.RAW_MESSAGE``, kept when
     ``send_request`` built the message from it), as reading ``message`` back gives it but
-    for an object's members' order (``handed_values``): ``"metadata"``, its metadata's dict;
-    ``"data"``, its data parts' values, flat objects only. ``UNREAD`` when the message is
+    for an object's members' order (``handed_values``, flat objects only): ``"metadata"``,
+    its metadata's dict; ``"data"``, its data parts' values. ``UNREAD`` when the message is
     another, or a value is one to read back."""
     kept = call.state.get(RAW_MESSAGE)
     if message is None or type(kept) is not tuple or kept[0] is not message:
         return UNREAD
     raw = kept[1]
     if what == "metadata":
+        # Flat too: read by key, but a value is also written as text (``str`` of a ``caller``
+        # sent as an object would show its members' order).
         metadata = raw.get("metadata")
-        return {} if not metadata else handed_values(metadata)
+        return {} if not metadata else handed_values(metadata, flat=True)
     values = []
     for part in raw.get("parts", ()):
         if "data" in part:
