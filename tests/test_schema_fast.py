@@ -52,6 +52,12 @@ CASES: list[tuple[dict[str, Any], Any]] = [
     (REQUEST, {"amount": 5000}),
     (REQUEST, {**VALID, "applicant_id": "X-1"}),
     (REQUEST, [VALID]),
+    # Not an object where "type": "object" has properties (its object step refuses it itself).
+    (REQUEST, "x"),
+    (REQUEST, None),
+    ({"type": "object", "properties": {"a": {}}}, [1]),
+    ({"type": "object", "required": ["a"]}, 3.0),
+    ({"type": "object"}, 3),
     (REQUEST, {**VALID, "scores": (1, 2)}),
     ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, 3.0),
     ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, 3),
