@@ -19,7 +19,10 @@ turn's request and ~40 us to write its answer, ~4 % of a turn. Here:
 * ``response_text`` and ``rpc_result`` write the answer's JSON text itself, in one pass, the
   bytes ``json.dumps`` writes of ``response_json``'s dict (see "writing text" below).
 * a function skill's task built at once (``mesh._a2a.one_shot``) is written from the values it
-  was built from (``Settled``, "writing a settled task" below), not walked back: the same text.
+  was built from (``Settled``, "writing a settled task" below), not walked back: the same text;
+* ``handed_values`` gives the run the request's values from the gate's parse (kept by
+  ``FastRoute`` under ``RAW_MESSAGE``) as reading them back from the built request gives them,
+  but for an object's members' order, which only some readers can see (the executor decides).
 
 tests/test_fastroute_json.py compares both with ``json_format`` on many requests and tasks.
 """
