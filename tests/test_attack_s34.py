@@ -54,22 +54,43 @@ def _env(trees: Trees, side: str) -> dict[str, str]:
     return clean_env(PYTHONPATH=trees.path(side), PYTHONSAFEPATH="1")
 
 
-def _driven(trees: Trees, side: str, source: str, *args: str) -> dict[str, Any]:
-    run = subprocess.run(
+def _start(trees: Trees, side: str, source: str, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
         [sys.executable, "-c", source, *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         env=_env(trees, side),
         cwd=trees.work,
-        timeout=180,
     )
-    assert run.returncode == 0, run.stderr.decode()[-3000:]
-    out: dict[str, Any] = json.loads(run.stdout)
+
+
+def _read(trees: Trees, side: str, run: subprocess.Popen[bytes]) -> dict[str, Any]:
+    try:
+        stdout, stderr = run.communicate(timeout=180)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, stderr.decode()[-3000:]
+    out: dict[str, Any] = json.loads(stdout)
     assert out.pop("mesh").startswith(str(trees.before if side == "before" else ROOT))
     return out
 
 
 def _both(trees: Trees, source: str, *args: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    return _driven(trees, "now", source, *args), _driven(trees, "before", source, *args)
+    """The driver's output in each tree, both run at once (their own servers and ports)."""
+    now = _start(trees, "now", source, *args)
+    try:
+        before = _start(trees, "before", source, *args)
+    except BaseException:
+        now.kill()
+        now.wait()
+        raise
+    try:
+        got_now = _read(trees, "now", now)
+    finally:
+        got_before = _read(trees, "before", before)
+    return got_now, got_before
 
 
 # --- 506702b: DirectPool's connections a protocol of their own ---------------------------------
@@ -673,4 +694,310 @@ def test_typed_requests_of_odd_values_are_answered_and_stored_as_the_tree_before
     """Holds (bcbfdf2, 1ef875b): 683 answers, GetTask and restart reads equal 19420e3's."""
     now, before = _both(trees, _TYPED_DRIVER)
     assert len(now["answers"]) > 600
+    assert now == before
+
+
+# --- 506702b, 6646e05, 79c10a4: remote() end to end -------------------------------------------
+#
+# A coordinator's ``remote()`` toolset (bound as a node binds it: guarded client, PeerTrust,
+# metrics) calls a real node's typed skills (answers, a skill that fails, arguments refused
+# locally, attachments, a direct message answer), then fake peers serving the node's card
+# and answering SendMessage their way (garbage, not JSON-RPC, JSON-RPC errors, no result,
+# wrong content type, chunked, cut or reset mid-body, reset or closed at once, 500/503/403/404,
+# 40 MB, slow past the deadline, gzip, a 70 KB head, a reset under a 32 MiB request): each
+# call's answer or error (type, message, reason), the counters and gauges of the caller's
+# metrics, and the caller's log lines (sorted; durations, ids and ports replaced).
+
+_REMOTE_DRIVER = r'''
+import asyncio, json, logging, re, socket, struct, sys, tempfile, time
+from pathlib import Path
+
+import httpx
+from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, File, SkillContext, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from mesh._metrics import NodeMetrics
+from mesh._netguard import create_http_client
+from mesh._netpolicy import NetworkPolicy
+from mesh._remote import remote
+from mesh._tools import ToolContext
+from mesh._trust import PeerTrust
+from tests.support import free_port, uvicorn_serving
+
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|[0-9a-f]{16}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+PORTS = re.compile(r"127\.0\.0\.1:\d+")
+FLOATS = re.compile(r"\d+\.\d+ ?(ms|s)\b|duration_ms=[\d.]+|/tmp/[\w/.-]+")
+
+
+def canon(text):
+    return FLOATS.sub("<dur>", PORTS.sub("<host>", IDS.sub("<id>", TIMES.sub("<time>", text))))
+
+
+class ScoreIn(BaseModel):
+    applicant_id: str
+    amount: float
+
+
+class ScoreOut(BaseModel):
+    applicant_id: str
+    score: int
+    ratio: float
+    tags: list[str]
+    note: str | None = None
+
+
+@skill
+def score(req: ScoreIn) -> ScoreOut:
+    """Score."""
+    if req.applicant_id == "boom":
+        raise ValueError("the bureau is down")
+    return ScoreOut(applicant_id=req.applicant_id, score=int(req.amount) % 1000, ratio=req.amount / 3,
+                    tags=["a", "\u00e9\U0001f642"], note=None if req.amount > 5 else "small")
+
+
+@skill
+async def files(req: ScoreIn, ctx: SkillContext) -> ScoreOut:
+    """With attachments."""
+    ctx.attach(File(b"\x89PNG" * 3, media_type="image/png", name="c.png"))
+    ctx.attach({"rate": 1.5, "k": [1, None]}, "the rate", name="rate")
+    return ScoreOut(applicant_id=req.applicant_id, score=1, ratio=0.5, tags=[])
+
+
+@skill(reply="message")
+def direct(req: ScoreIn) -> ScoreOut:
+    """A direct answer."""
+    return ScoreOut(applicant_id=req.applicant_id, score=2, ratio=-0.0, tags=["x"])
+
+
+agent = Agent(name="s34-bureau", description="Scores.", skills=[score, files, direct])
+
+
+def rst(writer):
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+def ok(body, ctype=b"application/json", extra=b""):
+    return b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n%s" % (ctype, len(body), extra, body)
+
+
+def task_answer(rid):
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "result": {"task": {
+        "id": "t-1", "contextId": "c-1", "status": {"state": "TASK_STATE_COMPLETED"},
+        "artifacts": [{"artifactId": "a", "parts": [{"data": {"applicant_id": "x", "score": 1, "ratio": 1.0, "tags": []}}]}]}}}).encode()
+
+
+HOSTILE = {
+    "garbage": lambda rid: [ok(b"<html>nope</html>", b"text/html")],
+    "not_rpc": lambda rid: [ok(b'{"hello": 1}')],
+    "rpc_error": lambda rid: [ok(json.dumps({"jsonrpc": "2.0", "id": rid, "error": {"code": -32603, "message": "inner"}}).encode())],
+    "invalid_params": lambda rid: [ok(json.dumps({"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": "bad field x"}}).encode())],
+    "no_result": lambda rid: [ok(json.dumps({"jsonrpc": "2.0", "id": rid, "result": {}}).encode())],
+    "good": lambda rid: [ok(task_answer(rid))],
+    "wrong_type": lambda rid: [ok(task_answer(rid), b"text/plain")],
+    "chunked": lambda rid: [b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(task_answer(rid)), task_answer(rid))],
+    "cut_mid_body": lambda rid: [b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n" + task_answer(rid)[:40], "close"],
+    "rst_mid_body": lambda rid: [b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n" + task_answer(rid)[:40], "rst"],
+    "rst_at_once": lambda rid: ["rst"],
+    "close_at_once": lambda rid: ["close"],
+    "s500": lambda rid: [b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 5\r\n\r\noops!"],
+    "s503": lambda rid: [b"HTTP/1.1 503 Unavailable\r\nContent-Length: 4\r\n\r\nbusy"],
+    "s403": lambda rid: [b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n" + b'{"error": {"message": "not you, sorry"}}'],
+    "s404": lambda rid: [b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"],
+    "huge": lambda rid: [b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40000000\r\n\r\n", "close"],
+    "slow": lambda rid: ["sleep"],
+    "gzip": lambda rid: [ok(task_answer(rid), extra=b"Content-Encoding: gzip\r\n")],
+    "rst_mid_request": None,
+    "huge_head": lambda rid: [b"HTTP/1.1 200 OK\r\nX-Pad: " + b"p" * 70000 + b"\r\n" + ok(task_answer(rid)).split(b"\r\n", 1)[1]],
+}
+
+
+async def fake_peer(box, mode, counts):
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                if mode == "rst_mid_request" and head.startswith(b"POST"):
+                    counts["posts"] = counts.get("posts", 0) + 1
+                    await reader.readexactly(1 << 20)
+                    rst(writer)
+                    return
+                body = await reader.readexactly(length)
+                if head.startswith(b"GET"):
+                    writer.write(ok(box["card"]))
+                    await writer.drain()
+                    continue
+                counts["posts"] = counts.get("posts", 0) + 1
+                rid = json.loads(body).get("id")
+                for piece in HOSTILE[mode](rid):
+                    if piece == "rst":
+                        rst(writer)
+                        return
+                    if piece == "close":
+                        writer.close()
+                        return
+                    if piece == "sleep":
+                        await asyncio.sleep(3)
+                        return
+                    writer.write(piece)
+                    await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+class Logs(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        if record.name.startswith("mesh"):
+            self.lines.append([record.levelname, record.name, canon(record.getMessage())])
+
+
+LOGS = None
+
+
+async def call_tool(url, skill_id, args, deadline_s=2.0):
+    LOGS.lines = []
+    anywhere = NetworkPolicy.parse("any")
+    http = create_http_client(anywhere, timeout=httpx.Timeout(35.0, connect=2.0))
+    registry = CollectorRegistry()
+    toolset = remote("s34-bureau", skill=skill_id, url=url, deadline_s=deadline_s)
+    toolset.bind(http=http, metrics=NodeMetrics(registry, "s34-coordinator"), caller="s34-coordinator",
+                 trust=PeerTrust(networks=anywhere))
+    out = []
+    try:
+        for i, a in enumerate(args):
+            ctx = ToolContext(agent_name="s34-coordinator", user_id="a2a", session_id=f"s-{i}", invocation_id=f"i-{i}",
+                              metadata={"deadline": time.time() + 30, "traceparent": "00-" + "12" * 16 + "-" + "34" * 8 + "-01",
+                                        "usage_sink": [], "durable_children": True, "task_id": f"t-{i}"})
+            try:
+                (tool,) = await toolset.tools(ctx)
+                got = await tool.call(a, ctx)
+                out.append(["ok", canon(json.dumps(got, sort_keys=True, default=repr))])
+            except Exception as exc:
+                out.append(["error", type(exc).__name__, canon(str(exc)),
+                            canon(json.dumps({k: getattr(exc, k, None) for k in ("reason", "peer", "skill", "detail")}, default=repr))])
+    finally:
+        await toolset.aclose()
+        await http.aclose()
+    metrics = []
+    for line in generate_latest(registry).decode().splitlines():
+        if line.startswith(("#", "process_", "python_")) or "_bucket" in line or "_sum" in line or "_created" in line:
+            continue
+        metrics.append(canon(line))
+    return out, sorted(metrics), sorted(LOGS.lines)
+
+
+async def main():
+    global LOGS
+    logs = LOGS = Logs()
+    logging.getLogger().addHandler(logs)
+    logging.getLogger().setLevel(logging.DEBUG)
+    tmp = Path(tempfile.mkdtemp())
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=tmp, registry=None))
+    url = f"http://127.0.0.1:{port}"
+    result = {"mesh": mesh.__file__}
+    async with uvicorn_serving(node.app, port, log_level="warning"):
+        async with httpx.AsyncClient(trust_env=False) as http:
+            card = (await http.get(url + "/.well-known/agent-card.json")).text
+        good = [{"applicant_id": "a-1", "amount": 25000}, {"applicant_id": "a-2", "amount": 1.5},
+                {"applicant_id": "boom", "amount": 1}, {"applicant_id": "a-3"}, {"applicant_id": 5, "amount": "x"},
+                {"applicant_id": "\u00e9" * 10, "amount": 2**60}, {"applicant_id": "a-4", "amount": -0.0}]
+        for skill_id in ("score", "files", "direct"):
+            result[skill_id] = await call_tool(url, skill_id, good if skill_id == "score" else good[:2])
+    for mode in (sys.argv[1:] or HOSTILE):
+        result["hostile-" + mode] = await hostile(card, url, mode)
+    print(json.dumps(result))
+
+
+async def hostile(card, url, mode):
+    counts = {}
+    box = {}
+    server = await fake_peer(box, mode, counts)
+    port = server.sockets[0].getsockname()[1]
+    box["card"] = card.replace(url, f"http://127.0.0.1:{port}").encode()
+    try:
+        big = "x" * (32 << 20) if mode == "rst_mid_request" else ""
+        out = await call_tool(f"http://127.0.0.1:{port}", "score",
+                              [{"applicant_id": "a-1" + big, "amount": 1}, {"applicant_id": "a-2", "amount": 2}],
+                              deadline_s=1.0 if not big else 10.0)
+    finally:
+        server.close()
+    return [out, counts]
+
+
+asyncio.run(main())
+'''
+
+_REMOTE_HELD = [
+    "garbage",
+    "not_rpc",
+    "rpc_error",
+    "invalid_params",
+    "no_result",
+    "good",
+    "wrong_type",
+    "chunked",
+    "cut_mid_body",
+    "rst_mid_body",
+    "rst_at_once",
+    "close_at_once",
+    "s500",
+    "s503",
+    "s403",
+    "s404",
+    "huge",
+    "slow",
+    "gzip",
+]
+
+
+@pytest.mark.integration
+def test_remote_calls_answers_errors_metrics_and_logs_are_the_trees_before(trees: Trees) -> None:
+    """Holds (506702b, 6646e05, 79c10a4): every answer, error, retry count, breaker state and
+    log line as 19420e3's."""
+    now, before = _both(trees, _REMOTE_DRIVER, *_REMOTE_HELD)
+    assert now["score"][0][0][0] == "ok"
+    assert now == before
+
+
+@pytest.mark.integration
+@pytest.mark.xfail(
+    strict=True,
+    reason="506702b: a peer answering SendMessage with a 70 KB head (one piece) is read: the "
+    "call answers ok, breaker closed; 19420e3 refused the answer (RemoteError unavailable "
+    "after 3 attempts, log 'the connection to ... failed: Receive buffer too long', "
+    "mesh_delegation_retries_total 6, the breaker open)",
+)
+def test_remote_a_peers_oversized_head_is_refused(trees: Trees) -> None:
+    now, before = _both(trees, _REMOTE_DRIVER, "huge_head")
+    assert before["hostile-huge_head"][0][0][0] == "error"
+    assert now == before
+
+
+@pytest.mark.integration
+@pytest.mark.xfail(
+    strict=True,
+    reason="506702b: a peer that resets the connection while a 32 MiB SendMessage waits for "
+    "room: the retry log line says 'the connection to ... failed: Connection lost'; 19420e3's "
+    "said '[Errno 104] Connection reset by peer' (the same outcome, retries and metrics)",
+)
+def test_remote_a_reset_under_a_big_request_is_logged_as_before(trees: Trees) -> None:
+    now, before = _both(trees, _REMOTE_DRIVER, "rst_mid_request")
+    assert "Connection reset by peer" in json.dumps(before["hostile-rst_mid_request"])
     assert now == before
