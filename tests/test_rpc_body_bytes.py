@@ -8,6 +8,7 @@ import enum
 import itertools
 import json
 import os
+import sys
 from collections import OrderedDict
 from typing import Any
 
@@ -202,6 +203,44 @@ def test_a_circular_payload_is_refused_the_same() -> None:
     loop: dict[str, Any] = {}
     loop["self"] = loop
     _refused_alike(loop, ValueError, "Circular")
+
+
+def test_circular_metadata_is_refused_the_same_and_the_next_request_is_written() -> None:
+    # The metadata's C encoder is made once, without the circular check's shared state: a
+    # metadata that contains itself is the encoder's refusal, and leaves nothing behind.
+    loop: dict[str, Any] = {**DELEGATION}
+    loop["self"] = {"again": loop}
+    _refused_alike({"ok": 1}, ValueError, "Circular", metadata=loop)
+    assert jsonrpc.send_message_body(
+        {"ok": 1}, skill="s", message_id="m", context_id=None, metadata=DELEGATION, wait=True
+    ) == _reference(
+        {"ok": 1},
+        skill="s",
+        message_id="m",
+        context_id=None,
+        metadata=DELEGATION,
+        wait=True,
+        request_id=json.loads(
+            jsonrpc.send_message_body(
+                {"ok": 1}, skill="s", message_id="m", context_id=None, metadata=None, wait=True
+            )
+        )["id"]
+        - 1,
+    )
+
+
+def test_metadata_nested_past_the_recursion_limit_fails_as_the_encoder_does() -> None:
+    deep: dict[str, Any] = {}
+    inner = deep
+    for _ in range(sys.getrecursionlimit() + 10):
+        inner["d"] = {}
+        inner = inner["d"]
+    with pytest.raises(RecursionError):
+        jsonrpc._encode(deep)
+    with pytest.raises(RecursionError):
+        jsonrpc.send_message_body(
+            {"ok": 1}, skill="s", message_id="m", context_id=None, metadata=deep, wait=True
+        )
 
 
 def test_only_the_payload_goes_through_the_encoder(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,7 +30,28 @@ _ERRORS = {code: error for error, code in JSON_RPC_ERROR_CODE_MAP.items()}
 _ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
 _ids = itertools.count(1)
 # ``json.dumps`` with arguments builds an encoder per call; one, made once, writes the same.
-_encode = json.JSONEncoder(separators=(",", ":")).encode
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_encode = _ENCODER.encode
+# The C encoder that encoder's ``encode`` makes per call (its ``iterencode``), made once, without
+# the circular-reference check (a dict of ids shared by every call would be state across calls
+# and threads): a value that nests too deeply, or contains itself, goes to ``_encode``, which
+# refuses it with its own error. Everything else it writes and refuses as ``_encode`` does.
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)  # not in the type stubs
+_encode_once = (
+    _c_make_encoder(
+        None,
+        _ENCODER.default,
+        encode_basestring_ascii,
+        None,
+        _ENCODER.key_separator,
+        _ENCODER.item_separator,
+        _ENCODER.sort_keys,
+        _ENCODER.skipkeys,
+        _ENCODER.allow_nan,
+    )
+    if _c_make_encoder is not None
+    else None
+)
 # What the encoder writes for a str (keys and values): ensure_ascii's escaping.
 _text = encode_basestring_ascii
 _JSON_MODE = _text(JSON_MODE)
@@ -82,11 +103,22 @@ def send_message_body(
         if task_id:
             message += (',"taskId":', _value(task_id))
         if meta:
-            message += (',"metadata":', _plain(meta) or _encode(meta))
+            message += (',"metadata":', _metadata(meta))
     except (TypeError, ValueError) as exc:
         raise InvalidParamsError(f"the payload is not JSON: {exc}") from exc
     message += (_WAITING if wait else _NOT_WAITING, str(request_id), ',"jsonrpc":"2.0"}')
     return "".join(message).encode()
+
+
+def _metadata(meta: dict[str, Any]) -> str:
+    """``meta`` as the encoder writes it, by its C encoder made once (a delegation's five
+    values: ~24 k instructions against ``_plain``'s ~29 k, the deadline's float written alike)."""
+    if _encode_once is None:
+        return _plain(meta) or _encode(meta)
+    try:
+        return "".join(_encode_once(meta, 0))
+    except RecursionError:
+        return _encode(meta)  # contains itself or nests too deeply: the encoder's own error
 
 
 def _value(value: Any) -> str:
