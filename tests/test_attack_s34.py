@@ -50,8 +50,10 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> Trees:
 
 
 def _env(trees: Trees, side: str) -> dict[str, str]:
-    """A driver's environment on ``side``'s tree (PYTHONSAFEPATH: see the module docstring)."""
-    return clean_env(PYTHONPATH=trees.path(side), PYTHONSAFEPATH="1")
+    """A driver's environment on ``side``'s tree (PYTHONSAFEPATH: see the module docstring),
+    with one hash seed: jsonschema orders some errors by a set of the instance's keys (the
+    order of a message's problems is the seed's, in either tree)."""
+    return clean_env(PYTHONPATH=trees.path(side), PYTHONSAFEPATH="1", PYTHONHASHSEED="34")
 
 
 def _start(trees: Trees, side: str, source: str, *args: str) -> subprocess.Popen[bytes]:
@@ -1000,4 +1002,110 @@ def test_remote_a_peers_oversized_head_is_refused(trees: Trees) -> None:
 def test_remote_a_reset_under_a_big_request_is_logged_as_before(trees: Trees) -> None:
     now, before = _both(trees, _REMOTE_DRIVER, "rst_mid_request")
     assert "Connection reset by peer" in json.dumps(before["hostile-rst_mid_request"])
+    assert now == before
+
+
+# --- 55bacd8: the fast schema check's object step refusing a non-object itself ----------------
+#
+# 4000 seeded random (schema, value) pairs: object schemas (typed or not, properties, required,
+# additionalProperties false / true / a schema, through $ref), nested arrays, enums, consts,
+# anyOf, multiple types, numbers' bounds; values of every kind, integral floats among them.
+# ``check``'s coerced copy (ints vs floats kept apart) or its violation (message and errors).
+
+_SCHEMA_DRIVER = r"""
+import json, random, sys
+import mesh
+from mesh._schema_check import check
+from mesh._errors import SchemaViolation
+
+rng = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 34)
+
+
+def scalar_schema(depth):
+    kind = rng.choice(["string", "integer", "number", "boolean", "null", "any", "enum", "const", "anyOf", "multi", "array", "object"])
+    if depth > 2 and kind in ("array", "object", "anyOf"):
+        kind = "string"
+    if kind == "string":
+        s = {"type": "string"}
+        if rng.random() < 0.3: s["minLength"] = rng.randint(0, 3)
+        if rng.random() < 0.2: s["maxLength"] = rng.randint(1, 5)
+        if rng.random() < 0.2: s["pattern"] = rng.choice(["^a", "\\d+", "^[A-Z]-\\d$"])
+        return s
+    if kind in ("integer", "number"):
+        s = {"type": kind}
+        if rng.random() < 0.3: s["minimum"] = rng.choice([0, 1000, -5, 0.5])
+        if rng.random() < 0.2: s["exclusiveMaximum"] = rng.choice([10, 1e6])
+        if rng.random() < 0.1: s["multipleOf"] = rng.choice([0.1, 5, 2])
+        return s
+    if kind in ("boolean", "null"):
+        return {"type": kind}
+    if kind == "any":
+        return rng.choice([{}, True])
+    if kind == "enum":
+        return {"enum": rng.sample(["a", 1, 1.0, None, True, "b", [1], {"k": 1}], 3)}
+    if kind == "const":
+        return {"const": rng.choice(["a", 1, 2.0, None, False, {"x": [1]}])}
+    if kind == "multi":
+        return {"type": rng.sample(["string", "integer", "null", "object", "array", "number"], 2)}
+    if kind == "anyOf":
+        return {"anyOf": [scalar_schema(depth + 1), {"type": "null"}]}
+    if kind == "array":
+        s = {"type": "array", "items": scalar_schema(depth + 1)}
+        if rng.random() < 0.3: s["maxItems"] = rng.randint(0, 3)
+        if rng.random() < 0.2: s["minItems"] = 1
+        return s
+    return object_schema(depth + 1)
+
+
+def object_schema(depth=0):
+    s = {}
+    if rng.random() < 0.9:
+        s["type"] = "object"
+    names = rng.sample(["a", "b", "c", "amount", "id", "é", ""], rng.randint(0, 4))
+    if names or rng.random() < 0.5:
+        s["properties"] = {n: scalar_schema(depth + 1) for n in names}
+    if names and rng.random() < 0.7:
+        s["required"] = rng.sample(names, rng.randint(0, len(names)))
+    if rng.random() < 0.4:
+        s["additionalProperties"] = rng.choice([False, True, {"type": "integer"}])
+    if rng.random() < 0.1:
+        s["title"] = "T"
+    return s
+
+
+def value(depth=0):
+    kind = rng.choice(["str", "int", "float", "intfloat", "bool", "none", "list", "dict", "dict", "dict"])
+    if depth > 3 and kind in ("list", "dict"):
+        kind = "int"
+    if kind == "str": return rng.choice(["a", "", "A-1", "123", "é" * 6, "abc"])
+    if kind == "int": return rng.choice([0, 1, -7, 1000, 5000, 2**60, 10])
+    if kind == "float": return rng.choice([0.5, -0.0, 1e6, 3.3, 0.30000000000000004])
+    if kind == "intfloat": return rng.choice([1.0, 1000.0, 2.0, 10.0])
+    if kind == "bool": return rng.choice([True, False])
+    if kind == "none": return None
+    if kind == "list": return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+    return {rng.choice(["a", "b", "c", "amount", "id", "é", "", "zz"]): value(depth + 1) for _ in range(rng.randint(0, 4))}
+
+
+out = []
+for i in range(4000):
+    schema = object_schema() if rng.random() < 0.8 else scalar_schema(0)
+    if rng.random() < 0.1:
+        schema = {"$defs": {"D": schema}, "$ref": "#/$defs/D", **({"type": "object"} if rng.random() < 0.5 else {})}
+    v = value() if rng.random() < 0.5 else {k: value(1) for k in ((schema.get("properties") if isinstance(schema, dict) else None) or {"a": 0})}
+    try:
+        got = ["ok", json.dumps(check(v, schema), sort_keys=True)]
+    except SchemaViolation as exc:
+        got = ["violation", str(exc), json.dumps(getattr(exc, "errors", None), sort_keys=True, default=repr)]
+    except Exception as exc:
+        got = ["raised", type(exc).__name__, str(exc)[:300]]
+    out.append(got)
+print(json.dumps({"mesh": mesh.__file__, "out": out}))
+"""
+
+
+def test_schema_checks_of_random_pairs_are_the_trees_before(trees: Trees) -> None:
+    """Holds (55bacd8): all 4000 results equal 19420e3's (same hash seed: see ``_env``)."""
+    now, before = _both(trees, _SCHEMA_DRIVER)
+    assert {kind for kind, *_ in now["out"]} == {"ok", "violation", "raised"}
     assert now == before
