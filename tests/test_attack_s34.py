@@ -1109,3 +1109,106 @@ def test_schema_checks_of_random_pairs_are_the_trees_before(trees: Trees) -> Non
     now, before = _both(trees, _SCHEMA_DRIVER)
     assert {kind for kind, *_ in now["out"]} == {"ok", "violation", "raised"}
     assert now == before
+
+
+# --- c24f883: a delegation's metadata written by a C encoder made once ------------------------
+#
+# 3000 seeded ``send_message_body`` calls: metadata of every kind of value (NaN, infinities,
+# -0.0, big ints, an IntEnum, a float subclass with its own repr, a str subclass, bytes, a
+# tuple, a set, a lone surrogate, nested lists and objects, non-str keys), one that contains
+# itself and one 3000 deep: the bytes, or the error.
+
+_BODY_DRIVER = r"""
+import enum, json, math, random, sys
+from collections import OrderedDict
+import mesh
+from mesh._a2a.jsonrpc import send_message_body
+
+rng = random.Random(34)
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+class F(float):
+    def __repr__(self):
+        return "F!"
+
+
+class S(str):
+    pass
+
+
+def val(d=0):
+    k = rng.randrange(22)
+    if d > 3 and k > 15:
+        k = 0
+    return [
+        lambda: "t\u00e9\u2028\x00\"\\",
+        lambda: rng.choice([0, -1, 2**64, 10**30]),
+        lambda: rng.choice([0.1, -0.0, 1e308, 5e-324, 1e16, 123456789.123456789, 1.0]),
+        lambda: rng.choice([True, False, None]),
+        lambda: float("nan"),
+        lambda: rng.choice([float("inf"), float("-inf")]),
+        lambda: Level.HIGH,
+        lambda: F(1.5),
+        lambda: S("sub"),
+        lambda: "",
+        lambda: "\ud800",
+        lambda: 4102444800.123456,
+        lambda: "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01",
+        lambda: b"bytes",
+        lambda: (1, 2),
+        lambda: {1, 2} if rng.random() < 0.2 else "x",
+        lambda: [val(d + 1) for _ in range(rng.randrange(3))],
+        lambda: {rng.choice(["a", "b", 1, 2.5, True, None, "\u00e9"]): val(d + 1) for _ in range(rng.randrange(3))},
+        lambda: OrderedDict([("z", 1), ("a", 2)]),
+        lambda: [[[]]],
+        lambda: {},
+        lambda: {"deep": [val(d + 1)]},
+    ][k]()
+
+
+def meta():
+    m = {}
+    for _ in range(rng.randrange(6)):
+        m[rng.choice(["traceparent", "deadline", "caller", "x", "y", "skill", "\u00e9", "usage"])] = val()
+    if rng.random() < 0.05:
+        m[rng.choice([1, None, 2.5, True, ("t",)])] = 1
+    return m
+
+
+out = []
+for i in range(3000):
+    m = meta() if rng.random() < 0.95 else None
+    if i % 500 == 7:
+        m = {"self": None}
+        m["self"] = m
+    if i % 500 == 9:
+        deep = x = {}
+        for _ in range(3000):
+            x["d"] = {}
+            x = x["d"]
+        m = deep
+    payload = rng.choice([{"applicant_id": "a", "amount": 1.0}, "text \u00e9", {"n": [val()]}])
+    try:
+        body = send_message_body(payload, skill=rng.choice([None, "score", ""]), message_id=f"m{i}",
+                                 context_id=rng.choice([None, "ctx"]), metadata=m, wait=rng.random() < 0.5,
+                                 task_id=rng.choice([None, "t"]))
+        got = ["ok", body.decode("utf-8", "backslashreplace")]
+    except RecursionError:
+        got = ["recursion"]
+    except Exception as exc:
+        got = ["raised", type(exc).__name__, str(exc)[:300]]
+    out.append(got)
+print(json.dumps({"mesh": mesh.__file__, "out": out}))
+"""
+
+
+def test_send_message_bodies_are_the_trees_before(trees: Trees) -> None:
+    """Holds (c24f883): every body to the byte, every refusal (426 InvalidParamsError, 6
+    RecursionError) as 19420e3's."""
+    now, before = _both(trees, _BODY_DRIVER)
+    assert len({kind for kind, *_ in now["out"]}) == 3
+    assert now == before
