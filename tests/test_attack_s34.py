@@ -734,9 +734,12 @@ IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|
 TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 PORTS = re.compile(r"127\.0\.0\.1:\d+")
 FLOATS = re.compile(r"\d+\.\d+ ?(ms|s)\b|duration_ms=[\d.]+|/tmp/[\w/.-]+")
+# A request's own deadline (now + 30 s), its length (the deadline's digits) and JSON-RPC id.
+REQUEST_VARIES = re.compile(r'"deadline":[\d.e+-]+|Content-Length: \d+|"id":\d+')
 
 
 def canon(text):
+    text = REQUEST_VARIES.sub("<varies>", text)
     return FLOATS.sub("<dur>", PORTS.sub("<host>", IDS.sub("<id>", TIMES.sub("<time>", text))))
 
 
@@ -840,6 +843,9 @@ async def fake_peer(box, mode, counts):
                     await writer.drain()
                     continue
                 counts["posts"] = counts.get("posts", 0) + 1
+                # What the caller sent: its headers (by name, sorted) and body, ids replaced.
+                lines = sorted(canon(line.decode("latin-1")) for line in head.split(b"\r\n")[1:] if line)
+                counts.setdefault("requests", []).append([lines, canon(body.decode())])
                 rid = json.loads(body).get("id")
                 for piece in HOSTILE[mode](rid):
                     if piece == "rst":
@@ -883,6 +889,11 @@ async def call_tool(url, skill_id, args, deadline_s=2.0):
     out = []
     try:
         for i, a in enumerate(args):
+            # The client's own headers changed between calls: each call sends the current ones.
+            if i % 2:
+                http.headers.pop("x-s34", None)
+            else:
+                http.headers["X-S34"] = f"v{i}"
             ctx = ToolContext(agent_name="s34-coordinator", user_id="a2a", session_id=f"s-{i}", invocation_id=f"i-{i}",
                               metadata={"deadline": time.time() + 30, "traceparent": "00-" + "12" * 16 + "-" + "34" * 8 + "-01",
                                         "usage_sink": [], "durable_children": True, "task_id": f"t-{i}"})
