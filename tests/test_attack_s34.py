@@ -878,7 +878,7 @@ class Logs(logging.Handler):
 LOGS = None
 
 
-async def call_tool(url, skill_id, args, deadline_s=2.0):
+async def call_tool(url, skill_id, args, deadline_s=2.0, gather=False):
     LOGS.lines = []
     anywhere = NetworkPolicy.parse("any")
     http = create_http_client(anywhere, timeout=httpx.Timeout(35.0, connect=2.0))
@@ -887,6 +887,18 @@ async def call_tool(url, skill_id, args, deadline_s=2.0):
     toolset.bind(http=http, metrics=NodeMetrics(registry, "s34-coordinator"), caller="s34-coordinator",
                  trust=PeerTrust(networks=anywhere))
     out = []
+    if gather:
+        try:
+            ctxs = [ToolContext(agent_name="s34-coordinator", user_id="a2a", session_id=f"s-{i}", invocation_id=f"i-{i}",
+                                metadata={"deadline": time.time() + 30, "usage_sink": [], "task_id": f"t-{i}"})
+                    for i in range(len(args))]
+            (tool,) = await toolset.tools(ctxs[0])
+            got = await asyncio.gather(*(tool.call(a, c) for a, c in zip(args, ctxs)), return_exceptions=True)
+            out = sorted(canon(json.dumps(g, sort_keys=True, default=repr)) for g in got)
+        finally:
+            await toolset.aclose()
+            await http.aclose()
+        return out, len(LOGS.lines)
     try:
         for i, a in enumerate(args):
             # The client's own headers changed between calls: each call sends the current ones.
@@ -933,6 +945,10 @@ async def main():
                 {"applicant_id": "\u00e9" * 10, "amount": 2**60}, {"applicant_id": "a-4", "amount": -0.0}]
         for skill_id in ("score", "files", "direct"):
             result[skill_id] = await call_tool(url, skill_id, good if skill_id == "score" else good[:2])
+        if len(sys.argv) != 2:  # not for a single hostile mode
+            # 40 calls in flight over one toolset's pool; a 3 MB answer.
+            result["concurrent"] = await call_tool(url, "score", [{"applicant_id": f"c-{i}", "amount": i} for i in range(40)], gather=True)
+            result["big"] = await call_tool(url, "score", [{"applicant_id": "q" * (3 << 20), "amount": 7}], deadline_s=20.0)
     for mode in (sys.argv[1:] or HOSTILE):
         result["hostile-" + mode] = await hostile(card, url, mode)
     print(json.dumps(result))
