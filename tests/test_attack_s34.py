@@ -49,19 +49,21 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> Trees:
     return Trees(tmp, archived_tree(BEFORE, tmp / "before"))
 
 
-def _env(trees: Trees, side: str) -> dict[str, str]:
+def _env(trees: Trees, side: str, **extra: str) -> dict[str, str]:
     """A driver's environment on ``side``'s tree (PYTHONSAFEPATH: see the module docstring),
     with one hash seed: jsonschema orders some errors by a set of the instance's keys (the
     order of a message's problems is the seed's, in either tree)."""
-    return clean_env(PYTHONPATH=trees.path(side), PYTHONSAFEPATH="1", PYTHONHASHSEED="34")
+    return clean_env(PYTHONPATH=trees.path(side), PYTHONSAFEPATH="1", PYTHONHASHSEED="34", **extra)
 
 
-def _start(trees: Trees, side: str, source: str, *args: str) -> subprocess.Popen[bytes]:
+def _start(
+    trees: Trees, side: str, source: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-c", source, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=_env(trees, side),
+        env=_env(trees, side, **(env or {})),
         cwd=trees.work,
     )
 
@@ -79,11 +81,13 @@ def _read(trees: Trees, side: str, run: subprocess.Popen[bytes]) -> dict[str, An
     return out
 
 
-def _both(trees: Trees, source: str, *args: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _both(
+    trees: Trees, source: str, *args: str, env: dict[str, str] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The driver's output in each tree, both run at once (their own servers and ports)."""
-    now = _start(trees, "now", source, *args)
+    now = _start(trees, "now", source, *args, env=env)
     try:
-        before = _start(trees, "before", source, *args)
+        before = _start(trees, "before", source, *args, env=env)
     except BaseException:
         now.kill()
         now.wait()
@@ -103,10 +107,24 @@ def _both(trees: Trees, source: str, *args: str) -> tuple[dict[str, Any], dict[s
 # how many connections stay idle, how many the server saw.
 
 _POOL_DRIVER = r"""
-import asyncio, json, socket, struct, sys
+import asyncio, json, os, socket, ssl, struct, sys, tempfile
+from pathlib import Path
 import httpx
 import mesh
 from mesh._pool import DirectPool
+
+# With S34_TLS: the server speaks TLS (a trustme CA this process trusts, mesh._tls.trust).
+TLS = None
+if os.environ.get("S34_TLS"):
+    import trustme
+    from mesh._tls import trust
+
+    _ca = trustme.CA()
+    _bundle = Path(tempfile.mkdtemp()) / "ca.pem"
+    _ca.cert_pem.write_to_path(str(_bundle))
+    trust(_bundle)
+    TLS = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    _ca.issue_cert("127.0.0.1").configure_cert(TLS)
 
 URL = None
 HEAD = [("Content-Type", "application/json"), ("A2A-Version", "1.0")]
@@ -142,9 +160,9 @@ async def one(scenario):
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=TLS)
     port = server.sockets[0].getsockname()[1]
-    url = httpx.URL(f"http://127.0.0.1:{port}/")
+    url = httpx.URL(f"{'https' if TLS else 'http'}://127.0.0.1:{port}/")
     pool = DirectPool(None, max_connections=4, keepalive_expiry=30.0)
 
     class TooLarge(Exception):
@@ -331,6 +349,19 @@ def test_pool_answers_and_failures_are_the_trees_before(trees: Trees) -> None:
 
 
 @pytest.mark.integration
+def test_pool_answers_and_failures_over_tls_are_the_trees_before(trees: Trees) -> None:
+    """Holds (506702b): ``HELD`` over TLS (a trustme CA the driver trusts), and there the
+    reset under a waiting write (a ReadError in both trees: the TLS transport reads the
+    reset first) and the early answer then a half-close."""
+    tls = {"S34_TLS": "1"}
+    now, before = _both(
+        trees, _POOL_DRIVER, *HELD, "reset_mid_body", "halfclose_early_answer", env=tls
+    )
+    assert now["got"]["textbook"][2] == ["idle", 1]
+    assert now == before
+
+
+@pytest.mark.integration
 @pytest.mark.xfail(
     strict=True,
     reason="506702b: a connection reset under a write waiting for room (a 32 MiB body, the "
@@ -369,13 +400,14 @@ def test_an_early_answer_then_a_half_close_is_read(trees: Trees) -> None:
 @pytest.mark.xfail(
     strict=True,
     reason="506702b: an answer whose head is 70 KB (past h11's 16 KiB limit), arriving in one "
-    "piece, is read as a textbook answer (200 'hi', the connection kept); 19420e3 read 64 KiB "
+    "piece, is read as a textbook answer (200 'hi'); 19420e3 read 64 KiB "
     "at a time, found no blank line within _MAX_HEAD and handed it to h11, which refused it: "
     "RemoteProtocolError('Receive buffer too long'). _Connection.read returns all that is "
-    "buffered, so the head limit now depends on how the bytes arrive",
+    "buffered, so the head limit now depends on how the bytes arrive. Over TLS too",
 )
-def test_a_head_past_h11s_limit_is_refused(trees: Trees) -> None:
-    now, before = _both(trees, _POOL_DRIVER, "huge_head")
+@pytest.mark.parametrize("tls", ["", "1"])
+def test_a_head_past_h11s_limit_is_refused(trees: Trees, tls: str) -> None:
+    now, before = _both(trees, _POOL_DRIVER, "huge_head", env={"S34_TLS": tls})
     assert before["got"]["huge_head"][0] == [
         "error",
         "RemoteProtocolError",
