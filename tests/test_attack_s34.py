@@ -192,6 +192,26 @@ async def one(scenario):
         await gate.wait()
         await asyncio.sleep(0.05)
         out.append(await post())
+    elif scenario == "stall_write":  # the peer never reads the body: the deadline
+        out.append(await post(body=b"x" * (32 << 20), timeout=0.5))
+    elif scenario == "stall_answer":  # it reads it all and never answers
+        out.append(await post(timeout=0.5))
+    elif scenario == "pool_timeout":  # one connection, held by a stalled post
+        small = DirectPool(None, max_connections=1, keepalive_expiry=30.0)
+        pool = small
+
+        async def one(i):
+            try:
+                await small.post(url, HEAD, b"{}", timeout=0.3 + 0.3 * i, connect_timeout=2.0,
+                                 max_bytes=1 << 20, too_large=lambda: TooLarge("too large"))
+                return ["ok"]
+            except Exception as exc:
+                return ["error", type(exc).__name__, str(exc)]
+
+        first = asyncio.ensure_future(one(1))
+        await asyncio.sleep(0)
+        out.append(await one(0))
+        out.append(await first)
     elif scenario == "concurrent":
         got = await asyncio.gather(*(post(body=b'{"i":%d}' % i) for i in range(60)))
         out.append(sorted(json.dumps(g) for g in got))
@@ -214,6 +234,12 @@ async def serve(scenario, reader, writer, seen, gate):
         await read_request(reader)
         await reader.readexactly(1 << 20)
         rst(writer)
+        return
+    if scenario in ("stall_write", "stall_answer", "pool_timeout"):
+        head, length = await read_request(reader)
+        if scenario != "stall_write":
+            await reader.readexactly(length)
+        await asyncio.sleep(5)
         return
     if scenario == "halfclose_early_answer":
         head, length = await read_request(reader)
@@ -337,6 +363,9 @@ HELD = [
     "reset_at_once",  # RST before any byte of the answer
     "close_at_once",
     "slow",
+    "stall_write",  # deadlines: a body never read, an answer never sent, no free connection
+    "stall_answer",
+    "pool_timeout",
 ]
 
 
