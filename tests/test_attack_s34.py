@@ -1300,3 +1300,171 @@ def test_send_message_bodies_are_the_trees_before(trees: Trees) -> None:
     now, before = _both(trees, _BODY_DRIVER)
     assert len({kind for kind, *_ in now["out"]}) == 3
     assert now == before
+
+
+# --- 1ef875b: a typed run released (its skill awaits): its held WORKING message published -----
+#
+# A typed skill waiting on a gate (opened by another skill's request, or never: canceled; or
+# sent as a stream): while it runs, ListTasks, GetTask under history lengths, a subscription
+# and a duplicate of its message; then its answer, the subscription's events, the duplicate's
+# answer, GetTask, the message again; a new node on the same database: GetTask and the message
+# again.
+
+_HELD_DRIVER = r'''
+import asyncio, json, re, sqlite3, sys, tempfile
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+H = {"A2A-Version": "1.0"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+GATES = {}
+
+
+def canon(text):
+    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class Gate(BaseModel):
+    name: str
+    n: float = 0
+
+
+class Out(BaseModel):
+    name: str
+    n: float
+    meta: dict = {}
+
+
+def gate(name):
+    return GATES.setdefault(name, asyncio.Event())
+
+
+@skill
+async def hold(req: Gate) -> Out:
+    """Waits for its gate."""
+    await gate(req.name).wait()
+    return Out(name=req.name, n=req.n, meta={"b": 1, "a": [1.5, None]})
+
+
+@skill
+def open_gate(req: Gate) -> Out:
+    """Opens a gate."""
+    gate(req.name).set()
+    return Out(name=req.name, n=-0.0)
+
+
+agent = Agent(name="s34-held", description="Held.", skills=[hold, open_gate])
+
+
+def msg(mid, ctx, skill, data, task=None):
+    m = {"role": "ROLE_USER", "messageId": mid, "contextId": ctx, "parts": [{"data": data}],
+         "metadata": {"skill": skill, "caller": "c"}}
+    if task:
+        m["taskId"] = task
+    return m
+
+
+async def main():
+    tmp = Path(tempfile.mkdtemp())
+    port = free_port()
+    out = {"mesh": mesh.__file__}
+    res = []
+    node = Node(agent, NodeSettings(port=port, data_dir=tmp, registry=None))
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http,
+    ):
+        async def rpc(method, params, stream=False):
+            body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+            if stream:
+                r = await http.post("/", json=body, headers={**H, "Accept": "text/event-stream"})
+                return [canon(l[5:]) for l in r.text.splitlines() if l.startswith("data:")]
+            r = await http.post("/", json=body, headers=H)
+            return canon(r.text)
+
+        async def task_of(ctx):
+            while True:
+                listed = await rpc("ListTasks", {"contextId": ctx})
+                tasks = listed.get("result", {}).get("tasks", [])
+                if tasks:
+                    return tasks
+                await asyncio.sleep(0.01)
+
+        raw_ids = {}
+
+        async def raw_task_of(ctx):
+            while True:
+                body = {"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"contextId": ctx}}
+                r = await http.post("/", json=body, headers=H)
+                tasks = r.json().get("result", {}).get("tasks", [])
+                if tasks:
+                    return tasks[0]["id"]
+                await asyncio.sleep(0.01)
+
+        for name, end in (("g1", "open"), ("g2", "cancel"), ("g3", "stream")):
+            ctx = "ctx-" + name
+            first = msg("m-" + name, ctx, "hold", {"name": name, "n": 2})
+            if end == "stream":
+                blocking = asyncio.ensure_future(rpc("SendStreamingMessage", {"message": first}, stream=True))
+            else:
+                blocking = asyncio.ensure_future(rpc("SendMessage", {"message": first}))
+            tid = await raw_task_of(ctx)
+            res.append(["listed", name, await task_of(ctx)])
+            for hl in (None, 0, 1):
+                res.append(["get", name, hl, await rpc("GetTask", {"id": tid, **({} if hl is None else {"historyLength": hl})})])
+            sub = asyncio.ensure_future(rpc("SubscribeToTask", {"id": tid}, stream=True))
+            dup = asyncio.ensure_future(rpc("SendMessage", {"message": first}))
+            # Nothing outside shows a subscription or a duplicate waiting on the task: a moment
+            # for both to reach it before it ends (a late one would see the task ended).
+            await asyncio.sleep(0.2)
+            res.append(["dup-done-early", name, dup.done()])
+            if end == "cancel":
+                res.append(["cancel", name, await rpc("CancelTask", {"id": tid})])
+            else:
+                res.append(["open", name, await rpc("SendMessage", {"message": msg("o-" + name, "ctx-o", "open_gate", {"name": name})})])
+            res.append(["blocking", name, await blocking])
+            res.append(["sub", name, await sub])
+            res.append(["dup", name, await dup])
+            res.append(["after", name, await rpc("GetTask", {"id": tid})])
+            res.append(["again", name, await rpc("SendMessage", {"message": first})])
+            raw_ids[name] = tid
+    node = Node(agent, NodeSettings(port=port, data_dir=tmp, registry=None))
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http,
+    ):
+        for name, tid in raw_ids.items():
+            body = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": tid}}
+            r = await http.post("/", json=body, headers=H)
+            res.append(["restart-get", name, canon(r.text)])
+            body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": msg("m-" + name, "ctx-" + name, "hold", {"name": name, "n": 2})}}
+            r = await http.post("/", json=body, headers=H)
+            res.append(["restart-again", name, canon(r.text)])
+    out["res"] = res
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_released_typed_runs_are_seen_as_the_tree_before(trees: Trees) -> None:
+    """Holds (1ef875b): every answer, event and read equals 19420e3's."""
+    now, before = _both(trees, _HELD_DRIVER)
+    assert now["res"][1][3]["result"]["status"]["state"] == "TASK_STATE_WORKING"
+    assert now == before
