@@ -1468,3 +1468,111 @@ def test_released_typed_runs_are_seen_as_the_tree_before(trees: Trees) -> None:
     now, before = _both(trees, _HELD_DRIVER)
     assert now["res"][1][3]["result"]["status"]["state"] == "TASK_STATE_WORKING"
     assert now == before
+
+
+# --- bcbfdf2 / b8f2990: request shapes the handed values meet ---------------------------------
+#
+# 26 part lists (data that is not an object, two data parts, data beside text, a text object,
+# two of them, none, an empty part, a file beside data, a data part with both data and text,
+# values the model refuses, nested values, not a list at all) under 12 metadata shapes (not an
+# object, skill not a string, unknown, 300 characters, null, empty, a past deadline), on
+# JSON-RPC and (every third) REST: each answer, never a 500.
+
+_SHAPES_DRIVER = r'''
+import asyncio, json, re, sys, tempfile
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+H = {"A2A-Version": "1.0", "Content-Type": "application/json"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+
+
+def canon(status, text):
+    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
+    try:
+        return [status, json.loads(text)]
+    except ValueError:
+        return [status, text]
+
+
+class In(BaseModel):
+    a: float = 0
+    s: str = ""
+
+
+class Out(BaseModel):
+    seen: str
+
+
+@skill
+def echo(req: In) -> Out:
+    """Echo."""
+    return Out(seen=repr(req))
+
+
+@skill
+def other(req: In) -> Out:
+    """Other."""
+    return Out(seen="other " + repr(req))
+
+
+agent = Agent(name="s34-shapes", description="Shapes.", skills=[echo, other])
+
+PARTS = [
+    '[{"data": 5}]', '[{"data": [1, 2]}]', '[{"data": "s"}]', '[{"data": null}]', '[{"data": true}]',
+    '[{"data": {"a": 1}}, {"data": {"a": 2}}]', '[{"data": {"a": 1}}, {"text": "hi"}]', '[{"text": "{\\"a\\": 3}"}]',
+    '[{"text": "{\\"a\\": 3}"}, {"text": "{\\"a\\": 4}"}]', '[{"text": "not json"}]', '[]', '[{}]',
+    '[{"data": {}}]', '[{"data": {"a": 1}, "mediaType": "text/plain"}]', '[{"data": {"a": 1}, "text": "x"}]',
+    '[{"raw": "AAAA", "mediaType": "application/octet-stream"}, {"data": {"a": 1}}]',
+    '[{"url": "http://x/y", "mediaType": "text/plain"}]', '[{"data": {"a": "1"}}]', '[{"data": {"a": 1, "zz": 2}}]',
+    '[{"data": {"s": 1}}]', '[{"data": {"a": 1e400}}]', '[{"data": {"a": [1]}}]', '[{"data": {"a": {"b": 1}}}]',
+    '{"data": {"a": 1}}', '"x"', 'null',
+]
+METAS = ['{"skill": "echo"}', 'null', '[1]', '"echo"', '{"skill": 5}', '{"skill": ["echo"]}', '{"skill": "nope"}',
+         '{}', '{"skill": "echo", "deadline": -1}', '{"skill": "' + 'e' * 300 + '"}', '{"skill": null}', '{"skill": ""}']
+
+
+async def main():
+    tmp = Path(tempfile.mkdtemp())
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=tmp, registry=None))
+    answers = []
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http,
+    ):
+        n = 0
+        for parts in PARTS:
+            for meta in METAS:
+                n += 1
+                msg = '{"role": "ROLE_USER", "messageId": "m%d", "parts": %s, "metadata": %s}' % (n, parts, meta)
+                body = '{"jsonrpc": "2.0", "id": %d, "method": "SendMessage", "params": {"message": %s}}' % (n, msg)
+                r = await http.post("/", content=body, headers=H)
+                answers.append([parts, meta, canon(r.status_code, r.text)])
+                if n % 3 == 0:
+                    rest = '{"message": %s}' % msg.replace('"m%d"' % n, '"r%d"' % n)
+                    r = await http.post("/a2a/rest/message:send", content=rest, headers=H)
+                    answers.append([parts, meta, "rest", canon(r.status_code, r.text)])
+    print(json.dumps({"mesh": mesh.__file__, "answers": answers}))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_odd_request_shapes_are_answered_as_the_tree_before(trees: Trees) -> None:
+    """Holds (bcbfdf2, b8f2990): 416 answers equal 19420e3's, none a 500."""
+    now, before = _both(trees, _SHAPES_DRIVER)
+    assert {answer[-1][0] for answer in now["answers"]} == {200, 400}
+    assert now == before
