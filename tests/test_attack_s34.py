@@ -212,6 +212,9 @@ async def one(scenario):
         await asyncio.sleep(0)
         out.append(await one(0))
         out.append(await first)
+    elif scenario in ("close_on_accept", "rst_on_accept"):
+        for _ in range(20):
+            out.append(await post())
     elif scenario == "concurrent":
         got = await asyncio.gather(*(post(body=b'{"i":%d}' % i) for i in range(60)))
         out.append(sorted(json.dumps(g) for g in got))
@@ -233,6 +236,12 @@ async def serve(scenario, reader, writer, seen, gate):
     if scenario == "reset_mid_body":
         await read_request(reader)
         await reader.readexactly(1 << 20)
+        rst(writer)
+        return
+    if scenario == "close_on_accept":
+        writer.close()
+        return
+    if scenario == "rst_on_accept":
         rst(writer)
         return
     if scenario in ("stall_write", "stall_answer", "pool_timeout"):
@@ -330,7 +339,11 @@ async def main(scenarios):
     print(json.dumps({"mesh": mesh.__file__, "got": got}))
 
 
-asyncio.run(main(sys.argv[1:]))
+if os.environ.get("S34_UVLOOP"):
+    import uvloop
+    uvloop.run(main(sys.argv[1:]))
+else:
+    asyncio.run(main(sys.argv[1:]))
 """
 
 # Answers that read alike (each scenario two posts on one pool, unless said).
@@ -366,6 +379,8 @@ HELD = [
     "stall_write",  # deadlines: a body never read, an answer never sent, no free connection
     "stall_answer",
     "pool_timeout",
+    "close_on_accept",  # 20 posts each to a peer that closes / resets every connection at once
+    "rst_on_accept",
 ]
 
 
@@ -374,6 +389,16 @@ def test_pool_answers_and_failures_are_the_trees_before(trees: Trees) -> None:
     """Holds (506702b): every scenario of ``HELD`` returns, raises, keeps and reconnects as
     19420e3's pool did."""
     now, before = _both(trees, _POOL_DRIVER, *HELD)
+    assert now == before
+
+
+@pytest.mark.integration
+def test_pool_answers_and_failures_on_uvloop_are_the_trees_before(trees: Trees) -> None:
+    """Holds (506702b): ``HELD`` on uvloop's loop (``mesh serve``'s), and there the early
+    answer then a half-close too (uvloop's transport reads it as before)."""
+    uv = {"S34_UVLOOP": "1"}
+    now, before = _both(trees, _POOL_DRIVER, *HELD, "halfclose_early_answer", env=uv)
+    assert now["got"]["halfclose_early_answer"][0] == ["ok", 413, 5, "large"]
     assert now == before
 
 
@@ -417,7 +442,8 @@ def test_a_reset_under_a_waiting_write_says_what_reset_it(trees: Trees) -> None:
     "transport closes itself once its buffer is sent; the post then fails with WriteError and "
     "its abort() of the already closed transport raises AttributeError ('NoneType' object "
     "has no attribute 'call_soon'): not an httpx error at all. 19420e3 "
-    "(StreamReaderProtocol keeps a half-closed TCP transport open) returned the 413",
+    "(StreamReaderProtocol keeps a half-closed TCP transport open) returned the 413. On "
+    "asyncio's own loop (a script's remote(), uvicorn without uvloop); uvloop and TLS hold",
 )
 def test_an_early_answer_then_a_half_close_is_read(trees: Trees) -> None:
     now, before = _both(trees, _POOL_DRIVER, "halfclose_early_answer")
