@@ -1609,3 +1609,75 @@ def test_odd_request_shapes_are_answered_as_the_tree_before(trees: Trees) -> Non
     now, before = _both(trees, _SHAPES_DRIVER)
     assert {answer[-1][0] for answer in now["answers"]} == {200, 400}
     assert now == before
+
+
+# --- 506702b: get_once (the registry's probes) over the same checked connect -------------------
+#
+# ``mesh._outbound.get_once`` (its streams now built over ``_connect_checked``) and a plain
+# POST of the guarded client, to 127.0.0.1 and to localhost (its first address, ::1, refused:
+# the one protocol object offered to the next address), for eight answers under two caps.
+
+_ONCE_DRIVER = r"""
+import asyncio, json, sys
+import httpx
+import mesh
+from mesh._netguard import create_http_client
+from mesh._netpolicy import NetworkPolicy
+from mesh._outbound import get_once
+
+
+ANSWERS = {
+    "ok": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",
+    "chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
+    "to_close": b"HTTP/1.1 200 OK\r\n\r\nuntil close",
+    "big": b"HTTP/1.1 200 OK\r\nContent-Length: 300000\r\n\r\n" + b"b" * 300000,
+    "garbage": b"NOPE\r\n\r\n",
+    "huge_head": b"HTTP/1.1 200 OK\r\nX-Pad: " + b"p" * 70000 + b"\r\nContent-Length: 2\r\n\r\nhi",
+    "503": b"HTTP/1.1 503 No\r\nContent-Length: 4\r\n\r\nbusy",
+    "nothing": b"",
+}
+
+
+async def main():
+    out = {}
+    for mode, answer in ANSWERS.items():
+        async def handle(reader, writer):
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(answer)
+                await writer.drain()
+                writer.close()
+            except Exception:
+                pass
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        http = create_http_client(NetworkPolicy.parse("any"), timeout=httpx.Timeout(5.0, connect=2.0))
+        got = []
+        for host in ("127.0.0.1", "localhost"):
+            for cap in (100, 1 << 20):
+                try:
+                    r = await get_once(http, f"http://{host}:{port}/health", max_bytes=cap, timeout_s=2.0)
+                    got.append(["ok", r.status_code, len(r.content), r.content[:20].decode()])
+                except Exception as exc:
+                    got.append(["error", type(exc).__name__, str(exc).replace(str(port), "<port>")[:200]])
+            try:
+                r = await http.post(f"http://{host}:{port}/", content=b"{}")
+                got.append(["post", r.status_code, r.content[:20].decode()])
+            except Exception as exc:
+                got.append(["post-error", type(exc).__name__, str(exc).replace(str(port), "<port>")[:200]])
+        await http.aclose()
+        server.close()
+        out[mode] = got
+    print(json.dumps({"mesh": mesh.__file__, "out": out}))
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.integration
+def test_probes_over_the_checked_connect_are_the_trees_before(trees: Trees) -> None:
+    """Holds (506702b)."""
+    now, before = _both(trees, _ONCE_DRIVER)
+    assert now["out"]["ok"][0] == ["ok", 200, 2, "hi"]
+    assert now == before
