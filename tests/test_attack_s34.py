@@ -1614,8 +1614,8 @@ def test_odd_request_shapes_are_answered_as_the_tree_before(trees: Trees) -> Non
 # --- 506702b: get_once (the registry's probes) over the same checked connect -------------------
 #
 # ``mesh._outbound.get_once`` (its streams now built over ``_connect_checked``) and a plain
-# POST of the guarded client, to 127.0.0.1 and to localhost (its first address, ::1, refused:
-# the one protocol object offered to the next address), for eight answers under two caps.
+# POST of the guarded client, to 127.0.0.1 and to localhost (resolved by the guard), for eight
+# answers under two caps.
 
 _ONCE_DRIVER = r"""
 import asyncio, json, sys
