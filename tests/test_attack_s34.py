@@ -1681,3 +1681,65 @@ def test_probes_over_the_checked_connect_are_the_trees_before(trees: Trees) -> N
     now, before = _both(trees, _ONCE_DRIVER)
     assert now["out"]["ok"][0] == ["ok", 200, 2, "hi"]
     assert now == before
+
+
+# --- 506702b: one connection object offered to each resolved address --------------------------
+#
+# A resolver whose first address refuses (127.0.0.2, ::1) or is the server itself: DirectPool's
+# ``_connect_checked`` hands the same ``_Connection`` to each address's attempt.
+
+_ADDRESSES_DRIVER = r"""
+import asyncio, json, socket
+import httpx
+import mesh
+from mesh._pool import DirectPool
+
+
+class Two:
+    def __init__(self, first):
+        self.first = first
+
+    async def allowed_addresses(self, host, port, timeout=None):
+        return [self.first, "127.0.0.1"]
+
+
+async def main():
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                n = int([l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0].split(b":")[1])
+                await reader.readexactly(n)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi")
+                await writer.drain()
+        except (Exception, asyncio.CancelledError):
+            pass
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    # a port nobody listens on, on another loopback address: refused
+    out = []
+    for first in ("127.0.0.2", "127.0.0.1", "::1"):
+        pool = DirectPool(Two(first), max_connections=2, keepalive_expiry=30.0)
+        for _ in range(3):
+            try:
+                got = await pool.post(httpx.URL(f"http://peer.example:{port}/"), [("X", "y")], b"{}", timeout=3.0,
+                                      connect_timeout=2.0, max_bytes=100, too_large=lambda: ValueError("big"))
+                out.append([first, "ok", got[0], got[1].decode(), len(pool._idle)])
+            except Exception as exc:
+                out.append([first, "error", type(exc).__name__, str(exc).replace(str(port), "<port>"), repr(exc.__cause__).replace(str(port), "<port>")])
+        await pool.aclose()
+    server.close()
+    print(json.dumps({"mesh": mesh.__file__, "out": out}))
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.integration
+def test_a_refused_first_address_is_passed_over_as_before(trees: Trees) -> None:
+    """Holds (506702b)."""
+    now, before = _both(trees, _ADDRESSES_DRIVER)
+    assert [row[1] for row in now["out"]] == ["ok"] * 9
+    assert now == before
