@@ -1743,3 +1743,136 @@ def test_a_refused_first_address_is_passed_over_as_before(trees: Trees) -> None:
     now, before = _both(trees, _ADDRESSES_DRIVER)
     assert [row[1] for row in now["out"]] == ["ok"] * 9
     assert now == before
+
+
+# --- 1ef875b: typed runs that report progress, never await, or ask ---------------------------
+#
+# Blocking and streamed, under four history lengths: the answer (or the stream's events),
+# GetTask, the question answered (``asker``), the message again.
+
+_PROGRESS_DRIVER = r'''
+import asyncio, json, re, sys, tempfile
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, SkillContext, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+H = {"A2A-Version": "1.0"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|q-[0-9a-f]{8}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+
+
+def canon(text):
+    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class In(BaseModel):
+    n: int = 2
+
+
+class Out(BaseModel):
+    n: int
+    note: str = ""
+
+
+class Decision(BaseModel):
+    ok: bool
+
+
+@skill
+async def prog(req: In, ctx: SkillContext) -> Out:
+    """Reports progress."""
+    for i in range(req.n):
+        await ctx.progress(f"step {i} \u00e9")
+    return Out(n=req.n)
+
+
+@skill
+def prog_sync(req: In) -> Out:
+    """No await at all."""
+    return Out(n=req.n, note="sync")
+
+
+@skill
+async def asker(req: In, ctx: SkillContext) -> Out:
+    """Asks."""
+    answer = await ctx.ask(f"go with {req.n}?", schema=Decision)
+    return Out(n=req.n, note=repr(answer))
+
+
+agent = Agent(name="s34-prog", description="Progress.", skills=[prog, prog_sync, asker])
+
+
+def msg(mid, ctx, skill, data, task=None):
+    m = {"role": "ROLE_USER", "messageId": mid, "contextId": ctx, "parts": [{"data": data}],
+         "metadata": {"skill": skill}}
+    if task:
+        m["taskId"] = task
+    return m
+
+
+async def main():
+    tmp = Path(tempfile.mkdtemp())
+    port = free_port()
+    res = []
+    node = Node(agent, NodeSettings(port=port, data_dir=tmp, registry=None))
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http,
+    ):
+        async def rpc(method, params, stream=False, raw=False):
+            body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+            if stream:
+                r = await http.post("/", json=body, headers={**H, "Accept": "text/event-stream"})
+                return [canon(l[5:]) for l in r.text.splitlines() if l.startswith("data:")]
+            r = await http.post("/", json=body, headers=H)
+            return r.json() if raw else canon(r.text)
+
+        n = 0
+        for skill_id in ("prog", "prog_sync", "asker"):
+            for streamed in (False, True):
+                for hl in (None, 0, 1, 5):
+                    n += 1
+                    ctx = f"ctx-{n}"
+                    params = {"message": msg(f"m{n}", ctx, skill_id, {"n": 2})}
+                    if hl is not None:
+                        params["configuration"] = {"historyLength": hl}
+                    if streamed:
+                        got = await rpc("SendStreamingMessage", params, stream=True)
+                        res.append([skill_id, hl, "stream", got])
+                        raw = await rpc("ListTasks", {"contextId": ctx}, raw=True)
+                        tid = raw["result"]["tasks"][0]["id"]
+                    else:
+                        raw = await rpc("SendMessage", params, raw=True)
+                        res.append([skill_id, hl, "send", canon(json.dumps(raw))])
+                        tid = raw["result"]["task"]["id"]
+                    res.append(["get", canon(json.dumps(await rpc("GetTask", {"id": tid}, raw=True)))])
+                    if skill_id == "asker":
+                        ans = await rpc("SendMessage", {"message": msg(f"a{n}", ctx, skill_id, {"ok": True}, task=tid)})
+                        res.append(["answered", ans])
+                        res.append(["get2", await rpc("GetTask", {"id": tid, "historyLength": 10})])
+                    res.append(["again", await rpc("SendMessage", params)])
+    print(json.dumps({"mesh": mesh.__file__, "res": res}))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_progress_and_asking_typed_runs_are_the_tree_before(trees: Trees) -> None:
+    """Holds (1ef875b): 88 reads equal 19420e3's."""
+    now, before = _both(trees, _PROGRESS_DRIVER)
+    assert len(now["res"]) == 88
+    assert now == before
