@@ -278,11 +278,13 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
         self._reading_paused = False
+        self._over_ssl = False
 
     # -- the transport's calls ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's are not asyncio.Transport's subclasses: no isinstance).
         self.transport = cast("asyncio.Transport", transport)
+        self._over_ssl = transport.get_extra_info("sslcontext") is not None
 
     def data_received(self, data: bytes) -> None:
         self._received.append(data)
@@ -296,7 +298,9 @@ class _Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         self._eof = True
         self._wake()
-        return False  # the transport closes itself: nothing more is written on it
+        # As StreamReaderProtocol: a half-closed TCP connection stays open (a peer that answers
+        # early and half-closes still reads the rest of the body), TLS closes.
+        return not self._over_ssl
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = self._lost = True
@@ -345,8 +349,7 @@ class _Connection(asyncio.Protocol):
         except OSError as exc:
             raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
         if self._lost:
-            # As StreamWriter.drain: a connection lost under the write says so.
-            raise httpx.WriteError("Connection lost")
+            raise self._write_error()
         return self._paused
 
     async def drain(self) -> None:
@@ -358,7 +361,15 @@ class _Connection(asyncio.Protocol):
             finally:
                 self._drained = None
         if self._lost:
-            raise httpx.WriteError("Connection lost")
+            raise self._write_error()
+
+    def _write_error(self) -> httpx.WriteError:
+        """As StreamWriter.drain: a connection lost with an error says it (a reset: "[Errno
+        104] Connection reset by peer"), one lost without says "Connection lost"."""
+        error = self._error
+        if error is None:
+            return httpx.WriteError("Connection lost")
+        return httpx.WriteError(str(error) or type(error).__name__)
 
     async def read(self) -> bytes:
         """The bytes that came in since the last read (waiting for some), b"" at the end; a
@@ -377,9 +388,16 @@ class _Connection(asyncio.Protocol):
         if not received:
             return b""
         data = received[0] if len(received) == 1 else b"".join(received)
-        self._received = []
-        self._size = 0
-        if self._reading_paused and self.transport is not None:
+        if len(data) > _READ_BYTES:
+            # At most _READ_BYTES a read, as StreamReader.read(_READ_BYTES) gave: the head's
+            # limit (_MAX_HEAD, then h11's) is met as before however the bytes arrive.
+            self._received = [data[_READ_BYTES:]]
+            self._size = len(data) - _READ_BYTES
+            data = data[:_READ_BYTES]
+        else:
+            self._received = []
+            self._size = 0
+        if self._reading_paused and self._size <= _READ_BYTES and self.transport is not None:
             self._reading_paused = False
             self.transport.resume_reading()
         return data

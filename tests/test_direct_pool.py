@@ -250,3 +250,36 @@ async def test_the_clients_headers_changed_between_calls_go_with_the_next() -> N
         (None, None, "3", "c"),
         (None, None, "3", "d"),
     ]
+
+
+async def test_a_head_past_h11s_limit_is_refused_however_it_arrives() -> None:
+    # 70 KB of head in one piece: read 64 KiB at a time (as StreamReader gave), no blank line
+    # within the head limit, so h11 has it and refuses it.
+    async def huge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        filler = b"".join(b"X-Fill-%d: %s\r\n" % (i, b"f" * 60) for i in range(1000))
+        writer.write(b"HTTP/1.1 200 OK\r\n" + filler + b"Content-Length: 2\r\n\r\nhi")
+        await writer.drain()
+        await reader.read()
+
+    async with connection_server(huge) as port:
+        with pytest.raises(httpx.RemoteProtocolError, match="Receive buffer too long"):
+            await _post_body(port, b"{}")
+
+
+async def test_an_early_answer_then_a_half_close_is_read() -> None:
+    # The peer answers before it read the body and half-closes; the connection stays open for
+    # the rest of the body (as StreamReaderProtocol kept it), and the answer is read.
+    async def early(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 413 Too Large\r\nContent-Length: 5\r\nConnection: close\r\n\r\nlarge"
+        )
+        await writer.drain()
+        writer.write_eof()
+        left = int(header_fields(head)["content-length"])
+        while left > 0 and (data := await reader.read(1 << 16)):
+            left -= len(data)
+
+    async with connection_server(early) as port:
+        assert await _post_body(port, b'{"x":"' + b"y" * (8 << 20) + b'"}') == (413, b"large")
