@@ -224,6 +224,9 @@ async def one(scenario):
         out.append(await post(max_bytes=64 << 20))
         out.append(await post(max_bytes=1 << 20))
         out.append(await post(max_bytes=64 << 20, error_bytes=1 << 20))
+    elif scenario.startswith("stale_race"):
+        for _ in range(4):
+            out.append(await post())
     else:
         out.append(await post())
         out.append(await post())
@@ -273,6 +276,18 @@ async def serve(scenario, reader, writer, seen, gate):
         body = await reader.readexactly(length)
         seen["requests"] += 1
         n = seen["requests"]
+        if scenario in ("stale_race_fin", "stale_race_rst"):
+            # A kept connection's second request read and not answered: closed (or reset)
+            # as a server closing an idle connection does when the request crosses it.
+            if n == 2:
+                if scenario == "stale_race_rst":
+                    rst(writer)
+                else:
+                    writer.close()
+                return
+            writer.write(ok(b'{"n":%d}' % n))
+            await writer.drain()
+            continue
         if scenario in ("reset_idle_then_post", "fin_idle_then_post"):
             writer.write(ok())
             await writer.drain()
@@ -381,6 +396,8 @@ HELD = [
     "stall_write",  # deadlines: a body never read, an answer never sent, no free connection
     "stall_answer",
     "pool_timeout",
+    "stale_race_fin",  # a kept connection closed under the next request: sent again
+    "stale_race_rst",
     "close_on_accept",  # 20 posts each to a peer that closes / resets every connection at once
     "rst_on_accept",
 ]
