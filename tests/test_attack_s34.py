@@ -1,10 +1,17 @@
 """Attack cases (session 34) on this session's changes, each claiming no behaviour change:
 
 * 506702b ``mesh._pool``: ``DirectPool``'s connections a protocol of their own
-  (``_Connection``) instead of asyncio's ``StreamReader`` / ``StreamWriter``;
+  (``_Connection``) instead of asyncio's ``StreamReader`` / ``StreamWriter`` (three breaks:
+  a reset under a waiting write said 'Connection lost', an early answer then a half-close
+  raised AttributeError, a 70 KB head in one piece was read; fixed by 70bdaef), and
+  79c10a4's plain-call write;
+* 6646e05 a delegation's frozen dataclasses made without their ``__init__``; f6f55cf the
+  direct call's headers; c24f883 the metadata's C encoder; 4357956 the retry hooks;
+  55bacd8 the fast schema check's object step (end to end through ``remote()``);
 * 1ef875b ``one_shot``: a held run's WORKING message kept as its fields;
-* bcbfdf2 fastroute/executor: the request's metadata and data part handed from the gate's
-  parse instead of read back from their Structs.
+* bcbfdf2 / b8f2990 fastroute/executor: the request's metadata and data part handed from
+  the gate's parse instead of read back from their Structs; 5b87454 a held run's row made
+  from its Settled.
 
 Each driver runs in a process of each tree: this checkout ("now") and ``git archive 19420e3``
 ("before", the session's base), with PYTHONSAFEPATH=1 (``_env``): ``python -c`` puts the
@@ -416,7 +423,8 @@ def test_pool_answers_and_failures_on_uvloop_are_the_trees_before(trees: Trees) 
     """Holds (506702b): ``HELD`` on uvloop's loop (``mesh serve``'s), and there the early
     answer then a half-close too (uvloop's transport reads it as before)."""
     uv = {"S34_UVLOOP": "1"}
-    now, before = _both(trees, _POOL_DRIVER, *HELD, "halfclose_early_answer", env=uv)
+    fixed = ("reset_mid_body", "huge_head")  # broken there too by 506702b, fixed by 70bdaef
+    now, before = _both(trees, _POOL_DRIVER, *HELD, "halfclose_early_answer", *fixed, env=uv)
     assert now["got"]["halfclose_early_answer"][0] == ["ok", 413, 5, "large"]
     assert now == before
 
@@ -435,16 +443,12 @@ def test_pool_answers_and_failures_over_tls_are_the_trees_before(trees: Trees) -
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="506702b: a connection reset under a write waiting for room (a 32 MiB body, the "
-    "peer resets after 1 MiB) is WriteError('Connection lost'); 19420e3 raised the reset's own "
-    "error, WriteError('[Errno 104] Connection reset by peer') (StreamWriter.drain raised "
-    "connection_lost's exception); A2APeer's RemoteError says 'the connection to ... failed: "
-    "Connection lost' instead",
-)
 def test_a_reset_under_a_waiting_write_says_what_reset_it(trees: Trees) -> None:
+    """A connection reset under a write waiting for room (a 32 MiB body, the peer resets
+    after 1 MiB): WriteError('[Errno 104] Connection reset by peer'), as StreamWriter.drain
+    raised connection_lost's exception. Broken by 506702b (WriteError('Connection lost'):
+    A2APeer's RemoteError said 'the connection to ... failed: Connection lost'), fixed by
+    70bdaef."""
     now, before = _both(trees, _POOL_DRIVER, "reset_mid_body")
     assert before["got"]["reset_mid_body"][0] == [
         "error",
@@ -455,35 +459,27 @@ def test_a_reset_under_a_waiting_write_says_what_reset_it(trees: Trees) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="506702b: a peer that answers early (413, Connection: close) and half-closes "
-    "(write_eof) while it drains an 8 MiB body: _Connection.eof_received returns False, so the "
-    "transport closes itself once its buffer is sent; the post then fails with WriteError and "
-    "its abort() of the already closed transport raises AttributeError ('NoneType' object "
-    "has no attribute 'call_soon'): not an httpx error at all. 19420e3 "
-    "(StreamReaderProtocol keeps a half-closed TCP transport open) returned the 413. On "
-    "asyncio's own loop (a script's remote(), uvicorn without uvloop); uvloop and TLS hold",
-)
 def test_an_early_answer_then_a_half_close_is_read(trees: Trees) -> None:
+    """A peer that answers early (413, Connection: close) and half-closes (write_eof) while
+    it drains an 8 MiB body: the 413 is read (StreamReaderProtocol keeps a half-closed TCP
+    transport open). Broken by 506702b on asyncio's own loop (uvloop and TLS held):
+    _Connection.eof_received returned False, the transport closed itself once its buffer was
+    sent, the post failed with WriteError and its abort() of the closed transport raised
+    AttributeError ('NoneType' object has no attribute 'call_soon'), not an httpx error;
+    fixed by 70bdaef."""
     now, before = _both(trees, _POOL_DRIVER, "halfclose_early_answer")
     assert before["got"]["halfclose_early_answer"][0] == ["ok", 413, 5, "large"]
     assert now == before
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="506702b: an answer whose head is 70 KB (past h11's 16 KiB limit), arriving in one "
-    "piece, is read as a textbook answer (200 'hi'); 19420e3 read 64 KiB "
-    "at a time, found no blank line within _MAX_HEAD and handed it to h11, which refused it: "
-    "RemoteProtocolError('Receive buffer too long'). _Connection.read returns all that is "
-    "buffered, so the head limit now depends on how the bytes arrive. Over TLS too",
-)
 @pytest.mark.parametrize("tls", ["", "1"])
 def test_a_head_past_h11s_limit_is_refused(trees: Trees, tls: str) -> None:
+    """An answer whose head is 70 KB (past h11's 16 KiB limit) arriving in one piece, plain
+    or over TLS: RemoteProtocolError('Receive buffer too long'), as 19420e3 (64 KiB a read:
+    no blank line within _MAX_HEAD, h11 refused it). Broken by 506702b (_Connection.read
+    returned all that was buffered: the head read as a textbook answer, 200 'hi'), fixed by
+    70bdaef (at most 64 KiB a read)."""
     now, before = _both(trees, _POOL_DRIVER, "huge_head", env={"S34_TLS": tls})
     assert before["got"]["huge_head"][0] == [
         "error",
@@ -1115,29 +1111,23 @@ def test_remote_calls_answers_errors_metrics_and_logs_are_the_trees_before(trees
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="506702b: a peer answering SendMessage with a 70 KB head (one piece) is read: the "
-    "call answers ok, breaker closed; 19420e3 refused the answer (RemoteError unavailable "
-    "after 3 attempts, log 'the connection to ... failed: Receive buffer too long', "
-    "mesh_delegation_retries_total 6, the breaker open)",
-)
 def test_remote_a_peers_oversized_head_is_refused(trees: Trees) -> None:
+    """A peer answering SendMessage with a 70 KB head (one piece): RemoteError unavailable
+    after 3 attempts, logged 'the connection to ... failed: Receive buffer too long',
+    mesh_delegation_retries_total 6, the breaker open, as 19420e3. Broken by 506702b (the
+    call answered ok, the breaker closed), fixed by 70bdaef. (Its first check indexed one
+    level short of the call's list until this commit: the xfail held on that too.)"""
     now, before = _both(trees, _REMOTE_DRIVER, "huge_head")
-    assert before["hostile-huge_head"][0][0][0] == "error"
+    assert before["hostile-huge_head"][0][0][0][0] == "error"
     assert now == before
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="506702b: a peer that resets the connection while a 32 MiB SendMessage waits for "
-    "room: the retry log line says 'the connection to ... failed: Connection lost'; 19420e3's "
-    "said '[Errno 104] Connection reset by peer' (the same outcome, retries and metrics)",
-)
 def test_remote_a_reset_under_a_big_request_is_logged_as_before(trees: Trees) -> None:
+    """A peer that resets the connection while a 32 MiB SendMessage waits for room: the
+    retry's log line says '... failed: [Errno 104] Connection reset by peer', as 19420e3's.
+    Broken by 506702b (it said 'Connection lost'; the same outcome, retries and metrics), fixed
+    by 70bdaef."""
     now, before = _both(trees, _REMOTE_DRIVER, "rst_mid_request")
     assert "Connection reset by peer" in json.dumps(before["hostile-rst_mid_request"])
     assert now == before
