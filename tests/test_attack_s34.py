@@ -1883,3 +1883,79 @@ def test_progress_and_asking_typed_runs_are_the_tree_before(trees: Trees) -> Non
     now, before = _both(trees, _PROGRESS_DRIVER)
     assert len(now["res"]) == 88
     assert now == before
+
+
+# --- 6646e05: TaskResult / Artifact / TraceParent made without their frozen __init__ ----------
+#
+# 3000 seeded task answers of every shape (states known or not, status messages, artifacts of
+# text, data, files, bad base64, junk parts, error metadata) read by ``TaskResult.from_json``:
+# the repr, the instance dict's order, equality with the object ``__init__`` makes, a deep
+# copy and a pickle; six ``traceparent`` headers parsed.
+
+_RESULTS_DRIVER = r"""
+import base64, json, pickle, random, copy, dataclasses
+import mesh
+from mesh._a2a.results import TaskResult
+from mesh._tracing import TraceParent
+
+rng = random.Random(34)
+STATES = ["TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_REJECTED", "TASK_STATE_CANCELED",
+          "TASK_STATE_INPUT_REQUIRED", "TASK_STATE_AUTH_REQUIRED", "TASK_STATE_WORKING", "TASK_STATE_SUBMITTED", "", "junk", None, 5]
+
+
+def part():
+    k = rng.randrange(9)
+    return [
+        lambda: {"text": rng.choice(["hi", "", "\u00e9"])},
+        lambda: {"data": {"a": rng.choice([1, 1.0, None, [1], {"b": 2}])}},
+        lambda: {"data": rng.choice([[1], "s", None])},
+        lambda: {"raw": base64.b64encode(b"\x89PNG").decode(), "mediaType": "image/png", "filename": "c.png"},
+        lambda: {"raw": "!!notbase64", "mediaType": "image/png"},
+        lambda: {"url": "http://x/y.pdf", "mediaType": "application/pdf"},
+        lambda: {},
+        lambda: "junk",
+        lambda: {"text": 5},
+    ][k]()
+
+
+def task():
+    t = {}
+    if rng.random() < 0.9: t["id"] = rng.choice(["t-1", "", None, 7])
+    if rng.random() < 0.9: t["contextId"] = rng.choice(["c-1", ""])
+    st = {}
+    if rng.random() < 0.95: st["state"] = rng.choice(STATES)
+    if rng.random() < 0.5: st["message"] = rng.choice([{"parts": [part() for _ in range(rng.randrange(3))], "role": "ROLE_AGENT"}, "junk", None, {}])
+    if rng.random() < 0.5: st["timestamp"] = rng.choice(["2026-01-01T00:00:00Z", "", None])
+    t["status"] = rng.choice([st, st, st, None, "junk"])
+    if rng.random() < 0.7:
+        t["artifacts"] = [{"artifactId": "a", "name": rng.choice(["answer", "", None]), "description": rng.choice(["d", None]),
+                           "parts": [part() for _ in range(rng.randrange(4))]} for _ in range(rng.randrange(3))]
+    if rng.random() < 0.5:
+        t["metadata"] = rng.choice([{"error": {"reason": "failed", "message": "m"}}, {"error": "x"}, {"usage": {"a": 1}}, "junk", {}])
+    if rng.random() < 0.3:
+        t["history"] = [{"role": "ROLE_AGENT", "parts": [part()]}]
+    return t
+
+
+out = []
+for i in range(3000):
+    t = task()
+    try:
+        r = TaskResult.from_json(t)
+        row = ["ok", repr(r), list(vars(r)), r == TaskResult(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)}),
+               r == copy.deepcopy(r), [list(vars(a)) for a in r.artifacts], repr(pickle.loads(pickle.dumps(r))) == repr(r)]
+    except Exception as exc:
+        row = ["raised", type(exc).__name__, str(exc)[:200]]
+    out.append(row)
+for h in ("00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", "00-" + "0" * 32 + "-" + "cd" * 8 + "-01", "junk", None, "ff-" + "ab" * 16 + "-" + "cd" * 8 + "-01-x", "00-" + "AB" * 16 + "-" + "cd" * 8 + "-01"):
+    p = TraceParent.parse(h)
+    out.append(["tp", repr(p), p is not None and list(vars(p)), p is not None and hash(p) == hash(TraceParent(p.trace_id, p.span_id, p.flags, p.version))])
+print(json.dumps({"mesh": mesh.__file__, "out": out}))
+"""
+
+
+def test_read_answers_are_the_objects_of_the_tree_before(trees: Trees) -> None:
+    """Holds (6646e05)."""
+    now, before = _both(trees, _RESULTS_DRIVER)
+    assert {row[0] for row in now["out"]} == {"ok", "tp"}
+    assert now == before
