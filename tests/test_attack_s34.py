@@ -1959,3 +1959,121 @@ def test_read_answers_are_the_objects_of_the_tree_before(trees: Trees) -> None:
     now, before = _both(trees, _RESULTS_DRIVER)
     assert {row[0] for row in now["out"]} == {"ok", "tp"}
     assert now == before
+
+
+# --- 5b87454: the rows ListTasks and the trace page read ---------------------------------------
+#
+# 30 typed tasks over three contexts (a traceparent of one trace, an invalid one, none; some
+# failing): ListTasks unfiltered, by context, by status, paged by 7, without history, with
+# artifacts (every page), and the trace's task rows; again after a restart on the database.
+
+_LIST_DRIVER = r'''
+import asyncio, json, re, sys, tempfile
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+H = {"A2A-Version": "1.0"}
+TRACE = "ab" * 16
+
+
+class In(BaseModel):
+    i: int
+
+
+class Out(BaseModel):
+    i: int
+
+
+@skill
+def num(req: In) -> Out:
+    """Its number back; an odd multiple of 7 fails, a request of 5 is refused below."""
+    if req.i % 7 == 0 and req.i % 2:
+        raise ValueError("seven")
+    return Out(i=req.i)
+
+
+agent = Agent(name="s34-list", description="Lists.", skills=[num])
+
+
+def key_of(task):
+    """A task named by its request's number (ids are random)."""
+    for m in task.get("history", []):
+        for p in m.get("parts", []):
+            if "data" in p and "i" in p["data"]:
+                return int(p["data"]["i"])
+    for a in task.get("artifacts", []):
+        for p in a.get("parts", []):
+            if "data" in p and "i" in p["data"]:
+                return int(p["data"]["i"])
+    return None
+
+
+def shown(task):
+    return [key_of(task), task.get("contextId"), task["status"]["state"], len(task.get("history", [])),
+            len(task.get("artifacts", [])), sorted(task.get("metadata", {}))]
+
+
+async def main():
+    tmp = Path(tempfile.mkdtemp())
+    port = free_port()
+    out = {"mesh": mesh.__file__}
+    for phase in ("first", "restart"):
+        node = Node(agent, NodeSettings(port=port, data_dir=tmp, registry=None))
+        async with (
+            uvicorn_serving(node.app, port, log_level="warning"),
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http,
+        ):
+            async def rpc(method, params):
+                r = await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=H)
+                return r.json()
+
+            if phase == "first":
+                for i in range(30):
+                    meta = {"skill": "num"}
+                    if i % 3 == 0:
+                        meta["traceparent"] = f"00-{TRACE}-{i:016x}-01"
+                    elif i % 3 == 1:
+                        meta["traceparent"] = "00-junk"
+                    msg = {"role": "ROLE_USER", "messageId": f"m{i}", "contextId": f"ctx-{i % 3}",
+                           "parts": [{"data": {"i": i}}], "metadata": meta}
+                    await rpc("SendMessage", {"message": msg})
+            got = []
+            for params in ({}, {"contextId": "ctx-1"}, {"status": "TASK_STATE_FAILED"}, {"pageSize": 7},
+                           {"contextId": "ctx-0", "historyLength": 0}, {"includeArtifacts": True, "pageSize": 50}):
+                pages, token = [], None
+                for _ in range(10):
+                    listed = await rpc("ListTasks", {**params, **({"pageToken": token} if token else {})})
+                    result = listed.get("result", {})
+                    pages.append([shown(t) for t in result.get("tasks", [])])
+                    token = result.get("nextPageToken")
+                    if not token:
+                        break
+                got.append([params, pages, result.get("totalSize"), result.get("pageSize")])
+            r = await http.get(f"/v1/traces/{TRACE}/tasks")
+            rows = r.json()
+            rows = rows if isinstance(rows, list) else rows.get("tasks", [rows])
+            got.append(["trace", r.status_code, len(rows), sorted(
+                json.dumps([row.get("input"), row.get("state"), row.get("skill"), sorted(row)], sort_keys=True)
+                for row in rows)])
+            out[phase] = got
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_listed_tasks_and_trace_rows_are_the_tree_before(trees: Trees) -> None:
+    """Holds (5b87454)."""
+    now, before = _both(trees, _LIST_DRIVER)
+    assert now["first"][-1][2] == 9  # the trace's tasks
+    assert now == before
