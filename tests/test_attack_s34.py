@@ -833,6 +833,8 @@ from mesh._netpolicy import NetworkPolicy
 from mesh._remote import remote
 from mesh._tools import ToolContext
 from mesh._trust import PeerTrust
+from mesh._discovery.base import Instance
+from mesh._discovery.client import DiscoveryClient
 from tests.support import free_port, uvicorn_serving
 
 IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|[0-9a-f]{16}")
@@ -983,14 +985,39 @@ class Logs(logging.Handler):
 LOGS = None
 
 
-async def call_tool(url, skill_id, args, deadline_s=2.0, gather=False):
+class StaticBackend:
+    """Discovery of fixed instances (their order as given)."""
+
+    url = "http://registry.test"
+
+    def __init__(self, urls):
+        self.instances = [Instance(f"i-{n}", "s34-bureau", u, skills=("score",)) for n, u in enumerate(urls)]
+
+    async def register(self, registration): ...
+
+    async def heartbeat(self, instance_id): ...
+
+    async def deregister(self, instance_id): ...
+
+    async def find(self, *, agent=None, skill=None, passing_only=True):
+        return list(self.instances)
+
+    async def aclose(self): ...
+
+
+async def call_tool(url, skill_id, args, deadline_s=2.0, gather=False, replicas=None):
     LOGS.lines = []
     anywhere = NetworkPolicy.parse("any")
     http = create_http_client(anywhere, timeout=httpx.Timeout(35.0, connect=2.0))
     registry = CollectorRegistry()
-    toolset = remote("s34-bureau", skill=skill_id, url=url, deadline_s=deadline_s)
+    if replicas is None:
+        toolset = remote("s34-bureau", skill=skill_id, url=url, deadline_s=deadline_s)
+        discovery = None
+    else:  # by name: discovery names the replicas, in this order
+        toolset = remote("s34-bureau", skill=skill_id, deadline_s=deadline_s)
+        discovery = DiscoveryClient(StaticBackend(replicas))
     toolset.bind(http=http, metrics=NodeMetrics(registry, "s34-coordinator"), caller="s34-coordinator",
-                 trust=PeerTrust(networks=anywhere))
+                 trust=PeerTrust(networks=anywhere), **({"discovery": discovery} if discovery else {}))
     out = []
     if gather:
         try:
@@ -1050,13 +1077,39 @@ async def main():
                 {"applicant_id": "\u00e9" * 10, "amount": 2**60}, {"applicant_id": "a-4", "amount": -0.0}]
         for skill_id in ("score", "files", "direct"):
             result[skill_id] = await call_tool(url, skill_id, good if skill_id == "score" else good[:2])
-        if len(sys.argv) != 2:  # not for a single hostile mode
+        failovers = [a for a in sys.argv[1:] if a.startswith("failover:")]
+        for spec in failovers:  # while the node serves: it is the good replica
+            result[spec] = await failover(card, url, spec.split(":", 1)[1])
+        if len(sys.argv) != 2 and not failovers:  # not for a single hostile mode
             # 40 calls in flight over one toolset's pool; a 3 MB answer.
             result["concurrent"] = await call_tool(url, "score", [{"applicant_id": f"c-{i}", "amount": i} for i in range(40)], gather=True)
             result["big"] = await call_tool(url, "score", [{"applicant_id": "q" * (3 << 20), "amount": 7}], deadline_s=20.0)
-    for mode in (sys.argv[1:] or HOSTILE):
+    for mode in [a for a in sys.argv[1:] if not a.startswith("failover:")] or ([] if len(sys.argv) > 1 else HOSTILE):
         result["hostile-" + mode] = await hostile(card, url, mode)
     print(json.dumps(result))
+
+
+async def failover(card, url, mode):
+    """The real node and a replica answering ``mode`` (or a port nobody listens on), both
+    orders: four calls each."""
+    counts = {}
+    box = {}
+    if mode == "refused":
+        bad_url, server = f"http://127.0.0.1:{free_port()}", None
+    else:
+        server = await fake_peer(box, mode, counts)
+        bad_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        box["card"] = card.replace(url, bad_url).encode()
+    got = []
+    try:
+        for replicas in ([bad_url, url], [url, bad_url]):
+            args = [{"applicant_id": f"f-{i}", "amount": i} for i in range(4)]
+            result = await call_tool(url, "score", args, deadline_s=3.0, replicas=replicas)
+            got.append([canon(json.dumps(result, default=repr).replace(bad_url, "<bad>"))])
+    finally:
+        if server is not None:
+            server.close()
+    return [got, counts.get("posts", 0)]
 
 
 async def hostile(card, url, mode):
@@ -1107,6 +1160,17 @@ def test_remote_calls_answers_errors_metrics_and_logs_are_the_trees_before(trees
     log line as 19420e3's."""
     now, before = _both(trees, _REMOTE_DRIVER, *_REMOTE_HELD)
     assert now["score"][0][0][0] == "ok"
+    assert now == before
+
+
+@pytest.mark.integration
+def test_remote_failover_between_replicas_is_the_tree_before(trees: Trees) -> None:
+    """Holds (506702b, 79c10a4, 4357956): a replica that resets, is refused, answers 503 or
+    garbage, or cuts its answer, beside the real node, in either order: answers, retries,
+    breaker states, log lines as 19420e3's."""
+    modes = ("rst_at_once", "refused", "s503", "garbage", "cut_mid_body", "rst_mid_body")
+    now, before = _both(trees, _REMOTE_DRIVER, *(f"failover:{m}" for m in modes))
+    assert "ok" in json.dumps(now["failover:rst_at_once"])
     assert now == before
 
 
