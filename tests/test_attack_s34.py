@@ -419,10 +419,11 @@ def test_pool_answers_and_failures_are_the_trees_before(trees: Trees) -> None:
 
 
 @pytest.mark.integration
-def test_pool_answers_and_failures_on_uvloop_are_the_trees_before(trees: Trees) -> None:
-    """Holds (506702b): ``HELD`` on uvloop's loop (``mesh serve``'s), and there the early
-    answer then a half-close too (uvloop's transport reads it as before)."""
-    uv = {"S34_UVLOOP": "1"}
+@pytest.mark.parametrize("tls", ["", "1"])
+def test_pool_answers_and_failures_on_uvloop_are_the_trees_before(trees: Trees, tls: str) -> None:
+    """Holds (506702b): ``HELD`` on uvloop's loop (``mesh serve``'s), plain and TLS, and
+    there the early answer then a half-close too (uvloop's transport reads it as before)."""
+    uv = {"S34_UVLOOP": "1", "S34_TLS": tls}
     fixed = ("reset_mid_body", "huge_head")  # broken there too by 506702b, fixed by 70bdaef
     now, before = _both(trees, _POOL_DRIVER, *HELD, "halfclose_early_answer", *fixed, env=uv)
     assert now["got"]["halfclose_early_answer"][0] == ["ok", 413, 5, "large"]
