@@ -2142,3 +2142,84 @@ def test_listed_tasks_and_trace_rows_are_the_tree_before(trees: Trees) -> None:
     now, before = _both(trees, _LIST_DRIVER)
     assert now["first"][-1][2] == 9  # the trace's tasks
     assert now == before
+
+
+# --- 506702b / 70bdaef: answers' heads of every size, however they arrive ---------------------
+#
+# Heads of 100 B to 300 KB (around h11's 16 KiB and the old 64 KiB read), sent at once or in
+# pieces of 1 KB, 16 KiB and 50 KB (a loop turn between), with bodies of 2 B to 200 KB, CRLF or
+# bare LF: each post's status, length or error, and whether the connection is kept.
+
+_SWEEP_DRIVER = r"""
+import asyncio, json, sys
+import httpx
+import mesh
+from mesh._pool import DirectPool
+
+SIZES = [100, 16 * 1024 - 200, 16 * 1024 + 10, 30000, 64 * 1024 - 100, 64 * 1024 + 10, 70000, 130000, 300000]
+CHUNKS = [0, 1000, 16 * 1024, 50000]  # 0: all at once
+BODIES = [2, 70000, 200000]
+
+
+async def main():
+    plan = {}
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                n = int([l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0].split(b":")[1])
+                body = await reader.readexactly(n)
+                size, chunk, blen, lf = json.loads(body)
+                eol = b"\n" if lf else b"\r\n"
+                answer = (b"HTTP/1.1 200 OK" + eol + b"X-Pad: " + b"p" * size + eol
+                          + b"Content-Length: %d" % blen + eol + eol + b"b" * blen)
+                if chunk == 0:
+                    writer.write(answer)
+                    await writer.drain()
+                else:
+                    for i in range(0, len(answer), chunk):
+                        writer.write(answer[i:i + chunk])
+                        await writer.drain()
+                        await asyncio.sleep(0)  # a turn of the loop: the client may read a piece
+        except (Exception, asyncio.CancelledError):
+            pass
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = httpx.URL(f"http://127.0.0.1:{port}/")
+    pool = DirectPool(None, max_connections=2, keepalive_expiry=30.0)
+    out = []
+    for size in SIZES:
+        for chunk in CHUNKS:
+            for blen in BODIES:
+                for lf in (0, 1):
+                    try:
+                        st, body = await pool.post(url, [("A", "b")], json.dumps([size, chunk, blen, lf]).encode(), timeout=5.0,
+                                                   connect_timeout=2.0, max_bytes=1 << 20, too_large=lambda: ValueError("big"))
+                        got = ["ok", st, len(body)]
+                    except Exception as exc:
+                        got = ["error", type(exc).__name__, str(exc)[:120]]
+                    out.append([size, chunk, blen, lf, got, len(pool._idle)])
+    await pool.aclose()
+    server.close()
+    print(json.dumps({"mesh": mesh.__file__, "out": out}))
+
+
+if sys.argv[1:] == ["uvloop"]:
+    import uvloop
+
+    uvloop.run(main())
+else:
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_heads_of_every_size_and_arrival_read_as_the_tree_before(trees: Trees, loop: str) -> None:
+    """Holds (506702b after 70bdaef)."""
+    args = ("uvloop",) if loop == "uvloop" else ()
+    now, before = _both(trees, _SWEEP_DRIVER, *args)
+    assert {row[4][0] for row in now["out"]} == {"ok", "error"}
+    assert now == before
