@@ -2223,3 +2223,88 @@ def test_heads_of_every_size_and_arrival_read_as_the_tree_before(trees: Trees, l
     now, before = _both(trees, _SWEEP_DRIVER, *args)
     assert {row[4][0] for row in now["out"]} == {"ok", "error"}
     assert now == before
+
+
+# --- the coordinator's LLM turns delegating over A2A (tests.bench.agents) ---------------------
+#
+# The bench's coordinator (scripted model) calling the bench's specialist over A2A, both served
+# in the driver's process: five turns over three contexts, one message sent again, one turn
+# with the specialist gone; the answers, the coordinator's session events, the specialist's
+# task rows.
+
+_COORDINATOR_DRIVER = r"""
+import asyncio, json, os, re, sqlite3, sys, tempfile
+from pathlib import Path
+
+import httpx
+
+import mesh
+from tests.support import free_port, uvicorn_serving
+
+PEER_PORT = free_port()
+os.environ["BENCH_PEER_URL"] = f"http://127.0.0.1:{PEER_PORT}"
+
+from mesh._node import Node  # noqa: E402
+from mesh._settings import NodeSettings  # noqa: E402
+from tests.bench.agents.coordinator import remote_agent  # noqa: E402
+from tests.bench.agents.specialist import agent as specialist  # noqa: E402
+
+H = {"A2A-Version": "1.0"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|[0-9a-f]{16}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+NUMS = re.compile(r'"(durationMs|startedAt|endedAt|at|created_at|updated_at|timestamp|started_at|ended_at|deadline|duration_ms)":\s?[0-9.e+-]+')
+PORTS = re.compile(r"127\.0\.0\.1:\d+")
+
+
+def canon(text):
+    text = PORTS.sub("<host>", NUMS.sub(r'"\1":0', IDS.sub("<id>", TIMES.sub("<time>", text))))
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+async def main():
+    peer_dir, coord_dir = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
+    coord_port = free_port()
+    out = {"mesh": mesh.__file__}
+    res = []
+    coordinator = Node(remote_agent, NodeSettings(port=coord_port, data_dir=coord_dir, registry=None))
+    async with (
+        uvicorn_serving(coordinator.app, coord_port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{coord_port}", trust_env=False, timeout=60) as http,
+    ):
+        async def turn(n, text, ctx):
+            body = {"jsonrpc": "2.0", "id": n, "method": "SendMessage", "params": {"message": {
+                "role": "ROLE_USER", "messageId": f"m{n}", "contextId": ctx, "parts": [{"text": text}]}}}
+            r = await http.post("/", json=body, headers=H)
+            return canon(r.text)
+
+        peer = Node(specialist, NodeSettings(port=PEER_PORT, data_dir=peer_dir, registry=None))
+        async with uvicorn_serving(peer.app, PEER_PORT, log_level="warning"):
+            for n, (text, ctx) in enumerate([("score a-1 for 25000", "c1"), ("score a-2 for 1", "c1"),
+                                             ("score \u00e9-3 for 999999999", "c2"), ("hello", "c2"),
+                                             ("score a-1 for 25000", "c3")]):
+                res.append(await turn(n, text, ctx))
+            res.append(await turn(0, "score a-1 for 25000", "c1"))  # the same message again
+        # the peer gone: the tool's error as the turn tells it
+        res.append(await turn(10, "score a-9 for 5", "c4"))
+    conn = sqlite3.connect(coord_dir / "node.db")
+    out["events"] = [[s, a, canon(d)] for s, a, d in conn.execute(
+        "select session_id, author, data from mesh_session_events order by seq")]
+    conn = sqlite3.connect(peer_dir / "node.db")
+    out["peer_tasks"] = sorted(json.dumps(canon(json.dumps([c, s]))) for c, s in conn.execute("select context_id, state from a2a_tasks"))
+    out["answers"] = res
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.integration
+def test_coordinator_turns_over_a2a_are_the_tree_before(trees: Trees) -> None:
+    """Holds (every client-side change of the session, end to end)."""
+    now, before = _both(trees, _COORDINATOR_DRIVER)
+    assert "score 647 tier C" in json.dumps(now["answers"][0])
+    assert now == before
