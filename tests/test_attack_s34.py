@@ -2308,3 +2308,104 @@ def test_coordinator_turns_over_a2a_are_the_tree_before(trees: Trees) -> None:
     now, before = _both(trees, _COORDINATOR_DRIVER)
     assert "score 647 tier C" in json.dumps(now["answers"][0])
     assert now == before
+
+
+# --- 506702b: 400 posts in flight over eight connections, each answered its own way -----------
+#
+# Each request names how it is answered (answered, answered then closed, reset or closed
+# unanswered, slowly, chunked, 200 KB, a 100 KB error, cut short), 400 seeded ones at once
+# over a pool of eight: each post's outcome (a reused connection's stale retry meets the same
+# answer again, so the outcome is the request's, whatever connection it got).
+
+_STORM_DRIVER = r"""
+import asyncio, json, random, socket, struct, sys
+import httpx
+import mesh
+from mesh._pool import DirectPool
+
+KINDS = ["ok", "ok", "ok", "ok_close", "rst", "fin", "slow", "chunked", "big", "err_big", "cut"]
+
+
+def rst(writer):
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def main():
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                n = int([l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0].split(b":")[1])
+                kind, i = json.loads(await reader.readexactly(n))
+                body = b'{"i":%d}' % i
+                if kind == "rst":
+                    rst(writer)
+                    return
+                if kind == "fin":
+                    writer.close()
+                    return
+                if kind == "slow":
+                    await asyncio.sleep(0.01)
+                if kind == "chunked":
+                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+                elif kind == "big":
+                    big = b"z" * 200000
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(big), big))
+                elif kind == "err_big":
+                    big = b"e" * 100000
+                    writer.write(b"HTTP/1.1 500 No\r\nContent-Length: %d\r\n\r\n%s" % (len(big), big))
+                elif kind == "cut":
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + body)
+                    await writer.drain()
+                    writer.close()
+                    return
+                else:
+                    extra = b"Connection: close\r\n" if kind == "ok_close" else b""
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), extra, body))
+                await writer.drain()
+                if kind == "ok_close":
+                    writer.close()
+                    return
+        except (Exception, asyncio.CancelledError):
+            pass
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = httpx.URL(f"http://127.0.0.1:{port}/")
+    pool = DirectPool(None, max_connections=8, keepalive_expiry=30.0)
+    rng = random.Random(34)
+    jobs = [(rng.choice(KINDS), i) for i in range(400)]
+
+    async def one(kind, i):
+        try:
+            st, body = await pool.post(url, [("A", "b")], json.dumps([kind, i]).encode(), timeout=10.0,
+                                       connect_timeout=2.0, max_bytes=1 << 20, too_large=lambda: ValueError("big"))
+            return [kind, i, "ok", st, len(body), body[:12].decode()]
+        except Exception as exc:
+            return [kind, i, "error", type(exc).__name__, str(exc)[:100]]
+
+    got = await asyncio.gather(*(one(k, i) for k, i in jobs))
+    await pool.aclose()
+    server.close()
+    print(json.dumps({"mesh": mesh.__file__, "out": got}))
+
+
+if sys.argv[1:] == ["uvloop"]:
+    import uvloop
+
+    uvloop.run(main())
+else:
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_many_posts_in_flight_end_as_the_tree_before(trees: Trees, loop: str) -> None:
+    """Holds (506702b, 79c10a4, 70bdaef)."""
+    args = ("uvloop",) if loop == "uvloop" else ()
+    now, before = _both(trees, _STORM_DRIVER, *args)
+    assert {row[2] for row in now["out"]} == {"ok", "error"}
+    assert now == before
