@@ -2505,3 +2505,102 @@ def test_tasks_under_a_wrong_clock_are_stored_as_the_tree_before(trees: Trees, c
     now, before = _both(trees, _CLOCK_DRIVER, clock)
     assert len(now["rows"]) == 3
     assert now == before
+
+
+# --- 79c10a4: a deadline left while it is the soonest popped at once ---------------------------
+#
+# mesh._timeouts on a loop whose clock jumps to each timer (a selector that, with no I/O, moves
+# the clock by the wait it is asked for: deterministic): 40 seeded tasks entering deadlines
+# (none, due now, past, short, long; ``with`` or ``async with``), rescheduling them, nesting
+# them two deep, sleeping in them, some tasks cancelled from outside: each step's outcome
+# (done, TimeoutError, cancelled), its loop time and ``expired()``.
+
+_TIMEOUTS_DRIVER = r'''
+import asyncio, json, random, selectors, sys
+import mesh
+from mesh import _timeouts
+
+
+class FastForward(selectors.DefaultSelector):
+    """No I/O here: a wait of t seconds moves the loop's clock by t at once."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock = clock
+
+    def select(self, timeout=None):
+        if timeout is not None and timeout > 0:
+            self.clock[0] += timeout
+        return super().select(0)
+
+
+class Loop(asyncio.SelectorEventLoop):
+    def __init__(self):
+        self.clock = [1000.0]
+        super().__init__(FastForward(self.clock))
+
+    def time(self):
+        return self.clock[0]
+
+
+rng = random.Random(int(sys.argv[1]) if sys.argv[1:] else 34)
+log = []
+
+
+async def worker(w, depth=0):
+    t0 = asyncio.get_running_loop().time()
+    for step in range(rng.randrange(1, 4)):
+        delay = rng.choice([None, 0, 0.01, 0.05, 0.1, 0.2, 1.0, -1])
+        sleep = rng.choice([0, 0.005, 0.03, 0.08, 0.15, 0.5])
+        use_async = rng.random() < 0.3
+        resched = rng.choice([None, None, None, 0.02, 0.3, "none"])
+        nested = depth < 2 and rng.random() < 0.4
+        try:
+            cm = _timeouts.timeout(delay)
+            if use_async:
+                async with cm:
+                    if resched is not None:
+                        cm.reschedule(None if resched == "none" else asyncio.get_running_loop().time() + resched)
+                    if nested:
+                        await worker(f"{w}.{step}", depth + 1)
+                    await asyncio.sleep(sleep)
+            else:
+                with cm:
+                    if resched is not None:
+                        cm.reschedule(None if resched == "none" else asyncio.get_running_loop().time() + resched)
+                    if nested:
+                        await worker(f"{w}.{step}", depth + 1)
+                    await asyncio.sleep(sleep)
+            log.append([w, step, "done", round(asyncio.get_running_loop().time() - t0, 6), cm.expired()])
+        except TimeoutError:
+            log.append([w, step, "timeout", round(asyncio.get_running_loop().time() - t0, 6), cm.expired()])
+        except asyncio.CancelledError:
+            log.append([w, step, "cancelled"])
+            raise
+
+
+async def main():
+    tasks = [asyncio.ensure_future(worker(str(i))) for i in range(40)]
+    # some cancelled from outside mid-way
+    await asyncio.sleep(0.04)
+    for t in tasks[::7]:
+        t.cancel()
+    got = await asyncio.gather(*tasks, return_exceptions=True)
+    log.append(["results", [type(g).__name__ if g is not None else None for g in got]])
+
+
+loop = Loop()
+try:
+    loop.run_until_complete(main())
+finally:
+    loop.close()
+print(json.dumps({"mesh": mesh.__file__, "log": log}))
+'''
+
+
+@pytest.mark.parametrize("seed", ["34", "35", "36", "37"])
+def test_deadlines_fire_as_the_tree_before(trees: Trees, seed: str) -> None:
+    """Holds (79c10a4)."""
+    now, before = _both(trees, _TIMEOUTS_DRIVER, seed)
+    assert {row[2] for row in now["log"] if row[0] != "results"} >= {"done", "timeout"}
+    assert now == before
