@@ -2510,7 +2510,8 @@ def test_tasks_under_a_wrong_clock_are_stored_as_the_tree_before(trees: Trees, c
 # --- 79c10a4: a deadline left while it is the soonest popped at once ---------------------------
 #
 # mesh._timeouts on a loop whose clock jumps to each timer (a selector that, with no I/O, moves
-# the clock by the wait it is asked for: deterministic): 40 seeded tasks entering deadlines
+# the clock by the wait it is asked for: deterministic): 40 tasks (each its own seeded
+# program, so the order tasks run in changes no one's program) entering deadlines
 # (none, due now, past, short, long; ``with`` or ``async with``), rescheduling them, nesting
 # them two deep, sleeping in them, some tasks cancelled from outside: each step's outcome
 # (done, TimeoutError, cancelled), its loop time and ``expired()``.
@@ -2543,15 +2544,17 @@ class Loop(asyncio.SelectorEventLoop):
         return self.clock[0]
 
 
-rng = random.Random(int(sys.argv[1]) if sys.argv[1:] else 34)
+SEED = "34"
 log = []
 
 
 async def worker(w, depth=0):
+    # Each worker's own program (its own generator): the order tasks run in changes no one's.
+    rng = random.Random(f"{SEED}/{w}")
     t0 = asyncio.get_running_loop().time()
     for step in range(rng.randrange(1, 4)):
         delay = rng.choice([None, 0, 0.01, 0.05, 0.1, 0.2, 1.0, -1])
-        sleep = rng.choice([0, 0.005, 0.03, 0.08, 0.15, 0.5])
+        sleep = rng.choice([0, 0.005, 0.03, 0.05, 0.08, 0.1, 0.15, 0.2, 0.5])
         use_async = rng.random() < 0.3
         resched = rng.choice([None, None, None, 0.02, 0.3, "none"])
         nested = depth < 2 and rng.random() < 0.4
@@ -2589,19 +2592,45 @@ async def main():
     log.append(["results", [type(g).__name__ if g is not None else None for g in got]])
 
 
-loop = Loop()
-try:
-    loop.run_until_complete(main())
-finally:
-    loop.close()
-print(json.dumps({"mesh": mesh.__file__, "log": log}))
+first, last = (int(x) for x in sys.argv[1].split("-"))
+runs = {}
+for number in range(first, last + 1):
+    SEED, log = str(number), []
+    loop = Loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    runs[SEED] = log
+print(json.dumps({"mesh": mesh.__file__, "runs": runs}))
 '''
 
 
-@pytest.mark.parametrize("seed", ["34", "35", "36", "37"])
-def test_deadlines_fire_as_the_tree_before(trees: Trees, seed: str) -> None:
-    """Holds (79c10a4)."""
-    now, before = _both(trees, _TIMEOUTS_DRIVER, seed)
-    assert len(now["log"]) > 100
-    assert {row[2] for row in now["log"] if row[0] != "results"} >= {"done", "timeout"}
+def test_deadlines_end_each_task_as_the_tree_before(trees: Trees) -> None:
+    """Holds (79c10a4): over 200 seeded programs, every task's every step ends as in
+    19420e3 (done, TimeoutError or cancelled, at the same loop time, ``expired()`` alike)."""
+    now, before = _both(trees, _TIMEOUTS_DRIVER, "100-299")
+    assert len(now["runs"]) == 200
+    for seed, log in now["runs"].items():
+        assert len(log) > 50
+        assert sorted(map(json.dumps, log)) == sorted(map(json.dumps, before["runs"][seed])), seed
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="79c10a4: two tasks' events at the same loop instant run in the other order (6 of "
+    "200 programs: 122, 145, 166, 170, 262, 277). A deadline left while it was the heap's "
+    "root is popped at once, so the wheel's next timer is armed straight for the next "
+    "deadline, before another task's asyncio.sleep timer due at that same instant; 19420e3 "
+    "kept the left deadline in the heap, fired its timer first (nothing due) and armed the "
+    "next one after that sleep's timer. Equal loop times are ordered by the loop's heap: "
+    "no task's outcome changes (test_deadlines_end_each_task_as_the_tree_before), only which "
+    "of the two runs first. Likely acceptable; recorded so the lead decides",
+)
+def test_deadlines_and_timers_at_one_instant_run_in_the_trees_before_order(trees: Trees) -> None:
+    now, before = _both(trees, _TIMEOUTS_DRIVER, "122-122")
+    assert sorted(map(json.dumps, now["runs"]["122"])) == sorted(
+        map(json.dumps, before["runs"]["122"])
+    )
     assert now == before
