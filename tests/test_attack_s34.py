@@ -5,6 +5,8 @@
   a reset under a waiting write said 'Connection lost', an early answer then a half-close
   raised AttributeError, a 70 KB head in one piece was read; fixed by 70bdaef), and
   79c10a4's plain-call write;
+* 79c10a4 ``mesh._timeouts``: a deadline left while it is the soonest popped at once (one
+  difference, open: two tasks' events at one loop instant may run in the other order);
 * 6646e05 a delegation's frozen dataclasses made without their ``__init__``; f6f55cf the
   direct call's headers; c24f883 the metadata's C encoder; 4357956 the retry hooks;
   55bacd8 the fast schema check's object step (end to end through ``remote()``);
