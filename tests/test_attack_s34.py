@@ -1692,12 +1692,26 @@ def test_odd_request_shapes_are_answered_as_the_tree_before(trees: Trees) -> Non
 # answers under two caps.
 
 _ONCE_DRIVER = r"""
-import asyncio, json, sys
+import asyncio, json, os, ssl, sys, tempfile
+from pathlib import Path
 import httpx
 import mesh
 from mesh._netguard import create_http_client
 from mesh._netpolicy import NetworkPolicy
 from mesh._outbound import get_once
+
+# With S34_TLS: the server speaks TLS (a trustme CA this process trusts).
+TLS, SCHEME = None, "http"
+if os.environ.get("S34_TLS"):
+    import trustme
+    from mesh._tls import trust
+
+    _ca = trustme.CA()
+    _bundle = Path(tempfile.mkdtemp()) / "ca.pem"
+    _ca.cert_pem.write_to_path(str(_bundle))
+    trust(_bundle)
+    TLS, SCHEME = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH), "https"
+    _ca.issue_cert("127.0.0.1", "localhost").configure_cert(TLS)
 
 
 ANSWERS = {
@@ -1723,19 +1737,19 @@ async def main():
                 writer.close()
             except Exception:
                 pass
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=TLS)
         port = server.sockets[0].getsockname()[1]
         http = create_http_client(NetworkPolicy.parse("any"), timeout=httpx.Timeout(5.0, connect=2.0))
         got = []
         for host in ("127.0.0.1", "localhost"):
             for cap in (100, 1 << 20):
                 try:
-                    r = await get_once(http, f"http://{host}:{port}/health", max_bytes=cap, timeout_s=2.0)
+                    r = await get_once(http, f"{SCHEME}://{host}:{port}/health", max_bytes=cap, timeout_s=2.0)
                     got.append(["ok", r.status_code, len(r.content), r.content[:20].decode()])
                 except Exception as exc:
                     got.append(["error", type(exc).__name__, str(exc).replace(str(port), "<port>")[:200]])
             try:
-                r = await http.post(f"http://{host}:{port}/", content=b"{}")
+                r = await http.post(f"{SCHEME}://{host}:{port}/", content=b"{}")
                 got.append(["post", r.status_code, r.content[:20].decode()])
             except Exception as exc:
                 got.append(["post-error", type(exc).__name__, str(exc).replace(str(port), "<port>")[:200]])
@@ -1750,9 +1764,10 @@ asyncio.run(main())
 
 
 @pytest.mark.integration
-def test_probes_over_the_checked_connect_are_the_trees_before(trees: Trees) -> None:
-    """Holds (506702b)."""
-    now, before = _both(trees, _ONCE_DRIVER)
+@pytest.mark.parametrize("tls", ["", "1"])
+def test_probes_over_the_checked_connect_are_the_trees_before(trees: Trees, tls: str) -> None:
+    """Holds (506702b), plain and TLS."""
+    now, before = _both(trees, _ONCE_DRIVER, env={"S34_TLS": tls})
     assert now["out"]["ok"][0] == ["ok", 200, 2, "hi"]
     assert now == before
 
