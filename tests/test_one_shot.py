@@ -60,6 +60,20 @@ def _events(store: InMemoryTaskStore | None = None) -> AppliedEvents:
     )
 
 
+async def _submitted(events: AppliedEvents) -> None:
+    """The task SUBMITTED with its first message, as a run whose events are not held starts."""
+    first = events._initial_message
+    assert first is not None
+    await events.enqueue_event(
+        Task(
+            id=TASK,
+            context_id=CONTEXT,
+            status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+            history=[first],
+        )
+    )
+
+
 async def _run(updater: MeshTaskUpdater, ending: str, trace: str) -> None:
     """One run's updates, as the executor makes them."""
     meta: dict[str, Any] = {"skill": "score", "caller": "coordinator", "traceparent": trace}
@@ -102,16 +116,7 @@ async def test_the_held_task_is_the_events_task_to_the_byte(ending: str) -> None
     for n in range(20):  # each trace a new string: the metadata kept by shape is reused
         trace = f"00-{n:032x}-{'c' * 16}-01"
         by_events = _events()
-        first = by_events._initial_message
-        assert first is not None
-        await by_events.enqueue_event(
-            Task(
-                id=TASK,
-                context_id=CONTEXT,
-                status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
-                history=[first],
-            )
-        )
+        await _submitted(by_events)
         await _run(MeshTaskUpdater(by_events, TASK, CONTEXT), ending, trace)
         store = InMemoryTaskStore()
         held = _events(store)
@@ -423,19 +428,10 @@ async def test_a_held_typed_answer_and_working_message_are_the_events_to_the_byt
         monkeypatch.setattr(one_shot, "uuid4_text", ids.__next__)
         monkeypatch.setattr(updater, "uuid4_text", ids.__next__)
         events = _events()
-        first = events._initial_message
-        assert first is not None
         if held:
-            made: MeshTaskUpdater = OneShotUpdater(events, TASK, CONTEXT, first)
+            made: MeshTaskUpdater = OneShotUpdater(events, TASK, CONTEXT, events._initial_message)
         else:
-            await events.enqueue_event(
-                Task(
-                    id=TASK,
-                    context_id=CONTEXT,
-                    status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
-                    history=[first],
-                )
-            )
+            await _submitted(events)
             made = MeshTaskUpdater(events, TASK, CONTEXT)
         await _typed_run(made, held, data, name, release and held)
         assert events.task is not None
