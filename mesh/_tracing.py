@@ -21,6 +21,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from mesh._frozen import made
+
 __all__ = [
     "TRACEPARENT_KEY",
     "TraceLogFilter",
@@ -62,9 +64,7 @@ class TraceParent:
             return None
         # Without the frozen __init__ (an object.__setattr__ per field, ~10 k instructions):
         # every delegation parses its turn's header. The same object (tests/test_tracing.py).
-        made = object.__new__(cls)
-        made.__dict__.update(trace_id=ids[0], span_id=ids[1], flags=ids[2], version="00")
-        return made
+        return made(cls, {"trace_id": ids[0], "span_id": ids[1], "flags": ids[2], "version": "00"})
 
     @classmethod
     def new(cls, *, sampled: bool = True) -> TraceParent:

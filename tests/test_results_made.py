@@ -1,5 +1,5 @@
 """``TaskResult.from_json`` makes its ``TaskResult`` and ``Artifact``s without their frozen
-``__init__`` (``mesh._a2a.results._made``, one instance dict filled at once): each is the object
+``__init__`` (``mesh._frozen.made``, one instance dict filled at once): each is the object
 the ``__init__`` makes from the same fields (every field set, equal, hashed alike, frozen)."""
 
 from __future__ import annotations

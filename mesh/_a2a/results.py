@@ -17,13 +17,14 @@ import base64
 import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard, TypeVar, cast
+from typing import Any, TypeGuard, cast
 
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message as ProtoMessage
 
 from mesh._artifacts import Artifact, File
 from mesh._asks import SCHEMA_MEDIA_TYPE, TASKS_EXTENSION, AskKind, Question
+from mesh._frozen import made
 from mesh._schema_order import restore
 
 __all__ = [
@@ -35,8 +36,6 @@ __all__ = [
     "artifact_from_json",
     "as_json",
 ]
-
-_T = TypeVar("_T")
 
 #: States of a task that ended without completing.
 FAILED_STATES = frozenset({"failed", "rejected", "canceled"})
@@ -75,17 +74,6 @@ def _first_data(holder: Any, parts: list[Mapping[str, Any]] | None = None) -> di
         if isinstance(data := part.get("data"), dict):
             return cast("dict[str, Any]", _whole(data))
     return None
-
-
-def _made(cls: type[_T], fields: dict[str, Any]) -> _T:
-    """``cls(**fields)`` of a frozen dataclass given every one of its fields, made without its
-    ``__init__``: a frozen dataclass sets each field through ``object.__setattr__`` (~1.5 k
-    instructions a field, ~16 k of an answer's ``TaskResult``); here the instance's dict is
-    filled at once. The same object (tests/test_results_made.py: every field, equal to the
-    one ``__init__`` makes)."""
-    made = object.__new__(cls)
-    made.__dict__.update(fields)
-    return made
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -142,7 +130,7 @@ def artifact_from_json(artifact: Mapping[str, Any]) -> Artifact:
                 )
             except (binascii.Error, ValueError):
                 continue  # not a file this side can read: left out
-    return _made(
+    return made(
         Artifact,
         {
             "name": str(artifact.get("name") or ""),
@@ -254,8 +242,8 @@ class TaskResult:
                 if isinstance(found, dict)
                 else {"reason": state, "message": status_text or state}
             )
-        # Every delegation's answer is read here: made without the frozen __init__ (``_made``).
-        return _made(
+        # Every delegation's answer is read here: made without the frozen __init__ (``mesh._frozen``).
+        return made(
             cls,
             {
                 "task_id": str(task.get("id") or ""),
