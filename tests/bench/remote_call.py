@@ -4,6 +4,7 @@ of the hop without the turn around it (no model, no session, no A2A ingress).
     python -m tests.bench.remote_call                        # this checkout
     python -m tests.bench.remote_call --tree /tmp/me/before  # another one, same method
     python -m tests.bench.remote_call --no-valgrind          # CPU per call only
+    python -m tests.bench.remote_call --split 40             # one call's instructions by stretch
 
 A ``remote("bench-bureau", skill="score", url=...)`` toolset, bound as a node binds it (mesh's
 guarded HTTP client, a ``PeerTrust``, metrics), is asked for its tools and calls the tool once,
@@ -14,6 +15,17 @@ Instructions per call are the difference of two runs under cachegrind (N1 and N2
 the same warm-up) divided by N2 - N1, as ``tests.bench.instructions`` counts a request. Unlike
 a whole coordinator turn, nothing here depends on timing (no group commit, no database
 thread), so two runs of one tree agree within a few thousand instructions.
+
+``--split N`` runs N calls (after the warm-up) under callgrind instead and splits each call at
+three points: the request's bytes written (``mesh._pool._Connection.write`` returned), the
+answer's first bytes arrived (its ``data_received``), the call returned. Each point calls
+``os.getppid`` (a cheap libc call nothing else here makes; callgrind
+``--dump-before=getppid``), so each stretch's instructions are a dump of their own: before the
+write (the tool's call up to its request on the wire), the wait (what the coordinator does
+while the specialist works: free in wall time, the other core serving it), after (from the
+answer's bytes to the tool's answer) and the bench's own (the turn's ``ToolContext`` and the
+toolset's ``tools()``). The hooks wrap the pool's connection from here (the same in any tree
+since ``_Connection``), so a base tree runs as it is. The default output is unchanged.
 """
 
 from __future__ import annotations
@@ -22,13 +34,16 @@ import argparse
 import gc
 import json
 import logging
+import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -39,8 +54,43 @@ ROOT = THIS.parents[2]
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-async def _calls(url: str, warmup: int, calls: int) -> float:
-    """Run the calls (imported here: the measured tree's mesh); CPU seconds per call."""
+class _Marks:
+    """The split's points (``--split``): ``os.getppid`` at each, once the warm-up is over."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.sent = False
+
+    def install(self) -> None:
+        from mesh._pool import _Connection
+
+        write, received = _Connection.write, _Connection.data_received
+        marks = self
+
+        def marked_write(connection: Any, data: bytes) -> bool:
+            full = write(connection, data)
+            if marks.on:
+                os.getppid()  # the request's bytes are written
+                marks.sent = True
+            return full
+
+        def marked_received(connection: Any, data: bytes) -> None:
+            if marks.sent:
+                marks.sent = False
+                os.getppid()  # the answer's first bytes arrived
+            received(connection, data)
+
+        _Connection.write = marked_write  # type: ignore[method-assign]
+        _Connection.data_received = marked_received  # type: ignore[method-assign]
+
+    def point(self) -> None:
+        if self.on:
+            os.getppid()
+
+
+async def _calls(url: str, warmup: int, calls: int, marks: _Marks | None = None) -> float:
+    """Run the calls (imported here: the measured tree's mesh); CPU seconds per call.
+    ``marks``: the split's points, marked from the first call after the warm-up."""
     import httpx
     from prometheus_client import CollectorRegistry
 
@@ -77,14 +127,23 @@ async def _calls(url: str, warmup: int, calls: int) -> float:
             },
         )
         (tool,) = await toolset.tools(ctx)
+        if marks is not None:
+            marks.point()  # the call starts
         answer = await tool.call({"applicant_id": "a-1001", "amount": 25000}, ctx)
+        if marks is not None:
+            marks.point()  # the call returned
         if answer.get("applicant_id") != "a-1001":
             raise RuntimeError(f"bad answer: {answer}")
 
+    if marks is not None:
+        # Before the first connection: uvloop holds a protocol's data_received from then on.
+        marks.install()
     try:
         for i in range(warmup):
             await one(i)
         gc.freeze()
+        if marks is not None:
+            marks.on = True
         cpu0 = time.process_time()
         for i in range(calls):
             await one(warmup + i)
@@ -96,6 +155,7 @@ async def _calls(url: str, warmup: int, calls: int) -> float:
 
 def _inner(argv: list[str]) -> int:
     url, warmup, calls, out = argv[0], int(argv[1]), int(argv[2]), Path(argv[3])
+    marks = _Marks() if argv[4:5] == ["split"] else None
     # As mesh serve configures logging (mesh._cli.log_lines, as tests.bench.instructions does;
     # a tree from before it: basicConfig's defaults in the same format).
     try:
@@ -107,7 +167,7 @@ def _inner(argv: list[str]) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     import uvloop
 
-    out.write_text(json.dumps({"cpu_s": uvloop.run(_calls(url, warmup, calls))}))
+    out.write_text(json.dumps({"cpu_s": uvloop.run(_calls(url, warmup, calls, marks))}))
     return 0
 
 
@@ -144,6 +204,54 @@ def _run(tree: Path, url: str, calls: int, args: argparse.Namespace, work: Path)
     return int(found[1].replace(",", ""))
 
 
+# The stretches of one call, in the order their dumps come (each dump ends one).
+_STRETCHES = ("before the write", "write -> answer arrived", "after", "the bench's own")
+
+
+def _split(tree: Path, url: str, args: argparse.Namespace, work: Path) -> dict[str, list[int]]:
+    """``--split``: one process under callgrind dumping at each point; each stretch's
+    instructions, call by call."""
+    boot = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"
+    out, prefix = work / "split.json", work / "callgrind.out"
+    argv = [sys.executable, "-c", boot, str(THIS), "--inner", url]
+    argv += [str(args.warmup), str(args.split), str(out), "split"]
+    argv = [
+        "valgrind",
+        "--tool=callgrind",
+        "--dump-before=getppid",
+        f"--callgrind-out-file={prefix}",
+        f"--log-file={work / 'split.valgrind'}",
+        *argv,
+    ]
+    from tests.bench.instructions import _env
+
+    log = work / "stderr.log"
+    with log.open("w") as err:
+        proc = subprocess.run(
+            argv, cwd=tree, env=_env(tree), stdout=err, stderr=err, timeout=3600, check=False
+        )
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"the split's run exited with {proc.returncode}:\n{tail}")
+    dumps: list[tuple[int, int]] = []
+    for path in work.glob("callgrind.out.*"):
+        text = path.read_text(errors="replace")
+        trigger = re.search(r"^desc: Trigger: (.*)$", text, re.MULTILINE)
+        total = re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE)
+        if trigger is None or total is None or "getppid" not in trigger[1]:
+            continue
+        dumps.append((int(path.name.rsplit(".", 1)[1]), int(total[1])))
+        if args.keep is not None:
+            shutil.copy(path, args.keep / path.name)
+    dumps.sort()
+    # The first dump is everything up to the first call's start; then four a call, the last
+    # call's fourth (its end to the program's) not a getppid's.
+    counts = [total for _, total in dumps[1:]]
+    if len(counts) != 4 * args.split - 1:
+        raise RuntimeError(f"{len(counts)} dumps for {args.split} calls: a point was missed")
+    return {name: counts[i::4] for i, name in enumerate(_STRETCHES)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.remote_call", description=__doc__)
     parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout to measure")
@@ -151,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n2", type=int, default=250, help="calls of the long run (250)")
     parser.add_argument("--warmup", type=int, default=100, help="calls before both (100)")
     parser.add_argument("--no-valgrind", action="store_true", help="CPU per call only")
+    parser.add_argument(
+        "--split", type=int, metavar="N", help="N calls under callgrind, split (see above)"
+    )
+    parser.add_argument(
+        "--keep", type=Path, metavar="DIR", help="with --split: keep its dumps in DIR"
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.n1 < args.n2:
         parser.error("--n1 and --n2: give 0 <= N1 < N2")
@@ -159,6 +273,29 @@ def main(argv: list[str] | None = None) -> int:
     from tests.bench.instructions import PEER_URL, ROWS, peer
 
     tree = args.tree.resolve()
+    if args.split is not None:
+        if args.split < 2:
+            parser.error("--split: give at least 2 calls")
+        if shutil.which("valgrind") is None:
+            parser.error("valgrind is not installed")
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+        with (
+            tempfile.TemporaryDirectory(prefix="mesh-call-") as tmp,
+            peer(tree, ROWS["coord-remote"], Path(tmp)) as env,
+        ):
+            stretches = _split(tree, env[PEER_URL], args, Path(tmp))
+        print(f"tree {tree}  {args.split} calls after a warm-up of {args.warmup}, callgrind")
+        print(f"{'stretch':<26}{'median':>10}{'min':>10}{'max':>10}")
+        whole = 0
+        for name, counts in stretches.items():
+            middle = statistics.median(counts)
+            whole += middle if name != _STRETCHES[3] else 0
+            print(
+                f"{name:<26}{middle / 1e3:>9.1f}k{min(counts) / 1e3:>9.1f}k{max(counts) / 1e3:>9.1f}k"
+            )
+        print(f"{'the call (first three)':<26}{whole / 1e3:>9.1f}k")
+        return 0
     with tempfile.TemporaryDirectory(prefix="mesh-call-") as tmp:
         work = Path(tmp)
         with peer(tree, ROWS["coord-remote"], work) as env:
