@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench.instructions import ROWS, parse_args
+from tests.bench.instructions import ROWS, parse_args, split_parts
 from tests.support import ROOT, clean_env
 
 
@@ -62,12 +62,41 @@ def test_instructions_per_request_are_counted_by_cachegrind(tmp_path: Path) -> N
     assert " M" in proc.stdout.splitlines()[-1]
 
 
+@pytest.mark.integration
+@pytest.mark.skipif(
+    shutil.which("valgrind") is None,
+    reason="needs valgrind on PATH to count instructions: apt-get install valgrind "
+    "(.ci/system-deps installs it)",
+)
+def test_split_at_send_counts_before_and_after_the_answer(tmp_path: Path) -> None:
+    out = tmp_path / "ir.json"
+    tiny = ("--n1", "3", "--n2", "5", "--warmup", "1", "--concurrency", "1")
+    proc = _run("--rows", "mesh-node", *tiny, "--split-at-send", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["ir_before_send"] > row["ir_after_send"] > 0
+    assert "before send" in proc.stdout
+    assert proc.stdout.splitlines()[-1].count(" M") == 3
+
+
+def test_the_split_pairs_callgrinds_dumps_by_their_marks() -> None:
+    start, sent = "--dump-before=getpgrp", "--dump-before=getppid"
+    parts = [(start, 900), (sent, 10), (start, 2), (sent, 20), (start, 4), (sent, 30)]
+    parts.append(("Program termination", 700))
+    split = split_parts(parts)
+    assert (split.requests, split.before, split.after) == (3, 20, 3)
+    with pytest.raises(RuntimeError, match="do not alternate"):
+        split_parts([(start, 900), (sent, 10), (sent, 10), ("Program termination", 1)])
+
+
 def test_bad_options_are_refused_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, named in (
         (["--rows", "nope"], "--rows"),
         (["--n1", "10", "--n2", "10"], "--n2"),
         (["--concurrency", "0"], "--concurrency"),
         (["--tree", "/"], "--tree"),
+        (["--split-at-send"], "--split-at-send"),
+        (["--split-at-send", "--concurrency", "1", "--no-valgrind"], "--split-at-send"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             parse_args(argv)

@@ -5,6 +5,7 @@
     python -m tests.bench.instructions --tree /tmp/me/before # another checkout, same method
     python -m tests.bench.instructions --no-valgrind         # CPU per request only
     python -m tests.bench.instructions --rows coord-local,coord-remote --concurrency 1  # the hop
+    python -m tests.bench.instructions --rows mesh-node --concurrency 1 --split-at-send
 
 Each row's agent is served in process, without HTTP: its real app (``Node(agent, settings)``,
 its lifespan, its SQLite file in a temporary folder) called as ASGI with the bench's own request
@@ -23,6 +24,16 @@ instructions are counted. Its answers are checked as ``coord-local``'s (the scor
 the coordinator. ``lead-remote`` is the same for an LLM specialist (``bench-analyst``, whose own
 turn served alone is ``llm-node``): ``lead-remote`` - ``lead-local`` is what that hop costs its
 lead.
+
+``--split-at-send`` also says how much of a request comes before its answer is sent: at 1
+connection a caller waits for those instructions only, and what a node does after sending
+runs while the caller reads the answer. One more run of N1 requests after the warm-up, under
+``valgrind --tool=callgrind`` with ``--dump-before`` two marker C functions the bench calls
+around each measured request (``os.getpgrp`` as ``one()`` starts it, ``os.getppid`` when its
+answer's body is sent: neither is called by anything else the node runs), so callgrind's
+dumps alternate between "request start -> answer sent" and "answer sent -> next request";
+the row shows each's mean per request (the last request's "after" includes the process's
+exit and is left out). Needs ``--concurrency 1`` (at more, requests overlap).
 
 ``--tree`` runs the measured processes inside another checkout (its working directory and
 ``PYTHONPATH``), so ``mesh`` and the bench agents are that tree's, whichever tree this file is
@@ -148,7 +159,15 @@ def _hold_commits_inline() -> None:
         _sqlite.LOOP_BUDGET_S *= THRESHOLD_STRETCH
 
 
-async def _serve(row: InProcRow, warmup: int, requests: int, concurrency: int) -> Measure:
+#: The C functions the split run's marks call (``--split-at-send``): a request's start, and
+#: its answer's body sent. Cheap system calls nothing in a node calls.
+START_MARK = "getpgrp"
+SENT_MARK = "getppid"
+
+
+async def _serve(
+    row: InProcRow, warmup: int, requests: int, concurrency: int, split: bool = False
+) -> Measure:
     # Imported here, in the measured process, from the tree on its sys.path.
     from mesh._node import Node
     from mesh._settings import NodeSettings
@@ -170,6 +189,8 @@ async def _serve(row: InProcRow, warmup: int, requests: int, concurrency: int) -
     ]
     _hold_commits_inline()
     agent = _load(row.agent)
+    # The split run's marks (``--split-at-send``), called on the measured requests only.
+    marking = False
     with tempfile.TemporaryDirectory(prefix="mesh-ir-") as tmp:
         node = Node(agent, NodeSettings(data_dir=Path(tmp), registry=None))
         app = node.app
@@ -177,6 +198,8 @@ async def _serve(row: InProcRow, warmup: int, requests: int, concurrency: int) -
             lifespan_state = dict(state or {})
 
             async def one(unique: str) -> None:
+                if marking:
+                    os.getpgrp()  # START_MARK: callgrind dumps what came before
                 body = template.replace("{{ID}}", unique).encode()
                 scope = {
                     "type": "http",
@@ -212,6 +235,8 @@ async def _serve(row: InProcRow, warmup: int, requests: int, concurrency: int) -
                         status = message["status"]
                     elif message["type"] == "http.response.body":
                         chunks.append(message.get("body", b""))
+                        if marking and not message.get("more_body", False):
+                            os.getppid()  # SENT_MARK: the answer has left
 
                 await app(scope, receive, send)
                 text = b"".join(chunks).decode()
@@ -229,9 +254,11 @@ async def _serve(row: InProcRow, warmup: int, requests: int, concurrency: int) -
             await run(warmup, "warm")
             # As `mesh serve` does once ready (mesh._cli.serve.collect_from_here).
             gc.freeze()
+            marking = split
             cpu0, wall0 = time.process_time(), time.perf_counter()
             await run(requests, "load")
             cpu1, wall1 = time.process_time(), time.perf_counter()
+            marking = False
     return Measure(requests=requests, cpu_s=cpu1 - cpu0, wall_s=wall1 - wall0)
 
 
@@ -242,6 +269,7 @@ def _inner(argv: list[str]) -> int:
     parser.add_argument("--warmup", type=int, required=True)
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--split", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault(SDK_TRACING, "false")
     # What `mesh serve` logs (the task's line at INFO), to this process's stderr, the way it
@@ -255,7 +283,9 @@ def _inner(argv: list[str]) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     import uvloop
 
-    measure = uvloop.run(_serve(ROWS[args.row], args.warmup, args.requests, args.concurrency))
+    measure = uvloop.run(
+        _serve(ROWS[args.row], args.warmup, args.requests, args.concurrency, args.split)
+    )
     args.out.write_text(json.dumps(measure.__dict__))
     return 0
 
@@ -265,7 +295,9 @@ def _inner(argv: list[str]) -> int:
 _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
-def _command(tree: Path, row: str, n: int, opts: argparse.Namespace, out: Path) -> list[str]:
+def _command(
+    tree: Path, row: str, n: int, opts: argparse.Namespace, out: Path, split: bool = False
+) -> list[str]:
     # Run this file by path in the tree's interpreter state (cwd and PYTHONPATH = the tree):
     # `-m` would take the tree's copy, which an older tree does not have, and running the file
     # as a script would put tests/bench (its profile.py) ahead of the standard library.
@@ -285,6 +317,7 @@ def _command(tree: Path, row: str, n: int, opts: argparse.Namespace, out: Path) 
         str(opts.concurrency),
         "--out",
         str(out),
+        *(["--split"] if split else []),
     ]
 
 
@@ -400,6 +433,81 @@ def instructions(
     return int(found[1].replace(",", ""))
 
 
+_SUMMARY = re.compile(rb"^(?:summary|totals):\s+(\d+)")
+_TRIGGER = re.compile(rb"^desc: Trigger: (.*)$")
+
+
+@dataclass(frozen=True)
+class Split:
+    """A request's instructions before and after its answer was sent (``--split-at-send``)."""
+
+    requests: int
+    before: int
+    after: int
+
+
+def split_parts(parts: list[tuple[str, int]]) -> Split:
+    """Each callgrind dump as (its trigger, its instructions), in order, into the means per
+    request: a dump triggered by the sent mark counts a request's part before its answer, one
+    triggered by the start mark (but the first: start-up and warm-up) the previous request's
+    part after it; the last request's after (up to the process's exit) is left out."""
+    before: list[int] = []
+    after: list[int] = []
+    started = False
+    for trigger, count in parts:
+        if trigger.endswith(f"={SENT_MARK}"):
+            before.append(count)
+        elif trigger.endswith(f"={START_MARK}"):
+            if started:
+                after.append(count)
+            started = True
+    if not before or not after or len(before) != len(after) + 1:
+        raise RuntimeError(
+            f"the split run's dumps do not alternate: {len(before)} before the answer, "
+            f"{len(after)} after (was a request answered by an error, or not at 1 connection?)"
+        )
+    return Split(len(before), sum(before) // len(before), sum(after) // len(after))
+
+
+def _callgrind_parts(path: Path) -> list[tuple[str, int]]:
+    """(trigger, instructions) of each part of a combined callgrind file."""
+    parts: list[tuple[str, int]] = []
+    trigger = ""
+    with path.open("rb") as lines:
+        for line in lines:
+            if line.startswith(b"desc: Trigger"):
+                found = _TRIGGER.match(line.rstrip())
+                trigger = found[1].decode() if found else ""
+            elif line.startswith(b"summary:"):
+                summary = _SUMMARY.match(line)
+                assert summary is not None
+                parts.append((trigger, int(summary[1])))
+    return parts
+
+
+def split_at_send(
+    tree: Path, row: str, n: int, opts: argparse.Namespace, work: Path, env: dict[str, str]
+) -> Split:
+    """``n`` requests after the warm-up under callgrind, dumped at each mark: a request's
+    instructions before its answer was sent, and after."""
+    out, vlog, dumps = work / f"{row}-{n}-cg.json", work / f"{row}-{n}.callgrind", work / "cg.out"
+    valgrind = [
+        "valgrind",
+        "--tool=callgrind",
+        f"--dump-before={START_MARK}",
+        f"--dump-before={SENT_MARK}",
+        "--combine-dumps=yes",
+        f"--callgrind-out-file={dumps}",
+        f"--log-file={vlog}",
+    ]
+    argv = valgrind + _command(tree, row, n, opts, out, split=True)
+    _run(argv, tree, work, f"callgrind {row} ({n})", env)
+    try:
+        return split_parts(_callgrind_parts(dumps))
+    finally:
+        dumps.unlink(missing_ok=True)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tests.bench.instructions",
@@ -423,6 +531,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--no-valgrind", action="store_true", help="CPU per request only (no instruction count)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument(
+        "--split-at-send",
+        action="store_true",
+        help="also count a request's instructions before its answer is sent and after "
+        "(callgrind, N1 requests; needs --concurrency 1)",
+    )
     args = parser.parse_args(argv)
     args.rows = [r for r in args.rows.split(",") if r]
     unknown = sorted(set(args.rows) - set(ROWS))
@@ -432,6 +546,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--n1 and --n2: give 0 <= N1 < N2")
     if args.warmup < 0 or args.concurrency < 1:
         parser.error("--warmup must be >= 0 and --concurrency >= 1")
+    if args.split_at_send and (args.concurrency != 1 or args.n1 < 2 or args.no_valgrind):
+        parser.error(
+            "--split-at-send: needs --concurrency 1, --n1 >= 2 and valgrind (at more "
+            "connections the requests overlap)"
+        )
     args.tree = args.tree.resolve()
     if not (args.tree / "tests" / "bench" / "scenarios.py").is_file():
         parser.error(f"--tree: {args.tree} has no tests/bench/scenarios.py")
@@ -477,23 +596,32 @@ def _measure(
         long = instructions(args.tree, row, args.n2, args, work, env)
         result["ir"] = [short, long]
         result["ir_per_request"] = (long - short) // (args.n2 - args.n1)
+        if args.split_at_send:
+            split = split_at_send(args.tree, row, args.n1, args, work, env)
+            result["ir_before_send"] = split.before
+            result["ir_after_send"] = split.after
     return result
 
 
 def render(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     """The table: one line per row."""
+    split = getattr(args, "split_at_send", False)
+    head = f"{'row':<14}{'Ir/request':>14}{'CPU ms/req':>12}{'wall ms/req':>13}"
     lines = [
         f"tree {args.tree}  N1={args.n1} N2={args.n2} warm-up={args.warmup} "
         f"concurrency={args.concurrency}",
-        f"{'row':<14}{'Ir/request':>14}{'CPU ms/req':>12}{'wall ms/req':>13}",
+        head + (f"{'before send':>14}{'after send':>13}" if split else ""),
     ]
     for r in results:
         ir = r["ir_per_request"]
         shown = f"{ir / 1e6:.3f} M" if ir is not None else "-"
-        lines.append(
+        line = (
             f"{r['row']:<14}{shown:>14}{r['cpu_ms_per_request']:>12.3f}"
             f"{r['wall_ms_per_request']:>13.3f}"
         )
+        if split and "ir_before_send" in r:
+            line += f"{r['ir_before_send'] / 1e6:>12.3f} M{r['ir_after_send'] / 1e6:>11.3f} M"
+        lines.append(line)
     return "\n".join(lines)
 
 
