@@ -138,7 +138,7 @@ async def test_a_version_4_file_is_migrated_and_its_tasks_keys_and_resume_points
 
     sql = _schema_sql(path, "a2a_tasks")
     assert "without rowid" not in sql.lower()
-    assert sql.endswith("version 5")
+    assert sql.endswith("version 6")  # and on to version 6 (retention's index again)
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("select count(*) from a2a_tasks").fetchone()[0] == OLD_TASKS + 2
