@@ -48,7 +48,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -168,7 +168,14 @@ class Outgoing:
     context_id: str | None
     metadata: dict[str, Any]
 
-    async def send(self, peer: A2APeer, *, timeout: float, wait: bool = True) -> TaskResult:  # noqa: ASYNC109 - the HTTP timeout of this send
+    async def send(
+        self,
+        peer: A2APeer,
+        *,
+        timeout: float,  # noqa: ASYNC109 - the HTTP timeout of this send
+        wait: bool = True,
+        sent: Callable[[], object] | None = None,
+    ) -> TaskResult:
         return await peer.send(
             self.payload,
             skill=self.skill,
@@ -177,6 +184,7 @@ class Outgoing:
             metadata=self.metadata,
             timeout=timeout,
             wait=wait,
+            sent=sent,
         )
 
     def stream(self, peer: A2APeer, *, timeout: float) -> AsyncGenerator[TaskUpdate, None]:
@@ -212,7 +220,10 @@ class InFlightChild:
 
 class Delegation:
     """One call of ``tool`` at the peer ``link`` reaches, for the turn ``ctx`` (see the module
-    docstring). ``record`` is filled in as it goes (attempts, target, child task id)."""
+    docstring). ``record`` is filled in as it goes (attempts, target, child task id).
+    ``on_sent()``: called as soon as a blocking attempt's request is on the wire, while the
+    peer works (``A2APeer.send``'s ``sent``): the caller's bookkeeping that does not need the
+    answer goes there, off the hop's path."""
 
     def __init__(
         self,
@@ -228,8 +239,10 @@ class Delegation:
         caller: str,
         long_running: bool = False,
         long_after_s: float | None = None,
+        on_sent: Callable[[], object] | None = None,
     ) -> None:
         self.link = link
+        self.on_sent = on_sent
         #: Follow the child by subscription instead of one blocking request.
         self.long_running = long_running
         #: A blocking call still open after this long goes long (in a node's turn only).
@@ -428,7 +441,7 @@ class Delegation:
                     or after >= timeout
                     or not self.ctx.metadata.get("durable_children")
                 ):
-                    result = await self._message.send(peer, timeout=timeout)
+                    result = await self._message.send(peer, timeout=timeout, sent=self.on_sent)
                 else:
                     result = await self._blocking_or_long(peer, after)
         except RemoteError as exc:
@@ -505,7 +518,7 @@ class Delegation:
         try:
             # The send's own timeout is the switch: the request is dropped at ``after`` as a
             # timer around the send would drop it, with one timer fewer per call.
-            return await self._message.send(peer, timeout=after)
+            return await self._message.send(peer, timeout=after, sent=self.on_sent)
         except RemoteError as exc:
             if exc.reason != "deadline":
                 raise

@@ -472,6 +472,15 @@ def _request_head(url: httpx.URL, headers: Sequence[tuple[str, str]]) -> tuple[b
     return b"".join(out), closes
 
 
+def _call_sent(sent: Callable[[], object]) -> None:
+    """``DirectPool.post``'s ``sent()``: its failure is its caller's bookkeeping's, never the
+    exchange's (the request is on the wire; its answer is read as ever)."""
+    try:
+        sent()
+    except Exception:
+        log.warning("the bookkeeping run while a request is answered failed", exc_info=True)
+
+
 def _says_close(value: bytes) -> bool:
     """Whether a ``Connection`` header's value asks to close the connection."""
     return b"close" in {v.strip() for v in value.lower().split(b",")}
@@ -575,11 +584,15 @@ class DirectPool:
         max_bytes: int,
         too_large: Callable[[], Exception],
         error_bytes: int = 4096,
+        sent: Callable[[], object] | None = None,
     ) -> tuple[int, bytes]:
         """POST ``body`` to ``url`` and return the status and the whole answer: at most
         ``max_bytes`` (else ``too_large()`` is raised), at most ``error_bytes`` of an error
         status's (cut there). ``timeout`` bounds everything, ``connect_timeout`` a new
-        connection. Failures are httpx's exceptions: ``ConnectError`` (its cause the backend's
+        connection. ``sent()`` is called as soon as the request's bytes are written, before
+        the answer is waited for (again if a stale connection's request is written again): the
+        caller's bookkeeping that the answer does not need runs while the peer works; it
+        raising is logged and changes nothing of the exchange. Failures are httpx's exceptions: ``ConnectError`` (its cause the backend's
         refusal, or the TLS error), ``ConnectTimeout``, ``PoolTimeout`` (no free connection
         in time), ``ReadTimeout`` (the deadline passed), ``ReadError``, ``WriteError``,
         ``RemoteProtocolError``, ``LocalProtocolError`` (a header outside HTTP's grammar, or
@@ -617,7 +630,14 @@ class DirectPool:
                         connection = await self._connect(origin, connect_timeout)
                     try:
                         return await self._exchange(
-                            connection, exchange, request, closes, max_bytes, too_large, error_bytes
+                            connection,
+                            exchange,
+                            request,
+                            closes,
+                            max_bytes,
+                            too_large,
+                            error_bytes,
+                            sent,
                         )
                     except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
                         if not exchange.reused or exchange.answered:
@@ -633,6 +653,7 @@ class DirectPool:
                         max_bytes,
                         too_large,
                         error_bytes,
+                        sent,
                     )
         except TimeoutError as exc:
             if waiting:
@@ -648,12 +669,15 @@ class DirectPool:
         max_bytes: int,
         too_large: Callable[[], Exception],
         error_bytes: int,
+        sent: Callable[[], object] | None,
     ) -> tuple[int, bytes]:
         keep = False
         try:
             try:  # _as_httpx, without a context manager's generator per exchange
                 if connection.write(request):
                     await connection.drain()
+                if sent is not None:
+                    _call_sent(sent)
                 received = b""
                 end = -1
                 while end < 0 and len(received) <= _MAX_HEAD:

@@ -43,3 +43,11 @@ def test_bad_counts_are_refused() -> None:
     proc = _run("--n1", "5", "--n2", "5")
     assert proc.returncode == 2
     assert "--n2" in proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind on PATH")
+def test_split_gives_each_stretch_of_a_call() -> None:
+    proc = _run("--split", "2", "--warmup", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for stretch in ("before the write", "write -> answer arrived", "after", "the bench's own"):
+        assert stretch in proc.stdout

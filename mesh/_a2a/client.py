@@ -166,6 +166,7 @@ class A2APeer:
         timeout: float | None = None,  # noqa: ASYNC109 - the HTTP timeout of this call
         wait: bool = True,
         task_id: str | None = None,
+        sent: Callable[[], object] | None = None,
     ) -> TaskResult:
         """Send one message (a dict: one JSON data part; a str: text) and return its task:
         finished, or as it is once it exists with ``wait=False``. With ``task_id`` (and its
@@ -173,7 +174,11 @@ class A2APeer:
         input (``input-required``/``auth-required``). Re-sending the same
         ``message_id`` returns the same task (the node deduplicates). ``timeout`` bounds the
         whole call except connecting, which the client's own connect timeout bounds when
-        sooner (a host that never answers is ``unavailable``: another instance may be up)."""
+        sooner (a host that never answers is ``unavailable``: another instance may be up).
+        ``sent()``, when the call goes through the client's direct pool, is called as soon as
+        the request's bytes are written, before its answer is waited for
+        (``DirectPool.post``): the caller's bookkeeping that does not need the answer runs
+        while the peer works. Other ways of sending do not call it."""
 
         # Each way called directly (no closure made and awaited per call: every delegation
         # sends here).
@@ -188,6 +193,7 @@ class A2APeer:
                     timeout=timeout,
                     wait=wait,
                     task_id=task_id,
+                    sent=sent,
                 )
             except RemoteError as exc:
                 # No JSON-RPC here (404/405: nothing was run): a peer whose card we have not
@@ -222,6 +228,7 @@ class A2APeer:
         timeout: float | None,  # noqa: ASYNC109 - the HTTP timeout of this call
         wait: bool,
         task_id: str | None,
+        sent: Callable[[], object] | None = None,
     ) -> TaskResult:
         """``send`` as one JSON-RPC request built and read by ``mesh._a2a.jsonrpc``."""
         # ``_errors``' translation, without a context manager's generator per call.
@@ -237,7 +244,7 @@ class A2APeer:
             )
             direct = self._direct_pool()
             if direct is not None:
-                answer = await self._post_direct(direct, content, timeout, skill)
+                answer = await self._post_direct(direct, content, timeout, skill, sent)
             else:
                 answer = await self._post_httpx(content, timeout, skill)
             result = jsonrpc.result_of(answer)
@@ -258,6 +265,7 @@ class A2APeer:
         content: bytes,
         timeout: float | None,  # noqa: ASYNC109 - the deadline of this call
         skill: str | None,
+        sent: Callable[[], object] | None = None,
     ) -> bytes:
         """The JSON-RPC POST through the client's ``DirectPool`` (the hot path, see
         ``mesh._pool``): the same headers as through httpx (the client's own, the call's), a
@@ -277,6 +285,7 @@ class A2APeer:
             max_bytes=self.max_answer_bytes,
             too_large=lambda: AnswerTooLarge(self.max_answer_bytes),
             error_bytes=_REFUSAL_BYTES,
+            sent=sent,
         )
         if 200 <= status < 300:
             return answer
