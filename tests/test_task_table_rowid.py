@@ -138,7 +138,7 @@ async def test_a_version_4_file_is_migrated_and_its_tasks_keys_and_resume_points
 
     sql = _schema_sql(path, "a2a_tasks")
     assert "without rowid" not in sql.lower()
-    assert sql.endswith("version 6")  # and on to version 6 (retention's index again)
+    assert sql.endswith("version 7")  # and on to versions 6 and 7 (two indexes made again)
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("select count(*) from a2a_tasks").fetchone()[0] == OLD_TASKS + 2

@@ -210,6 +210,16 @@ TASKS_SCHEMA_V6 = f"""
 drop index if exists a2a_tasks_ended;
 create index a2a_tasks_ended on a2a_tasks (updated_at) where {_TERMINAL_SQL};
 """
+# Version 7 (SQLite only): ``a2a_tasks_by_time`` ascending. Declared ``desc`` it put each new
+# task (the newest time) at the left end of the index, where SQLite splits a full page by its
+# general rebalancing (the page, its siblings and their parent rewritten): ~7,000 instructions
+# a task, and the index 1.8x the pages (537 against 305 for 20,000 tasks). At the right end a
+# full page is split by starting a new one. Listings read it backwards: the same plans, no
+# sort. PostgreSQL's b-trees take either end alike: a no-op there.
+TASKS_SCHEMA_V7 = """
+drop index if exists a2a_tasks_by_time;
+create index a2a_tasks_by_time on a2a_tasks (owner, updated_at, id);
+"""
 _NO_OP = "select 1;"
 #: Owners ``open_contexts`` looks up one by one (an index seek each); past that, one scan.
 MAX_OWNERS = 100
@@ -551,11 +561,14 @@ class SqliteTaskStore(TaskStore):
     async def initialize(self) -> None:
         # Version 1: the tasks; 2: the resume points of tasks that wait (mesh._a2a.waits);
         # 3: their trace id and first save, indexed (``trace``); 4: retention's indexes;
-        # 5: a rowid table on SQLite; 6: retention's index without an ``in``.
-        v5 = TASKS_SCHEMA_V5 if self._db.dialect == "sqlite" else _NO_OP
+        # 5: a rowid table on SQLite; 6: retention's index without an ``in``; 7: the listing's
+        # index ascending on SQLite.
+        sqlite = self._db.dialect == "sqlite"
+        v5 = TASKS_SCHEMA_V5 if sqlite else _NO_OP
+        v7 = TASKS_SCHEMA_V7 if sqlite else _NO_OP
         await self._db.migrate(
             "tasks",
-            [_SCHEMA, TASKS_SCHEMA_V2, TASKS_SCHEMA_V3, TASKS_SCHEMA_V4, v5, TASKS_SCHEMA_V6],
+            [_SCHEMA, TASKS_SCHEMA_V2, TASKS_SCHEMA_V3, TASKS_SCHEMA_V4, v5, TASKS_SCHEMA_V6, v7],
         )
 
     def id_generator(self) -> IDGenerator:

@@ -1,9 +1,12 @@
-"""Version 6 of the ``tasks`` component: retention's index ``a2a_tasks_ended`` made again with
-its condition as comparisons instead of ``state in (...)``, which SQLite evaluated at every
-insert of a task's row by building a temporary b-tree of the four states first (~30,000
-instructions a row). A database at version 5 is migrated in place and retention (the count,
-the oldest-first deletes) still finds exactly the terminal tasks, on both backends; on SQLite
-the index still serves those reads and a task's insert builds no temporary b-tree."""
+"""Versions 6 and 7 of the ``tasks`` component, the indexes a task's row enters made cheaper to
+enter. 6: retention's index ``a2a_tasks_ended`` made again with its condition as comparisons
+instead of ``state in (...)``, which SQLite evaluated at every insert of a task's row by
+building a temporary b-tree of the four states first (~30,000 instructions a row). 7 (SQLite):
+the listing's index ``a2a_tasks_by_time`` ascending, so a new task's entry lands at its right
+end. A database at version 5 is migrated in place and retention (the count, the oldest-first
+deletes) still finds exactly the terminal tasks and ListTasks pages them in the same order, on
+both backends; on SQLite the indexes still serve those reads, without a sort, and a task's
+insert builds no temporary b-tree."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from a2a.server.context import ServerCallContext
-from a2a.types import Task, TaskState, TaskStatus
+from a2a.types import ListTasksRequest, Task, TaskState, TaskStatus
 
 from mesh._a2a import store
 from mesh._a2a.push_configs import PushConfigStore
@@ -63,12 +66,14 @@ def _row(task_id: str, state: TaskState, at_ns: int) -> tuple[object, ...]:
 
 
 async def _at_version_5(db: Database) -> list[tuple[object, ...]]:
-    """The database as a version-5 node left it: two tasks of every state, an old and a new."""
+    """The database as a version-5 node left it: two tasks of every state, an old and a new,
+    and three running ones of one status time (the listing orders them by id)."""
     assert await db.migrate("tasks", _v5_steps(db)) == 5
     rows = []
     for i, state in enumerate(STATES):
         rows.append(_row(f"old-{i}", state, NOW_NS - 10 * HOUR_NS + i))
         rows.append(_row(f"new-{i}", state, NOW_NS + i))
+    rows += [_row(f"tie-{i}", S.TASK_STATE_WORKING, NOW_NS - 5 * HOUR_NS) for i in range(3)]
 
     def write(conn: sqlite3.Connection) -> None:
         conn.executemany("insert into a2a_tasks values (?, ?, ?, ?, ?, ?, ?, ?)", rows)
@@ -97,27 +102,27 @@ async def test_a_version_5_database_migrates_and_retention_finds_the_terminal_ta
 ) -> None:
     old = await opener()
     try:
-        await _at_version_5(old)
+        rows = await _at_version_5(old)
         assert _listed(await _index_sql(old))
     finally:
         await old.aclose()
     db = await opener()  # the node starts again, on this code
     try:
-        await _migrated_and_swept(db)
+        await _migrated_and_swept(db, rows)
     finally:
         await db.aclose()
 
 
-async def _migrated_and_swept(db: Database) -> None:
+async def _migrated_and_swept(db: Database, rows: list[tuple[object, ...]]) -> None:
     tasks = SqliteTaskStore(db)
-    await tasks.initialize()  # version 6
+    await tasks.initialize()  # versions 6 and 7
     await PushConfigStore(db).initialize()  # the outbox retention's delete looks into
     version = await db.read(
         lambda conn: conn.execute(
             "select version from mesh_schema where component = 'tasks'"
         ).fetchone()
     )
-    assert int(version[0]) == 6
+    assert int(version[0]) == 7
     index = await _index_sql(db)
     assert not _listed(index)
     assert "state = 3" in index
@@ -130,13 +135,22 @@ async def _migrated_and_swept(db: Database) -> None:
         f"old-{i}" for i, ended in enumerate(STATES.values()) if ended
     )
     assert await tasks.count_ended() == terminal
-    left = await db.read(
-        lambda conn: conn.execute("select id from a2a_tasks order by id").fetchall()
-    )
-    assert sorted(r[0] for r in left) == sorted(
-        [f"new-{i}" for i in range(len(STATES))]
-        + [f"old-{i}" for i, ended in enumerate(STATES.values()) if not ended]
-    )
+    gone = {t.id for _, t in deleted}
+    kept = [r for r in rows if r[1] not in gone]
+    left = await db.read(lambda conn: conn.execute("select id from a2a_tasks").fetchall())
+    assert sorted(r[0] for r in left) == sorted(str(r[1]) for r in kept)
+    # ListTasks: newest first (ties by id, descending), paged, as before; on SQLite through
+    # the ascending index.
+    listed: list[str] = []
+    token = ""
+    while True:
+        page = await tasks.list(ListTasksRequest(page_size=3, page_token=token), CTX)
+        listed += [t.id for t in page.tasks]
+        token = page.next_page_token
+        if not token:
+            break
+    newest_first = sorted(kept, key=lambda r: (r[4], r[1]), reverse=True)
+    assert listed == [r[1] for r in newest_first]
     # A terminal state is still final for the upsert (its condition was rewritten too).
     await tasks.save(_task("new-4", S.TASK_STATE_WORKING), CTX)  # new-4 is COMPLETED
     stored = await db.read(
@@ -182,5 +196,41 @@ async def test_the_index_serves_retention_and_an_insert_builds_no_temporary_b_tr
         # The condition of the partial index and of the upsert's conflict are comparisons:
         # nothing builds a b-tree of constants (OP_OpenEphemeral) per row.
         assert "OpenEphemeral" not in ops
+    finally:
+        await db.aclose()
+
+
+async def test_the_listing_index_is_ascending_and_listings_read_it_backwards_without_a_sort(
+    tmp_path: Path,
+) -> None:
+    db = await Database.open(tmp_path / "node.db")
+    try:
+        await SqliteTaskStore(db).initialize()
+        order = "order by updated_at desc, id desc limit ?"
+        wheres = {
+            "owner = ?": ("",),
+            "owner = ? and (updated_at, id) < (?, ?)": ("", 1, "t"),  # a page token
+            "owner = ? and updated_at >= ?": ("", 1),
+            "owner = ? and state = ?": ("", 3),
+        }
+
+        def read(conn: sqlite3.Connection) -> tuple[str, dict[str, str]]:
+            sql = conn.execute(
+                "select sql from sqlite_schema where name = 'a2a_tasks_by_time'"
+            ).fetchone()[0]
+            found = {}
+            for where, args in wheres.items():
+                plan = conn.execute(
+                    f"explain query plan select data from a2a_tasks where {where} {order}",
+                    (*args, 101),
+                ).fetchall()
+                found[where] = str([tuple(r) for r in plan])
+            return str(sql).lower(), found
+
+        sql, plans = await db.read(read)
+        assert sql.endswith("(owner, updated_at, id)")
+        for where, plan in plans.items():
+            assert "a2a_tasks_by_time" in plan, where
+            assert "TEMP B-TREE" not in plan, where
     finally:
         await db.aclose()
