@@ -1086,7 +1086,10 @@ def test_a_database_of_the_tree_before_is_read_and_continued_alike(
     # 35: tasks 5 -> 7, the indexes a task's row enters). Everything read must stay the same.
     now_schema, before_schema = dict(got["now"].pop("schema")), dict(got["before"].pop("schema"))
     assert now_schema.keys() == before_schema.keys()
-    assert all(now_schema[c] >= before_schema[c] for c in before_schema), (now_schema, before_schema)
+    assert all(now_schema[c] >= before_schema[c] for c in before_schema), (
+        now_schema,
+        before_schema,
+    )
     assert got["now"] == got["before"]
 
 
