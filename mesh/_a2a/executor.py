@@ -49,6 +49,7 @@ from a2a.utils.errors import ContentTypeNotSupportedError, InternalError, Invali
 from pydantic import BaseModel, RootModel
 
 from mesh import _timeouts
+from mesh._a2a.after_answer import AFTER_ANSWER, AfterAnswer, later
 from mesh._a2a.artifacts import (
     AnswerStream,
     answer_parts,
@@ -320,7 +321,7 @@ class MeshExecutor(AgentExecutor):
         call = context.call_context
         direct = call.state.get(DIRECT) if call is not None and current is None else None
         if isinstance(direct, _Direct):
-            await self._reply(direct, context_id, event_queue)
+            await self._reply(direct, context_id, event_queue, call)
             return
         key = None
         if self.keys is not None and message is not None:
@@ -391,18 +392,31 @@ class MeshExecutor(AgentExecutor):
                 self.forget(_owner(context.call_context), task_id)
             if kept:
                 self._kept.discard(task_id)
-            self.running.end()
             seconds = time.monotonic() - started
+            traceparent = (req.traceparent if req else None) or "-"
+            # Once the answer is sent when a route sends it (mesh._a2a.after_answer): the
+            # answer does not need them. ``later``'s test inline: once a task.
+            after = call.state.get(AFTER_ANSWER) if call is not None else None
+            if type(after) is AfterAnswer:
+                after.append(
+                    functools.partial(
+                        self._finished, skill_id, task_id, outcome, seconds, traceparent
+                    )
+                )
+            else:
+                self._finished(skill_id, task_id, outcome, seconds, traceparent)
+
+    def _finished(
+        self, skill_id: str, task_id: str, outcome: TaskOutcome, seconds: float, traceparent: str
+    ) -> None:
+        """A task's run ended: it is no longer in flight, its metrics and its log line (written
+        even when the metrics raise)."""
+        self.running.end()
+        try:
             if self.metrics:
                 self.metrics.task_done(skill_id, outcome, seconds)
-            _log_task(
-                self.dispatcher.agent.name,
-                skill_id,
-                task_id,
-                outcome,
-                seconds,
-                (req.traceparent if req else None) or "-",
-            )
+        finally:
+            _log_task(self.dispatcher.agent.name, skill_id, task_id, outcome, seconds, traceparent)
 
     def _resume_kind(self, context: RequestContext, current: Task | None) -> str | None:
         """How this run resumes a task that waited (``RESUME``'s values, or ``ANSWER``); None
@@ -520,7 +534,13 @@ class MeshExecutor(AgentExecutor):
             files = files_of(message.parts, skill.accepts) if skill.accepts else []
             call.state[DIRECT] = _Direct(req, skill, payload, files)
 
-    async def _reply(self, direct: _Direct, context_id: str, event_queue: EventQueue) -> None:
+    async def _reply(
+        self,
+        direct: _Direct,
+        context_id: str,
+        event_queue: EventQueue,
+        call: ServerCallContext | None = None,
+    ) -> None:
         """Run a ``reply="message"`` skill and answer with one agent ``Message``: the result's
         parts, then those of what it attached. No task: a failure is the JSON-RPC error
         -32603 saying what failed, a ``SkillInputError`` the skill raised -32602 (the input
@@ -578,17 +598,31 @@ class MeshExecutor(AgentExecutor):
             await event_queue.enqueue_event(reply)
             outcome = "completed"
         finally:
-            self.running.end()
             seconds = time.monotonic() - started
+            after = later(call)
+            if after is None:
+                self._replied(skill.id, outcome, seconds, req.traceparent or "-")
+            else:  # once the answer is sent (mesh._a2a.after_answer)
+                after.append(
+                    functools.partial(
+                        self._replied, skill.id, outcome, seconds, req.traceparent or "-"
+                    )
+                )
+
+    def _replied(self, skill_id: str, outcome: TaskOutcome, seconds: float, trace: str) -> None:
+        """A direct reply's run ended: as ``_finished``, its line a message's."""
+        self.running.end()
+        try:
             if self.metrics:
-                self.metrics.task_done(skill.id, outcome, seconds)
+                self.metrics.task_done(skill_id, outcome, seconds)
+        finally:
             log.info(
                 "message agent=%s skill=%s outcome=%s duration_ms=%.1f traceparent=%s",
                 self.dispatcher.agent.name,
-                skill.id,
+                skill_id,
                 outcome,
                 seconds * 1000,
-                req.traceparent or "-",
+                trace,
             )
 
     def read_request(

@@ -21,6 +21,9 @@ untouched: ``serve`` returns False (``answer``, the gate's call, None) before se
 anything. The REST answer is what the SDK's REST route sends: ``application/a2a+json`` with the
 ``SendMessageResponse``, or the binding's error payload (``build_rest_error_payload``) with its
 HTTP status. Each request answered here counts in ``mesh_fastpath_sends_total`` by binding.
+What the answer does not need (the task's log line, its metrics, its count in flight) is done
+after the answer is sent: each request's ``AfterAnswer`` (``mesh._a2a.after_answer``), run as
+the request ends, whatever it ends with.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from google.protobuf.json_format import ParseDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from mesh._a2a.after_answer import AFTER_ANSWER, AfterAnswer
 from mesh._a2a.fastpath import FastPath
 from mesh._a2a.fastpath_json import (
     RAW_MESSAGE,
@@ -108,23 +112,27 @@ class FastRoute:
             return None
         context.state["method"] = "SendMessage"
         context.state["request_id"] = request_id
+        after = context.state[AFTER_ANSWER] = AfterAnswer()
         try:
-            result, start = self._answer(await self._call(params, context), params)
-            settled = context.state.get(SETTLED)
-            answer = rpc_result(result, request_id, history_from=start, settled=settled)
-        except A2AError as exc:
-            error = dumps(build_error_response(request_id, exc))
-        except Exception as exc:
-            # As the SDK's route does with an unexpected error: JSON-RPC -32603.
-            log.exception("SendMessage failed")
-            error = dumps(build_error_response(request_id, InternalError(message=str(exc))))
-        else:
-            await _send_json(send, 200, answer, _JSON)
+            try:
+                result, start = self._answer(await self._call(params, context), params)
+                settled = context.state.get(SETTLED)
+                answer = rpc_result(result, request_id, history_from=start, settled=settled)
+            except A2AError as exc:
+                error = dumps(build_error_response(request_id, exc))
+            except Exception as exc:
+                # As the SDK's route does with an unexpected error: JSON-RPC -32603.
+                log.exception("SendMessage failed")
+                error = dumps(build_error_response(request_id, InternalError(message=str(exc))))
+            else:
+                await _send_json(send, 200, answer, _JSON)
+                self._count("jsonrpc")
+                return True
+            await _send_json(send, 200, error, _JSON)
             self._count("jsonrpc")
-            return True
-        await _send_json(send, 200, error, _JSON)
-        self._count("jsonrpc")
-        return False
+            return False
+        finally:
+            after.run()  # what the answer did not wait for (mesh._a2a.after_answer)
 
     async def serve_rest(self, body: Any, scope: Scope, receive: Receive, send: Send) -> bool:
         """Answer ``body`` (the parsed JSON of a REST ``POST /message:send``) when the fast path
@@ -137,21 +145,25 @@ class FastRoute:
             context.state[RAW_MESSAGE] = (params.message, body["message"])
         if not self.fastpath.takes(params, context):
             return False
+        after = context.state[AFTER_ANSWER] = AfterAnswer()
         try:
-            result, start = self._answer(await self._call(params, context), params)
-            settled = context.state.get(SETTLED)
-            answer = response_text(result, history_from=start, settled=settled).encode()
-        except Exception as exc:
-            if not isinstance(exc, A2AError):
-                log.exception("SendMessage failed")  # as the SDK's REST route logs it
-            payload = build_rest_error_payload(exc)
-            response = JSONResponse(payload, status_code=int(payload["error"]["code"]))
-            await response(scope, receive, send)
-        else:
-            # What the SDK's REST route sends: the response, application/a2a+json.
-            await _send_json(send, 200, answer, _A2A_JSON)
-        self._count("rest")
-        return True
+            try:
+                result, start = self._answer(await self._call(params, context), params)
+                settled = context.state.get(SETTLED)
+                answer = response_text(result, history_from=start, settled=settled).encode()
+            except Exception as exc:
+                if not isinstance(exc, A2AError):
+                    log.exception("SendMessage failed")  # as the SDK's REST route logs it
+                payload = build_rest_error_payload(exc)
+                response = JSONResponse(payload, status_code=int(payload["error"]["code"]))
+                await response(scope, receive, send)
+            else:
+                # What the SDK's REST route sends: the response, application/a2a+json.
+                await _send_json(send, 200, answer, _A2A_JSON)
+            self._count("rest")
+            return True
+        finally:
+            after.run()  # what the answer did not wait for (mesh._a2a.after_answer)
 
     def _context(self, scope: Scope, params: SendMessageRequest) -> ServerCallContext:
         """The call context ``DefaultServerCallContextBuilder`` builds for this request, with
