@@ -471,3 +471,257 @@ def _unordered(out: dict[str, Any]) -> dict[str, Any]:
     out["left"] = sorted(json.dumps(x) for x in out["left"])
     out.pop("schema", None)
     return out
+
+
+# --- 5d282c8: the fast route's post-answer work (line, metrics, in-flight) ------------------
+#
+# A typed node in the driver's process; after each request, at once: the answer, the mesh log
+# lines it made, the task metrics (mesh_tasks_total, the duration count, the in-flight gauge,
+# the fast path's sends) and the executor's count in flight. Success, a skill's failure,
+# invalid input, an unknown skill, REST, a direct reply and its failure, a typed ask and its
+# answer (the SDK's route), a run past its deadline, one cancelled while its blocking send
+# waits, one whose caller went away, a duplicate while the first runs, 30 at once, a 8 MB
+# answer, and the metrics raising.
+
+_AFTER_DRIVER = r'''
+import asyncio, json, logging, re, sys, tempfile, time
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, SkillContext, skill
+from mesh._metrics import NodeMetrics
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+H = {"A2A-Version": "1.0"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|q-[0-9a-f]{8}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+VARY = re.compile(r"duration_ms=[\d.]+|0x[0-9a-f]+|\d+\.\d+ ?s\b|127\.0\.0\.1:\d+|/tmp/\w+|, \d\.\d+(e-\d+)?,")
+
+
+def canon(text):
+    text = VARY.sub("<v>", IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text))))
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class In(BaseModel):
+    i: int = 0
+    hold: float = 0.0
+    size: int = 0
+
+
+class Out(BaseModel):
+    i: int
+    pad: str = ""
+
+
+class Decision(BaseModel):
+    ok: bool
+
+
+@skill
+async def work(req: In) -> Out:
+    """Holds, fails on a negative i."""
+    if req.hold:
+        await asyncio.sleep(req.hold)
+    if req.i < 0:
+        raise ValueError(f"negative {req.i}")
+    return Out(i=req.i, pad="x" * req.size)
+
+
+@skill
+def plain(req: In) -> Out:
+    """No await."""
+    if req.i < 0:
+        raise ValueError(f"negative {req.i}")
+    return Out(i=req.i)
+
+
+@skill(reply="message")
+async def direct(req: In) -> Out:
+    """A direct reply."""
+    if req.i < 0:
+        raise ValueError("negative direct")
+    return Out(i=req.i)
+
+
+@skill
+async def asker(req: In, ctx: SkillContext) -> Out:
+    """Asks."""
+    answer = await ctx.ask("go?", schema=Decision)
+    return Out(i=req.i, pad=repr(answer))
+
+
+agent = Agent(name="s35-after", description="After.", skills=[work, plain, direct, asker])
+
+
+class Logs(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        if record.name.startswith("mesh"):
+            self.lines.append([record.levelname, record.name, canon(record.getMessage())])
+
+
+LOGS = Logs()
+KEEP = ("mesh_tasks_total", "mesh_tasks_in_flight", "mesh_task_duration_seconds_count",
+        "mesh_fastpath_sends_total")
+
+
+def msg(mid, skill_id, data, ctx=None, task=None, meta=None):
+    m = {"role": "ROLE_USER", "messageId": mid, "parts": [{"data": data}],
+         "metadata": {"skill": skill_id, **(meta or {})}}
+    if ctx:
+        m["contextId"] = ctx
+    if task:
+        m["taskId"] = task
+    return m
+
+
+async def metrics_raise(http, rpc, step):
+    done = NodeMetrics.task_done
+
+    def raising(self, *args, **kwargs):
+        raise RuntimeError("the metrics are down")
+
+    NodeMetrics.task_done = raising
+    try:
+        await step("metrics-raise", await rpc("SendMessage", {"message": msg("e1", "work", {"i": 1})}))
+        await step("metrics-raise-direct", await rpc("SendMessage", {"message": msg("e2", "direct", {"i": 1})}))
+        r = await http.post("/a2a/rest/message:send", json={"message": msg("e3", "work", {"i": 1})}, headers=H)
+        await step("metrics-raise-rest", [r.status_code, canon(r.text)])
+    finally:
+        NodeMetrics.task_done = done
+
+
+async def main():
+    logging.getLogger().addHandler(LOGS)
+    logging.getLogger().setLevel(logging.INFO)
+    tmp = Path(tempfile.mkdtemp())
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=tmp, registry=None))
+    url = f"http://127.0.0.1:{port}"
+    res = []
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=url, trust_env=False, timeout=30) as http,
+    ):
+        async def metrics():
+            text = (await http.get("/metrics")).text
+            return sorted(l for l in text.splitlines() if l.startswith(KEEP))
+
+        async def in_flight():
+            for line in (await http.get("/metrics")).text.splitlines():
+                if line.startswith("mesh_tasks_in_flight{"):
+                    return float(line.rsplit(" ", 1)[1])
+            return None
+
+        async def settled(within=5.0):
+            end = time.monotonic() + within
+            while time.monotonic() < end and await in_flight():
+                await asyncio.sleep(0.02)
+
+        async def rpc(method, params):
+            r = await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=H)
+            return [r.status_code, canon(r.text)]
+
+        async def step(name, answer, sort=False):
+            # At once: what a scrape or a log reader sees right after the answer.
+            lines = LOGS.lines[:]
+            LOGS.lines.clear()
+            res.append([name, answer, sorted(lines) if sort else lines, await metrics()])
+
+        if sys.argv[1] == "raise":
+            await metrics_raise(http, rpc, step)
+            await settled()
+            await step("end", None)
+            print(json.dumps({"mesh": mesh.__file__, "res": res}))
+            return
+        await step("ok", await rpc("SendMessage", {"message": msg("m1", "work", {"i": 1})}))
+        await step("ok-sync", await rpc("SendMessage", {"message": msg("m1s", "plain", {"i": 1})}))
+        await step("fails", await rpc("SendMessage", {"message": msg("m2", "work", {"i": -1})}))
+        await step("fails-sync", await rpc("SendMessage", {"message": msg("m2s", "plain", {"i": -1})}))
+        await step("invalid", await rpc("SendMessage", {"message": msg("m3", "work", {"i": "x"})}))
+        await step("unknown", await rpc("SendMessage", {"message": msg("m4", "nope", {"i": 1})}))
+        await step("history0", await rpc("SendMessage", {"message": msg("m5", "work", {"i": 5}), "configuration": {"historyLength": 0}}))
+        for n, data in enumerate(({"i": 2}, {"i": -2}, {"i": "x"})):
+            r = await http.post("/a2a/rest/message:send", json={"message": msg(f"r{n}", "work", data)}, headers=H)
+            await step(f"rest-{n}", [r.status_code, canon(r.text)])
+        await step("direct", await rpc("SendMessage", {"message": msg("d1", "direct", {"i": 3})}))
+        await step("direct-fails", await rpc("SendMessage", {"message": msg("d2", "direct", {"i": -3})}))
+        await step("direct-invalid", await rpc("SendMessage", {"message": msg("d3", "direct", {"i": "x"})}))
+        asked = await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": msg("q1", "asker", {"i": 4}, ctx="ctx-q")}}, headers=H)
+        await step("asked", [asked.status_code, canon(asked.text)])
+        tid = asked.json()["result"]["task"]["id"]
+        await step("answered", await rpc("SendMessage", {"message": msg("q2", "asker", {"ok": True}, ctx="ctx-q", task=tid)}))
+        await settled()
+        await step("answered-settled", None)
+        late = await rpc("SendMessage", {"message": msg("dl", "work", {"i": 6, "hold": 1.0}, meta={"deadline": time.time() + 0.3})})
+        await step("deadline", late)
+        await settled()
+        await step("deadline-settled", None)
+        held = asyncio.ensure_future(rpc("SendMessage", {"message": msg("c1", "work", {"i": 7, "hold": 10}, ctx="ctx-c")}))
+        while True:
+            listed = (await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"contextId": "ctx-c"}}, headers=H)).json()
+            if listed["result"]["tasks"]:
+                break
+            await asyncio.sleep(0.01)
+        cancelled = await rpc("CancelTask", {"id": listed["result"]["tasks"][0]["id"]})
+        await step("cancelled", [cancelled, await held])
+        async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=0.3) as impatient:
+            try:
+                await impatient.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": msg("g1", "work", {"i": 8, "hold": 0.8})}}, headers=H)
+                gone = "answered"
+            except httpx.TimeoutException:
+                gone = "timed out"
+        await settled()
+        await step("gone", gone)
+        first = asyncio.ensure_future(rpc("SendMessage", {"message": msg("u1", "work", {"i": 9, "hold": 0.3})}))
+        await asyncio.sleep(0.1)
+        second = await rpc("SendMessage", {"message": msg("u1", "work", {"i": 9, "hold": 0.3})})
+        await step("duplicate", [await first, second])
+        many = await asyncio.gather(*(rpc("SendMessage", {"message": msg(f"x{k}", "work" if k % 2 else "plain", {"i": k - 10})}) for k in range(30)))
+        await step("many", sorted(json.dumps(a, sort_keys=True) for a in many), sort=True)
+        big = await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": msg("b1", "work", {"i": 1, "size": 8 << 20})}}, headers=H)
+        await step("big", [big.status_code, len(big.content)])
+        await settled()
+        await step("end", None)
+    print(json.dumps({"mesh": mesh.__file__, "res": res}))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_every_requests_line_and_metrics_are_there_right_after_its_answer(trees: Trees) -> None:
+    """5d282c8's deferred work seen from the node's process right after each answer (a scrape,
+    the log lines): success, failures, invalid input, REST, direct replies, an ask and its
+    answer, a deadline, a cancel, a caller gone, a duplicate, 30 at once, 8 MB. Holds."""
+    now, before = _both(trees, _AFTER_DRIVER, "main")
+    _same(now, before)
+
+
+@pytest.mark.integration
+@pytest.mark.xfail(
+    strict=True,
+    reason="5d282c8: when the task's metrics raise (NodeMetrics.task_done), 4d880a6 answers "
+    "the request with the error (JSON-RPC -32603 'the metrics are down', REST 500 'unknown "
+    "exception'), logs 'SendMessage failed' and no task line; now the answer is the completed "
+    "task (or the direct reply), the task line is logged, and 'after an answer: "
+    "functools.partial(...) failed' is logged instead",
+)
+def test_a_request_whose_metrics_raise_is_answered_and_logged_as_before(trees: Trees) -> None:
+    """The executor's metrics raising (patched) on JSON-RPC, a direct reply and REST."""
+    now, before = _both(trees, _AFTER_DRIVER, "raise")
+    _same(now, before)
