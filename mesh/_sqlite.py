@@ -8,7 +8,10 @@ Group commit: ``read`` and ``write`` calls queue up on the event loop and are ru
 one batch; the writes of a batch share one ``begin immediate ... commit`` (each in its own
 savepoint, so a write that raises is rolled back alone and its caller gets the error). A
 ``write`` returns only after its commit, so whatever a caller acknowledges after
-``await db.write(...)`` is on disk.
+``await db.write(...)`` is on disk. A node serving one request at a time has no company for
+its writes: after ``ALONE_AFTER`` batches in a row of one write each, ``write_now`` commits a
+write where it is asked, without the queue's future and turn of the loop (the task store's
+awaited saves), and every ``PROBE_EVERY``-th goes through the queue again to find company.
 
 Where a batch runs: on the event loop's own thread, when that cannot stall it. A batch is a few
 statements and, with ``synchronous=normal`` in WAL, a commit is a write to the WAL file without
@@ -103,6 +106,13 @@ _ON_THREAD: ContextVar[bool] = ContextVar("mesh_sqlite_on_thread", default=False
 LOOP_BUDGET_S = 0.02
 # SQLite VM instructions between two looks at the clock (~tens of microseconds of a scan).
 _PROGRESS_OPS = 10_000
+#: ``write_now`` runs a write at once only after this many batches of writes in a row held
+#: one write each: nothing came to share their commits (a node serving one request at a time).
+ALONE_AFTER = 8
+#: Of the writes ``write_now`` could run at once, every ``PROBE_EVERY``-th goes through the
+#: queue all the same: the writes queued behind it while it waits for its turn of the loop
+#: (requests that came together) show the company is back, and the queue's group commit with it.
+PROBE_EVERY = 16
 
 
 @dataclass(slots=True)
@@ -111,7 +121,8 @@ class _Op:
 
     fn: Callable[[sqlite3.Connection], Any]
     write: bool
-    future: asyncio.Future[Any]
+    #: None for ``write_now``'s op, which is run where it is made and never queued.
+    future: asyncio.Future[Any] | None
 
 
 # One outcome per op of a batch: (True, value) or (False, exception).
@@ -211,6 +222,10 @@ class Database:
         self.checkpoints = 0
         #: The WAL's length in frames after the last checkpoint.
         self.wal_frames = 0
+        #: Batches of writes in a row that held one write each (``write_now``), and the writes
+        #: it was asked to run at once since (its probes).
+        self._alone = 0
+        self._asked_now = 0
 
     @classmethod
     async def open(cls, path: str | Path) -> Database:
@@ -379,7 +394,7 @@ class Database:
                 except asyncio.CancelledError:
                     closed = StoreError(f"database {self.path}: flush cancelled")
                     for op in batch + self._queue:
-                        if not op.future.done():
+                        if op.future is not None and not op.future.done():
                             op.future.set_exception(closed)
                     self._queue = []
                     raise
@@ -393,8 +408,13 @@ class Database:
         self._start_flush()
 
     def _settle(self, batch: list[_Op], outcomes: list[_Outcome]) -> None:
+        writes = 0
+        for op in batch:
+            writes += op.write
+        if writes:
+            self._alone = self._alone + 1 if writes == 1 else 0
         for op, (ok, value) in zip(batch, outcomes, strict=True):
-            if op.future.done():  # the caller was cancelled
+            if op.future is None or op.future.done():  # the caller was cancelled
                 continue
             if ok:
                 op.future.set_result(value)
@@ -404,6 +424,46 @@ class Database:
                 op.future.set_exception(value)
         if self.commits >= self._checkpoint_at:
             self._start_checkpoint()
+
+    def write_now(self, fn: Callable[[sqlite3.Connection], T]) -> _Outcome | None:
+        """``write(fn)`` run now, on the loop, as a batch of its own: ``(True, its value)`` or
+        ``(False, the error write would raise)``, committed or rolled back on return; for a
+        write whose caller would await it at once. No future and no turn of the loop, but no
+        group commit either: the batch of an awaited write is what the loop's other callbacks
+        queue meanwhile (requests that came together), and a write run now has none. So only
+        when the node's writes found no company lately (``ALONE_AFTER`` batches in a row of one
+        write each), and every ``PROBE_EVERY``-th time through the queue all the same, to see
+        whether company came; only when nothing is queued before it and the loop may run a
+        batch (``_drain``'s rules). None when it was not run (those, a lock another connection
+        holds, the loop's budget passed; on PostgreSQL always): ``await write(fn)`` then."""
+        if self._alone < ALONE_AFTER or self._queue:
+            return None
+        if self._flusher is not None or self._draining is not None:
+            return None
+        if self._closed or not self._inline or _ON_THREAD.get():
+            return None
+        self._asked_now += 1
+        if self._asked_now % PROBE_EVERY == 0:
+            return None
+        loop = asyncio.get_running_loop()
+        if not self._may_inline(loop):
+            return None
+        started, waits = time.perf_counter(), _waits()
+        try:
+            outcomes = self._run_inline([_Op(fn, True, None)])
+        except Exception as exc:  # as ``_drain``: the write fails, not its caller's loop
+            outcomes = [(False, exc)]
+        if outcomes is None:
+            return None  # nothing was done (busy, or rolled back past the budget)
+        elapsed = time.perf_counter() - started
+        if elapsed > SLOW_BATCH_S and (waits < 0 or _waits() != waits):
+            self._slow(loop, elapsed)
+        if self.commits >= self._checkpoint_at:
+            self._start_checkpoint()
+        ok, value = outcomes[0]
+        if not ok and isinstance(value, self.driver_error):
+            return False, StoreError(f"database {self.path}: {value}")
+        return ok, value
 
     def _run_inline(self, batch: list[_Op]) -> list[_Outcome] | None:
         """On the loop: the batch, without waiting for any lock; None when one is held (the
