@@ -441,7 +441,18 @@ class Delegation:
                     or after >= timeout
                     or not self.ctx.metadata.get("durable_children")
                 ):
-                    result = await self._message.send(peer, timeout=timeout, sent=self.on_sent)
+                    # Sent by the peer itself (``Outgoing.send``'s call, one coroutine fewer
+                    # on the hop's path each way).
+                    message = self._message
+                    result = await peer.send(
+                        message.payload,
+                        skill=message.skill,
+                        message_id=message.message_id,
+                        context_id=message.context_id,
+                        metadata=message.metadata,
+                        timeout=timeout,
+                        sent=self.on_sent,
+                    )
                 else:
                     result = await self._blocking_or_long(peer, after)
         except RemoteError as exc:
@@ -819,10 +830,13 @@ def report_usage(ctx: ToolContext, task_metadata: Mapping[str, Any]) -> None:
     sink = ctx.metadata.get("usage_sink")
     if sink is None:
         return
-    # Its own counts, its children's added in (usually none: no copy then).
+    # Its own counts, its children's added in (usually none: an empty or missing value has
+    # no counts, so it is not read).
     total = usage_counts(read(task_metadata, USAGE))
-    for name, value in usage_counts(read(task_metadata, CHILDREN_USAGE)).items():
-        total[name] = total.get(name, 0) + value
+    children = read(task_metadata, CHILDREN_USAGE)
+    if children:
+        for name, value in usage_counts(children).items():
+            total[name] = total.get(name, 0) + value
     if not total:
         return
     if callable(sink):

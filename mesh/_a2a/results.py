@@ -50,8 +50,30 @@ def as_json(message: ProtoMessage) -> dict[str, Any]:
 
 def _state(value: Any) -> str:
     """``"TASK_STATE_INPUT_REQUIRED"`` -> ``"input-required"`` (missing: ``"unspecified"``)."""
+    if type(value) is str:
+        known = _STATES.get(value)
+        if known is not None:
+            return known
     name = value if isinstance(value, str) and value else "TASK_STATE_UNSPECIFIED"
     return name.removeprefix("TASK_STATE_").lower().replace("_", "-")
+
+
+# The spec's states as ``_state`` spells them, worked out once (every answer names one).
+_STATES: dict[str, str] = {}
+_STATES.update(
+    (name, _state(name))
+    for name in (
+        "TASK_STATE_SUBMITTED",
+        "TASK_STATE_WORKING",
+        "TASK_STATE_COMPLETED",
+        "TASK_STATE_FAILED",
+        "TASK_STATE_CANCELED",
+        "TASK_STATE_INPUT_REQUIRED",
+        "TASK_STATE_REJECTED",
+        "TASK_STATE_AUTH_REQUIRED",
+        "TASK_STATE_UNSPECIFIED",
+    )
+)
 
 
 def _is_map(value: Any) -> TypeGuard[Mapping[str, Any]]:
@@ -62,7 +84,8 @@ def _is_map(value: Any) -> TypeGuard[Mapping[str, Any]]:
 
 def _parts(holder: Any) -> list[Mapping[str, Any]]:
     parts = holder.get("parts") if _is_map(holder) else None
-    return [p for p in parts if _is_map(p)] if isinstance(parts, list) else []
+    # A parsed part is a dict: checked in line, ``_is_map`` called only for anything else.
+    return [p for p in parts if type(p) is dict or _is_map(p)] if isinstance(parts, list) else []
 
 
 def _texts(holder: Any, parts: list[Mapping[str, Any]] | None = None) -> list[str]:
@@ -110,7 +133,7 @@ def artifact_from_json(artifact: Mapping[str, Any]) -> Artifact:
     """An artifact in its JSON form (as the wire carries it) as ``mesh.Artifact``."""
     parts: list[Any] = []
     for part in artifact.get("parts") or ():
-        if not _is_map(part):
+        if type(part) is not dict and not _is_map(part):
             continue
         kind = part.get("mediaType") or ""
         if "text" in part:
@@ -220,7 +243,7 @@ class TaskResult:
         data: dict[str, Any] | None = None
         texts: list[str] = []
         metadata = _mapping(task.get("metadata"))
-        artifacts = [a for a in task.get("artifacts") or () if _is_map(a)]
+        artifacts = [a for a in task.get("artifacts") or () if type(a) is dict or _is_map(a)]
         # A mesh node's answer is the artifact named after its skill; the rest are attachments.
         skill = metadata.get("skill")
         answer = (skill and [a for a in artifacts if a.get("name") == skill]) or artifacts
