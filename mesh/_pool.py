@@ -618,43 +618,58 @@ class DirectPool:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._max)
         slots = self._slots
+        # One deadline for the whole exchange, without a loop timer of its own
+        # (mesh._timeouts), at this loop time. A kept connection's request is written before
+        # it is entered (``_exchange``: nothing before the write waits, so nothing it bounds
+        # runs sooner), so its bookkeeping is done while the peer works; a wait for a slot or
+        # a new connection is under it.
+        when = None if timeout is None else asyncio.get_running_loop().time() + timeout
         waiting = True
         try:
-            # One deadline for the exchange without a loop timer of its own (mesh._timeouts).
-            with _timeouts.timeout(timeout):
-                async with slots:
-                    waiting = False
-                    connection = self._take(origin)
-                    exchange = _Exchange(reused=connection is not None)
-                    if connection is None:
+            if slots.locked():
+                with _timeouts.timeout_at(when):
+                    await slots.acquire()
+            else:
+                await slots.acquire()  # a free slot: taken at once, nothing awaited
+            try:
+                waiting = False
+                connection = self._take(origin)
+                exchange = _Exchange(reused=connection is not None)
+                if connection is None:
+                    with _timeouts.timeout_at(when):
                         connection = await self._connect(origin, connect_timeout)
-                    try:
-                        return await self._exchange(
-                            connection,
-                            exchange,
-                            request,
-                            closes,
-                            max_bytes,
-                            too_large,
-                            error_bytes,
-                            sent,
-                        )
-                    except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
-                        if not exchange.reused or exchange.answered:
-                            raise
-                        # A stale kept-alive connection (see the module docstring, 3.).
-                        log.debug("%s on a reused connection to %s: sending it again", exc, url)
-                    connection = await self._connect(origin, connect_timeout)
+                try:
                     return await self._exchange(
                         connection,
-                        _Exchange(reused=False),
+                        exchange,
                         request,
                         closes,
                         max_bytes,
                         too_large,
                         error_bytes,
                         sent,
+                        when,
                     )
+                except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
+                    if not exchange.reused or exchange.answered:
+                        raise
+                    # A stale kept-alive connection (see the module docstring, 3.).
+                    log.debug("%s on a reused connection to %s: sending it again", exc, url)
+                with _timeouts.timeout_at(when):
+                    connection = await self._connect(origin, connect_timeout)
+                return await self._exchange(
+                    connection,
+                    _Exchange(reused=False),
+                    request,
+                    closes,
+                    max_bytes,
+                    too_large,
+                    error_bytes,
+                    sent,
+                    when,
+                )
+            finally:
+                slots.release()
         except TimeoutError as exc:
             if waiting:
                 raise httpx.PoolTimeout(f"no free connection within {timeout}s") from exc
@@ -670,64 +685,71 @@ class DirectPool:
         too_large: Callable[[], Exception],
         error_bytes: int,
         sent: Callable[[], object] | None,
+        when: float | None,
     ) -> tuple[int, bytes]:
+        """One request on ``connection`` and its answer, under the deadline (loop time
+        ``when``) from the moment its bytes are written: nothing awaits before that."""
         keep = False
         try:
             try:  # _as_httpx, without a context manager's generator per exchange
-                if connection.write(request):
-                    await connection.drain()
-                if sent is not None:
-                    _call_sent(sent)
-                received = b""
-                end = -1
-                while end < 0 and len(received) <= _MAX_HEAD:
-                    data = await connection.read()
-                    if not data:
-                        break
-                    # Any byte back (even garbage) means the request arrived: not stale.
-                    exchange.answered = True
-                    received += data
-                    end = received.find(b"\r\n\r\n")
-                    if end < 0 and (b"\n\n" in received or b"\n\r\n" in received):
-                        # A head h11 ends at a blank line with a bare LF: not textbook, and
-                        # waiting for a CRLF one would wait for the deadline.
-                        break
-                head = _textbook(received[:end]) if end >= 0 else None
-                if head is None:
-                    status, answer, keep = await self._by_h11(
-                        connection, received, max_bytes, too_large, error_bytes
-                    )
-                    keep = keep and not closes
-                    return status, answer
-                status = head.status
-                if head.encoding is not None:
-                    raise httpx.DecodingError(f"an answer in {head.encoding.decode()!r}")
-                if status < 400 and head.length > max_bytes:
-                    raise too_large()
-                start = end + 4
-                wanted = start + (head.length if status < 400 else min(head.length, error_bytes))
-                if len(received) < wanted:
-                    # Joined once: adding each read to what came before copies it all again
-                    # per read (a 32 MiB answer in 64 KiB reads: ~8 GB, seconds of CPU).
-                    pieces, have = [received], len(received)
-                    while have < wanted:
+                full = connection.write(request)
+                with _timeouts.timeout_at(when):
+                    if full:
+                        await connection.drain()
+                    if sent is not None:
+                        _call_sent(sent)
+                    received = b""
+                    end = -1
+                    while end < 0 and len(received) <= _MAX_HEAD:
                         data = await connection.read()
                         if not data:
-                            raise httpx.RemoteProtocolError(
-                                "peer closed connection without sending complete message body "
-                                f"(received {have - start} bytes, expected {head.length})"
-                            )
-                        pieces.append(data)
-                        have += len(data)
-                    received = b"".join(pieces)
-                # Kept only when the answer ended at its last byte and nothing else came in.
-                keep = (
-                    not closes
-                    and not head.closes
-                    and len(received) == start + head.length
-                    and connection.quiet()
-                )
-                return status, received[start:wanted]
+                            break
+                        # Any byte back (even garbage) means the request arrived: not stale.
+                        exchange.answered = True
+                        received += data
+                        end = received.find(b"\r\n\r\n")
+                        if end < 0 and (b"\n\n" in received or b"\n\r\n" in received):
+                            # A head h11 ends at a blank line with a bare LF: not textbook, and
+                            # waiting for a CRLF one would wait for the deadline.
+                            break
+                    head = _textbook(received[:end]) if end >= 0 else None
+                    if head is None:
+                        status, answer, keep = await self._by_h11(
+                            connection, received, max_bytes, too_large, error_bytes
+                        )
+                        keep = keep and not closes
+                        return status, answer
+                    status = head.status
+                    if head.encoding is not None:
+                        raise httpx.DecodingError(f"an answer in {head.encoding.decode()!r}")
+                    if status < 400 and head.length > max_bytes:
+                        raise too_large()
+                    start = end + 4
+                    wanted = start + (
+                        head.length if status < 400 else min(head.length, error_bytes)
+                    )
+                    if len(received) < wanted:
+                        # Joined once: adding each read to what came before copies it all again
+                        # per read (a 32 MiB answer in 64 KiB reads: ~8 GB, seconds of CPU).
+                        pieces, have = [received], len(received)
+                        while have < wanted:
+                            data = await connection.read()
+                            if not data:
+                                raise httpx.RemoteProtocolError(
+                                    "peer closed connection without sending complete message body "
+                                    f"(received {have - start} bytes, expected {head.length})"
+                                )
+                            pieces.append(data)
+                            have += len(data)
+                        received = b"".join(pieces)
+                    # Kept only when the answer ended at its last byte and nothing else came in.
+                    keep = (
+                        not closes
+                        and not head.closes
+                        and len(received) == start + head.length
+                        and connection.quiet()
+                    )
+                    return status, received[start:wanted]
             except Exception as exc:
                 mapped = _httpx_error(exc)
                 if mapped is None:

@@ -249,3 +249,60 @@ async def test_with_the_callers_lookup_the_line_is_logged_as_ever(
     assert answer == {"score": 5}
     record = _line(caplog)
     assert record.funcName == "_log_delegation"
+
+
+# -- the deadline still bounds the whole exchange ---------------------------------------------
+
+
+async def test_the_deadline_bounds_a_kept_connections_answer_from_its_write() -> None:
+    # On a kept connection the request is written before the deadline is entered; the
+    # answer it waits for is still cut at the deadline, counted from the call's start.
+    release, bodies = asyncio.Event(), list[bytes]()
+    release.set()
+    pool = DirectPool(None, max_connections=4, keepalive_expiry=30.0)
+    try:
+        async with held_server(release, bodies) as port:
+            assert await _post(pool, port, None) == (200, ANSWER)  # the connection is kept
+            release.clear()
+            started = time.monotonic()
+            with pytest.raises(httpx.ReadTimeout):
+                await pool.post(
+                    httpx.URL(f"http://127.0.0.1:{port}/"),
+                    [("Content-Type", "application/json")],
+                    b'{"q":2}',
+                    timeout=0.3,
+                    connect_timeout=5.0,
+                    max_bytes=1_000,
+                    too_large=lambda: AssertionError("too large"),
+                )
+            assert 0.25 <= time.monotonic() - started < 2.0
+            assert len(bodies) == 2  # it was sent, then its answer not waited for past 0.3 s
+            release.set()
+    finally:
+        await pool.aclose()
+
+
+async def test_the_deadline_bounds_the_wait_for_a_slot() -> None:
+    release, bodies = asyncio.Event(), list[bytes]()
+    pool = DirectPool(None, max_connections=1, keepalive_expiry=30.0)
+    try:
+        async with held_server(release, bodies) as port:
+            first = asyncio.ensure_future(_post(pool, port, None))
+            await eventually(lambda: len(bodies) == 1)
+            started = time.monotonic()
+            with pytest.raises(httpx.PoolTimeout):
+                await pool.post(
+                    httpx.URL(f"http://127.0.0.1:{port}/"),
+                    [("Content-Type", "application/json")],
+                    b'{"q":2}',
+                    timeout=0.3,
+                    connect_timeout=5.0,
+                    max_bytes=1_000,
+                    too_large=lambda: AssertionError("too large"),
+                )
+            assert 0.25 <= time.monotonic() - started < 2.0
+            release.set()
+            assert await first == (200, ANSWER)
+            assert await _post(pool, port, None) == (200, ANSWER)  # its slot was given back
+    finally:
+        await pool.aclose()

@@ -100,6 +100,9 @@ async def test_send_takes_the_direct_pool_with_the_request_httpx_would_send() ->
     direct, through_httpx = server.heads
     assert direct.pop("accept-encoding") == "identity"  # the direct path decodes nothing
     through_httpx.pop("accept-encoding")
+    # Each body's own length: their JSON-RPC ids are a per-process counter, 9 and 10 say.
+    for head, body in zip(server.heads, server.bodies, strict=True):
+        assert head.pop("content-length") == str(len(body))
     assert direct == through_httpx
     assert direct["authorization"] == "Bearer peer-token"  # the call's over the client's
     assert direct["x-client"] == "kept"
