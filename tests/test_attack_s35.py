@@ -840,3 +840,213 @@ def test_a_log_reader_right_after_the_answer_finds_the_tasks_line(
     before = _log_reader_right_after_answers(trees, "before", tmp_path)
     assert [c[3] for c in before] == [1, 2, 3, 1]  # the reference: each line there at once
     _same(now, before)
+
+
+# --- 9fad015: the delegation line's record made while the peer works -------------------------
+#
+# A coordinator with ``mesh serve``'s logging (``log_lines.configure``: no caller lookup, so the
+# record made at the request's write is the one logged) calls a real node in its process; each
+# delegation line's text (the LineHandler's, on a stream) and its LogRecord's attributes (times
+# aside), and whether its times are those of a record made when it was logged: created after the
+# peer's answer and before the call returned, msecs and relativeCreated from created. Calls: ok,
+# held 0.2 s, the skill failing, past the deadline, refused arguments, 20 at once, and with the
+# logging set up changed while the peer works (the logger's level up or down, logging.disable,
+# the caller lookup turned on, a record factory installed).
+
+_LINE_DRIVER = r'''
+import asyncio, io, json, logging, os, re, sys, tempfile, time
+from pathlib import Path
+
+import httpx
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, skill
+from mesh._cli import log_lines
+from mesh._metrics import NodeMetrics
+from mesh._netguard import create_http_client
+from mesh._netpolicy import NetworkPolicy
+from mesh._node import Node
+from mesh._remote import remote
+from mesh._settings import NodeSettings
+from mesh._tools import ToolContext
+from mesh._trust import PeerTrust
+from tests.support import free_port, uvicorn_serving
+
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|[0-9a-f]{16}")
+VARY = re.compile(r"duration_ms=[\d.]+|127\.0\.0\.1:\d+|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}")
+
+
+def canon(text):
+    return VARY.sub("<v>", IDS.sub("<id>", text))
+
+
+class In(BaseModel):
+    i: int
+    hold: float = 0.0
+
+
+class Out(BaseModel):
+    i: int
+
+
+ENDED = []
+
+
+@skill
+async def score(req: In) -> Out:
+    """Holds, fails on a negative i."""
+    if req.hold:
+        await asyncio.sleep(req.hold)
+    ENDED.append(time.time())
+    if req.i < 0:
+        raise ValueError("negative")
+    return Out(i=req.i)
+
+
+agent = Agent(name="s35-peer", description="Peer.", skills=[score])
+RECORDS = []
+
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        if record.name == "mesh._remote":
+            RECORDS.append(record)
+
+
+def shown(record, t0, t1):
+    d = dict(record.__dict__)
+    created = d.pop("created")
+    msecs, relative = d.pop("msecs"), d.pop("relativeCreated")
+    times = {
+        "in_call": t0 <= created <= t1,
+        "after_peer": not ENDED or created >= ENDED[-1],
+        "msecs": msecs == int((created - int(created)) * 1000) + 0.0,
+        "relative": abs(relative - (created - logging._startTime) * 1000) < 1e-6,
+    }
+    # The values (the message shows them, the duration aside): their types here.
+    d["args"] = [type(a).__name__ for a in d["args"]] if d.get("args") else d.get("args")
+    if d.get("lineno"):  # a caller lookup's: where the code is in its tree
+        d["lineno"], d["pathname"] = "<n>", os.path.basename(d["pathname"])
+    for k in ("message", "asctime"):
+        if k in d:
+            d[k] = canon(str(d[k]))
+    return [times, {k: canon(repr(v)) for k, v in sorted(d.items())}]
+
+
+async def main(which):
+    log_lines.configure("INFO")
+    stream = io.StringIO()
+    logging.getLogger().handlers[0].setStream(stream)
+    logging.getLogger().addHandler(Keep())
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=Path(tempfile.mkdtemp()), registry=None))
+    url = f"http://127.0.0.1:{port}"
+    anywhere = NetworkPolicy.parse("any")
+    res = []
+    async with uvicorn_serving(node.app, port, log_level="warning"):
+        http = create_http_client(anywhere, timeout=httpx.Timeout(35.0, connect=2.0))
+        registry = CollectorRegistry()
+        toolset = remote("s35-peer", skill="score", url=url, deadline_s=0.6)
+        toolset.bind(http=http, metrics=NodeMetrics(registry, "s35-coordinator"), caller="s35-coordinator",
+                     trust=PeerTrust(networks=anywhere))
+        remote_log = logging.getLogger("mesh._remote")
+
+        def ctx(n):
+            return ToolContext(agent_name="s35-coordinator", user_id="a2a", session_id=f"s-{n}", invocation_id=f"i-{n}",
+                               metadata={"deadline": time.time() + 30, "usage_sink": [], "task_id": f"t-{n}",
+                                         "traceparent": "00-" + "12" * 16 + "-" + "34" * 8 + "-01"})
+
+        async def call(n, args):
+            (tool,) = await toolset.tools(ctx(n))
+            try:
+                return ["ok", json.dumps(await tool.call(args, ctx(n)), sort_keys=True)]
+            except Exception as exc:
+                return ["error", type(exc).__name__, canon(str(exc))]
+
+        def later(delay, change):
+            asyncio.get_running_loop().call_later(delay, change)
+
+        srcfile = logging._srcfile
+        factory = logging.getLogRecordFactory()
+
+        def tagging(*args, **kwargs):
+            record = factory(*args, **kwargs)
+            record.tagged = "by the factory"
+            return record
+
+        cases = {
+            "main": [
+                ("ok", {"i": 1}, None, None),
+                ("held", {"i": 2, "hold": 0.2}, None, None),
+                ("fails", {"i": -1}, None, None),
+                ("deadline", {"i": 3, "hold": 1.5}, None, None),
+                ("refused", {"i": "x"}, None, None),
+                ("level-up", {"i": 4, "hold": 0.2}, lambda: remote_log.setLevel(logging.WARNING), lambda: remote_log.setLevel(logging.NOTSET)),
+                ("level-down", {"i": 5, "hold": 0.2}, lambda: remote_log.setLevel(logging.NOTSET), lambda: remote_log.setLevel(logging.NOTSET)),
+                ("disabled", {"i": 6, "hold": 0.2}, lambda: logging.disable(logging.INFO), lambda: logging.disable(logging.NOTSET)),
+                ("lookup-on", {"i": 7, "hold": 0.2}, lambda: setattr(logging, "_srcfile", logging.__file__), lambda: setattr(logging, "_srcfile", srcfile)),
+            ],
+            "factory": [
+                ("factory", {"i": 8, "hold": 0.2}, lambda: logging.setLogRecordFactory(tagging), lambda: logging.setLogRecordFactory(factory)),
+            ],
+        }[which]
+        for n, (name, args, change, undo) in enumerate(cases):
+            if name == "level-down":
+                remote_log.setLevel(logging.WARNING)
+            RECORDS.clear()
+            stream.seek(0)
+            stream.truncate()
+            ENDED.clear()
+            if change is not None:
+                later(0.1, change)
+            t0 = time.time()
+            got = await call(n, args)
+            t1 = time.time()
+            if undo is not None:
+                undo()
+            lines = [canon(l) for l in stream.getvalue().splitlines() if "mesh._remote" in l]
+            res.append([name, got, lines, [shown(r, t0, t1) for r in RECORDS]])
+        RECORDS.clear()
+        ENDED.clear()
+        t0 = time.time()
+        many = await asyncio.gather(*(call(100 + k, {"i": k, "hold": 0.05 * (k % 3)}) for k in range(20)))
+        t1 = time.time()
+        res.append(["many", sorted(json.dumps(m) for m in many),
+                    sorted(json.dumps(shown(r, t0, t1)[1], sort_keys=True) for r in RECORDS),
+                    all(shown(r, t0, t1)[0]["in_call"] for r in RECORDS)])
+        await toolset.aclose()
+        await http.aclose()
+    print(json.dumps({"mesh": mesh.__file__, "res": res}))
+
+
+asyncio.run(main(sys.argv[1]))
+'''
+
+
+@pytest.mark.integration
+def test_delegation_lines_and_records_under_serve_logging_are_the_tree_before(
+    trees: Trees,
+) -> None:
+    """9fad015: the line's text and its record (every attribute but the times; the times those
+    of a record made when logged) under mesh serve's logging, with the logging changed while
+    the peer works (level up or down, disable, the caller lookup on). Holds."""
+    now, before = _both(trees, _LINE_DRIVER, "main")
+    assert now["res"][0][2], now["res"][0]  # a line
+    _same(now, before)
+
+
+@pytest.mark.integration
+@pytest.mark.xfail(
+    strict=True,
+    reason="9fad015: a log record factory installed while the peer works (as OpenTelemetry's "
+    "LoggingInstrumentor.instrument() installs one, adding the trace ids to every record) is "
+    "not used for that call's delegation line: its record was made at the request's write "
+    "with the stock factory (the factory is checked then, not when the line is logged), so it "
+    "lacks the factory's attributes; 4d880a6 made the record when logging it, by the factory",
+)
+def test_a_record_factory_installed_while_the_peer_works_makes_the_line(trees: Trees) -> None:
+    now, before = _both(trees, _LINE_DRIVER, "factory")
+    assert "by the factory" in json.dumps(before)
+    _same(now, before)
