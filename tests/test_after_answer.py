@@ -267,7 +267,8 @@ async def test_a_deferred_call_that_raises_costs_neither_the_answer_nor_the_rest
     with caplog.at_level(logging.ERROR, logger="mesh._a2a"):
         answer = await worker.rpc({"key": "k", "n": 2}, "echo")
     assert answer["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
-    assert any("after an answer" in r.getMessage() for r in caplog.records)
+    failed = [r.getMessage() for r in caplog.records if "after an answer" in r.getMessage()]
+    assert failed == ["after an answer: MeshExecutor._finished failed"]
     assert worker.seen()["in_flight"] == 0
     assert len(worker.lines) == 1
     monkeypatch.undo()

@@ -49,7 +49,10 @@ class AfterAnswer(list[Callable[[], object]]):
                 try:
                     call()
                 except Exception:
-                    log.exception("after an answer: %r failed", call)
+                    what = getattr(call, "func", call)  # a partial: the function it calls
+                    log.exception(
+                        "after an answer: %s failed", getattr(what, "__qualname__", repr(what))
+                    )
 
 
 def later(call: ServerCallContext | None) -> AfterAnswer | None:
