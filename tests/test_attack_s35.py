@@ -850,7 +850,8 @@ def test_a_log_reader_right_after_the_answer_finds_the_tasks_line(
 # aside), and whether its times are those of a record made when it was logged: created after the
 # peer's answer and before the call returned, msecs and relativeCreated from created. Calls: ok,
 # held 0.2 s, the skill failing, past the deadline, refused arguments, 20 at once, and with the
-# logging set up changed while the peer works (the logger's level up or down, logging.disable,
+# logging set up changed while the peer works (by the peer's skill as it starts: the request is
+# written) (the logger's level up or down, logging.disable,
 # the caller lookup turned on, a record factory installed).
 
 _LINE_DRIVER = r'''
@@ -892,11 +893,14 @@ class Out(BaseModel):
 
 
 ENDED = []
+CHANGES = []
 
 
 @skill
 async def score(req: In) -> Out:
-    """Holds, fails on a negative i."""
+    """Holds, fails on a negative i; first makes the case's change (the request is written)."""
+    while CHANGES:
+        CHANGES.pop()()
     if req.hold:
         await asyncio.sleep(req.hold)
     ENDED.append(time.time())
@@ -965,9 +969,6 @@ async def main(which):
             except Exception as exc:
                 return ["error", type(exc).__name__, canon(str(exc))]
 
-        def later(delay, change):
-            asyncio.get_running_loop().call_later(delay, change)
-
         srcfile = logging._srcfile
         factory = logging.getLogRecordFactory()
 
@@ -981,12 +982,12 @@ async def main(which):
                 ("ok", {"i": 1}, None, None),
                 ("held", {"i": 2, "hold": 0.2}, None, None),
                 ("fails", {"i": -1}, None, None),
-                ("deadline", {"i": 3, "hold": 1.5}, None, None),
                 ("refused", {"i": "x"}, None, None),
                 ("level-up", {"i": 4, "hold": 0.2}, lambda: remote_log.setLevel(logging.WARNING), lambda: remote_log.setLevel(logging.NOTSET)),
                 ("level-down", {"i": 5, "hold": 0.2}, lambda: remote_log.setLevel(logging.NOTSET), lambda: remote_log.setLevel(logging.NOTSET)),
                 ("disabled", {"i": 6, "hold": 0.2}, lambda: logging.disable(logging.INFO), lambda: logging.disable(logging.NOTSET)),
                 ("lookup-on", {"i": 7, "hold": 0.2}, lambda: setattr(logging, "_srcfile", logging.__file__), lambda: setattr(logging, "_srcfile", srcfile)),
+                ("deadline", {"i": 3, "hold": 1.5}, None, None),
             ],
             "factory": [
                 ("factory", {"i": 8, "hold": 0.2}, lambda: logging.setLogRecordFactory(tagging), lambda: logging.setLogRecordFactory(factory)),
@@ -1000,7 +1001,7 @@ async def main(which):
             stream.truncate()
             ENDED.clear()
             if change is not None:
-                later(0.1, change)
+                CHANGES.append(change)
             t0 = time.time()
             got = await call(n, args)
             t1 = time.time()
