@@ -94,12 +94,16 @@ def _read(trees: Trees, side: str, run: subprocess.Popen[bytes]) -> dict[str, An
     return out
 
 
-def _all(trees: Trees, runs: list[tuple[str, str, tuple[str, ...]]]) -> list[dict[str, Any]]:
-    """Each (side, source, args) run at once, their outputs in order."""
+def _all(
+    trees: Trees,
+    runs: list[tuple[str, str, tuple[str, ...]]],
+    env: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Each (side, source, args) run at once (``env`` added), their outputs in order."""
     started: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:
         for side, source, args in runs:
-            started.append((side, _start(trees, side, source, *args)))
+            started.append((side, _start(trees, side, source, *args, env=env)))
     except BaseException:
         for _, run in started:
             run.kill()
@@ -127,8 +131,10 @@ def _same(now: Any, before: Any) -> None:
     raise AssertionError("\n".join(list(diff)[:150]))
 
 
-def _both(trees: Trees, source: str, *args: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    now, before = _all(trees, [("now", source, args), ("before", source, args)])
+def _both(
+    trees: Trees, source: str, *args: str, env: dict[str, str] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    now, before = _all(trees, [("now", source, args), ("before", source, args)], env)
     return now, before
 
 
@@ -184,6 +190,43 @@ def test_remote_failover_with_serve_logging_is_the_tree_before(trees: Trees) -> 
     now, before = _both(trees, source, *(f"failover:{m}" for m in modes))
     assert "ok" in json.dumps(now["failover:rst_at_once"])
     assert now == before
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("where", ["asyncio", "uvloop-tls"])
+def test_pool_answers_and_failures_are_the_tree_before(trees: Trees, where: str) -> None:
+    """s34's DirectPool scenarios (textbook answers, chunked, cut, reset, slow, a body never
+    read, an answer never sent, no free connection, stale kept connections closed or reset
+    under the next request, peers closing every connection), on asyncio and on uvloop over
+    TLS: what each post returns or raises, what is kept. Holds (9fad015's ``sent``, bb68342's
+    deadline entered after a kept connection's write)."""
+    env = {"S34_UVLOOP": "1", "S34_TLS": "1"} if where == "uvloop-tls" else None
+    now, before = _both(trees, s34._POOL_DRIVER, *s34.HELD, env=env)
+    _same(now, before)
+
+
+@pytest.mark.integration
+def test_heads_of_every_size_and_arrival_are_read_as_the_tree_before(trees: Trees) -> None:
+    """s34's answer heads of 100 B to 300 KB arriving whole or in pieces: holds (bb68342)."""
+    now, before = _both(trees, s34._SWEEP_DRIVER)
+    _same(now, before)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_many_posts_in_flight_end_as_the_tree_before(trees: Trees, loop: str) -> None:
+    """s34's 400 seeded posts over a pool of eight, each answered its own way: holds
+    (bb68342: the slot taken at once when free, the deadline from the call's start)."""
+    now, before = _both(trees, s34._STORM_DRIVER, *(("uvloop",) if loop == "uvloop" else ()))
+    _same(now, before)
+
+
+@pytest.mark.integration
+def test_coordinator_turns_over_a2a_are_the_tree_before(trees: Trees) -> None:
+    """s34's coordinator turns delegating over A2A to the bench's specialist: holds (every
+    client-side change of this session, end to end)."""
+    now, before = _both(trees, _SERVE_LOGGING + s34._COORDINATOR_DRIVER)
+    _same(now, before)
 
 
 # --- eaf4fb2 / 9acb821: tasks schema 5 -> 7, a database made by each tree ---------------------
