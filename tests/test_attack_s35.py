@@ -1094,3 +1094,129 @@ def test_a_record_factory_installed_while_the_peer_works_makes_the_line(trees: T
     now, before = _both(trees, _LINE_DRIVER, "factory")
     assert "by the factory" in json.dumps(before)
     _same(now, before)
+
+
+# --- db501ed: a task's save committed at once (write_now) once writes come alone --------------
+#
+# One request at a time (write_now armed after ALONE_AFTER batches of one write), then: a 24 MB
+# answer (its row's write past the loop's budget), a duplicate, a save that fails (the WAL
+# cannot grow: RLIMIT_FSIZE, SIGXFSZ ignored), the limit lifted, more requests; each answer,
+# GetTask of each, ListTasks, and the rows a new connection reads. In a process of its own.
+
+_WRITE_NOW_DRIVER = r'''
+import asyncio, json, os, re, resource, signal, sqlite3, sys, tempfile
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+H = {"A2A-Version": "1.0"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+FILES = re.compile(r"/tmp/\w+")
+
+
+def canon(text):
+    text = FILES.sub("<dir>", IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text))))
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class In(BaseModel):
+    i: int
+    size: int = 0
+
+
+class Out(BaseModel):
+    i: int
+    pad: str = ""
+
+
+@skill
+def pad(req: In) -> Out:
+    """Its number back, padded."""
+    return Out(i=req.i, pad="p" * req.size)
+
+
+agent = Agent(name="s35-now", description="Writes.", skills=[pad])
+
+
+async def main():
+    tmp = Path(tempfile.mkdtemp())
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=tmp, registry=None))
+    res, ids = [], []
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=60) as http,
+    ):
+        async def send(mid, i, size=0):
+            message = {"role": "ROLE_USER", "messageId": mid, "contextId": "ctx",
+                       "parts": [{"data": {"i": i, "size": size}}], "metadata": {"skill": "pad"}}
+            body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+                    "params": {"message": message, "configuration": {"historyLength": 0}}}
+            r = await http.post("/", json=body, headers=H)
+            got = r.json()
+            task = got.get("result", {}).get("task")
+            if task:
+                ids.append(task["id"])
+                for a in task.get("artifacts", []):
+                    for p in a.get("parts", []):
+                        if "data" in p:
+                            p["data"]["pad"] = len(p["data"]["pad"])
+                        if "text" in p:
+                            p["text"] = len(p["text"])
+            return [r.status_code, canon(json.dumps(got))]
+
+        for i in range(12):
+            res.append(await send(f"m{i}", i))
+        res.append(await send("big", 100, 24 << 20))
+        res.append(await send("m0", 0))  # a duplicate
+        res.append(await send("after-big", 101))
+        for i in range(12):
+            res.append(await send(f"n{i}", 200 + i))
+        wal = os.path.getsize(tmp / "node.db-wal")
+        resource.setrlimit(resource.RLIMIT_FSIZE, (wal + 50_000, resource.RLIM_INFINITY))
+        try:
+            res.append(await send("full", 300, 400_000))
+            res.append(await send("full-small", 301))
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        res.append(await send("full", 300, 400_000))  # again, the limit lifted
+        res.append(await send("later", 302))
+        gets = []
+        for tid in ids:
+            body = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": tid, "historyLength": 0}}
+            r = await http.post("/", json=body, headers=H)
+            got = r.json()
+            gets.append([r.status_code, got.get("result", {}).get("status", {}).get("state"), canon(json.dumps(got.get("error")))])
+        body = {"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"contextId": "ctx", "pageSize": 100}}
+        listed = (await http.post("/", json=body, headers=H)).json()["result"]
+        res.append(["list", len(listed["tasks"]), [t["status"]["state"] for t in listed["tasks"]]])
+    conn = sqlite3.connect(tmp / "node.db")
+    rows = [[int(s), n] for s, n in conn.execute("select state, length(data) > 1000000 from a2a_tasks order by updated_at, id")]
+    keys = conn.execute("select count(*) from a2a_message_keys").fetchone()[0]
+    print(json.dumps({"mesh": mesh.__file__, "res": res, "gets": gets, "rows": rows, "keys": keys}))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_saves_committed_at_once_answer_and_store_as_the_tree_before(trees: Trees) -> None:
+    """db501ed's write_now path (armed by one request at a time): a 24 MB row, a duplicate, a
+    save the disk refuses and the requests after it: the answers, GetTask, ListTasks, the rows
+    and message keys."""
+    now, before = _both(trees, _WRITE_NOW_DRIVER)
+    _same(now, before)
