@@ -763,7 +763,7 @@ def test_every_requests_line_and_metrics_are_there_right_after_its_answer(trees:
     "the request with the error (JSON-RPC -32603 'the metrics are down', REST 500 'unknown "
     "exception'), logs 'SendMessage failed' and no task line; now the answer is the completed "
     "task (or the direct reply), the task line is logged, and 'after an answer: "
-    "functools.partial(...) failed' is logged instead",
+    "MeshExecutor._finished failed' (f12dcb8's wording) is logged instead",
 )
 def test_a_request_whose_metrics_raise_is_answered_and_logged_as_before(trees: Trees) -> None:
     """The executor's metrics raising (patched) on JSON-RPC, a direct reply and REST."""
