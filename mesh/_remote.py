@@ -102,13 +102,7 @@ class _Line:
         self.record: logging.LogRecord | None = None
 
     def prepare(self) -> None:
-        if (
-            self.record is None
-            and logging._srcfile is None
-            and logging.getLogRecordFactory() is logging.LogRecord
-            and type(log).makeRecord is logging.Logger.makeRecord
-            and log.isEnabledFor(logging.INFO)
-        ):
+        if self.record is None and _stock_records() and log.isEnabledFor(logging.INFO):
             # As Logger._log makes it without a caller lookup; the values come at the end.
             self.record = log.makeRecord(
                 log.name,
@@ -120,6 +114,18 @@ class _Line:
                 None,
                 "(unknown function)",
             )
+
+
+def _stock_records() -> bool:
+    """Whether ``log.info`` makes its record as ``LogRecord(...)`` without a caller lookup
+    (asked when the line is prepared and again when it is logged: a record factory, say
+    OpenTelemetry's, may be installed while the peer works)."""
+    return (
+        logging._srcfile is None
+        and logging.getLogRecordFactory() is logging.LogRecord
+        and type(log).makeRecord is logging.Logger.makeRecord
+        and "makeRecord" not in log.__dict__
+    )
 
 
 def _log_delegation(
@@ -143,7 +149,10 @@ def _log_delegation(
     if (
         line is None
         or (prepared := line.record) is None
+        # What may change while the peer works (``_stock_records``, in line): a record
+        # factory installed, the caller lookup turned on, the level.
         or logging._srcfile is not None
+        or logging.getLogRecordFactory() is not logging.LogRecord
         or not log.isEnabledFor(logging.INFO)
     ):
         log.info(_DELEGATION_LINE, *values)

@@ -306,3 +306,34 @@ async def test_the_deadline_bounds_the_wait_for_a_slot() -> None:
             assert await _post(pool, port, None) == (200, ANSWER)  # its slot was given back
     finally:
         await pool.aclose()
+
+
+async def test_a_record_factory_installed_while_the_peer_works_makes_the_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As OpenTelemetry's LoggingInstrumentor installs one: the line is then the factory's
+    # record, made when it is logged (the one made ahead with the stock one is dropped).
+    caplog.set_level(logging.INFO, logger="mesh._remote")
+    stock = logging.getLogRecordFactory()
+
+    def traced(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = stock(*args, **kwargs)
+        record.traced = True
+        return record
+
+    prepare = _remote._Line.prepare
+
+    def then_installed(line: _remote._Line) -> None:
+        prepare(line)
+        assert line.record is not None  # made ahead with the stock factory
+        logging.setLogRecordFactory(traced)
+
+    monkeypatch.setattr(_remote._Line, "prepare", then_installed)
+    try:
+        with served_logging():
+            async with bureau(tmp_path) as url:
+                answer, _ = await _call(url)
+    finally:
+        logging.setLogRecordFactory(stock)
+    assert answer == {"score": 5}
+    assert getattr(_line(caplog), "traced", False)
