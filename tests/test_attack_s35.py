@@ -229,6 +229,18 @@ def test_coordinator_turns_over_a2a_are_the_tree_before(trees: Trees) -> None:
     _same(now, before)
 
 
+@pytest.mark.integration
+def test_read_answers_and_sent_bodies_are_the_tree_before(trees: Trees) -> None:
+    """s34's 3000 seeded task answers read by ``TaskResult.from_json`` (states known or not,
+    of every type; artifacts and parts of every shape) and SendMessage bodies of odd values:
+    hold (2377f50: the state table, the parts checked as dicts in line; the blocking attempt
+    sent by ``A2APeer.send`` itself)."""
+    now, before = _both(trees, s34._RESULTS_DRIVER)
+    _same(now, before)
+    now, before = _both(trees, s34._BODY_DRIVER)
+    _same(now, before)
+
+
 # --- eaf4fb2 / 9acb821: tasks schema 5 -> 7, a database made by each tree ---------------------
 #
 # "make": a typed node answers 36 requests (3 contexts, odd values, a trace, failures, one
