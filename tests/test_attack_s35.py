@@ -1100,15 +1100,11 @@ def test_delegation_lines_and_records_under_serve_logging_are_the_tree_before(
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="9fad015: a log record factory installed while the peer works (as OpenTelemetry's "
-    "LoggingInstrumentor.instrument() installs one, adding the trace ids to every record) is "
-    "not used for that call's delegation line: its record was made at the request's write "
-    "with the stock factory (the factory is checked then, not when the line is logged), so it "
-    "lacks the factory's attributes; 4d880a6 made the record when logging it, by the factory",
-)
 def test_a_record_factory_installed_while_the_peer_works_makes_the_line(trees: Trees) -> None:
+    """A log record factory installed while the peer works (OpenTelemetry's
+    LoggingInstrumentor.instrument() installs one) makes that call's delegation line, with the
+    factory's attributes. Broken by 9fad015 (the record made at the request's write with the
+    stock factory, the factory not asked again), fixed by ebb0287."""
     now, before = _both(trees, _LINE_DRIVER, "factory")
     assert "by the factory" in json.dumps(before)
     _same(now, before)
