@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import test_attack_s33 as s33
 from tests import test_attack_s34 as s34
 from tests.support import ROOT, archived_tree, clean_env
 
@@ -238,6 +239,25 @@ def test_read_answers_and_sent_bodies_are_the_tree_before(trees: Trees) -> None:
     now, before = _both(trees, s34._RESULTS_DRIVER)
     _same(now, before)
     now, before = _both(trees, s34._BODY_DRIVER)
+    _same(now, before)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("defer_s", ["0.0", "1.0"])
+def test_llm_turns_are_the_tree_before(trees: Trees, defer_s: str) -> None:
+    """s33's LLM turns (a replay, history lengths, a tool that asks and its answer, a turn
+    rejected while its context waits, typed turns, streams, ListTasks, GetTask, trace rows,
+    session rows, task rows, message keys), every first save past DEFER_S (0) or within it:
+    hold (db501ed's saves committed at once, 5d282c8's post-answer work, 9acb821's index)."""
+    now, before = _both(trees, s33._LLM_DRIVER, defer_s)
+    _same(now, before)
+
+
+@pytest.mark.integration
+def test_long_turns_and_big_events_are_stored_as_the_tree_before(trees: Trees) -> None:
+    """s33's long turns (70 state-changing tool rounds, 150 plain ones, 130 calls in one
+    response, a 400 KB tool result) over two contexts: every session row in order. Holds."""
+    now, before = _both(trees, s33._MANY_DRIVER)
     _same(now, before)
 
 
