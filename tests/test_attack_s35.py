@@ -1403,3 +1403,87 @@ def test_thread_and_process_fields_turned_on_while_the_peer_works_are_in_the_lin
     now, before = _both(trees, _LINE_DRIVER, "threads")
     assert "MainThread" in json.dumps(before)
     _same(now, before)
+
+
+# --- bb68342: a slow or silent peer times out at the same budget ----------------------------
+#
+# DirectPool.post to a peer that answers the first request on a connection and then goes silent
+# (the second goes over the kept connection: written before the deadline is entered), to one
+# silent from the start (a new connection), and to one that takes the whole budget to accept
+# the request's bytes (a 16 MB body, read slowly): how each ends and when (before, at or after
+# the 0.5 s budget).
+
+_DEADLINE_DRIVER = r"""
+import asyncio, json, sys, time
+
+import httpx
+
+import mesh
+from mesh._pool import DirectPool
+
+BUDGET = 0.5
+
+
+async def main():
+    served = {"posts": 0}
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int([l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0].split(b":")[1])
+                slow = length > 1_000_000
+                got = 0
+                while got < length:
+                    chunk = await reader.read(min(65536, length - got))
+                    if not chunk:
+                        return
+                    got += len(chunk)
+                    if slow:
+                        await asyncio.sleep(0.05)
+                served["posts"] += 1
+                if served["posts"] == 1:
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    await writer.drain()
+                    continue
+                await asyncio.sleep(5)  # silent
+                return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+    pool = DirectPool(None, max_connections=4, keepalive_expiry=30.0)
+    out = {"mesh": mesh.__file__, "ends": []}
+
+    async def post(body):
+        t0 = time.monotonic()
+        try:
+            got = await pool.post(httpx.URL(url), [("Content-Type", "application/json")], body, timeout=BUDGET, connect_timeout=2.0,
+                                  max_bytes=1 << 20, too_large=lambda: ValueError("large"))
+            end = ["ok", got[0]]
+        except Exception as exc:
+            end = ["error", type(exc).__name__, str(exc)]
+        ratio = (time.monotonic() - t0) / BUDGET
+        out["ends"].append([end, "early" if ratio < 0.95 else "at the budget" if ratio < 1.6 else "late"])
+
+    await post(b"{}")  # answered: the connection kept
+    await post(b"{}")  # kept connection, silent
+    await post(b"{}")  # a new connection, silent
+    await post(b"x" * (16 << 20))  # its bytes accepted slowly
+    await pool.aclose()
+    server.close()
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.integration
+def test_a_silent_peer_times_out_at_the_same_budget(trees: Trees) -> None:
+    """Holds (bb68342): the kept connection's silent answer, a new connection's and a request
+    whose bytes take the budget end the same way at the same time (the budget's end)."""
+    now, before = _both(trees, _DEADLINE_DRIVER)
+    assert before["ends"][0][0] == ["ok", 200]
+    _same(now, before)
