@@ -1304,10 +1304,15 @@ agent = Agent(name="s35-reader", description="Answers.", skills=[big, small])
 LINES = []
 
 
+WARNINGS = []
+
+
 class Keep(logging.Handler):
     def emit(self, record):
         if record.name == "mesh.task":
             LINES.append(record.getMessage().split(" task=")[0])
+        elif record.name.startswith("mesh") and record.levelno >= logging.INFO and "serving at" not in record.getMessage():
+            WARNINGS.append(f"{record.levelname} {record.getMessage()}")
 
 
 def request(mid, skill_id, ctx, size=0):
@@ -1323,7 +1328,8 @@ async def main():
     logging.getLogger().addHandler(Keep())
     logging.getLogger().setLevel(logging.INFO)
     port = free_port()
-    node = Node(agent, NodeSettings(port=port, data_dir=Path(tempfile.mkdtemp()), registry=None))
+    settings = NodeSettings(port=port, data_dir=Path(tempfile.mkdtemp()), registry=None, grace_seconds=2.0)
+    node = Node(agent, settings)
     out = {"mesh": mesh.__file__}
     async with (
         uvicorn_serving(node.app, port, log_level="warning", http=http_protocol()),
@@ -1350,6 +1356,13 @@ async def main():
                 await asyncio.sleep(0.02)
         out["b_completed"] = done
         out["while_unread"] = await seen()
+        if sys.argv[1:] == ["drain"]:  # the node stops now (mesh serve's SIGTERM)
+            t0 = time.monotonic()
+            idle = await node.drain()
+            out["drained"] = [idle, "within 1 s" if time.monotonic() - t0 < 1.0 else "after 1 s", sorted(WARNINGS)]
+            writer.close()
+            print(json.dumps(out))
+            return
         async def read_all():
             while await reader.read(1 << 20):
                 pass
@@ -1381,7 +1394,7 @@ asyncio.run(main())
 def test_a_task_completed_behind_a_slow_reader_is_counted_and_logged(trees: Trees) -> None:
     """The second request's task is completed (ListTasks) while its answer waits for room:
     the tasks counted, the in-flight gauge and the log lines then, and after the caller read."""
-    now, before = _both(trees, _SLOW_READER_DRIVER)
+    now, before = _both(trees, _SLOW_READER_DRIVER, "read")
     assert before["b_completed"]
     _same(now, before)
 
@@ -1486,4 +1499,19 @@ def test_a_silent_peer_times_out_at_the_same_budget(trees: Trees) -> None:
     whose bytes take the budget end the same way at the same time (the budget's end)."""
     now, before = _both(trees, _DEADLINE_DRIVER)
     assert before["ends"][0][0] == ["ok", 200]
+    _same(now, before)
+
+
+@pytest.mark.integration
+@pytest.mark.xfail(
+    strict=True,
+    reason="5d282c8: a node stopping (Node.drain, mesh serve's SIGTERM, grace 2 s) while a "
+    "completed task's answer waits for its slow reader: the task still counts in flight, so "
+    "the drain logs 'draining: waiting up to 2s for 1 task(s)', waits the whole grace, logs "
+    "'grace period over: ending 0 task(s) FAILED (shutdown)' and '1 task(s) did not stop in "
+    "time' and reports not idle (Node.drain False); 4d880a6 had nothing in flight: idle, only "
+    "'1 answer(s) still unsent when stopping'",
+)
+def test_a_node_stopping_behind_a_slow_reader_drains_as_before(trees: Trees) -> None:
+    now, before = _both(trees, _SLOW_READER_DRIVER, "drain")
     _same(now, before)
