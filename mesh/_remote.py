@@ -117,11 +117,13 @@ class _Line:
 
 
 def _stock_records() -> bool:
-    """Whether ``log.info`` makes its record as ``LogRecord(...)`` without a caller lookup
-    (asked when the line is prepared and again when it is logged: a record factory, say
-    OpenTelemetry's, may be installed while the peer works)."""
+    """Whether ``log.info`` makes its record as ``LogRecord(...)`` without a caller lookup and
+    without the thread's and process's fields, as under ``mesh serve`` (asked when the line is
+    prepared and again when it is logged: a record factory, say OpenTelemetry's, may be
+    installed while the peer works, or those fields turned on)."""
     return (
         logging._srcfile is None
+        and not (logging.logThreads or logging.logProcesses or logging.logMultiprocessing)
         and logging.getLogRecordFactory() is logging.LogRecord
         and type(log).makeRecord is logging.Logger.makeRecord
         and "makeRecord" not in log.__dict__
@@ -150,10 +152,14 @@ def _log_delegation(
         line is None
         or (prepared := line.record) is None
         # What may change while the peer works (``_stock_records``, in line): a record
-        # factory installed, the caller lookup turned on, the level.
+        # factory installed, the caller lookup turned on, the level, and the thread and
+        # process fields a record takes as it is made (``mesh serve`` turns them off).
         or logging._srcfile is not None
         or logging.getLogRecordFactory() is not logging.LogRecord
         or not log.isEnabledFor(logging.INFO)
+        or logging.logThreads
+        or logging.logProcesses
+        or logging.logMultiprocessing
     ):
         log.info(_DELEGATION_LINE, *values)
         return

@@ -142,13 +142,17 @@ async def bureau(tmp: Path) -> AsyncIterator[str]:
 
 @contextlib.contextmanager
 def served_logging() -> Iterator[None]:
-    """``mesh serve``'s logging switch: no caller lookup (``mesh._cli.log_lines``)."""
-    kept = logging._srcfile
+    """``mesh serve``'s logging switches (``mesh._cli.log_lines.configure``): no caller
+    lookup, no thread or process fields."""
+    names = ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing")
+    kept = {name: getattr(logging, name) for name in names}
     logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     try:
         yield
     finally:
-        logging._srcfile = kept
+        for name, value in kept.items():
+            setattr(logging, name, value)
 
 
 async def _call(url: str) -> tuple[object, float]:
