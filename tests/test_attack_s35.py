@@ -1207,12 +1207,13 @@ def test_a_record_factory_installed_while_the_peer_works_makes_the_line(trees: T
 # --- db501ed: a task's save committed at once (write_now) once writes come alone --------------
 #
 # One request at a time (write_now armed after ALONE_AFTER batches of one write), then: a 24 MB
-# answer (its row's write past the loop's budget), a duplicate, a save that fails (the WAL
-# cannot grow: RLIMIT_FSIZE, SIGXFSZ ignored), the limit lifted, more requests; each answer,
+# answer (its row's write past the loop's budget), a duplicate, another connection holding the
+# write lock for 0.5 s, a save that fails (the WAL cannot grow: RLIMIT_FSIZE, SIGXFSZ ignored),
+# the limit lifted, more requests; each answer,
 # GetTask of each, ListTasks, and the rows a new connection reads. In a process of its own.
 
 _WRITE_NOW_DRIVER = r'''
-import asyncio, json, os, re, resource, signal, sqlite3, sys, tempfile
+import asyncio, json, os, re, resource, signal, sqlite3, sys, tempfile, time
 from pathlib import Path
 
 import httpx
@@ -1293,6 +1294,17 @@ async def main():
         res.append(await send("after-big", 101))
         for i in range(12):
             res.append(await send(f"n{i}", 200 + i))
+        # Another connection holds the write lock for 0.5 s (a `mesh tasks` command, a backup).
+        holder = sqlite3.connect(tmp / "node.db", isolation_level=None, check_same_thread=False)
+        holder.execute("begin immediate")
+        release = asyncio.get_running_loop().call_later(0.5, holder.execute, "commit")
+        t0 = time.monotonic()
+        res.append(await send("locked", 150))
+        res.append(["waited for the lock", time.monotonic() - t0 >= 0.45])
+        release.cancel()
+        holder.close()
+        for i in range(10):
+            res.append(await send(f"k{i}", 160 + i))
         wal = os.path.getsize(tmp / "node.db-wal")
         resource.setrlimit(resource.RLIMIT_FSIZE, (wal + 50_000, resource.RLIM_INFINITY))
         try:
