@@ -284,3 +284,32 @@ async def test_without_a_route_the_work_is_done_at_once(worker: Node) -> None:
     task = await worker.service.handler.on_message_send(params, ServerCallContext())
     assert task.status.state == 3  # TASK_STATE_COMPLETED
     assert worker.seen() == ALL_DONE
+
+
+async def test_a_send_that_waits_does_not_hold_the_work_behind_it(worker: Node) -> None:
+    """A caller that does not read (uvicorn's send waits for the transport to drain): the
+    task's line, metrics and in-flight count do not wait for it (a drain would count the task
+    as running for as long), the loop does them while the send waits."""
+    route = worker.service.fastroute
+    assert route is not None
+    reading = asyncio.Event()
+    sent: list[dict[str, Any]] = []
+
+    async def slow_reader(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            worker.at_send.append(worker.seen())
+            await reading.wait()
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": HEADERS}
+    serving = asyncio.ensure_future(
+        route.serve(_body({"key": "k", "n": 2}, "echo"), scope, _no_receive, slow_reader)
+    )
+    await eventually(lambda: worker.seen() == ALL_DONE, what="the work done while the send waits")
+    assert not serving.done()
+    assert worker.at_send == [NOTHING_YET]
+    reading.set()
+    assert await serving
+    answer = json.loads(sent[-1]["body"])
+    assert answer["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert worker.seen() == ALL_DONE

@@ -28,6 +28,7 @@ the request ends, whatever it ends with.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -125,10 +126,10 @@ class FastRoute:
                 log.exception("SendMessage failed")
                 error = dumps(build_error_response(request_id, InternalError(message=str(exc))))
             else:
-                await _send_json(send, 200, answer, _JSON)
+                await _send_json(send, 200, answer, _JSON, after)
                 self._count("jsonrpc")
                 return True
-            await _send_json(send, 200, error, _JSON)
+            await _send_json(send, 200, error, _JSON, after)
             self._count("jsonrpc")
             return False
         finally:
@@ -156,10 +157,12 @@ class FastRoute:
                     log.exception("SendMessage failed")  # as the SDK's REST route logs it
                 payload = build_rest_error_payload(exc)
                 response = JSONResponse(payload, status_code=int(payload["error"]["code"]))
+                soon = asyncio.get_running_loop().call_soon(after.run)  # see _send_json
                 await response(scope, receive, send)
+                soon.cancel()
             else:
                 # What the SDK's REST route sends: the response, application/a2a+json.
-                await _send_json(send, 200, answer, _A2A_JSON)
+                await _send_json(send, 200, answer, _A2A_JSON, after)
             self._count("rest")
             return True
         finally:
@@ -257,8 +260,16 @@ class FastRoute:
         return params, False
 
 
-async def _send_json(send: Send, status: int, body: bytes, media_type: bytes) -> None:
-    """What Starlette's ``JSONResponse`` sends (``Content-Length``, then ``Content-Type``)."""
+async def _send_json(
+    send: Send, status: int, body: bytes, media_type: bytes, after: AfterAnswer
+) -> None:
+    """What Starlette's ``JSONResponse`` sends (``Content-Length``, then ``Content-Type``).
+    A send that has to wait (the caller has not read what was sent before: uvicorn's flow
+    control waits for the transport to drain) does not hold ``after`` behind the reader (the
+    task still in flight for a drain, its line and metrics unwritten): the loop runs it
+    meanwhile. A send that does not wait leaves it to the route, right after."""
     headers = [(b"content-length", str(len(body)).encode("latin-1")), (b"content-type", media_type)]
+    soon = asyncio.get_running_loop().call_soon(after.run)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+    soon.cancel()
