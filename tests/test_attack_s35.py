@@ -1470,16 +1470,8 @@ asyncio.run(main())
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="5d282c8: a task whose answer's send waits for room (its caller reads slowly: here "
-    "two pipelined requests, the first's 16 MB answer unread) is completed and stored "
-    "(ListTasks) but not counted (mesh_tasks_total), still in flight (mesh_tasks_in_flight 1, "
-    "executor.running) and not logged until the caller reads: the work waits behind uvicorn's "
-    "drain before the send, for as long as the caller does not read; 4d880a6 counted and "
-    "logged it before the answer (once read, both trees agree)",
-)
+# Broken by 5d282c8 (the work waited behind uvicorn's drain before the send: not counted,
+# in flight and unlogged until the caller read), fixed by 8ea9a87 (run while the send waits).
 def test_a_task_completed_behind_a_slow_reader_is_counted_and_logged(trees: Trees) -> None:
     """The second request's task is completed (ListTasks) while its answer waits for room:
     the tasks counted, the in-flight gauge and the log lines then, and after the caller read."""
@@ -1593,16 +1585,8 @@ def test_a_silent_peer_times_out_at_the_same_budget(trees: Trees) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="5d282c8: a node stopping (Node.drain, mesh serve's SIGTERM, grace 2 s) while a "
-    "completed task's answer waits for its slow reader: the task still counts in flight, so "
-    "the drain logs 'draining: waiting up to 2s for 1 task(s)', waits the whole grace, logs "
-    "'grace period over: ending 0 task(s) FAILED (shutdown)' and '1 task(s) did not stop in "
-    "time' and reports not idle (Node.drain False); 4d880a6 had nothing in flight: idle, only "
-    "'1 answer(s) still unsent when stopping'",
-)
+# Broken by 5d282c8 (the completed task counted in flight while its answer waited: the
+# drain waited its whole grace), fixed by 8ea9a87 (the work runs while the send waits).
 def test_a_node_stopping_behind_a_slow_reader_drains_as_before(trees: Trees) -> None:
     now, before = _both(trees, _SLOW_READER_DRIVER, "drain")
     _same(now, before)
