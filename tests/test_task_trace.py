@@ -7,8 +7,10 @@ import asyncio
 import json
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 from a2a.server.context import ServerCallContext
 from a2a.server.id_generator import IDGeneratorContext
 from a2a.types import Message, Role, Task, TaskState, TaskStatus
@@ -16,7 +18,9 @@ from a2a.types import Message, Role, Task, TaskState, TaskStatus
 from mesh._a2a.store import SqliteTaskStore, mark_blocking_send, mark_single_write
 from mesh._a2a.traces import MAX_VALUE_BYTES, TraceTaskRow, tasks_of_trace
 from mesh._eval.trace import Trace
+from mesh._sessions.sqlite import SqliteSessionStore
 from mesh._sqlite import Database
+from tests.postgres_support import pg_database, postgres_server  # noqa: F401 (fixtures)
 
 CTX = ServerCallContext()
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -158,3 +162,58 @@ def test_the_token_total_of_a_trace_reads_both_spellings_of_usage() -> None:
 
     rows = [row("new", {"totalTokens": 5}), row("old", {"input_tokens": 2, "output_tokens": 3})]
     assert Trace("t", rows).total_tokens == 10
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    """A fresh database of the backend."""
+    opened: Database
+    if request.param == "sqlite":
+        opened = await Database.open(tmp_path / "node.db")
+    else:
+        from mesh._pg import PgDatabase
+
+        opened = await PgDatabase.open(request.getfixturevalue("pg_database"))
+    yield opened
+    await opened.aclose()
+
+
+async def test_a_traces_tool_calls_are_read_on_either_backend(backend: Database) -> None:
+    """A node's trace answer reads its tasks' tool calls from the session store's events, and
+    answers without them when it has no sessions: on PostgreSQL too, which has no
+    ``sqlite_master`` (it answered /v1/traces/{id}/tasks with a 500 there)."""
+    store = SqliteTaskStore(backend)
+    await store.initialize()
+    await store.save(_task("t", TaskState.TASK_STATE_WORKING, meta_trace=TRACE), CTX)
+    # No session store on this node yet: the task, without tool calls.
+    (row,) = (await tasks_of_trace(store, backend, "credit-bureau", TRACE)).tasks
+    assert (row.task_id, row.tool_calls) == ("t", [])
+
+    # The session store makes its tables as it is first used.
+    assert await SqliteSessionStore(backend).get("loan-officer", "c-t") is None
+    now = time.time()
+    parts = [
+        {"function_call": {"id": "call-1", "name": "lookup", "args": {"applicant_id": "APP-1"}}},
+        {"function_response": {"id": "call-1", "name": "lookup", "response": {"score": 7}}},
+    ]
+    event = {"invocation_id": "inv-1", "timestamp": now, "content": {"parts": parts}}
+
+    def add(conn: sqlite3.Connection) -> None:
+        # The session of the task's context, its user the task's caller (no owner here).
+        conn.execute(
+            "insert into mesh_sessions (user_id, id, created_at, updated_at) values (?, ?, ?, ?)",
+            ("loan-officer", "c-t", now, now),
+        )
+        conn.execute(
+            "insert into mesh_session_events (user_id, session_id, event_id, author, timestamp, "
+            "data) values (?, ?, ?, ?, ?, ?)",
+            ("loan-officer", "c-t", "e-1", "credit-bureau", now, json.dumps(event)),
+        )
+
+    await backend.write(add)
+    await store.save(_task("t", TaskState.TASK_STATE_COMPLETED, meta_trace=TRACE), CTX)
+    (row,) = (await tasks_of_trace(store, backend, "credit-bureau", TRACE)).tasks
+    assert row.state == "completed"
+    assert [(c.name, c.args, c.ok) for c in row.tool_calls] == [
+        ("lookup", {"applicant_id": "APP-1"}, True)
+    ]

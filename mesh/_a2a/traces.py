@@ -192,6 +192,17 @@ def _row(agent: str, task: Task, created_ns: int | None) -> TraceTaskRow:
     )
 
 
+#: Whether the session store's events table is there (a node without sessions has none), in
+#: each backend's catalogue: PostgreSQL has no ``sqlite_master``.
+_HAS_EVENTS = {
+    "sqlite": "select 1 from sqlite_master where type = 'table' and name = 'mesh_session_events'",
+    "postgresql": (
+        "select 1 from information_schema.tables "
+        "where table_schema = current_schema() and table_name = 'mesh_session_events'"
+    ),
+}
+
+
 async def tasks_of_trace(
     store: SqliteTaskStore,
     db: Database,
@@ -210,9 +221,7 @@ async def tasks_of_trace(
     users = [owner or row.caller or "a2a" for (owner, _, _), row in zip(found, rows, strict=True)]
 
     def read(conn: sqlite3.Connection) -> list[list[ToolCallRow]]:
-        has_events = conn.execute(
-            "select 1 from sqlite_master where type = 'table' and name = 'mesh_session_events'"
-        ).fetchone()
+        has_events = conn.execute(_HAS_EVENTS[db.dialect]).fetchone()
         if has_events is None:
             return [[] for _ in rows]
         return [_tool_calls(conn, user, r) for user, r in zip(users, rows, strict=True)]
