@@ -1470,31 +1470,25 @@ asyncio.run(main())
 
 
 @pytest.mark.integration
-# Broken by 5d282c8 (the work waited behind uvicorn's drain before the send: not counted,
-# in flight and unlogged until the caller read), fixed by 8ea9a87 (run while the send waits).
 def test_a_task_completed_behind_a_slow_reader_is_counted_and_logged(trees: Trees) -> None:
     """The second request's task is completed (ListTasks) while its answer waits for room:
-    the tasks counted, the in-flight gauge and the log lines then, and after the caller read."""
+    the tasks counted, the in-flight gauge and the log lines then, and after the caller read.
+    Broken by 5d282c8 (the work waited behind uvicorn's drain before the send: not counted,
+    in flight and unlogged until the caller read), fixed by 8ea9a87 (run while the send
+    waits)."""
     now, before = _both(trees, _SLOW_READER_DRIVER, "read")
     assert before["b_completed"]
     _same(now, before)
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="9fad015: logging.logThreads / logProcesses turned on while the peer works (mesh "
-    "serve turns them off): the call's delegation line has thread, threadName and process "
-    "None, as they were when its record was made at the request's write; 4d880a6 made the "
-    "record when logging it: the thread's id and name, the process id",
-)
 def test_thread_and_process_fields_turned_on_while_the_peer_works_are_in_the_line(
     trees: Trees,
 ) -> None:
     """``logging.logThreads`` / ``logProcesses`` turned on while the peer works (mesh serve
     turns them off): the line's record has the thread's and process's fields as a record made
-    when logged has them."""
+    when logged has them. Broken by 9fad015 (thread, threadName and process None, taken at
+    the request's write), fixed by 8dce996."""
     now, before = _both(trees, _LINE_DRIVER, "threads")
     assert "MainThread" in json.dumps(before)
     _same(now, before)
@@ -1585,9 +1579,12 @@ def test_a_silent_peer_times_out_at_the_same_budget(trees: Trees) -> None:
 
 
 @pytest.mark.integration
-# Broken by 5d282c8 (the completed task counted in flight while its answer waited: the
-# drain waited its whole grace), fixed by 8ea9a87 (the work runs while the send waits).
 def test_a_node_stopping_behind_a_slow_reader_drains_as_before(trees: Trees) -> None:
+    """A node stopping (Node.drain, grace 2 s) while a completed task's answer waits for its
+    slow reader: idle, only '1 answer(s) still unsent when stopping'. Broken by 5d282c8 (the
+    task still in flight: 'draining: waiting up to 2s for 1 task(s)', the whole grace waited,
+    'grace period over: ending 0 task(s)', '1 task(s) did not stop in time', drain False),
+    fixed by 8ea9a87 (the work runs while the send waits)."""
     now, before = _both(trees, _SLOW_READER_DRIVER, "drain")
     _same(now, before)
 
