@@ -16,7 +16,7 @@ from google.protobuf.json_format import MessageToDict, SerializeToJsonError
 
 from mesh._a2a.artifacts import answer_parts
 from mesh._a2a.fastpath import AppliedEvents
-from mesh._a2a.fastpath_json import SETTLED, Settled, response_text
+from mesh._a2a.fastpath_json import SETTLED, Settled, response_text, rpc_result
 from mesh._a2a.one_shot import OneShotUpdater, stepped
 from mesh._a2a.store import SINGLE_WRITE
 from mesh._a2a.updater import MeshTaskUpdater
@@ -276,6 +276,7 @@ FLAT: list[dict[str, Any]] = [
     {"ok": True, "no": False, "none": None, "half": 0.5, "negzero": -0.0, "big": 2**60},
     {f"k{i}": i * 1.25 for i in range(9)},
     {f"key-{i}": str(i) for i in range(17)},
+    {"rate%": "5%s", "%(x)s": 1.5},  # a template's own sign in keys and values
 ]
 
 
@@ -321,6 +322,14 @@ async def test_a_settled_task_is_written_from_its_values_as_walked(data: dict[st
             expected = json.dumps({"task": walked}, ensure_ascii=False, separators=(",", ":"))
             assert response_text(task, start, settled) == expected
             assert response_text(task, start) == expected
+            for request_id in (7, "r-%s 1"):  # the envelope written with the task's text
+                enveloped = rpc_result(task, request_id, start, settled)
+                assert enveloped == rpc_result(task, request_id, start)
+                assert json.loads(enveloped) == {
+                    "result": json.loads(expected),
+                    "id": request_id,
+                    "jsonrpc": "2.0",
+                }
 
 
 @pytest.mark.parametrize(
@@ -367,7 +376,7 @@ async def test_a_flat_answer_of_many_keys_is_walked_and_its_order_not_kept(many:
     assert events.task is not None
     expected = response_text(events.task, 0)
     assert response_text(events.task, 0, settled) == expected
-    assert tuple(data) not in fastpath_json._DATA_ORDERS
+    assert all(layout[1] != tuple(data) for layout in fastpath_json._SETTLED_PLANS)
     assert json.loads(expected)["task"]["artifacts"][0]["parts"][0]["data"] == data
 
 
