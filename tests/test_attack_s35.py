@@ -262,6 +262,20 @@ def test_long_turns_and_big_events_are_stored_as_the_tree_before(trees: Trees) -
     _same(now, before)
 
 
+@pytest.mark.integration
+def test_typed_answers_and_settled_texts_are_the_tree_before(trees: Trees) -> None:
+    """s33's typed answers (flat values of every kind, 300 key sets, values the walk refuses,
+    direct replies, attachments; JSON-RPC, REST, GetTask; metadata shapes), each answer
+    written from a Settled also walked in this tree (the bytes must be the same): hold
+    (88f9153's templates, 5d282c8)."""
+    now, before = _both(trees, s33._FAST_DRIVER)
+    assert now.pop("differ") == []
+    assert now.pop("settled") > 300
+    before.pop("differ")
+    before.pop("settled")
+    _same(now, before)
+
+
 # --- eaf4fb2 / 9acb821: tasks schema 5 -> 7, a database made by each tree ---------------------
 #
 # "make": a typed node answers 36 requests (3 contexts, odd values, a trace, failures, one
@@ -1623,6 +1637,14 @@ def test_a_postgresql_store_of_the_tree_before_is_read_listed_continued_and_swep
             for db in copies.values():
                 conn.execute(f"drop database if exists {db} with (force)")
     assert now["swept"]["tasks"] > 0
+    # /v1/traces/{id}/tasks on PostgreSQL: a 500 at 4d880a6 (the tool calls' read asked
+    # sqlite_master), answered since 5bce5ae: the trace's 9 tasks, then 15 with the new ones.
+    for phase, tasks in (("first", 9), ("restart", 15)):
+        assert before[phase]["trace"][0] == 500
+        status, answer = now[phase].pop("trace")
+        before[phase].pop("trace")
+        assert status == 200, answer
+        assert len(answer["tasks"]) == tasks
     now_schema, before_schema = dict(now.pop("schema")), dict(before.pop("schema"))
     assert now_schema["tasks"] == 7, now_schema
     assert before_schema["tasks"] == 5, before_schema
