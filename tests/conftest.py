@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 # The PostgreSQL server fixtures (tests marked `postgres`), for every module that asks.
-from tests.postgres_support import pg_database, postgres_server  # noqa: F401
+from tests.postgres_support import either_database, pg_database, postgres_server  # noqa: F401
 from tests.support import ISOLATED_PREFIXES
 
 

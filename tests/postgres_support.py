@@ -191,3 +191,23 @@ def database_with(component: str, ddl: str) -> Callable[..., Any]:
             await opened.aclose()
 
     return db
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def either_database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    """A fresh, empty database of each backend in turn: a ``mesh._sqlite.Database`` on a file
+    in ``tmp_path``, then a ``mesh._pg.PgDatabase`` on ``pg_database`` (the PostgreSQL case
+    marked ``postgres``); closed after the test. ``tests/conftest.py`` makes it every test's."""
+    from mesh._sqlite import Database
+
+    opened: Any
+    if request.param == "sqlite":
+        opened = await Database.open(tmp_path / "node.db")
+    else:
+        from mesh._pg import PgDatabase
+
+        opened = await PgDatabase.open(request.getfixturevalue("pg_database"))
+    try:
+        yield opened
+    finally:
+        await opened.aclose()

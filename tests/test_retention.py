@@ -13,7 +13,7 @@ import json
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,18 +41,10 @@ DONE = TaskState.TASK_STATE_COMPLETED
 HOUR_NS = 3600 * 10**9
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
-    """A fresh database of the backend."""
-    opened: Database
-    if request.param == "sqlite":
-        opened = await Database.open(tmp_path / "node.db")
-    else:
-        from mesh._pg import PgDatabase
-
-        opened = await PgDatabase.open(request.getfixturevalue("pg_database"))
-    yield opened
-    await opened.aclose()
+@pytest.fixture
+def db(either_database: Database) -> Database:
+    """A fresh database of each backend (``tests.postgres_support.either_database``)."""
+    return either_database
 
 
 async def _stores(db: Database) -> tuple[SqliteTaskStore, IdempotencyKeys, PushConfigStore]:

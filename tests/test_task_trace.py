@@ -7,10 +7,8 @@ import asyncio
 import json
 import sqlite3
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 from a2a.server.context import ServerCallContext
 from a2a.server.id_generator import IDGeneratorContext
 from a2a.types import Message, Role, Task, TaskState, TaskStatus
@@ -20,7 +18,6 @@ from mesh._a2a.traces import MAX_VALUE_BYTES, TraceTaskRow, tasks_of_trace
 from mesh._eval.trace import Trace
 from mesh._sessions.sqlite import SqliteSessionStore
 from mesh._sqlite import Database
-from tests.postgres_support import pg_database, postgres_server  # noqa: F401 (fixtures)
 
 CTX = ServerCallContext()
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -164,24 +161,13 @@ def test_the_token_total_of_a_trace_reads_both_spellings_of_usage() -> None:
     assert Trace("t", rows).total_tokens == 10
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
-    """A fresh database of the backend."""
-    opened: Database
-    if request.param == "sqlite":
-        opened = await Database.open(tmp_path / "node.db")
-    else:
-        from mesh._pg import PgDatabase
-
-        opened = await PgDatabase.open(request.getfixturevalue("pg_database"))
-    yield opened
-    await opened.aclose()
-
-
-async def test_a_traces_tool_calls_are_read_on_either_backend(backend: Database) -> None:
+async def test_a_traces_tool_calls_are_read_on_either_backend(
+    either_database: Database,
+) -> None:
     """A node's trace answer reads its tasks' tool calls from the session store's events, and
     answers without them when it has no sessions: on PostgreSQL too, which has no
     ``sqlite_master`` (it answered /v1/traces/{id}/tasks with a 500 there)."""
+    backend = either_database
     store = SqliteTaskStore(backend)
     await store.initialize()
     await store.save(_task("t", TaskState.TASK_STATE_WORKING, meta_trace=TRACE), CTX)
