@@ -57,7 +57,7 @@ async def test_a_new_file_gets_every_version(tmp_path: Path) -> None:
     assert {"a2a_tasks", "mesh_waits", "mesh_questions", "mesh_children"} <= _tables(
         tmp_path / "node.db"
     )
-    assert _version(tmp_path / "node.db", "tasks") == 5
+    assert _version(tmp_path / "node.db", "tasks") == 7
 
 
 async def test_a_file_from_before_migrations_keeps_its_tasks_and_gains_the_new_tables(
@@ -83,7 +83,7 @@ async def test_a_file_from_before_migrations_keeps_its_tasks_and_gains_the_new_t
     finally:
         await db.aclose()
     assert "mesh_waits" in _tables(path)
-    assert _version(path, "tasks") == 5
+    assert _version(path, "tasks") == 7
 
 
 async def test_each_step_runs_once_and_a_failed_step_leaves_the_version_before_it(
