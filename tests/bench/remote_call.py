@@ -38,7 +38,6 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -186,16 +185,9 @@ def _run(tree: Path, url: str, calls: int, args: argparse.Namespace, work: Path)
             f"--log-file={vlog}",
             *argv,
         ]
-    from tests.bench.instructions import _env
+    from tests.bench.instructions import _run as run_in
 
-    log = work / "stderr.log"
-    with log.open("w") as err:
-        proc = subprocess.run(
-            argv, cwd=tree, env=_env(tree), stdout=err, stderr=err, timeout=3600, check=False
-        )
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise RuntimeError(f"{calls} calls exited with {proc.returncode}:\n{tail}")
+    run_in(argv, tree, work, f"{calls} calls", {})
     if args.no_valgrind:
         return 0
     found = re.search(r"I\s+refs:\s+([\d,]+)", vlog.read_text())
@@ -223,16 +215,9 @@ def _split(tree: Path, url: str, args: argparse.Namespace, work: Path) -> dict[s
         f"--log-file={work / 'split.valgrind'}",
         *argv,
     ]
-    from tests.bench.instructions import _env
+    from tests.bench.instructions import _run as run_in
 
-    log = work / "stderr.log"
-    with log.open("w") as err:
-        proc = subprocess.run(
-            argv, cwd=tree, env=_env(tree), stdout=err, stderr=err, timeout=3600, check=False
-        )
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise RuntimeError(f"the split's run exited with {proc.returncode}:\n{tail}")
+    run_in(argv, tree, work, "the split's run", {})
     dumps: list[tuple[int, int]] = []
     for path in work.glob("callgrind.out.*"):
         text = path.read_text(errors="replace")
