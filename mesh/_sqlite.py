@@ -338,22 +338,30 @@ class Database:
         heavy, self._heavy = self._heavy, False
         if not heavy and self._may_inline(loop):
             batch, self._queue = self._queue, []
-            started, waits = time.perf_counter(), _waits()
-            try:
-                outcomes = self._run_inline(batch)
-            except Exception as exc:  # as on the thread (_flush): the batch fails, not the loop
-                outcomes = [(False, exc)] * len(batch)
+            outcomes = self._run_here(loop, batch)
             if outcomes is not None:
-                elapsed = time.perf_counter() - started
-                # Slow because the thread waited (the disk), not because the host preempted it.
-                if elapsed > SLOW_BATCH_S and (waits < 0 or _waits() != waits):
-                    self._slow(loop, elapsed)
                 self._settle(batch, outcomes)
                 return
             # Busy (another connection holds the lock, or the thread the connection): the
             # thread runs it, waiting.
             self._queue = batch + self._queue
         self._flusher = loop.create_task(self._flush(), name="mesh-sqlite-flush")
+
+    def _run_here(self, loop: asyncio.AbstractEventLoop, batch: list[_Op]) -> list[_Outcome] | None:
+        """``batch`` run on the loop (``_run_inline``; for ``_drain`` and ``write_now``), an
+        error raised there its ops' outcome, as on the thread (``_flush``): the batch fails,
+        not the loop. None when nothing was done (busy)."""
+        started, waits = time.perf_counter(), _waits()
+        try:
+            outcomes = self._run_inline(batch)
+        except Exception as exc:
+            outcomes = [(False, exc)] * len(batch)
+        if outcomes is not None:
+            elapsed = time.perf_counter() - started
+            # Slow because the thread waited (the disk), not because the host preempted it.
+            if elapsed > SLOW_BATCH_S and (waits < 0 or _waits() != waits):
+                self._slow(loop, elapsed)
+        return outcomes
 
     def _may_inline(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Whether the loop may run the next batch itself: SQLite, no slow batch lately, and
@@ -448,16 +456,9 @@ class Database:
         loop = asyncio.get_running_loop()
         if not self._may_inline(loop):
             return None
-        started, waits = time.perf_counter(), _waits()
-        try:
-            outcomes = self._run_inline([_Op(fn, True, None)])
-        except Exception as exc:  # as ``_drain``: the write fails, not its caller's loop
-            outcomes = [(False, exc)]
+        outcomes = self._run_here(loop, [_Op(fn, True, None)])
         if outcomes is None:
             return None  # nothing was done (busy, or rolled back past the budget)
-        elapsed = time.perf_counter() - started
-        if elapsed > SLOW_BATCH_S and (waits < 0 or _waits() != waits):
-            self._slow(loop, elapsed)
         if self.commits >= self._checkpoint_at:
             self._start_checkpoint()
         ok, value = outcomes[0]
