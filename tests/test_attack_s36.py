@@ -211,3 +211,395 @@ def test_a_database_of_either_tree_is_read_listed_continued_and_swept_alike(
     # Made by the other tree: its ids its own, so ties in time fall in another order.
     _same(s35._unordered(now_before), s35._unordered(before_before))
     _same(s35._unordered(now_now), s35._unordered(before_before))
+
+
+# --- helper C: the answer's parse (a fast one for the settled shape), the metric series ------
+#
+# A fake peer serving a real node's card (skills ``score`` and ``anys``) answers each
+# SendMessage with a text of its own: the settled answer a mesh node writes (as it writes it),
+# then each member of it changed one at a time (states, artifacts, parts, names, extra and
+# missing members, key order, whitespace, escapes, duplicate keys, numbers spelled 1e3, 1.0, big
+# ints, NaN) and other answers (a direct message, a wrong id, a BOM, trailing bytes, content
+# types). remote() reads each: its value or error (type, message, reason), the request the peer
+# got, the caller's metrics and log lines; ``TaskResult.from_json`` of each task besides.
+
+_ANSWERS_DRIVER = r'''
+import asyncio, json, logging, re, sys, tempfile, time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, skill
+from mesh._a2a.results import TaskResult
+from mesh._asks import ChildWaiting
+from mesh._metrics import NodeMetrics
+from mesh._netguard import create_http_client
+from mesh._netpolicy import NetworkPolicy
+from mesh._node import Node
+from mesh._remote import remote
+from mesh._settings import NodeSettings
+from mesh._tools import ToolContext
+from mesh._trust import PeerTrust
+from tests.support import free_port, uvicorn_serving
+
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|[0-9a-f]{16}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+PORTS = re.compile(r"127\.0\.0\.1:\d+")
+FLOATS = re.compile(r"\d+\.\d+ ?(ms|s)\b|duration_ms=[\d.]+|/tmp/[\w/.-]+")
+VARIES = re.compile(r'"deadline": ?[\d.e+-]+|Content-Length: \d+|"id": ?\d+')
+
+
+def canon(text):
+    text = VARIES.sub("<varies>", text)
+    return FLOATS.sub("<dur>", PORTS.sub("<host>", IDS.sub("<id>", TIMES.sub("<time>", text))))
+
+
+class In(BaseModel):
+    applicant_id: str
+    amount: float
+
+
+class Out(BaseModel):
+    applicant_id: str
+    score: int
+    ratio: float
+    tags: list[str]
+
+
+@skill
+def score(req: In) -> Out:
+    """Score."""
+    return Out(applicant_id=req.applicant_id, score=7, ratio=0.5, tags=["a"])
+
+
+class Anys(BaseModel):
+    v: Any = None
+
+
+@skill
+def anys(req: Anys) -> Anys:
+    """Anything."""
+    return req
+
+
+agent = Agent(name="s36-peer", description="Answers.", skills=[score, anys])
+
+DATA = '{"applicant_id":"x","score":7.0,"ratio":0.5,"tags":["a"]}'
+TEXT = json.dumps('{"applicant_id":"x","score":7,"ratio":0.5,"tags":["a"]}')
+ART = '{"artifactId":"answer-T","name":"score","parts":[{"data":%s,"mediaType":"application/json"},{"text":%s,"mediaType":"text/plain"}]}'
+META = '{"caller":"c","usage":{"totalTokens":0.0},"traceparent":"00-ac60b376755dbd55731ef89e45c14fbb-77de7bba4434b1ef-01","childrenUsage":{},"skill":"score"}'
+STATUS = '{"state":"TASK_STATE_COMPLETED","timestamp":"2026-12-02T22:22:27.673352Z"}'
+
+
+def settled(data=DATA, text=TEXT, art=None, meta=META, status=STATUS, extra="", task_extra="", artifacts=None):
+    art = art if art is not None else ART % (data, text)
+    artifacts = artifacts if artifacts is not None else "[%s]" % art
+    task = ('{"id":"T","contextId":"C","status":%s,"artifacts":%s%s,"metadata":%s}'
+            % (status, artifacts, task_extra, meta))
+    return '{"result":{"task":%s}%s,"id":RID,"jsonrpc":"2.0"}' % (task, extra)
+
+
+def status(state, message=None, ts=True):
+    s = '{"state":"%s"' % state
+    if message is not None:
+        s += ',"message":%s' % message
+    if ts:
+        s += ',"timestamp":"2026-12-02T22:22:27.673352Z"'
+    return s + "}"
+
+
+QUESTION = ('{"messageId":"q","role":"ROLE_AGENT","parts":[{"text":"which one?"},{"data":{"type":"object",'
+            '"properties":{"ok":{"type":"boolean"}}},"mediaType":"application/schema+json"}]}')
+ERRMETA = '{"skill":"score","error":{"reason":"%s","message":"it broke \\u00e9"}}'
+
+CASES = {
+    "settled": settled(),
+    "settled_history": settled(task_extra=',"history":[{"messageId":"h","role":"ROLE_AGENT","parts":[{"text":"running"}]}]'),
+    "pretty": None,  # settled(), indented
+    "reordered": None,  # settled(), every object's keys reversed
+    "spaced": settled().replace(":", ": ").replace(",", ", "),
+    "escaped_key": settled().replace('"contextId"', '"\\u0063ontextId"'),
+    "escaped_values": settled(data='{"applicant_id":"a\\"b\\\\c\\u00e9\\ud83d\\ude42\\u2028\\/","score":7,"ratio":0.5,"tags":["\\n"]}'),
+    "unicode_raw": settled(data='{"applicant_id":"\u00e9\U0001f642","score":7,"ratio":0.5,"tags":[]}'),
+    "dup_state": settled(status='{"state":"TASK_STATE_FAILED","state":"TASK_STATE_COMPLETED","timestamp":"2026-12-02T22:22:27Z"}'),
+    "dup_data": settled(data='{"applicant_id":"x","score":7,"score":8.0,"ratio":0.5,"tags":["a"]}'),
+    "num_1e3": settled(data='{"applicant_id":"x","score":1e3,"ratio":1E0,"tags":[]}'),
+    "num_1_0": settled(data='{"applicant_id":"x","score":1.0,"ratio":1.0,"tags":[]}'),
+    "num_big": settled(data='{"applicant_id":"x","score":123456789012345678901234567890,"ratio":9007199254740993,"tags":[]}'),
+    "num_2_53": settled(data='{"applicant_id":"x","score":9007199254740992.0,"ratio":-0.0,"tags":[]}'),
+    "num_2_53_up": settled(data='{"applicant_id":"x","score":9007199254740994.0,"ratio":-0,"tags":[]}'),
+    "num_frac": settled(data='{"applicant_id":"x","score":7.5,"ratio":0.1,"tags":[]}'),
+    "num_nan": settled(data='{"applicant_id":"x","score":7,"ratio":NaN,"tags":[]}'),
+    "num_inf": settled(data='{"applicant_id":"x","score":7,"ratio":1e400,"tags":[]}'),
+    "num_string": settled(data='{"applicant_id":"x","score":"7","ratio":0.5,"tags":[]}'),
+    "nested": settled(data='{"applicant_id":"x","score":7,"ratio":0.5,"tags":[],"more":{"a":[1.0,{"b":2.0}],"c":{}}}'),
+    "data_empty": settled(data='{}'),
+    "data_list": settled(data='[1,2]'),
+    "data_null": settled(data='null'),
+    "text_not_json": settled(text='"hello"'),
+    "text_empty": settled(text='""'),
+    "text_number": settled(text='5'),
+    "failed": settled(status=status("TASK_STATE_FAILED"), artifacts="[]", meta=ERRMETA % "failed"),
+    "failed_no_meta": settled(status=status("TASK_STATE_FAILED", '{"messageId":"e","role":"ROLE_AGENT","parts":[{"text":"down"}]}'), artifacts="[]", meta='{}'),
+    "failed_with_artifact": settled(status=status("TASK_STATE_FAILED")),
+    "rejected": settled(status=status("TASK_STATE_REJECTED"), artifacts="[]", meta=ERRMETA % "invalid_input"),
+    "canceled": settled(status=status("TASK_STATE_CANCELED"), artifacts="[]", meta=ERRMETA % "canceled"),
+    "unavailable": settled(status=status("TASK_STATE_FAILED"), artifacts="[]", meta=ERRMETA % "unavailable"),
+    "input_required": settled(status=status("TASK_STATE_INPUT_REQUIRED", QUESTION), artifacts="[]", meta='{"skill":"score"}'),
+    "auth_required": settled(status=status("TASK_STATE_AUTH_REQUIRED", QUESTION), artifacts="[]", meta='{"skill":"score"}'),
+    "working": settled(status=status("TASK_STATE_WORKING"), artifacts="[]"),
+    "submitted": settled(status=status("TASK_STATE_SUBMITTED"), artifacts="[]"),
+    "unspecified": settled(status=status("TASK_STATE_UNSPECIFIED")),
+    "unknown_state": settled(status=status("TASK_STATE_SOMETHING")),
+    "state_lower": settled(status=status("completed")),
+    "state_number": settled(status='{"state":3,"timestamp":"2026-12-02T22:22:27Z"}'),
+    "no_timestamp": settled(status='{"state":"TASK_STATE_COMPLETED"}'),
+    "timestamp_null": settled(status='{"state":"TASK_STATE_COMPLETED","timestamp":null}'),
+    "timestamp_number": settled(status='{"state":"TASK_STATE_COMPLETED","timestamp":5}'),
+    "status_message": settled(status=status("TASK_STATE_COMPLETED", '{"messageId":"s","role":"ROLE_AGENT","parts":[{"text":"done"}]}')),
+    "status_extra": settled(status='{"state":"TASK_STATE_COMPLETED","timestamp":"2026-12-02T22:22:27Z","x":1}'),
+    "status_list": settled(status='[]'),
+    "three_parts": settled(art='{"artifactId":"a","name":"score","parts":[{"data":%s,"mediaType":"application/json"},{"text":%s,"mediaType":"text/plain"},{"data":{"x":1},"mediaType":"application/json"}]}' % (DATA, TEXT)),
+    "parts_reversed": settled(art='{"artifactId":"a","name":"score","parts":[{"text":%s,"mediaType":"text/plain"},{"data":%s,"mediaType":"application/json"}]}' % (TEXT, DATA)),
+    "data_only": settled(art='{"artifactId":"a","name":"score","parts":[{"data":%s,"mediaType":"application/json"}]}' % DATA),
+    "text_only": settled(art='{"artifactId":"a","name":"score","parts":[{"text":%s,"mediaType":"text/plain"}]}' % TEXT),
+    "no_media_types": settled(art='{"artifactId":"a","name":"score","parts":[{"data":%s},{"text":%s}]}' % (DATA, TEXT)),
+    "other_media_types": settled(art='{"artifactId":"a","name":"score","parts":[{"data":%s,"mediaType":"text/plain"},{"text":%s,"mediaType":"application/json"}]}' % (DATA, TEXT)),
+    "part_extra": settled(art='{"artifactId":"a","name":"score","parts":[{"data":%s,"mediaType":"application/json","metadata":{}},{"text":%s,"mediaType":"text/plain"}]}' % (DATA, TEXT)),
+    "part_file": settled(art='{"artifactId":"a","name":"score","parts":[{"data":%s,"mediaType":"application/json"},{"raw":"iVBO","mediaType":"image/png"}]}' % DATA),
+    "name_other": settled(art=ART.replace('"score"', '"other"') % (DATA, TEXT)),
+    "name_missing": settled(art='{"artifactId":"a","parts":[{"data":%s,"mediaType":"application/json"},{"text":%s,"mediaType":"text/plain"}]}' % (DATA, TEXT)),
+    "name_number": settled(art='{"artifactId":"a","name":5,"parts":[{"data":%s,"mediaType":"application/json"},{"text":%s,"mediaType":"text/plain"}]}' % (DATA, TEXT)),
+    "name_null": settled(art='{"artifactId":"a","name":null,"parts":[{"data":%s,"mediaType":"application/json"},{"text":%s,"mediaType":"text/plain"}]}' % (DATA, TEXT)),
+    "artifact_description": settled(art='{"artifactId":"a","name":"score","description":"d","parts":[{"data":%s,"mediaType":"application/json"},{"text":%s,"mediaType":"text/plain"}]}' % (DATA, TEXT)),
+    "artifact_no_id": settled(art='{"name":"score","parts":[{"data":%s,"mediaType":"application/json"},{"text":%s,"mediaType":"text/plain"}]}' % (DATA, TEXT)),
+    "two_artifacts": settled(artifacts="[%s,%s]" % (ART.replace('"score"', '"note"') % ('{"n":1}', '"n"'), ART % (DATA, TEXT))),
+    "two_artifacts_unnamed": settled(artifacts="[%s,%s]" % (ART.replace('"score"', '"note"') % ('{"n":1}', '"n"'), ART.replace('"score"', '"x"') % (DATA, TEXT))),
+    "no_artifacts": settled(artifacts="[]"),
+    "artifacts_null": settled(artifacts="null"),
+    "artifacts_missing": settled().replace(',"artifacts":[%s]' % (ART % (DATA, TEXT)), ""),
+    "meta_missing": settled().replace(',"metadata":' + META, ""),
+    "meta_null": settled(meta="null"),
+    "meta_list": settled(meta="[]"),
+    "meta_empty": settled(meta="{}"),
+    "meta_usage": settled(meta='{"skill":"score","usage":{"inputTokens":5.0,"outputTokens":7,"totalTokens":12.0},"childrenUsage":{"x":{"totalTokens":3}}}'),
+    "meta_error_completed": settled(meta='{"skill":"score","error":{"reason":"failed","message":"m"}}'),
+    "meta_skill_other": settled(meta='{"skill":"other"}'),
+    "task_kind": settled(task_extra=',"kind":"task"'),
+    "id_empty": settled().replace('"id":"T"', '"id":""'),
+    "id_number": settled().replace('"id":"T"', '"id":5'),
+    "id_null": settled().replace('"id":"T"', '"id":null'),
+    "context_missing": settled().replace('"contextId":"C",', ""),
+    "result_extra": settled(extra=',"x":1'),
+    "wrong_rpc_id": settled().replace("RID", "999999"),
+    "no_jsonrpc": settled().replace(',"jsonrpc":"2.0"', ""),
+    "message": '{"result":{"message":{"messageId":"m","contextId":"C","role":"ROLE_AGENT","parts":[{"data":%s,"mediaType":"application/json"},{"text":%s}],"metadata":{"skill":"score"}}},"id":RID,"jsonrpc":"2.0"}' % (DATA, TEXT),
+    "task_and_message": settled().replace('"result":{', '"result":{"message":{"messageId":"m","role":"ROLE_AGENT","parts":[]},'),
+    "task_null": '{"result":{"task":null},"id":RID,"jsonrpc":"2.0"}',
+    "task_list": '{"result":{"task":[]},"id":RID,"jsonrpc":"2.0"}',
+    "result_and_error": settled(extra=',"error":{"code":-32603,"message":"both"}'),
+    "error_data": '{"error":{"code":-32602,"message":"Invalid params","data":{"field":"amount"}},"id":RID,"jsonrpc":"2.0"}',
+    "error_task_not_found": '{"error":{"code":-32001,"message":"Task not found"},"id":RID,"jsonrpc":"2.0"}',
+    "bom": "\ufeff" + settled(),
+    "trailing": settled() + " x",
+    "trailing_space": settled() + " \n",
+    "ctype_charset": settled(),
+    "ctype_a2a": settled(),
+    "ctype_none": settled(),
+}
+CTYPES = {"ctype_charset": b"application/json; charset=utf-8", "ctype_a2a": b"application/a2a+json", "ctype_none": None}
+
+
+def reorder(value):
+    if isinstance(value, dict):
+        return {k: reorder(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [reorder(v) for v in value]
+    return value
+
+
+CASES["pretty"] = json.dumps(json.loads(settled().replace("RID", "0")), indent=2).replace('"id": 0', '"id": RID')
+CASES["reordered"] = json.dumps(reorder(json.loads(settled().replace("RID", "0"))), separators=(",", ":")).replace('"id":0', '"id":RID')
+
+
+def reply(body, ctype=b"application/json"):
+    head = b"HTTP/1.1 200 OK\r\n"
+    if ctype is not None:
+        head += b"Content-Type: %s\r\n" % ctype
+    return head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+async def fake_peer(box):
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                body = await reader.readexactly(length)
+                if head.startswith(b"GET"):
+                    writer.write(reply(box["card"]))
+                    await writer.drain()
+                    continue
+                lines = sorted(canon(l.decode("latin-1")) for l in head.split(b"\r\n")[1:] if l)
+                box["requests"].append([lines, canon(body.decode())])
+                request = json.loads(body)
+                text = box["answer"].replace("RID", json.dumps(request.get("id")))
+                writer.write(reply(text.encode("utf-8", "surrogatepass"), box.get("ctype", b"application/json")))
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+class Logs(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        if record.name.startswith("mesh"):
+            self.lines.append([record.levelname, record.name, canon(record.getMessage())])
+
+
+LOGS = Logs()
+
+
+def ctx_for(i, **meta):
+    return ToolContext(agent_name="s36-coordinator", user_id="a2a", session_id=f"s-{i}", invocation_id=f"i-{i}",
+                       metadata={"deadline": time.time() + 30, "usage_sink": [], "task_id": f"t-{i}", **meta})
+
+
+async def calls(url, skill_id, argsets, deadline_s=1.5, metas=None, real=False):
+    """Each args in turn over one toolset (its pool, its templates): outcomes, metrics, lines.
+    ``real``: a node answers, its values' members sorted (a Struct's order is the process's)."""
+    LOGS.lines = []
+    anywhere = NetworkPolicy.parse("any")
+    http = create_http_client(anywhere, timeout=httpx.Timeout(35.0, connect=2.0))
+    registry = CollectorRegistry()
+    toolset = remote("s36-peer", skill=skill_id, url=url, deadline_s=deadline_s)
+    toolset.bind(http=http, metrics=NodeMetrics(registry, "s36-coordinator"), caller="s36-coordinator",
+                 trust=PeerTrust(networks=anywhere))
+    out = []
+    try:
+        for i, args in enumerate(argsets):
+            ctx = ctx_for(i, **((metas or [{}])[i % len(metas or [{}])]))
+            try:
+                (tool,) = await toolset.tools(ctx)
+                got = await tool.call(args, ctx)
+                out.append(["ok", canon(json.dumps(got, default=repr, sort_keys=real)), real or repr(got)])
+            except (Exception, ChildWaiting) as exc:
+                out.append(["error", type(exc).__name__, canon(str(exc)),
+                            canon(json.dumps({k: getattr(exc, k, None) for k in ("reason", "peer", "skill", "detail", "kind")}, default=repr))])
+            # sorted: a Struct's member order is the process's (its map's), in either tree
+            out.append(["usage", canon(json.dumps(ctx.metadata.get("usage_sink"), default=repr, sort_keys=True))])
+    finally:
+        await toolset.aclose()
+        await http.aclose()
+    metrics = []
+    for line in generate_latest(registry).decode().splitlines():
+        if line.startswith(("#", "process_", "python_")) or "_bucket" in line or "_sum" in line or "_created" in line:
+            continue
+        metrics.append(canon(line))
+    return [out, metrics, LOGS.lines]
+
+
+def read(case):
+    """TaskResult.from_json of the case's task, as the client's json parse gives it."""
+    text = CASES[case].replace("RID", "1").lstrip("\ufeff").strip()
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return ["not json", str(exc)]
+    task = (value.get("result") or {}).get("task") if isinstance(value.get("result"), dict) else None
+    if not isinstance(task, dict):
+        return ["no task"]
+    try:
+        r = TaskResult.from_json(task)
+    except Exception as exc:
+        return ["raised", type(exc).__name__, str(exc)]
+    return [repr(r), list(vars(r)), [repr(a) for a in r.artifacts],
+            [[type(v).__name__ for v in (r.data or {}).values()]]]
+
+
+async def main():
+    logging.getLogger().addHandler(LOGS)
+    logging.getLogger().setLevel(logging.DEBUG)
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=Path(tempfile.mkdtemp()), registry=None))
+    url = f"http://127.0.0.1:{port}"
+    result = {"mesh": mesh.__file__}
+    async with uvicorn_serving(node.app, port, log_level="warning"):
+        async with httpx.AsyncClient(trust_env=False) as http:
+            card = (await http.get(url + "/.well-known/agent-card.json")).text
+        which = sys.argv[1]
+        if which == "answers":
+            for case in CASES:  # a peer of its own each (its breaker's state its own)
+                box = {"requests": [], "answer": CASES[case], "ctype": CTYPES.get(case, b"application/json")}
+                server = await fake_peer(box)
+                peer_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+                box["card"] = card.replace(url, peer_url).encode()
+                try:
+                    got = await calls(peer_url, "score", [{"applicant_id": "x", "amount": 1}, {"applicant_id": "y", "amount": 2.5}])
+                finally:
+                    server.close()
+                result[case] = [got, box["requests"], read(case)]
+        else:  # the bodies sent for odd arguments and call metadata, to the real node
+            box = {"requests": []}
+            server = await fake_peer(box)
+            peer_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            box["card"] = card.replace(url, peer_url).encode()
+            box["answer"] = ('{"result":{"task":{"id":"T","contextId":"C","status":{"state":"TASK_STATE_COMPLETED"},'
+                             '"artifacts":[{"artifactId":"a","name":"anys","parts":[{"data":{"v":1}}]}],"metadata":{}}},"id":RID,"jsonrpc":"2.0"}')
+            values = [1, 1.0, -0.0, 1e3, 2**64, -(2**70), 0.1, 5e-324, 1.7976931348623157e308, True, None, "", "\u00e9\U0001f642\u2028",
+                      "a\"b\\c\n\t\x00\x7f</script>", [], {}, [1, [2, [3]]], {"b": 1, "a": 2}, {"": {"": []}}, "x" * 70000,
+                      {"k" * 300: 1}, [None, True, 1.5, "s"], float("nan"), float("inf")]
+            metas = [{}, {"traceparent": "00-" + "12" * 16 + "-" + "34" * 8 + "-01"}, {"durable_children": True},
+                     {"deadline": time.time() + 5.5}, {"caller": "\u00e9"}]
+            got = await calls(peer_url, "anys", [{"v": v} for v in values], metas=metas)
+            result["bodies"] = [got, box["requests"]]
+            # the same arguments to the real node, through one toolset
+            got = await calls(url, "anys", [{"v": v} for v in values if not (isinstance(v, float) and v != v)], metas=metas, real=True)
+            result["real"] = got
+            got = await calls(url, "score", [{"applicant_id": "a", "amount": 1}, {"applicant_id": "b", "amount": 1e3},
+                                             {"applicant_id": "c"}, {"applicant_id": 5, "amount": 1}, {"applicant_id": "d", "amount": "1"},
+                                             {"applicant_id": "e", "amount": 2**64}, {"applicant_id": "f", "amount": 1, "extra": 1}], real=True)
+            result["score"] = got
+            server.close()
+    print(json.dumps(result))
+
+
+asyncio.run(main())
+'''
+
+
+def _diff_cases(now: dict[str, Any], before: dict[str, Any]) -> list[str]:
+    return sorted(k for k in set(now) | set(before) if now.get(k) != before.get(k))
+
+
+@pytest.mark.integration
+def test_answers_of_every_shape_are_read_as_the_tree_before(trees: Trees) -> None:
+    """remote() meets the settled answer and ~90 others (each member changed in turn, other
+    states, parts, names, key orders, escapes, numbers, JSON-RPC envelopes): the value or the
+    error, the request sent, metrics and log lines, and ``TaskResult.from_json``'s object."""
+    now, before = _both(trees, _ANSWERS_DRIVER, "answers")
+    assert now["settled"][0][0][0][0] == "ok", now["settled"]
+    assert _diff_cases(now, before) == [], _diff_cases(now, before)
+    _same(now, before)
+
+
+@pytest.mark.integration
+def test_request_bodies_of_odd_arguments_are_the_tree_before(trees: Trees) -> None:
+    """remote()'s SendMessage body for ~24 argument values (ints and floats, -0.0, 1e3, big
+    ints, NaN, inf, escapes, control characters, 70 KB, nesting, key order) under five call
+    metadata shapes, through one toolset (its templates reused); the same to a real node; a
+    typed skill's arguments refused or coerced locally."""
+    now, before = _both(trees, _ANSWERS_DRIVER, "bodies")
+    _same(now, before)
