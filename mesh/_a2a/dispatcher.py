@@ -235,7 +235,8 @@ class SkillDispatcher:
         ``text_object``: the JSON object the request's text holds (``mesh._a2a.json_text``),
         None when its text does not look like one. Such text goes to a typed skill: the only
         one, or the single one whose input schema the object is valid against; other text goes
-        to ``chat``."""
+        to ``chat``. A skill named (``skill_id``) is found by its name alone: nothing else is
+        read then (a caller that names one need not look at its parts)."""
         if skill_id:
             found = self._skills.get(skill_id)
             if found is None:

@@ -88,7 +88,16 @@ from mesh._settings import NodeSettings
 from mesh._skills import Skill, SkillContext
 from mesh._tracing import traceparent_text
 
-__all__ = ["ANSWER", "DIRECT", "NEW_CONTEXT", "REQUEST", "RESUME", "MeshExecutor", "answers_named"]
+__all__ = [
+    "ANSWER",
+    "DIRECT",
+    "MESSAGE_KEY",
+    "NEW_CONTEXT",
+    "REQUEST",
+    "RESUME",
+    "MeshExecutor",
+    "answers_named",
+]
 
 log = logging.getLogger("mesh.task")
 #: The one line per task operators grep for (docs/node.md "Logs").
@@ -120,6 +129,9 @@ NEW_CONTEXT = "mesh.new_context"
 #: Key of ``ServerCallContext.state``: a message's facts as ``read_request`` read them, with
 #: the message (``FastPath.takes`` reads them first; the run does not read them again).
 REQUEST = "mesh.request"
+#: Key of ``ServerCallContext.state``: a message's idempotency key as the request handler read
+#: it, with the message (the run does not read it again).
+MESSAGE_KEY = "mesh.message_key"
 
 
 @dataclass(frozen=True)
@@ -325,7 +337,11 @@ class MeshExecutor(AgentExecutor):
             return
         key = None
         if self.keys is not None and message is not None:
-            key = message_key(message, call)
+            known = call.state.get(MESSAGE_KEY) if call is not None else None
+            if type(known) is tuple and known[0] is message:
+                key = known[1]  # the handler's (``MeshRequestHandler``)
+            else:
+                key = message_key(message, call)
         updater: MeshTaskUpdater
         if current is None and isinstance(event_queue, OneShotQueue) and event_queue.one_shot:
             # A function skill's new task on the fast path: its events are held until it
@@ -678,15 +694,19 @@ class MeshExecutor(AgentExecutor):
             data = [to_json(part.data) for part in parts if part.HasField("data")]
         else:
             data = handed
-        texts = get_text_parts(parts)
         # Text-only clients send a typed skill's input as a JSON object in text.
         as_text = None if data else json_object(parts)
-        skill = self.dispatcher.resolve(
-            req.skill_id or None,
-            has_data=bool(data),
-            has_text=bool(texts) or as_text is not None,
-            text_object=as_text,
-        )
+        texts: list[str] | None = None
+        if req.skill_id:  # found by its name alone (``resolve`` reads nothing else then)
+            skill = self.dispatcher.resolve(req.skill_id, has_data=False, has_text=False)
+        else:
+            texts = get_text_parts(parts)
+            skill = self.dispatcher.resolve(
+                None,
+                has_data=bool(data),
+                has_text=bool(texts) or as_text is not None,
+                text_object=as_text,
+            )
         req.skill_id = skill.id
         if skill.typed:
             if not data and as_text is not None and as_text.value is not None:
@@ -717,7 +737,7 @@ class MeshExecutor(AgentExecutor):
                 # The model's turn is the input as JSON: bounded like a chat message.
                 self._check_turn(skill, payload.model_dump_json())
             return skill, payload
-        text = "\n".join(texts).strip()
+        text = "\n".join(get_text_parts(parts) if texts is None else texts).strip()
         if not text:
             raise SkillInputError(f"skill '{skill.id}' expects a text part, got none")
         self._check_turn(skill, text)

@@ -187,13 +187,13 @@ class FastRoute:
                 headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
         if _EXTENSIONS_NAME not in headers:
             # The builder's user and extensions when none is asked for: the defaults.
-            return ServerCallContext(state={"headers": headers}, tenant=params.tenant)
+            return _call_context({"headers": headers}, params.tenant, _DEFAULTS_GIVEN, set())
         extensions = [value.decode("latin-1") for name, value in raw if name == _EXTENSIONS]
-        return ServerCallContext(
-            user=UnauthenticatedUser(),
-            state={"headers": headers},
-            requested_extensions=get_requested_extensions(extensions),
-            tenant=params.tenant,
+        return _call_context(
+            {"headers": headers},
+            params.tenant,
+            _ALL_GIVEN,
+            get_requested_extensions(extensions),
         )
 
     def _count(self, binding: Literal["jsonrpc", "rest"]) -> None:
@@ -258,6 +258,38 @@ class FastRoute:
         except Exception:
             return None, False  # the SDK's route answers with its own error
         return params, False
+
+
+# The fields ``ServerCallContext(...)`` is given in ``_context`` (its ``model_fields_set``).
+_DEFAULTS_GIVEN = frozenset({"state", "tenant"})
+_ALL_GIVEN = frozenset({"state", "tenant", "user", "requested_extensions"})
+_new_model = object.__new__
+_set_slot = object.__setattr__
+
+
+def _call_context(
+    state: dict[str, Any], tenant: str, given: frozenset[str], extensions: set[str]
+) -> ServerCallContext:
+    """``ServerCallContext(state=state, tenant=tenant, ...)`` (an ``UnauthenticatedUser``, the
+    extensions asked for) as pydantic's validation would leave it, without the validation:
+    each value is already of its field's type (the state a new dict, the tenant the request's
+    string, the extensions a set of strings), and validating them cost ~1 us a request
+    (``tests/test_fastroute_context.py`` holds the two equal)."""
+    context = _new_model(ServerCallContext)
+    _set_slot(
+        context,
+        "__dict__",
+        {
+            "state": state,
+            "user": UnauthenticatedUser(),
+            "tenant": tenant,
+            "requested_extensions": extensions,
+        },
+    )
+    _set_slot(context, "__pydantic_fields_set__", set(given))
+    _set_slot(context, "__pydantic_extra__", None)
+    _set_slot(context, "__pydantic_private__", None)
+    return context
 
 
 async def _send_json(

@@ -75,7 +75,7 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 
-from mesh._a2a.executor import RESUME, MeshExecutor, answers_named
+from mesh._a2a.executor import MESSAGE_KEY, RESUME, MeshExecutor, answers_named
 from mesh._a2a.fastpath import FastPath
 from mesh._a2a.idempotency import (
     IdempotencyKeys,
@@ -232,7 +232,9 @@ class MeshRequestHandler(RequestHandler):
         self.fastpath: FastPath | None = None
         skills = executor.dispatcher.agent.all_skills
         if fastpath and any(s.llm or (s.typed and s.handler is not None) for s in skills):
-            self.fastpath = FastPath(executor, self.task_store, self.request_contexts, ids)
+            self.fastpath = FastPath(
+                executor, self.task_store, self.request_contexts, ids, plain_contexts=True
+            )
         executor.clock.expire = self._expire
 
     async def aclose(self) -> None:
@@ -349,9 +351,11 @@ class MeshRequestHandler(RequestHandler):
     ) -> Task | Message:
         """``on_message_send``'s task (or message) before ``send_answer`` trims it: the fast
         route writes the answer from it (``send_answer_cut``) without a copy."""
-        key = message_key(params.message, context)
+        message = params.message
+        key = message_key(message, context)
         if key is None:
             return await self._send(params, context)
+        context.state[MESSAGE_KEY] = (message, key)  # the run's key: read once
         existing = await self.keys.claim(key)
         if existing is not None:
             return await replay(self.task_store, existing, params, context)
