@@ -88,3 +88,106 @@ def test_the_answer_is_read_from_a_list_of_parts_and_artifacts_from_any() -> Non
     )
     assert (odd.text, odd.data) == ("", None)
     assert odd.artifacts == (Artifact(name="", parts=("t",)),)
+
+
+def _settled_answer(**changes: Any) -> dict[str, Any]:
+    """A typed skill's settled answer as a node's fast route writes it, with ``changes``
+    (a member set to ``_GONE`` is left out)."""
+    task: dict[str, Any] = {
+        "id": "t-9",
+        "contextId": "c-9",
+        "status": {"state": "TASK_STATE_COMPLETED", "timestamp": "2026-12-02T21:50:38.191024Z"},
+        "artifacts": [
+            {
+                "artifactId": "answer-t-9",
+                "name": "score",
+                "parts": [
+                    {"data": {"score": 396.0, "applicant_id": "a-1", "tier": "D"}, "mediaType": "application/json"},
+                    {"text": '{"applicant_id":"a-1","score":396,"tier":"D"}', "mediaType": "text/plain"},
+                ],
+            }
+        ],
+        "metadata": {"skill": "score", "usage": {"totalTokens": 0.0}, "childrenUsage": {}},
+    }  # fmt: skip
+    for name, value in changes.items():
+        if value is _GONE:
+            del task[name]
+        else:
+            task[name] = value
+    return task
+
+
+_GONE: Any = object()
+_PARTS = _settled_answer()["artifacts"][0]["parts"]
+
+
+def _artifact(**changes: Any) -> list[dict[str, Any]]:
+    artifact = {"artifactId": "a", "name": "score", "parts": _PARTS, **changes}
+    return [{k: v for k, v in artifact.items() if v is not _GONE}]
+
+
+# The settled answer and shapes near it: each read as the general walk reads it.
+_NEAR_SETTLED: list[dict[str, Any]] = [
+    _settled_answer(),
+    _settled_answer(id=None, contextId=""),
+    _settled_answer(id=7),
+    _settled_answer(contextId=_GONE),
+    _settled_answer(extra=1),
+    _settled_answer(metadata={}),
+    _settled_answer(metadata={"skill": "other"}),
+    _settled_answer(metadata=[]),
+    _settled_answer(status={"state": "TASK_STATE_COMPLETED", "timestamp": None}),
+    _settled_answer(status={"state": "TASK_STATE_COMPLETED"}),
+    _settled_answer(status={"state": "TASK_STATE_FAILED", "timestamp": "t"}),
+    _settled_answer(status={"state": "TASK_STATE_INPUT_REQUIRED", "timestamp": "t"}),
+    _settled_answer(status={"state": "TASK_STATE_COMPLETED", "timestamp": "t", "message": {}}),
+    _settled_answer(status=[]),
+    _settled_answer(artifacts=[]),
+    _settled_answer(artifacts=_artifact() * 2),
+    _settled_answer(artifacts=(_artifact()[0],)),
+    _settled_answer(artifacts=_artifact(name="")),
+    _settled_answer(artifacts=_artifact(name="other")),
+    _settled_answer(artifacts=_artifact(name=None)),
+    _settled_answer(artifacts=_artifact(artifactId=_GONE)),
+    _settled_answer(artifacts=_artifact(description="d")),
+    _settled_answer(artifacts=_artifact(parts=tuple(_PARTS))),
+    _settled_answer(artifacts=_artifact(parts=_PARTS[:1])),
+    _settled_answer(artifacts=_artifact(parts=_PARTS[::-1])),
+    _settled_answer(artifacts=_artifact(parts=[*_PARTS, {"text": "more"}])),
+    _settled_answer(artifacts=_artifact(parts=[{"data": [1.0, 2.5], "mediaType": "x"}, _PARTS[1]])),
+    _settled_answer(artifacts=_artifact(parts=[{"data": {"n": {"m": 2.0}, "l": [3.0]}, "mediaType": "x"}, _PARTS[1]])),
+    _settled_answer(artifacts=_artifact(parts=[_PARTS[0], {"text": 5, "mediaType": "x"}])),
+    _settled_answer(artifacts=_artifact(parts=[_PARTS[0], {"text": "t"}])),
+    _settled_answer(artifacts=_artifact(parts=[{"data": {"a": 1.0}}, _PARTS[1]])),
+    _settled_answer(artifacts=_artifact(parts=[{"data": {}, "mediaType": "x", "y": 1}, _PARTS[1]])),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("task", _NEAR_SETTLED)
+def test_the_settled_answer_reads_as_the_walk_reads_it(
+    task: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settled typed answer's own reading (``_settled``) gives what the general walk
+    gives, for it and for every shape near it (which the walk reads)."""
+    import mesh._a2a.results as results
+
+    fast = TaskResult.from_json(task)
+    monkeypatch.setattr(results, "_settled", lambda task: None)
+    walked = TaskResult.from_json(task)
+    assert fast == walked
+    for field in dataclasses.fields(TaskResult):
+        assert type(getattr(fast, field.name)) is type(getattr(walked, field.name)), field.name
+    assert fast.artifacts == walked.artifacts
+    assert [type(p) for a in fast.artifacts for p in a.parts] == [
+        type(p) for a in walked.artifacts for p in a.parts
+    ]
+    assert fast.data == walked.data
+    assert repr(fast.data) == repr(walked.data)
+    assert fast.metadata is not task.get("metadata")  # a copy, as the walk's
+
+
+def test_the_settled_answer_takes_its_own_reading() -> None:
+    import mesh._a2a.results as results
+
+    assert results._settled(_settled_answer()) is not None
+    assert results._settled(_settled_answer(extra=1)) is None
