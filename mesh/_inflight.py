@@ -18,18 +18,20 @@ __all__ = ["InFlight"]
 
 
 class InFlight:
+    # The count alone on the way in and out (each request begins and ends two of these); the
+    # event only for a wait, made by the first and cleared by each while work is in flight.
+    __slots__ = ("_idle", "count")
+
     def __init__(self) -> None:
         self.count = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._idle: asyncio.Event | None = None
 
     def begin(self) -> None:
         self.count += 1
-        self._idle.clear()
 
     def end(self) -> None:
         self.count -= 1
-        if self.count == 0:
+        if self.count == 0 and self._idle is not None:
             self._idle.set()
 
     def __enter__(self) -> InFlight:
@@ -46,9 +48,15 @@ class InFlight:
 
     async def wait_idle(self, seconds: float) -> bool:
         """Wait (at most ``seconds``) until nothing is in flight. True when idle."""
+        if self.count == 0:
+            return True
+        idle = self._idle
+        if idle is None:
+            idle = self._idle = asyncio.Event()
+        idle.clear()  # set when the count last reached 0, before this work began
         try:
             async with asyncio.timeout(seconds):
-                await self._idle.wait()
+                await idle.wait()
         except TimeoutError:
             return False
         return True

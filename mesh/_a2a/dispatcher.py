@@ -198,6 +198,27 @@ def _live(ctx: SkillContext, progress: ProgressSink | None) -> Live:
     return lambda: relay.live
 
 
+#: pydantic's own ``model_dump`` and ``model_validate`` (``_plain``).
+_DUMP = BaseModel.model_dump
+_VALIDATE = BaseModel.model_validate.__func__  # type: ignore[attr-defined]
+#: Whether a model's ``model_dump`` and ``model_validate`` are pydantic's own, by model.
+_PLAIN: dict[type[BaseModel], bool] = {}
+
+
+def _plain(model: type[BaseModel]) -> bool:
+    """Whether ``model`` keeps pydantic's own ``model_dump`` and ``model_validate`` (no
+    override): they are then its serializer's ``to_python`` and its validator's
+    ``validate_python`` with their defaults, called here directly (``model_dump``'s and
+    ``model_validate``'s own frames cost ~0.5 us a call, three calls a typed answer)."""
+    plain = _PLAIN.get(model)
+    if plain is None:
+        validate = getattr(model.model_validate, "__func__", None)
+        plain = model.model_dump is _DUMP and validate is _VALIDATE
+        if len(_PLAIN) < 1024:
+            _PLAIN[model] = plain
+    return plain
+
+
 def _parse_json(text: str) -> Any:
     body = text.strip()
     if body.startswith("```"):
@@ -327,8 +348,12 @@ class SkillDispatcher:
                 f"skill '{skill.id}' expects a JSON object matching its input schema, "
                 f"got {type(data).__name__}"
             )
+        model = skill.input_model
         try:
-            return skill.input_model.model_validate(data)
+            if _plain(model):
+                validated: BaseModel = model.__pydantic_validator__.validate_python(data)
+                return validated
+            return model.model_validate(data)
         except ValidationError as exc:
             message, errors = describe_validation(exc, skill.input_schema())
             raise SkillInputError(
@@ -336,16 +361,29 @@ class SkillDispatcher:
             ) from exc
 
     def validate_output(self, skill: Skill, value: Any) -> dict[str, Any]:
-        assert skill.output_model is not None
+        output = skill.output_model
+        assert output is not None
+        plain = _plain(output)
         try:
             if isinstance(value, BaseModel):
-                value = value.model_dump(mode="json")
-            model = skill.output_model.model_validate(value)
+                kind = type(value)
+                if _plain(kind):
+                    value = kind.__pydantic_serializer__.to_python(value, mode="json")
+                else:
+                    value = value.model_dump(mode="json")
+            model: BaseModel
+            if plain:
+                model = output.__pydantic_validator__.validate_python(value)
+            else:
+                model = output.model_validate(value)
         except ValidationError as exc:
             message, _ = describe_validation(exc, skill.output_schema())
             raise SkillOutputError(
                 f"skill '{skill.id}' produced invalid output: {message}"
             ) from exc
+        if plain:
+            dumped: dict[str, Any] = output.__pydantic_serializer__.to_python(model, mode="json")
+            return dumped
         return model.model_dump(mode="json")
 
     async def run(
