@@ -1076,3 +1076,345 @@ def test_a_card_of_every_kind_of_skill_answers_stores_and_reads_back_as_the_tree
     now_by_now, now_by_before, before_by_before = reads
     _same(now_by_before, before_by_before)
     _same(now_by_now, before_by_before)
+
+
+# --- 2520401: a skill's models through pydantic's validator and serializer directly ----------
+#
+# Skills whose models override model_validate / model_dump (a classmethod, a plain function, a
+# staticmethod), serialize by alias, have computed fields, field and model serializers, before
+# / wrap validators that raise, extra members allowed, a subclass's instance or a dict or
+# another model returned, inf / NaN under ``ser_json_inf_nan``; and a model whose model_dump
+# and model_validate are replaced (and restored) between two requests: the answer of each.
+
+_MODELS_DRIVER = r'''
+import asyncio, json, re, sys, tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import (BaseModel, ConfigDict, Field, computed_field, field_serializer, field_validator,
+                      model_serializer, model_validator)
+from pydantic.alias_generators import to_camel
+
+import mesh
+from mesh import Agent, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+H = {"A2A-Version": "1.0"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+
+
+def canon(text):
+    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
+    try:
+        return sorted_texts(json.loads(text))
+    except ValueError:
+        return text
+
+
+def sorted_texts(value):
+    """A text part holding a JSON object, its keys sorted: members that came from the request's
+    Struct are in the process's order (its map's), in either tree."""
+    if isinstance(value, dict):
+        return {k: sorted_texts(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [sorted_texts(v) for v in value]
+    if isinstance(value, str) and value.startswith("{"):
+        try:
+            return json.dumps(json.loads(value), sort_keys=True)
+        except ValueError:
+            pass
+    return value
+
+
+class In(BaseModel):
+    k: str = "k"
+    n: float = 1
+
+
+class Camel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
+    some_key: str = "s"
+    some_number: int = 1
+
+
+class CamelIn(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True, validate_by_alias=True)
+    some_key: str
+    some_number: int = 1
+
+
+class Dumped(BaseModel):
+    k: str
+
+    def model_dump(self, **kwargs):
+        out = super().model_dump(**kwargs)
+        out["k"] = out["k"].upper() + "-dumped"
+        return out
+
+
+class Validated(BaseModel):
+    k: str
+
+    @classmethod
+    def model_validate(cls, obj, **kwargs):
+        if isinstance(obj, dict) and "k" in obj:
+            obj = {**obj, "k": "validated-" + str(obj["k"])}
+        return super().model_validate(obj, **kwargs)
+
+
+class Computed(BaseModel):
+    a: int = 2
+
+    @computed_field
+    @property
+    def double(self) -> int:
+        return self.a * 2
+
+
+class FieldSer(BaseModel):
+    when: float = 1.5
+    tags: list[str] = []
+
+    @field_serializer("when")
+    def ser_when(self, v):
+        return f"at {v}"
+
+    @field_serializer("tags")
+    def ser_tags(self, v):
+        return sorted(v)
+
+
+class ModelSer(BaseModel):
+    x: int = 1
+
+    @model_serializer
+    def ser(self):
+        return {"x": self.x, "extra": "by model_serializer"}
+
+
+class Checked(BaseModel):
+    x: Any = None
+
+    @field_validator("x", mode="before")
+    @classmethod
+    def before(cls, v):
+        if v == "boom":
+            raise ValueError("before boom")
+        if v == "assert":
+            assert False, "asserted"
+        return v
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def wrap(cls, data, handler):
+        if isinstance(data, dict) and data.get("x") == "wrap":
+            raise ValueError("wrap refused")
+        return handler(data)
+
+
+class Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    k: str = "k"
+
+
+class Nums(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+    v: float = 0.0
+
+
+class Out(BaseModel):
+    k: str
+    n: float = 0
+
+
+class Sub(Out):
+    more: str = "sub"
+
+
+class Other(BaseModel):
+    k: str
+    n: float = 0
+    other: int = 5
+
+
+class Swapped(BaseModel):
+    k: str
+
+
+@skill
+def camel(req: CamelIn) -> Camel:
+    """Aliases."""
+    return Camel(some_key=req.some_key, some_number=req.some_number)
+
+
+@skill
+def dumped(req: In) -> Dumped:
+    """Its output model overrides model_dump."""
+    return Dumped(k=req.k)
+
+
+@skill
+def validated(req: Validated) -> Out:
+    """Its input model overrides model_validate."""
+    return Out(k=req.k)
+
+
+@skill
+def validated_out(req: In) -> Validated:
+    """Its output model overrides model_validate."""
+    return Validated.model_construct(k=req.k)
+
+
+@skill
+def computed(req: In) -> Computed:
+    """A computed field."""
+    return Computed(a=int(req.n))
+
+
+@skill
+def field_ser(req: In) -> FieldSer:
+    """Field serializers."""
+    return FieldSer(when=req.n, tags=["b", "a"])
+
+
+@skill
+def model_ser(req: In) -> ModelSer:
+    """A model serializer."""
+    return ModelSer(x=int(req.n))
+
+
+@skill
+def checked(req: Checked) -> Out:
+    """Validators that raise."""
+    return Out(k=repr(req.x))
+
+
+@skill
+def loose(req: Loose) -> Loose:
+    """Extra members kept."""
+    return req
+
+
+@skill
+def nums(req: In) -> Nums:
+    """inf and NaN as strings."""
+    return Nums(v={1: float("inf"), 2: float("nan"), 3: float("-inf")}.get(int(req.n), req.n))
+
+
+@skill
+def sub(req: In) -> Out:
+    """A subclass's instance, a dict, another model, by n."""
+    n = int(req.n)
+    if n == 1:
+        return Sub(k=req.k, n=1)
+    if n == 2:
+        return {"k": req.k, "n": 2, "junk": 1}
+    if n == 3:
+        return Other(k=req.k, n=3)
+    if n == 4:
+        return {"k": 5}
+    return Out.model_construct(k=req.k, n="many")
+
+
+@skill
+def swapped(req: In) -> Swapped:
+    """Its models' methods replaced between requests."""
+    return Swapped(k=req.k)
+
+
+agent = Agent(name="s36-models", description="Models.", skills=[camel, dumped, validated, validated_out, computed,
+                                                                  field_ser, model_ser, checked, loose, nums, sub, swapped])
+
+CASES = [
+    ("camel", {"someKey": "a", "someNumber": 2}), ("camel", {"some_key": "b"}), ("camel", {"someKey": "c", "some_number": 3}),
+    ("camel", {"some_number": 3}),
+    ("dumped", {"k": "x"}), ("validated", {"k": "x"}), ("validated", {}), ("validated_out", {"k": "x"}),
+    ("computed", {"n": 3}), ("field_ser", {"n": 2.5}), ("model_ser", {"n": 4}),
+    ("checked", {"x": 1}), ("checked", {"x": "boom"}), ("checked", {"x": "assert"}), ("checked", {"x": "wrap"}),
+    ("loose", {"k": "a", "extra": [1, {"b": None}], "z": 1.5}),
+    ("nums", {"n": 1}), ("nums", {"n": 2}), ("nums", {"n": 3}), ("nums", {"n": 4.5}),
+    ("sub", {"n": 1}), ("sub", {"n": 2}), ("sub", {"n": 3}), ("sub", {"n": 4}), ("sub", {"n": 5}),
+]
+
+
+async def main():
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=Path(tempfile.mkdtemp()), registry=None))
+    res = []
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http,
+    ):
+        n = 0
+
+        async def send(skill_id, data, rest=False):
+            nonlocal n
+            n += 1
+            msg = {"role": "ROLE_USER", "messageId": f"m{n}", "parts": [{"data": data}], "metadata": {"skill": skill_id}}
+            if rest:
+                r = await http.post("/a2a/rest/message:send", json={"message": msg}, headers=H)
+            else:
+                r = await http.post("/", json={"jsonrpc": "2.0", "id": n, "method": "SendMessage", "params": {"message": msg}}, headers=H)
+            return [skill_id, data, rest, r.status_code, canon(r.text)]
+
+        if sys.argv[1] == "static":
+            for skill_id, data in CASES:
+                res.append(await send(skill_id, data))
+                res.append(await send(skill_id, data, rest=True))
+        else:  # the models' methods replaced after a first request, then restored
+            res.append(await send("swapped", {"k": "a"}))
+
+            def patched_dump(self, **kwargs):
+                return {"k": "patched-dump"}
+
+            Swapped.model_dump = patched_dump
+            res.append(await send("swapped", {"k": "b"}))
+            del Swapped.model_dump
+            res.append(await send("swapped", {"k": "c"}))
+
+            @classmethod
+            def patched_validate(cls, obj, **kwargs):
+                return BaseModel.model_validate.__func__(cls, {**obj, "k": "patched-validate"}, **kwargs)
+
+            In.model_validate = patched_validate
+            res.append(await send("swapped", {"k": "d"}))
+            del In.model_validate
+            res.append(await send("swapped", {"k": "e"}))
+    print(json.dumps({"mesh": mesh.__file__, "res": res}))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_skills_models_with_overrides_aliases_and_serializers_answer_as_the_tree_before(
+    trees: Trees,
+) -> None:
+    """2520401's direct validator / serializer calls, decided once per model: aliases,
+    overrides, computed fields, serializers, raising validators, extras, inf / NaN, other
+    models returned, and methods replaced between requests."""
+    now, before = _both(trees, _MODELS_DRIVER, "static")
+    _same(now, before)
+
+
+@pytest.mark.integration
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="2520401: whether a skill's model keeps pydantic's own model_dump / model_validate "
+    "is decided once per model (dispatcher._plain) instead of on each request: a model_dump "
+    "assigned to the output model after its first request (or a model_validate to the input "
+    "model) is not called; dd406de answers {'k': 'patched-dump'} / 'patched-validate', now "
+    "the unpatched values. Before the patch and after its removal: the same",
+)
+def test_a_models_methods_replaced_between_requests_are_called_as_before(trees: Trees) -> None:
+    """A model's model_dump replaced (then removed) after a first request, then the input
+    model's model_validate: each request's answer."""
+    now, before = _both(trees, _MODELS_DRIVER, "patched")
+    _same(now, before)
