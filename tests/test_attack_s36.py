@@ -177,6 +177,35 @@ def test_pool_answers_and_failures_are_the_tree_before(trees: Trees) -> None:
 
 
 @pytest.mark.integration
+def test_delegation_lines_and_records_are_the_tree_before(trees: Trees) -> None:
+    """s35's delegation line under mesh serve's logging: its text and record (every attribute
+    but the times) with the logging changed while the peer works, a record factory installed
+    then, thread and process fields turned on then (helper C's ``_Line.prepare``, which also
+    looks up the call's metric series)."""
+    modes = ("main", "factory", "threads")
+    runs = [(side, s35._LINE_DRIVER, (mode,)) for mode in modes for side in ("now", "before")]
+    outs = _all(trees, runs)  # type: ignore[arg-type]
+    assert outs[1]["res"][0][2], outs[1]["res"][0]  # a line
+    for now, before in zip(outs[::2], outs[1::2], strict=True):
+        _same(now, before)
+
+
+@pytest.mark.integration
+def test_a_node_behind_a_slow_reader_counts_logs_and_drains_as_before(trees: Trees) -> None:
+    """s35's node whose answer waits for a slow reader: the task counted, in flight and logged
+    as before, and a drain then (2520401's InFlight without its Event)."""
+    runs = [
+        (side, s35._SLOW_READER_DRIVER, (mode,))
+        for mode in ("read", "drain")
+        for side in ("now", "before")
+    ]
+    now_read, before_read, now_drain, before_drain = _all(trees, runs)  # type: ignore[arg-type]
+    assert before_read["b_completed"]
+    _same(now_read, before_read)
+    _same(now_drain, before_drain)
+
+
+@pytest.mark.integration
 def test_a_database_of_either_tree_is_read_listed_continued_and_swept_alike(
     trees: Trees, tmp_path: Path
 ) -> None:
@@ -387,6 +416,10 @@ CASES = {
     "meta_list": settled(meta="[]"),
     "meta_empty": settled(meta="{}"),
     "meta_usage": settled(meta='{"skill":"score","usage":{"inputTokens":5.0,"outputTokens":7,"totalTokens":12.0},"childrenUsage":{"x":{"totalTokens":3}}}'),
+    "meta_usage_legacy": settled(meta='{"skill":"score","usage":{"input_tokens":3,"outputTokens":2.0},"children_usage":{"totalTokens":4,"thinking_tokens":1}}'),
+    "meta_usage_both": settled(meta='{"usage":{"totalTokens":1},"childrenUsage":{"totalTokens":2},"children_usage":{"totalTokens":5}}'),
+    "meta_usage_null": settled(meta='{"usage":null,"childrenUsage":null,"children_usage":{"inputTokens":7}}'),
+    "meta_usage_odd": settled(meta='{"usage":{"inputTokens":true,"x":"1"},"childrenUsage":[]}'),
     "meta_error_completed": settled(meta='{"skill":"score","error":{"reason":"failed","message":"m"}}'),
     "meta_skill_other": settled(meta='{"skill":"other"}'),
     "task_kind": settled(task_extra=',"kind":"task"'),
