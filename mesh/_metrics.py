@@ -41,6 +41,7 @@ __all__ = [
     "OTHER",
     "PUSH_OUTCOMES",
     "BreakerState",
+    "DelegationSeries",
     "NodeMetrics",
     "PushOutcome",
     "TaskOutcome",
@@ -97,6 +98,16 @@ class _Children(Generic[M]):
             if len(self._cache) < MAX_CACHED_CHILDREN:
                 self._cache[values] = child
         return child
+
+    def known(self, *values: str) -> M | None:
+        """The child of ``values`` if it is resolved already (none is made: a series shows in
+        the exposition from its first ``labels()``)."""
+        return self._cache.get(values)
+
+
+#: An ``ok`` delegation's series made already: its count and its duration, each None when not
+#: (``NodeMetrics.delegation_series``).
+DelegationSeries = tuple[Counter | None, Histogram | None]
 
 
 def render(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
@@ -335,11 +346,35 @@ class NodeMetrics:
         self._sessions_created.inc()
 
     # -- delegation ---------------------------------------------------------------------------
-    def delegation(self, peer: str, skill: str, outcome: str, seconds: float) -> None:
+    def delegation(
+        self,
+        peer: str,
+        skill: str,
+        outcome: str,
+        seconds: float,
+        series: DelegationSeries | None = None,
+    ) -> None:
         """One finished delegation; outcome: ok/rejected/unavailable/deadline/failed/canceled/
-        waiting (the child asks its caller)."""
-        self._delegations(self.agent, peer, skill, outcome).inc()
-        self._delegation_duration(self.agent, peer, skill).observe(seconds)
+        waiting (the child asks its caller). ``series``: ``delegation_series(peer, skill)``,
+        asked earlier (while the peer works)."""
+        ok, duration = series if series is not None else (None, None)
+        if ok is None or outcome != "ok":
+            ok = self._delegations(self.agent, peer, skill, outcome)
+        if duration is None:
+            duration = self._delegation_duration(self.agent, peer, skill)
+        ok.inc()
+        duration.observe(seconds)
+
+    def delegation_series(self, peer: str, skill: str) -> DelegationSeries:
+        """The series an ``ok`` delegation of ``skill`` at ``peer`` counts in (its count and
+        its duration) that are made already, for ``delegation(series=)``: looked up before
+        the call ends, off the path from its answer to its caller. None for one not made yet
+        (``delegation`` makes it when the call ends, as it always did: a series is not shown
+        before its first call ends)."""
+        return (
+            self._delegations.known(self.agent, peer, skill, "ok"),
+            self._delegation_duration.known(self.agent, peer, skill),
+        )
 
     def delegation_retry(self, peer: str, skill: str) -> None:
         self.delegation_retries.labels(self.agent, peer, skill).inc()

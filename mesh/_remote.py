@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     import httpx
 
     from mesh._discovery.client import DiscoveryClient
-    from mesh._metrics import NodeMetrics
+    from mesh._metrics import DelegationSeries, NodeMetrics
     from mesh._tracing import TraceParent
     from mesh._trust import PeerTrust
 
@@ -94,14 +94,34 @@ class _Line:
     ``makeRecord`` is a third of the line's cost (~17 k of ~57 k instructions), off the hop's
     path there. Made only when it is the record ``log.info`` would make (no caller lookup:
     ``mesh serve``'s ``logging._srcfile = None``, the stock record factory and
-    ``makeRecord``), so its content is the same; its time is set when it is logged."""
+    ``makeRecord``), so its content is the same; its time is set when it is logged.
 
-    __slots__ = ("record",)
+    ``prepare`` also looks up the metric series an ``ok`` call of ``skill`` counts in, those
+    made already (``NodeMetrics.delegation_series``: ~6 k at the call's end otherwise), kept
+    with the peer's name and the metrics they were found for (``series_for``)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_owner", "_series", "_skill", "record")
+
+    def __init__(self, owner: RemoteAgent | None = None, skill: str = "") -> None:
         self.record: logging.LogRecord | None = None
+        self._owner = owner
+        self._skill = skill
+        self._series: tuple[str, NodeMetrics, DelegationSeries] | None = None
+
+    def series_for(self, peer: str, metrics: NodeMetrics) -> DelegationSeries | None:
+        """The series ``prepare`` found, if for ``peer`` and ``metrics``."""
+        found = self._series
+        if found is None or found[0] != peer or found[1] is not metrics:
+            return None
+        return found[2]
 
     def prepare(self) -> None:
+        owner = self._owner
+        if owner is not None and self._series is None:
+            metrics = owner._link.metrics
+            if metrics is not None:
+                peer = owner.peer
+                self._series = (peer, metrics, metrics.delegation_series(peer, self._skill))
         if self.record is None and _stock_records() and log.isEnabledFor(logging.INFO):
             # As Logger._log makes it without a caller lookup; the values come at the end.
             self.record = log.makeRecord(
@@ -422,7 +442,7 @@ class RemoteAgent:
         started, clock0 = time.time(), time.perf_counter()
         trace = turn_trace(ctx)
         record = CallRecord(skill, "", "", trace.trace_id, started, started, "failed", 0)
-        line = _Line()
+        line = _Line(self, skill)
         try:
             if forward is not None:
                 delegation = self._delegation(tool, ctx, trace, record)
@@ -462,7 +482,14 @@ class RemoteAgent:
             self.recent.append(record)
             metrics = self._link.metrics
             if metrics is not None:
-                metrics.delegation(self.peer, skill, record.outcome, time.perf_counter() - clock0)
+                peer = self.peer
+                metrics.delegation(
+                    peer,
+                    skill,
+                    record.outcome,
+                    time.perf_counter() - clock0,
+                    line.series_for(peer, metrics),
+                )
             _log_delegation(ctx.agent_name or self.caller or "-", self.peer, record, started, line)
 
     def _delegation(

@@ -436,6 +436,60 @@ async def test_delegation_metrics_on_the_bound_registry(bureau: str) -> None:
     assert down.describe()["breakers"] == {dead: "open"}
 
 
+async def test_a_sent_call_counts_in_its_own_outcomes_series(tmp_path: Path) -> None:
+    """The ``ok`` series a call looks up while the peer works (``NodeMetrics.delegation_series``)
+    are used for an ``ok`` call only, and not made by the lookup: a call sent and answered
+    with a rejected task counts as rejected (no ``ok`` series shown yet), and each call's
+    duration once."""
+    from prometheus_client import CollectorRegistry
+
+    from mesh._metrics import NodeMetrics
+
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry, "caller", process_collectors=False)
+    looked_up = []
+    series = metrics.delegation_series
+
+    def delegation_series(peer: str, skill: str) -> Any:
+        looked_up.append((peer, skill))
+        return series(peer, skill)
+
+    metrics.delegation_series = delegation_series  # type: ignore[method-assign]
+
+    def value(name: str, **labels: str) -> float:
+        found = registry.get_sample_value(
+            name, {"agent": "caller", "peer": "income-verifier", "skill": "verify", **labels}
+        )
+        return found or 0.0
+
+    with node(tmp_path, "agents.income_verifier:agent", "verifier") as verifier:
+        rem = remote(verifier)
+        rem.bind(metrics=metrics)
+        async with toolset(rem) as tools:
+            with pytest.raises(RemoteError):
+                await tools["income_verifier_verify"].call(
+                    {"applicant_id": "APP-000"}, tool_context()
+                )
+            assert value("mesh_delegations_total", outcome="rejected") == 1
+            assert (
+                registry.get_sample_value(
+                    "mesh_delegations_total",
+                    {
+                        "agent": "caller",
+                        "peer": "income-verifier",
+                        "skill": "verify",
+                        "outcome": "ok",
+                    },
+                )
+                is None
+            )
+            await tools["income_verifier_verify"].call({"applicant_id": "APP-501"}, tool_context())
+    assert value("mesh_delegations_total", outcome="rejected") == 1
+    assert value("mesh_delegations_total", outcome="ok") == 1
+    assert value("mesh_delegation_duration_seconds_count") == 2
+    assert looked_up == [("income-verifier", "verify")] * 2  # once each call, once it was sent
+
+
 async def test_breaker_series_follow_the_resolved_instances_and_stay_bounded(bureau: str) -> None:
     """Junk instances registered under a peer's name set the breaker gauge's ``target`` label:
     the officer's series grew from 4 to 304 and never shrank."""
