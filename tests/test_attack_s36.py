@@ -1451,3 +1451,160 @@ def test_a_models_methods_replaced_between_requests_are_called_as_before(trees: 
     model's model_validate: each request's answer."""
     now, before = _both(trees, _MODELS_DRIVER, "patched")
     _same(now, before)
+
+
+@pytest.mark.integration
+def test_tasks_under_a_wrong_clock_are_stored_as_the_tree_before(trees: Trees) -> None:
+    """s34's tasks under a wall clock in the year 2200 (a status time's seconds past 2**32:
+    five bytes of varint) and before the epoch (negative): answers and stored rows."""
+    runs = [
+        (side, s34._CLOCK_DRIVER, (clock,))
+        for clock in ("y2200", "before_epoch")
+        for side in ("now", "before")
+    ]
+    outs = _all(trees, runs)  # type: ignore[arg-type]
+    for now, before in zip(outs[::2], outs[1::2], strict=True):
+        assert len(now["rows"]) == 3
+        _same(now, before)
+
+
+# --- helper D: values a skill itself produces, in the stored task's bytes ---------------------
+#
+# Skills that make what a request cannot carry: progress texts and answers with lone
+# surrogates, control characters, 2 MB, empty; answers with ints past 2**53 and 10**30, -0.0,
+# subnormals, deep nesting; attachments named oddly. Each answer; GetTask of each task; then a
+# new node on the same database: GetTask again (the stored bytes) and the rows parsed.
+
+_PRODUCED_DRIVER = r'''
+import asyncio, json, re, sqlite3, sys, tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, SkillContext, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+H = {"A2A-Version": "1.0"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+RUNS = re.compile(r"([a-z])\1{63,}")
+
+
+def canon(text):
+    text = RUNS.sub(lambda m: f"{m[1]}*{len(m[0])}", text)
+    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
+    try:
+        return sort(json.loads(text))
+    except ValueError:
+        return text
+
+
+def sort(value):
+    if isinstance(value, dict):
+        return {k: sort(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [sort(v) for v in value]
+    return value
+
+
+class In(BaseModel):
+    i: int
+
+
+class Out(BaseModel):
+    v: Any = None
+
+
+TEXTS = ["", "\ud800", "a\x00b\x7f", "\u2028\U0001f642", "p" * 2_200_000, "x" * 127, "x" * 128, "x" * 16383, "x" * 16384]
+VALUES = [2**53 + 1, 10**30, -(2**63), 2**64, -0.0, 5e-324, 1e308, [[[[[[]]]]]], {"": {"": {}}}, "\ud800", "a\x00",
+          {"k" * 200: 1}, [1.5] * 1000, True, None]
+NAMES = ["", "\ud800", "n" * 300, "answer", "s36-produced"]
+
+
+@skill
+async def talks(req: In, ctx: SkillContext) -> Out:
+    """Reports progress TEXTS[i], answers with it."""
+    await ctx.progress(TEXTS[req.i])
+    return Out(v=TEXTS[req.i][:10])
+
+
+@skill
+def values(req: In) -> Out:
+    """Answers VALUES[i]."""
+    return Out(v=VALUES[req.i])
+
+
+@skill
+def names(req: In, ctx: SkillContext) -> Out:
+    """Attaches a note named NAMES[i]."""
+    ctx.attach({"n": req.i}, "note", name=NAMES[req.i])
+    return Out(v=req.i)
+
+
+agent = Agent(name="s36-produced", description="Produces.", skills=[talks, values, names])
+CASES = ([("talks", i) for i in range(len(TEXTS))] + [("values", i) for i in range(len(VALUES))]
+         + [("names", i) for i in range(len(NAMES))])
+
+
+async def serve(data, steps):
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=data, registry=None))
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=60) as http,
+    ):
+        return await steps(http)
+
+
+async def get(http, tid):
+    r = await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": tid}}, headers=H)
+    return canon(r.text)
+
+
+async def main():
+    data = Path(tempfile.mkdtemp())
+    ids = []
+
+    async def first(http):
+        res = []
+        for n, (skill_id, i) in enumerate(CASES):
+            msg = {"role": "ROLE_USER", "messageId": f"m{n}", "parts": [{"data": {"i": i}}], "metadata": {"skill": skill_id}}
+            r = await http.post("/", json={"jsonrpc": "2.0", "id": n, "method": "SendMessage", "params": {"message": msg}}, headers=H)
+            body = r.json()
+            tid = ((body.get("result") or {}).get("task") or {}).get("id")
+            ids.append(tid)
+            res.append([skill_id, i, r.status_code, canon(r.text), await get(http, tid) if tid else None])
+        return res
+
+    out = {"mesh": mesh.__file__, "first": await serve(data, first)}
+
+    async def second(http):
+        return [await get(http, tid) if tid else None for tid in ids]
+
+    out["restart"] = await serve(data, second)
+    from a2a.types import Task
+    from google.protobuf.json_format import MessageToJson
+
+    conn = sqlite3.connect(data / "node.db")
+    out["rows"] = sorted(json.dumps(canon(MessageToJson(Task.FromString(blob)))) for (blob,) in conn.execute("select data from a2a_tasks"))
+    conn.close()
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_values_a_skill_produces_are_answered_and_stored_as_the_tree_before(trees: Trees) -> None:
+    """Progress texts, answers and attachment names a skill makes (lone surrogates, NUL,
+    2 MB, lengths at the varint's 128 and 16384 edges, ints past 2**53, -0.0, subnormals,
+    nesting): each answer, GetTask, GetTask after a restart, the stored rows parsed."""
+    now, before = _both(trees, _PRODUCED_DRIVER)
+    _same(now, before)
