@@ -831,15 +831,21 @@ def report_usage(ctx: ToolContext, task_metadata: Mapping[str, Any]) -> None:
     if sink is None:
         return
     # Its own counts, its children's added in (usually none: an empty or missing value has
-    # no counts, so it is not read).
-    total = usage_counts(read(task_metadata, USAGE))
-    children = read(task_metadata, CHILDREN_USAGE)
+    # no counts, so it is not read). Each key by ``read``'s rule, its call made only for a
+    # child that did not send it (an older node's snake_case spelling).
+    usage = task_metadata.get(USAGE)
+    total = usage_counts(usage if usage is not None else read(task_metadata, USAGE))
+    children = task_metadata.get(CHILDREN_USAGE)
+    if children is None:
+        children = read(task_metadata, CHILDREN_USAGE)
     if children:
         for name, value in usage_counts(children).items():
             total[name] = total.get(name, 0) + value
     if not total:
         return
-    if callable(sink):
+    if type(sink) is list:  # a turn's (a plain list is never callable)
+        sink.append(total)
+    elif callable(sink):
         sink(total)
     elif isinstance(sink, list):
         sink.append(total)

@@ -80,3 +80,18 @@ def test_report_usage_adds_the_childs_own_and_its_childrens() -> None:
     seen: list[dict[str, int]] = []
     report_usage(ToolContext(agent_name="a", metadata={"usage_sink": seen.append}), metadata)
     assert seen == sink[:1]
+
+
+def test_report_usage_reads_either_spelling_into_any_list_sink() -> None:
+    """A key present as null is read in its older spelling (``read``'s rule: a child's
+    ``children_usage``), and a sink that is a list of another type (not callable) is appended
+    to as a plain list is."""
+
+    class Sink(list[dict[str, int]]):
+        pass
+
+    sink = Sink()
+    ctx = ToolContext(agent_name="a", metadata={"usage_sink": sink})
+    report_usage(ctx, {"usage": {"input_tokens": 9}, "childrenUsage": None})
+    report_usage(ctx, {"usage": None, "childrenUsage": None, "children_usage": {"x": 2}})
+    assert sink == [{"inputTokens": 9}, {"x": 2}]
