@@ -22,6 +22,7 @@ import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ValidationError
@@ -448,7 +449,8 @@ class SkillDispatcher:
         assert skill.handler is not None
         args = (payload, ctx) if skill.takes_context else (payload,)
         result = skill.handler(*args)
-        if inspect.isawaitable(result):
+        # A coroutine (an ``async def`` handler's) known by its type before the general test.
+        if type(result) is CoroutineType or inspect.isawaitable(result):
             result = await result
         return Outcome(data=self.validate_output(skill, result))
 

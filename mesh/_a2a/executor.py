@@ -522,7 +522,11 @@ class MeshExecutor(AgentExecutor):
         is kept in ``call.state`` for the run."""
         # ``[:]``: the parts as a list at once (iterating a repeated field indexes it until an
         # IndexError, made and dropped).
-        types = {media_type(p) for p in message.parts[:]}
+        parts = message.parts[:]
+        # One part (the common send): its type alone, no set made for it.
+        if len(parts) == 1 and not self._replies and media_type(parts[0]) in self._common:
+            return
+        types = {media_type(p) for p in parts}
         if types <= self._common and not self._replies:
             return
         try:

@@ -60,6 +60,8 @@ from mesh._a2a.handler import MeshRequestHandler
 from mesh._a2a.idempotency import send_answer_cut
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from starlette.types import Receive, Scope, Send
 
     from mesh._metrics import NodeMetrics
@@ -200,14 +202,15 @@ class FastRoute:
         if self.metrics is not None:
             self.metrics.fastpath_send(binding)
 
-    async def _call(self, params: SendMessageRequest, context: ServerCallContext) -> Any:
-        """The handler's ``on_message_send``, its answer not yet trimmed (``_answer``)."""
+    def _call(self, params: SendMessageRequest, context: ServerCallContext) -> Awaitable[Any]:
+        """The handler's ``on_message_send``, its answer not yet trimmed (``_answer``), to
+        await (the handler's own coroutine: no coroutine of this one around it)."""
         headers = context.state["headers"]
         version = headers.get(constants.VERSION_HEADER) or headers.get(_VERSION)
         if version == constants.PROTOCOL_VERSION_1_0:
             # The version the check wants, which it lets through.
-            return await self._handler.on_message_send_unanswered(params, context)
-        return await self._checked(params, context)  # its own verdict, its own error
+            return self._handler.on_message_send_unanswered(params, context)
+        return self._checked(params, context)  # its own verdict, its own error
 
     @staticmethod
     def _answer(result: Task | Message, params: SendMessageRequest) -> tuple[Task | Message, int]:
