@@ -26,9 +26,11 @@ async def test_waiters_go_on_when_the_last_work_ends() -> None:
     await asyncio.sleep(0)
     running.end()
     await asyncio.sleep(0)
-    assert not first.done() and not second.done()
+    assert not first.done()
+    assert not second.done()
     running.end()
-    assert await first and await second
+    assert await first
+    assert await second
 
 
 async def test_a_wait_after_an_earlier_idle_waits_for_the_new_work() -> None:
