@@ -66,6 +66,27 @@ def _both(
     return now, before
 
 
+def _in_turn(trees: Trees, source: str, *args: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``_both``, one tree's process after the other's: for drivers whose calls race a deadline
+    of a second (20 at once, retries with backoff), which a loaded host decides otherwise when
+    the two run side by side."""
+    (now,) = _all(trees, [("now", source, args)])  # type: ignore[arg-type]
+    (before,) = _all(trees, [("before", source, args)])  # type: ignore[arg-type]
+    return now, before
+
+
+_MESH_RECORDS = 'if record.name.startswith("mesh"):'
+
+
+def _quiet(source: str) -> str:
+    """``source`` (an earlier session's driver) whose log handler leaves out the database's
+    slow-batch report (a batch over 2 ms on the loop: the host's load decides it)."""
+    assert source.count(_MESH_RECORDS) == 1
+    return source.replace(
+        _MESH_RECORDS, 'if record.name.startswith("mesh") and record.name != "mesh.sqlite":'
+    )
+
+
 # --- sessions 33 to 35's comparisons, against this session's base ------------------------------
 
 
@@ -116,7 +137,7 @@ def test_every_requests_line_and_metrics_are_there_right_after_its_answer(trees:
     """s35's post-answer work seen right after each answer (a scrape, the log lines): success,
     failures, invalid input, REST, direct replies, an ask and its answer, a deadline, a cancel,
     a caller gone, a duplicate, 30 at once, 8 MB."""
-    now, before = _both(trees, s35._AFTER_DRIVER, "main")
+    now, before = _both(trees, _quiet(s35._AFTER_DRIVER), "main")
     _same(now, before)
 
 
@@ -126,7 +147,8 @@ def test_remote_calls_are_the_tree_before(trees: Trees) -> None:
     chunked, cut or reset mid-body, 5xx, 403, 404, 40 MB, slow past the deadline, gzip, a
     wrong content type), 40 calls in flight, a 3 MB argument: answers, errors, retries,
     breaker, metrics and every mesh log line, with mesh serve's logging switch on."""
-    now, before = _both(trees, s35._SERVE_LOGGING + s34._REMOTE_DRIVER, *s34._REMOTE_HELD)
+    source = s35._SERVE_LOGGING + _quiet(s34._REMOTE_DRIVER)
+    now, before = _in_turn(trees, source, *s34._REMOTE_HELD)
     assert now["score"][0][0][0] == "ok"
     _same(now, before)
 
@@ -136,9 +158,8 @@ def test_remote_failover_is_the_tree_before(trees: Trees) -> None:
     """s34's failover between the real node and a replica that resets, is refused, answers
     503 or garbage, or cuts its answer, in either order."""
     modes = ("rst_at_once", "refused", "s503", "garbage", "cut_mid_body", "rst_mid_body")
-    now, before = _both(
-        trees, s35._SERVE_LOGGING + s34._REMOTE_DRIVER, *(f"failover:{m}" for m in modes)
-    )
+    source = s35._SERVE_LOGGING + _quiet(s34._REMOTE_DRIVER)
+    now, before = _in_turn(trees, source, *(f"failover:{m}" for m in modes))
     assert "ok" in json.dumps(now["failover:rst_at_once"])
     _same(now, before)
 
@@ -182,11 +203,9 @@ def test_delegation_lines_and_records_are_the_tree_before(trees: Trees) -> None:
     but the times) with the logging changed while the peer works, a record factory installed
     then, thread and process fields turned on then (helper C's ``_Line.prepare``, which also
     looks up the call's metric series)."""
-    modes = ("main", "factory", "threads")
-    runs = [(side, s35._LINE_DRIVER, (mode,)) for mode in modes for side in ("now", "before")]
-    outs = _all(trees, runs)  # type: ignore[arg-type]
-    assert outs[1]["res"][0][2], outs[1]["res"][0]  # a line
-    for now, before in zip(outs[::2], outs[1::2], strict=True):
+    for mode in ("main", "factory", "threads"):
+        now, before = _in_turn(trees, s35._LINE_DRIVER, mode)
+        assert before["res"][0][2], before["res"][0]  # a line
         _same(now, before)
 
 
@@ -520,7 +539,7 @@ def ctx_for(i, **meta):
                        metadata={"deadline": time.time() + 30, "usage_sink": [], "task_id": f"t-{i}", **meta})
 
 
-async def calls(url, skill_id, argsets, deadline_s=1.5, metas=None, real=False):
+async def calls(url, skill_id, argsets, deadline_s=5.0, metas=None, real=False):
     """Each args in turn over one toolset (its pool, its templates): outcomes, metrics, lines.
     ``real``: a node answers, its values' members sorted (a Struct's order is the process's)."""
     LOGS.lines = []
