@@ -299,6 +299,7 @@ TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 PORTS = re.compile(r"127\.0\.0\.1:\d+")
 FLOATS = re.compile(r"\d+\.\d+ ?(ms|s)\b|duration_ms=[\d.]+|/tmp/[\w/.-]+")
 VARIES = re.compile(r'"deadline": ?[\d.e+-]+|Content-Length: \d+|"id": ?\d+')
+DEADLINE = re.compile(r'"deadline": ?([^,}]+)')
 
 
 def canon(text):
@@ -511,6 +512,8 @@ async def fake_peer(box):
                     continue
                 lines = sorted(canon(l.decode("latin-1")) for l in head.split(b"\r\n")[1:] if l)
                 box["requests"].append([lines, canon(body.decode())])
+                found = DEADLINE.search(body.decode())
+                box.setdefault("deadlines", []).append(found[1] if found else None)
                 request = json.loads(body)
                 text = box["answer"].replace("RID", json.dumps(request.get("id")))
                 writer.write(reply(text.encode("utf-8", "surrogatepass"), box.get("ctype", b"application/json")))
@@ -539,7 +542,7 @@ def ctx_for(i, **meta):
                        metadata={"deadline": time.time() + 30, "usage_sink": [], "task_id": f"t-{i}", **meta})
 
 
-async def calls(url, skill_id, argsets, deadline_s=5.0, metas=None, real=False):
+async def calls(url, skill_id, argsets, deadline_s=5.0, metas=None, real=False, box=None):
     """Each args in turn over one toolset (its pool, its templates): outcomes, metrics, lines.
     ``real``: a node answers, its values' members sorted (a Struct's order is the process's)."""
     LOGS.lines = []
@@ -552,7 +555,8 @@ async def calls(url, skill_id, argsets, deadline_s=5.0, metas=None, real=False):
     out = []
     try:
         for i, args in enumerate(argsets):
-            ctx = ctx_for(i, **((metas or [{}])[i % len(metas or [{}])]))
+            ctx = ctx_for(i, **(metas[i % len(metas)]() if metas else {}))
+            t0, sent = time.time(), len((box or {}).get("deadlines", []))
             try:
                 (tool,) = await toolset.tools(ctx)
                 got = await tool.call(args, ctx)
@@ -562,6 +566,11 @@ async def calls(url, skill_id, argsets, deadline_s=5.0, metas=None, real=False):
                             canon(json.dumps({k: getattr(exc, k, None) for k in ("reason", "peer", "skill", "detail", "kind")}, default=repr))])
             # sorted: a Struct's member order is the process's (its map's), in either tree
             out.append(["usage", canon(json.dumps(ctx.metadata.get("usage_sink"), default=repr, sort_keys=True))])
+            if box is not None:  # the deadline sent: its text (the caller's own, or now + deadline_s)
+                texts = box.get("deadlines", [])[sent:]
+                caller = ctx.metadata.get("deadline")
+                out.append(["deadline", [[t == json.dumps(float(caller)), t == repr(float(t)),
+                                          0 < float(t) - t0 <= deadline_s + 1] for t in texts]])
     finally:
         await toolset.aclose()
         await http.aclose()
@@ -609,7 +618,8 @@ async def main():
                 peer_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
                 box["card"] = card.replace(url, peer_url).encode()
                 try:
-                    got = await calls(peer_url, "score", [{"applicant_id": "x", "amount": 1}, {"applicant_id": "y", "amount": 2.5}])
+                    got = await calls(peer_url, "score", [{"applicant_id": "x", "amount": 1}, {"applicant_id": "y", "amount": 2.5}],
+                                      box=box)
                 finally:
                     server.close()
                 result[case] = [got, box["requests"], read(case)]
@@ -623,9 +633,11 @@ async def main():
             values = [1, 1.0, -0.0, 1e3, 2**64, -(2**70), 0.1, 5e-324, 1.7976931348623157e308, True, None, "", "\u00e9\U0001f642\u2028",
                       "a\"b\\c\n\t\x00\x7f</script>", [], {}, [1, [2, [3]]], {"b": 1, "a": 2}, {"": {"": []}}, "x" * 70000,
                       {"k" * 300: 1}, [None, True, 1.5, "s"], float("nan"), float("inf")]
-            metas = [{}, {"traceparent": "00-" + "12" * 16 + "-" + "34" * 8 + "-01"}, {"durable_children": True},
-                     {"deadline": time.time() + 5.5}, {"caller": "\u00e9"}]
-            got = await calls(peer_url, "anys", [{"v": v} for v in values], metas=metas)
+            metas = [dict, lambda: {"traceparent": "00-" + "12" * 16 + "-" + "34" * 8 + "-01"},
+                     lambda: {"durable_children": True}, lambda: {"deadline": time.time() + 2.5},
+                     lambda: {"deadline": int(time.time()) + 3, "caller": "\u00e9"}, lambda: {"deadline": 1e20},
+                     lambda: {"deadline": time.time() + 4.000001, "task_id": "t-\u00e9"}]
+            got = await calls(peer_url, "anys", [{"v": v} for v in values], metas=metas, box=box)
             result["bodies"] = [got, box["requests"]]
             # the same arguments to the real node, through one toolset
             got = await calls(url, "anys", [{"v": v} for v in values if not (isinstance(v, float) and v != v)], metas=metas, real=True)
