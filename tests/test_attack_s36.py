@@ -515,7 +515,10 @@ async def fake_peer(box):
                 found = DEADLINE.search(body.decode())
                 box.setdefault("deadlines", []).append(found[1] if found else None)
                 request = json.loads(body)
-                text = box["answer"].replace("RID", json.dumps(request.get("id")))
+                answer = box["answer"]
+                if answer is None:  # by the call: the case its applicant_id names
+                    answer = CASES[request["params"]["message"]["parts"][0]["data"]["applicant_id"]]
+                text = answer.replace("RID", json.dumps(request.get("id")))
                 writer.write(reply(text.encode("utf-8", "surrogatepass"), box.get("ctype", b"application/json")))
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
@@ -582,6 +585,10 @@ async def calls(url, skill_id, argsets, deadline_s=5.0, metas=None, real=False, 
     return [out, metrics, LOGS.lines]
 
 
+def sorted_keys(value):
+    return json.loads(json.dumps(value, sort_keys=True, default=repr))
+
+
 def read(case):
     """TaskResult.from_json of the case's task, as the client's json parse gives it."""
     text = CASES[case].replace("RID", "1").lstrip("\ufeff").strip()
@@ -623,6 +630,41 @@ async def main():
                 finally:
                     server.close()
                 result[case] = [got, box["requests"], read(case)]
+        elif which == "storm":  # 120 calls in flight over one toolset, each its own answer
+            box = {"requests": [], "answer": None}
+            server = await fake_peer(box)
+            peer_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            box["card"] = card.replace(url, peer_url).encode()
+            names = ["settled", "reordered", "failed", "rejected", "input_required", "num_1e3", "two_artifacts",
+                     "message", "text_only", "meta_usage", "error_data", "escaped_values"]
+            LOGS.lines = []
+            anywhere = NetworkPolicy.parse("any")
+            http = create_http_client(anywhere, timeout=httpx.Timeout(35.0, connect=2.0))
+            registry = CollectorRegistry()
+            toolset = remote("s36-peer", skill="score", url=peer_url, deadline_s=20.0)
+            toolset.bind(http=http, metrics=NodeMetrics(registry, "s36-coordinator"), caller="s36-coordinator",
+                         trust=PeerTrust(networks=anywhere))
+            ctxs = [ctx_for(i) for i in range(120)]
+            try:
+                (tool,) = await toolset.tools(ctxs[0])
+
+                async def one(i):
+                    try:
+                        got = await tool.call({"applicant_id": names[i % len(names)], "amount": i}, ctxs[i])
+                        return ["ok", names[i % len(names)], canon(json.dumps(got, default=repr))]
+                    except (Exception, ChildWaiting) as exc:
+                        return ["error", names[i % len(names)], type(exc).__name__, canon(str(exc))]
+
+                got = await asyncio.gather(*(one(i) for i in range(120)))
+            finally:
+                await toolset.aclose()
+                await http.aclose()
+                server.close()
+            metrics = sorted(canon(line) for line in generate_latest(registry).decode().splitlines()
+                             if line.startswith("mesh_delegation") and "_bucket" not in line and "_created" not in line
+                             and "_sum" not in line)
+            result["storm"] = [sorted(json.dumps(g) for g in got), metrics, sorted(json.dumps(l) for l in LOGS.lines),
+                               sorted(json.dumps(sorted_keys(c.metadata.get("usage_sink"))) for c in ctxs)]
         else:  # the bodies sent for odd arguments and call metadata, to the real node
             box = {"requests": []}
             server = await fake_peer(box)
@@ -666,6 +708,17 @@ def test_answers_of_every_shape_are_read_as_the_tree_before(trees: Trees) -> Non
     now, before = _both(trees, _ANSWERS_DRIVER, "answers")
     assert now["settled"][0][0][0][0] == "ok", now["settled"]
     assert _diff_cases(now, before) == [], _diff_cases(now, before)
+    _same(now, before)
+
+
+@pytest.mark.integration
+def test_many_calls_in_flight_over_one_toolset_end_as_the_tree_before(trees: Trees) -> None:
+    """120 remote() calls at once over one toolset's pool, each answered its own way (the
+    settled answer, reordered, failed, rejected, asking, 1e3, two artifacts, a direct message,
+    text only, usage, a JSON-RPC error, escapes): outcomes, the delegation metrics (counts by
+    outcome, durations, retries), the log lines, each call's usage report."""
+    now, before = _both(trees, _ANSWERS_DRIVER, "storm")
+    assert any('"ok", "settled"' in g for g in now["storm"][0])
     _same(now, before)
 
 
