@@ -4,7 +4,10 @@ and ``stepped`` awaits a coroutine as ``await`` does, releasing first when it wi
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +16,8 @@ from a2a.server.context import ServerCallContext
 from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import Message, Part, Role, Task, TaskState, TaskStatus
 from google.protobuf.json_format import MessageToDict, SerializeToJsonError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mesh._a2a.artifacts import answer_parts
 from mesh._a2a.fastpath import AppliedEvents
@@ -513,3 +518,211 @@ async def test_a_settled_tasks_row_is_the_row_read_from_the_task(meta: dict[str,
         assert made == store._row("owner", settled.task, data, 123)
         if request_trace is not None:  # a trace id found: the task's, else the request's
             assert made[6] is not None
+
+
+# --- a settled task's row written in protobuf's wire format (one_shot._task_wire) ------------
+
+_TEXT = st.text(max_size=40)
+_LEAF = st.one_of(
+    _TEXT,
+    st.integers(min_value=-(2**63), max_value=2**63),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.booleans(),
+    st.none(),
+)
+#: A request's data: nested objects, lists, empty values.
+_JSON = st.recursive(
+    _LEAF,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+_META = st.fixed_dictionaries(
+    {"skill": _TEXT},
+    optional={
+        "caller": _TEXT,
+        "traceparent": _TEXT,
+        "callerTask": _TEXT,
+        "usage": st.just(ZEROS),
+        "childrenUsage": st.just({}),
+    },
+)
+
+
+def _events_of(task_id: str, context_id: str) -> AppliedEvents:
+    context = ServerCallContext()
+    context.state[SINGLE_WRITE] = True
+    return AppliedEvents(None, InMemoryTaskStore(), context, task_id=task_id, context_id=context_id)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ids=st.tuples(*[st.text(min_size=1, max_size=40)] * 3),
+    name=st.none() | _TEXT,
+    data=st.dictionaries(_TEXT, _LEAF, max_size=8),
+    request=st.dictionaries(_TEXT, _JSON, max_size=4),
+    request_meta=st.dictionaries(_TEXT, _JSON, max_size=3),
+    working=_TEXT,
+    meta=_META,
+)
+def test_a_settled_tasks_row_parses_to_the_task_the_constructors_build(
+    ids: tuple[str, str, str],
+    name: str | None,
+    data: dict[str, Any],
+    request: dict[str, Any],
+    request_meta: dict[str, Any],
+    working: str,
+    meta: dict[str, Any],
+) -> None:
+    """A held typed run's final task is written as its row's bytes and parsed
+    (``one_shot._task_wire``): the row parses to the task today's constructors build
+    (``OneShotUpdater._built``, whose ``SerializeToString`` was the row) as a message, its
+    history, status and metadata to the byte; and to the task the events would have left."""
+    from mesh._a2a import one_shot
+
+    task_id, context_id, artifact_id = ids
+    first = Message(role=Role.ROLE_USER, message_id="m-0", task_id=task_id, context_id=context_id)
+    first.parts.add().data.struct_value.update(request)
+    first.metadata.update(request_meta)
+
+    async def run() -> tuple[Task, Settled | None, Task, Task]:
+        held = OneShotUpdater(_events_of(task_id, context_id), task_id, context_id, first)
+        await held.work(working)
+        await held.add_artifact(
+            answer_parts(data, json.dumps(data), typed=True), artifact_id=artifact_id, name=name
+        )
+        # What _final was given, for the constructors' task of the same updates.
+        updates = list(held._held or [])
+        await held.update_status(TaskState.TASK_STATE_COMPLETED, metadata=meta)
+        events = held.events
+        assert isinstance(events, AppliedEvents)
+        assert events.task is not None
+        settled = events._context.state.get(SETTLED) if events._context is not None else None
+        last = one_shot._Status(
+            TaskState.TASK_STATE_COMPLETED,
+            None,
+            events.task.status.timestamp.ToNanoseconds(),
+            meta,
+        )
+        history: list[Any] = [first]
+        history += [u.message for u in updates if isinstance(u, one_shot._Status) and u.message]
+        artifacts = [u for u in updates if isinstance(u, one_shot._Artifact)]
+        built = held._built(history, artifacts, [meta], last, one_shot._shape(meta))
+        # The events' task: the run's updates published one by one (its WORKING message's id
+        # and the artifact's id the held run's).
+        by_events = _events_of(task_id, context_id)
+        await by_events.enqueue_event(
+            Task(
+                id=task_id,
+                context_id=context_id,
+                status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                history=[first],
+            )
+        )
+        for update in [*updates, last]:
+            await by_events.enqueue_event(update.event(task_id, context_id))
+        assert by_events.task is not None
+        return events.task, settled, built, by_events.task
+
+    task, settled, built, expected = asyncio.run(run())
+    assert isinstance(settled, Settled)
+    if any(
+        text != text.encode("utf-8", "surrogatepass").decode("utf-8", "replace") for text in ids
+    ):
+        return  # not UTF-8: built by the constructors (their refusal)
+    assert settled.row is not None
+    assert (
+        Task.FromString(settled.row) == task == built == Task.FromString(built.SerializeToString())
+    )
+    assert task == expected
+    assert [m.SerializeToString() for m in task.history] == [
+        m.SerializeToString() for m in built.history
+    ]
+    assert task.status.SerializeToString() == built.status.SerializeToString()
+    assert task.metadata.SerializeToString() == built.metadata.SerializeToString()
+    assert task.metadata.SerializeToString() == expected.metadata.SerializeToString()
+
+
+def _row_data(conn: sqlite3.Connection, task_id: str) -> bytes:
+    data: bytes = conn.execute("SELECT data FROM a2a_tasks WHERE id = ?", (task_id,)).fetchone()[0]
+    return data
+
+
+async def test_a_settled_tasks_row_is_stored_as_written_and_read_back(tmp_path: Path) -> None:
+    """The store writes a held typed run's row as ``Settled.row`` (not serialized again); what
+    it reads back is the task. A history redacted before the save is serialized instead."""
+    from mesh._a2a.store import SqliteTaskStore
+    from mesh._sqlite import Database
+
+    db = await Database.open(tmp_path / "tasks.db")
+    try:
+        store = SqliteTaskStore(db)
+        await store.initialize()
+        for n, redact in enumerate((False, True)):
+            task_id = f"task-{n}"
+            context = ServerCallContext()
+            context.state[SINGLE_WRITE] = True
+            first = _message("score me", f"m-{n}", Role.ROLE_USER)
+            events = AppliedEvents(
+                None, store, context, task_id=task_id, context_id=CONTEXT, initial_message=first
+            )
+            if redact:
+                store.redact(task_id, f"m-{n}")
+            updater = OneShotUpdater(events, task_id, CONTEXT, first)
+            await updater.work("running skill 'score'")
+            await updater.add_artifact(
+                answer_parts({"score": 1, "tier": "ü"}, '{"score":1}', typed=True), name="score"
+            )
+            meta = {"skill": "score", "traceparent": TRACE, "usage": ZEROS, "childrenUsage": {}}
+            await updater.update_status(TaskState.TASK_STATE_COMPLETED, metadata=meta)
+            settled = context.state[SETTLED]
+            assert isinstance(settled, Settled)
+            assert settled.row is not None
+            stored = await db.read(functools.partial(_row_data, task_id=task_id))
+            assert settled.task == events.task
+            if redact:
+                assert [p.text for p in settled.task.history[0].parts] == ["[redacted]"]
+                assert stored == settled.task.SerializeToString()
+            else:
+                assert stored == settled.row
+            assert Task.FromString(stored) == settled.task
+            assert await store.get(task_id, context) == settled.task
+    finally:
+        await db.aclose()
+
+
+async def test_a_request_nested_to_upbs_depth_settles_as_the_constructors_build_it() -> None:
+    """A request whose data nests near upb's depth limit: the task's bytes nest one message
+    deeper than the request's, so a parse of them may refuse what a copy of the request takes;
+    the task is then built by the constructors, as before: the same task, or the same error."""
+    outcomes = set()
+    for depth in range(20, 45):
+        data: Any = 1
+        for _ in range(depth):
+            data = {"a": data}
+        first = _message("score me", "m-0", Role.ROLE_USER)
+        first.parts.add().data.struct_value.update(data)
+        try:
+            expected: Any = Task(history=[first]).history[0]
+        except Exception as exc:  # the copy's refusal
+            expected = (type(exc), str(exc))
+        context = ServerCallContext()
+        context.state[SINGLE_WRITE] = True
+        events = AppliedEvents(None, InMemoryTaskStore(), context, task_id=TASK, context_id=CONTEXT)
+        updater = OneShotUpdater(events, TASK, CONTEXT, first)
+        await updater.work("running skill 'score'")
+        await updater.add_artifact(answer_parts({"score": 1}, '{"score":1}', typed=True))
+        meta = {"skill": "score", "usage": ZEROS, "childrenUsage": {}}
+        refused: Any = None
+        try:
+            await updater.update_status(TaskState.TASK_STATE_COMPLETED, metadata=meta)
+        except Exception as exc:
+            refused = (type(exc), str(exc))
+        if refused is not None:
+            assert refused == expected  # the copy's error (its message names a Message)
+            outcomes.add("refused")
+            continue
+        assert events.task is not None
+        assert events.task.history[0] == expected
+        settled = context.state[SETTLED]
+        outcomes.add("parsed" if settled.row is not None else "built")
+    assert {"parsed", "refused"} <= outcomes

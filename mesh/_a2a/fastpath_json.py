@@ -832,6 +832,8 @@ class Settled:
     text: str
     metadata: dict[str, Any]
     shape: tuple[Any, ...]
+    #: ``task``'s bytes when it was parsed from them (``one_shot._task_wire``): its row.
+    row: bytes | None = None
 
 
 #: A settled answer's template (``_settled_plan``) by its layout: its state, the answer's keys

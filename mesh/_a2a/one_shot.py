@@ -41,6 +41,7 @@ from a2a.types import (
     TaskStatusUpdateEvent,
 )
 from a2a.utils.errors import InvalidAgentResponseError
+from google.protobuf.message import DecodeError
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -94,6 +95,32 @@ class _AgentText:
             "parts": [{"text": self.text}],
         }
 
+    def wire(self) -> bytes:
+        """``Message(**self.fields()).SerializeToString()``; ``UnicodeEncodeError`` for text
+        that is not UTF-8."""
+        message_id = self.message_id.encode()
+        context_id = self.context_id.encode()
+        task_id = self.task_id.encode()
+        # A text part is its oneof member: written even when empty.
+        part = _field(b"\x0a", self.text.encode())
+        if len(message_id) < 0x80 and len(context_id) < 0x80 and len(task_id) < 0x80:
+            # The usual ids (uuids): each length one byte, the message in one %.
+            n = len(part)
+            return b"%b%b%b%b%b" % (
+                b"\x0a" + _BYTE[len(message_id)] + message_id if message_id else b"",
+                b"\x12" + _BYTE[len(context_id)] + context_id if context_id else b"",
+                b"\x1a" + _BYTE[len(task_id)] + task_id if task_id else b"",
+                _ROLE_AGENT + b"\x2a" + (_BYTE[n] if n < 0x80 else _varint(n)),
+                part,
+            )
+        return (
+            (_field(b"\x0a", message_id) if message_id else b"")
+            + (_field(b"\x12", context_id) if context_id else b"")
+            + (_field(b"\x1a", task_id) if task_id else b"")
+            + _ROLE_AGENT
+            + _field(b"\x2a", part)
+        )
+
 
 @dataclass(frozen=True)
 class _Status:
@@ -127,10 +154,27 @@ class _Status:
 
 @dataclass(frozen=True)
 class _Artifact:
-    artifact: Artifact
+    #: The artifact as added; None for a typed answer held as its bytes (``wire``).
+    made: Artifact | None
+    artifact_id: str
     last_chunk: bool | None
     #: The typed answer it was made of (``AnswerParts`` of a flat dict, nothing else given).
     answer: AnswerParts | None = None
+    #: A typed answer's artifact in protobuf's wire format, written when it was added (a
+    #: snapshot, as the constructor's copy is): the final task's row is written around it.
+    wire: bytes | None = None
+    #: Its name ("" for none), for ``Settled``.
+    name: str = ""
+
+    @property
+    def artifact(self) -> Artifact:
+        """The artifact as ``Artifact(...)`` built it when added: a parse of its bytes is what
+        the constructor's copy of its parts is (upb copies by a serialize and a parse)."""
+        if self.made is not None:
+            return self.made
+        assert self.wire is not None
+        built: Artifact = Artifact.FromString(self.wire)
+        return built
 
     def event(self, task_id: str, context_id: str) -> TaskArtifactUpdateEvent:
         return TaskArtifactUpdateEvent(
@@ -238,24 +282,27 @@ class OneShotUpdater(MeshTaskUpdater):
                 parts, artifact_id, name, metadata, append, last_chunk, extensions
             )
             return
-        # Built now, as the SDK's updater builds it: what was added (a copy), and a bad field
-        # refused here, while the run can still end FAILED.
-        artifact = Artifact(
-            artifact_id=artifact_id or uuid4_text(),
-            name=name,
-            parts=parts,
-            metadata=metadata,
-            extensions=extensions,
-        )
-        answer = None
+        made_id = artifact_id or uuid4_text()
         if (
             isinstance(parts, AnswerParts)
             and parts.data is not None
             and metadata is None
             and extensions is None
         ):
-            answer = parts
-        held.append(_Artifact(artifact, last_chunk, answer))
+            wire = _artifact_wire(made_id, name, parts)
+            if wire is not None:
+                held.append(_Artifact(None, made_id, last_chunk, parts, wire, name or ""))
+                return
+        # Built now, as the SDK's updater builds it: what was added (a copy), and a bad field
+        # refused here, while the run can still end FAILED.
+        artifact = Artifact(
+            artifact_id=made_id,
+            name=name,
+            parts=parts,
+            metadata=metadata,
+            extensions=extensions,
+        )
+        held.append(_Artifact(artifact, made_id, last_chunk))
 
     async def work(self, text: str) -> None:
         """``update_status(WORKING, message=self.new_agent_message([new_text_part(text)]))``,
@@ -272,67 +319,323 @@ class OneShotUpdater(MeshTaskUpdater):
         ``mesh._a2a.fastpath.AppliedEvents`` applies them: a new status moves the one before's
         message to the history and merges its metadata; an artifact is added, or replaces one
         of its id), made at once from the lists the updates leave; and what it was made of,
-        when it has the shape ``Settled`` describes."""
+        when it has the shape ``Settled`` describes. A task of that shape is written in
+        protobuf's wire format (``_task_wire``) and parsed: its row as the store writes it,
+        and the task it reads back, without the constructors' copies of its parts (each a
+        serialize and a parse)."""
         first = self._first
-        history: list[Message | dict[str, Any]] = [first] if first is not None else []
-        artifacts: list[Artifact] = []
+        history: list[Message | _AgentText] = [first] if first is not None else []
+        artifacts: list[_Artifact] = []
         metadata: list[dict[str, Any]] = []
+        added = 0
         last: _Status | None = None
         for update in held:
             if isinstance(update, _Artifact):
-                new = update.artifact
+                added += 1
                 for i, existing in enumerate(artifacts):
-                    if existing.artifact_id == new.artifact_id:
-                        artifacts[i] = new
+                    if existing.artifact_id == update.artifact_id:
+                        artifacts[i] = update
                         break
                 else:
-                    artifacts.append(new)
+                    artifacts.append(update)
                 continue
             if last is not None and last.message is not None:
-                history.append(last.history_entry())  # type: ignore[arg-type]
+                history.append(last.message)
             if update.metadata:
                 metadata.append(update.metadata)
             last = update
         assert last is not None  # a held run ends with its terminal status
-        # One status's metadata (the usual case) copied in as the task is built: what merging
-        # it into the task's empty Struct gives (a copy is a clear, then a merge).
         shape = _shape(metadata[0]) if len(metadata) == 1 else None
-        task = Task(
-            id=self.task_id,
-            context_id=self.context_id,
-            status=last.fields(),
-            history=history,
-            artifacts=artifacts,
-            metadata=_made(metadata[0], shape) if len(metadata) == 1 else None,
-        )
-        if len(metadata) > 1:
-            for values in metadata:
-                merge_metadata(task.metadata, values)
-        answers = [update for update in held if isinstance(update, _Artifact)]
-        answer = answers[0].answer if len(answers) == 1 else None
+        answer = artifacts[0].answer if added == 1 else None
+        at = last.at
         if (
             answer is None
             or answer.data is None
             or shape is None
             or not metadata[0]
             or last.message is not None
-            or not isinstance(last.at, int)
+            or not isinstance(at, int)
         ):
-            return task, None
-        made = answers[0].artifact
+            return self._built(history, artifacts, metadata, last, shape), None
+        made = artifacts[0]
+        row = None
+        if made.wire is not None and 0 <= at < _MAX_AT_NS:
+            row = _task_wire(
+                self.task_id,
+                self.context_id,
+                last.state,
+                at,
+                made.wire,
+                history,
+                _metadata_wire(metadata[0], shape),
+            )
+        task = None
+        if row is not None:
+            try:
+                task = Task.FromString(row)
+            except DecodeError:
+                # Nested past upb's depth from the task down (a request's data): built by the
+                # constructors, whose copies answer for it (their error, or the task).
+                row = None
+        if task is None:
+            task = self._built(history, artifacts, metadata, last, shape)
         return task, Settled(
             task=task,
             task_id=self.task_id,
             context_id=self.context_id,
             state=last.state,
-            at_ns=last.at,
+            at_ns=at,
             artifact_id=made.artifact_id,
             name=made.name,
             data=answer.data,
             text=answer.text,
             metadata=metadata[0],
             shape=shape,
+            row=row,
         )
+
+    def _built(
+        self,
+        history: list[Message | _AgentText],
+        artifacts: list[_Artifact],
+        metadata: list[dict[str, Any]],
+        last: _Status,
+        shape: tuple[Any, ...] | None,
+    ) -> Task:
+        """The final task (``_final``) made by the constructors: a held message built where
+        it is kept, the rest copied in."""
+        # One status's metadata (the usual case) copied in as the task is built: what merging
+        # it into the task's empty Struct gives (a copy is a clear, then a merge).
+        task = Task(
+            id=self.task_id,
+            context_id=self.context_id,
+            status=last.fields(),
+            history=[m.fields() if isinstance(m, _AgentText) else m for m in history],
+            artifacts=[update.artifact for update in artifacts],
+            metadata=_made(metadata[0], shape) if len(metadata) == 1 else None,
+        )
+        if len(metadata) > 1:
+            for values in metadata:
+                merge_metadata(task.metadata, values)
+        return task
+
+
+# --- the wire format of a settled typed task ---------------------------------------------------
+#
+# What ``Task(...).SerializeToString()`` writes, field by field (protobuf's encoding: a key byte
+# of field number and wire type, a varint length, the bytes), for the parts a settled typed
+# task is made of; each part that is a message already (the request, the answer's parts, the
+# metadata ``Struct``) is its own ``SerializeToString``. The bytes parse to the task the
+# constructors build (tests/test_one_shot.py compares them over generated values). Written
+# with few Python calls: each costs more than the C serialize of a small message.
+
+_BYTE = [bytes((n,)) for n in range(128)]
+#: A 7-bit group with the varint's continuation bit.
+_MORE = [bytes((n | 0x80,)) for n in range(128)]
+_ROLE_AGENT = b"\x20" + _BYTE[int(_AGENT)]
+#: Past it a status time's seconds would not fit the ``Timestamp``'s int64: built instead.
+_MAX_AT_NS = 1 << 63
+
+
+def _varint(n: int) -> bytes:
+    """``n`` (>= 0) as a protobuf varint: up to four bytes (a length, a ``Timestamp``'s
+    nanoseconds) from two tables of its 7-bit groups, no loop."""
+    if n < 0x80:
+        return _BYTE[n]
+    if n < 0x4000:
+        return _MORE[n & 0x7F] + _BYTE[n >> 7]
+    if n < 0x10000000:
+        if n < 0x200000:
+            return _MORE[n & 0x7F] + _MORE[n >> 7 & 0x7F] + _BYTE[n >> 14]
+        return _MORE[n & 0x7F] + _MORE[n >> 7 & 0x7F] + _MORE[n >> 14 & 0x7F] + _BYTE[n >> 21]
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(key: bytes, data: bytes) -> bytes:
+    """A length-delimited field (``key``: its key byte): a message's or a string's bytes."""
+    n = len(data)
+    if n < 0x80:
+        return key + _BYTE[n] + data
+    return key + _varint(n) + data
+
+
+def _text(key: bytes, text: str) -> bytes:
+    """A string field, or nothing for an empty string (proto3); ``UnicodeEncodeError`` for
+    text that is not UTF-8."""
+    return _field(key, text.encode()) if text else b""
+
+
+def _artifact_wire(artifact_id: Any, name: Any, parts: list[Part]) -> bytes | None:
+    """``Artifact(artifact_id=artifact_id, name=name, parts=parts).SerializeToString()``, or
+    None for a value the constructor may refuse or convert (not a str, not a ``Part``, text
+    that is not UTF-8): that one is built by the constructor, which answers for it."""
+    if type(artifact_id) is not str or (name is not None and type(name) is not str):
+        return None
+    try:
+        out = [_text(b"\x0a", artifact_id), _text(b"\x12", name) if name else b""]
+    except UnicodeEncodeError:
+        return None
+    for part in parts:
+        if type(part) is not Part:
+            return None
+        out.append(_field(b"\x22", part.SerializeToString()))
+    return b"".join(out)
+
+
+#: The wire plan of each metadata shape (``_metadata_wire``): its members in the order of the
+#: ``Struct`` kept for the shape (``_made``), each a string's key written ahead of its value,
+#: or the whole member (a shape's token counts are its own); None: the shape is serialized.
+_METADATA_WIRES: dict[tuple[Any, ...], list[tuple[str, bytes, bool]] | None] = {}
+#: ``_METADATA_WIRES.get``'s answer for a shape not planned yet.
+_UNPLANNED: list[tuple[str, bytes, bool]] = []
+
+
+def _metadata_wire(values: dict[str, Any], shape: tuple[Any, ...]) -> bytes:
+    """``_made(values, shape).SerializeToString()``: a metadata ``Struct``'s bytes written from
+    ``values`` by the plan of its ``shape`` (the kept ``Struct``'s member order, read once),
+    without setting its strings into the ``Struct`` (a wrapper object each) and serializing
+    it. A plan is checked against the serialize it stands for when made."""
+    plan = _METADATA_WIRES.get(shape, _UNPLANNED)
+    if plan is _UNPLANNED:
+        plan = _metadata_plan(values, shape)
+    if plan is None:
+        return _serialized(values, shape)
+    out = []
+    try:
+        for key, head, text in plan:
+            if not text:
+                out.append(head)
+                continue
+            data = values[key].encode()
+            n = len(data)
+            value = b"\x1a" + (_BYTE[n] if n < 0x80 else _varint(n)) + data
+            n = len(value)
+            entry = head + (_BYTE[n] if n < 0x80 else _varint(n)) + value
+            n = len(entry)
+            out.append(b"\x0a" + (_BYTE[n] if n < 0x80 else _varint(n)) + entry)
+    except UnicodeEncodeError:
+        return _serialized(values, shape)  # its refusal
+    return b"".join(out)
+
+
+def _serialized(values: dict[str, Any], shape: tuple[Any, ...]) -> bytes:
+    data: bytes = _made(values, shape).SerializeToString()
+    return data
+
+
+def _metadata_plan(
+    values: dict[str, Any], shape: tuple[Any, ...]
+) -> list[tuple[str, bytes, bool]] | None:
+    """The plan of ``shape`` for ``_metadata_wire`` (kept while shapes are kept), or None. Its
+    members' order is read from the kept ``Struct``'s bytes: a map serializes in an order of
+    its own, not the order it iterates in."""
+    made = _made(values, shape)
+    if len(_METADATA_WIRES) >= _MAX_SHAPES or shape not in _MADE:
+        return None
+    data = made.SerializeToString()
+    plan: list[tuple[str, bytes, bool]] = []
+    at = 0
+    try:
+        while at < len(data):
+            # a member: key 1, length-delimited (0x0a), its entry: its key (field 1), its value
+            if data[at] != 0x0A:
+                raise ValueError("not a Struct member")
+            size, at = _read_varint(data, at + 1)
+            entry, at = data[at : at + size], at + size
+            if entry[:1] != b"\x0a":
+                raise ValueError("not a member's key")
+            size, start = _read_varint(entry, 1)
+            key = entry[start : start + size].decode()
+            if type(values[key]) is str:
+                plan.append((key, entry[: start + size] + b"\x12", True))
+            else:
+                plan.append((key, _field(b"\x0a", entry), False))
+    except (ValueError, KeyError, IndexError):
+        _METADATA_WIRES[shape] = None
+        return None
+    _METADATA_WIRES[shape] = plan
+    if _metadata_wire(values, shape) != data:
+        _METADATA_WIRES[shape] = None  # never expected: the serialize stands
+        return None
+    return plan
+
+
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    """The varint at ``at`` in ``data``, and where it ends."""
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+#: The last second a status was written in, and its ``Timestamp.seconds`` field's bytes.
+_second: tuple[int, bytes] = (0, b"")
+
+
+def _task_wire(
+    task_id: str,
+    context_id: str,
+    state: int,
+    at_ns: int,
+    artifact: bytes,
+    history: list[Message | _AgentText],
+    metadata: bytes,
+) -> bytes | None:
+    """The bytes of the task ``OneShotUpdater._built`` makes of a settled typed run: its ids, a
+    status of ``state`` (> 0) at ``at_ns`` without a message, one artifact (its bytes), its
+    history and its metadata (the ``Struct``'s bytes); None for text that is not UTF-8 or a
+    history entry that is no ``Message``. The pieces go to one list joined once (each ``+``
+    of bytes copies both), each varint of a length under 128 read from a table (no call)."""
+    global _second
+    seconds, nanos = divmod(at_ns, 1_000_000_000)
+    if seconds != _second[0]:
+        _second = (seconds, b"\x08" + _varint(seconds) if seconds else b"")
+    stamp = _second[1] + b"\x10" + _varint(nanos) if nanos else _second[1]
+    # status: its state (never 0 here: a settled state), its timestamp (present when zero)
+    status = b"\x08" + _varint(state) + b"\x1a" + _BYTE[len(stamp)] + stamp
+    out: list[bytes] = []
+    add = out.append
+    try:
+        data = task_id.encode()
+        if data:
+            n = len(data)
+            add(b"\x0a" + (_BYTE[n] if n < 0x80 else _varint(n)))
+            add(data)
+        data = context_id.encode()
+        if data:
+            n = len(data)
+            add(b"\x12" + (_BYTE[n] if n < 0x80 else _varint(n)))
+            add(data)
+        n = len(artifact)
+        add(
+            b"\x1a" + _BYTE[len(status)] + status + b"\x22" + (_BYTE[n] if n < 0x80 else _varint(n))
+        )
+        add(artifact)
+        for message in history:
+            if isinstance(message, _AgentText):
+                data = message.wire()
+            elif type(message) is Message:
+                data = message.SerializeToString()
+            else:
+                return None  # the constructors' to take or refuse
+            n = len(data)
+            add(b"\x2a" + (_BYTE[n] if n < 0x80 else _varint(n)))
+            add(data)
+    except UnicodeEncodeError:
+        return None
+    n = len(metadata)
+    add(b"\x32" + (_BYTE[n] if n < 0x80 else _varint(n)))
+    add(metadata)
+    return b"".join(out)
 
 
 def merge_metadata(struct: Struct, values: dict[str, Any]) -> None:
@@ -367,12 +670,17 @@ def _shape(values: dict[str, Any]) -> tuple[Any, ...] | None:
     string's. Only strings and token counts of zero (a function skill's usage) are kept, so
     the shapes are few; None for anything else."""
     shape: list[Any] = []
+    add = shape.append
     for key, value in values.items():
         kind = type(value)
         if kind is str:
-            shape.append(key)
-        elif kind is dict and all(type(count) is int and not count for count in value.values()):
-            shape.append((key, tuple(value)))
+            add(key)
+        elif kind is dict:
+            # a plain loop: ``all()`` over a generator costs a frame and a resume per count
+            for count in value.values():
+                if type(count) is not int or count:
+                    return None
+            add((key, tuple(value)))
         else:
             return None
     return tuple(shape)

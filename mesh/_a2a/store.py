@@ -1,9 +1,11 @@
 """``SqliteTaskStore``: durable A2A tasks in the node's one SQLite file.
 
 A task is stored as its protobuf bytes (``SerializeToString``: the cheapest faithful encoding)
-plus the few columns ``ListTasks`` filters and sorts on. Rows are scoped by owner (the
-authenticated user, ``''`` when anonymous) exactly like the SDK's ``InMemoryTaskStore``, and the
-listing order and page tokens are the SDK's: ``(status timestamp, id)`` descending.
+plus the few columns ``ListTasks`` filters and sorts on (a held typed run's final task comes
+with its bytes, ``Settled.row``: the task was parsed from them, ``mesh._a2a.one_shot``). Rows
+are scoped by owner (the authenticated user, ``''`` when anonymous) exactly like the SDK's
+``InMemoryTaskStore``, and the listing order and page tokens are the SDK's: ``(status
+timestamp, id)`` descending.
 
 A caller may change a task object after saving it (the SDK's ``TaskManager`` updates its
 current task in place), so ``save`` takes the bytes at once, before the write is handed to the
@@ -600,11 +602,15 @@ class SqliteTaskStore(TaskStore):
         key = (owner, task.id if made is None else made.task_id)
         state = task.status.state if made is None else made.state
         settled = state in SETTLED_STATES
+        # A held run's final task parsed from its bytes (``Settled.row``) is stored as them.
+        written = made.row if made is not None else None
         if self._redact and task.id in self._redact:
             hidden = self._redact[task.id]
-            if _redact_history(task, hidden) and settled:
-                del self._redact[task.id]
-        data = task.SerializeToString()
+            if _redact_history(task, hidden):
+                written = None  # its history changed
+                if settled:
+                    del self._redact[task.id]
+        data: bytes = task.SerializeToString() if written is None else written
         # Followed from another replica: each state is published (after its write, if any).
         feed = self.feed if self.feed is not None and self.feed.wanted(task.id) else None
         if key in self._live and not settled:
