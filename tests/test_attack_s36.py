@@ -1073,6 +1073,19 @@ async def metrics(http):
     return sorted(l for l in text.splitlines() if l.startswith(KEEP))
 
 
+async def settled(http):
+    """Until no task is WORKING (a non-blocking run's), and its line logged."""
+    for _ in range(500):
+        listed = await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"status": "TASK_STATE_WORKING"}}, headers=BASE)
+        if not listed.json()["result"]["tasks"]:
+            break
+        await asyncio.sleep(0.02)
+    for _ in range(100):  # the line comes after the task's last save
+        if any("skill=napping" in str(line) for line in LOGS.lines):
+            break
+        await asyncio.sleep(0.01)
+
+
 async def make(data):
     async def steps(http):
         res, ids = [], []
@@ -1080,6 +1093,8 @@ async def make(data):
             msg = {**msg, "messageId": f"m{n}"}
             LOGS.lines = []
             answer = await post(http, binding, method, msg, params, headers, rid=n)
+            if name == "non-blocking":  # its run ends after the answer: its line then
+                await settled(http)
             res.append([name, binding, method, answer, LOGS.lines[:] if method == "send" else len(LOGS.lines)])
         # An asker: its question, then its answer (the task named), a duplicate of each.
         for binding in ("rpc", "rest"):
@@ -1096,11 +1111,7 @@ async def make(data):
             res.append(["answered", binding, await post(http, binding, "send", reply, {}, {})])
             res.append(["answered-again", binding, await post(http, binding, "send", reply, {}, {})])
             res.append(["task-done", binding, await post(http, binding, "send", {**reply, "messageId": f"late-{binding}"}, {}, {})])
-        for _ in range(200):  # the non-blocking runs settle
-            listed = await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"status": "TASK_STATE_WORKING"}}, headers=BASE)
-            if not listed.json()["result"]["tasks"]:
-                break
-            await asyncio.sleep(0.02)
+        await settled(http)
         listed = (await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageSize": 100}}, headers=BASE)).json()
         ids = [t["id"] for t in listed["result"]["tasks"]]
         res.append(["get", [await rpc(http, "GetTask", {"id": tid}) for tid in ids]])
