@@ -109,3 +109,29 @@ async def test_updates_are_applied_as_the_sdks_task_manager_applies_them() -> No
     direct = AppliedEvents(None, here, ServerCallContext(), task_id="t-3", context_id="c-1")
     assert await _applied(direct, here) == expected
     assert expected[1].startswith("append=True for nonexistent artifact_id='a-9'")
+
+
+async def test_direct_is_the_constructors_events() -> None:
+    """``AppliedEvents.direct`` (the fast path's, made without ``EventQueue.__new__``) holds
+    what ``AppliedEvents(None, store, context, ...)`` holds, and applies the same events."""
+    store, context = InMemoryTaskStore(), ServerCallContext(state={"mesh.x": True})
+    first = Message(message_id="m-1", role=Role.ROLE_USER)
+    made = AppliedEvents(
+        None, store, context, task_id="t-3", context_id="c-1", initial_message=first
+    )
+    direct = AppliedEvents.direct(
+        store, context, task_id="t-3", context_id="c-1", initial_message=first
+    )
+    assert type(direct) is AppliedEvents
+    assert direct.taps == []
+    assert direct.taps is not made.taps
+    assert vars(direct) == vars(made)
+    here = InMemoryTaskStore()
+    expected = await _applied(
+        AppliedEvents(None, here, ServerCallContext(), task_id="t-3", context_id="c-1"), here
+    )
+    again = InMemoryTaskStore()
+    applied = AppliedEvents.direct(
+        again, ServerCallContext(), task_id="t-3", context_id="c-1", initial_message=None
+    )
+    assert await _applied(applied, again) == expected

@@ -148,6 +148,32 @@ class AppliedEvents(OneShotQueue):
         #: Subscribers' queues: each applied event, then None when the run ends.
         self.taps: list[asyncio.Queue[Event | None]] = []
 
+    @classmethod
+    def direct(
+        cls,
+        store: TaskStore,
+        context: ServerCallContext,
+        *,
+        task_id: str,
+        context_id: str,
+        initial_message: Message | None,
+    ) -> AppliedEvents:
+        """``AppliedEvents(None, store, context, ...)``: the fast path's, its events saved
+        directly. Made as ``EventQueue.__new__`` makes a subclass's instance (its
+        ``super().__new__(cls)``), without calling it: that redirect of a bare ``EventQueue()``
+        is a Python call taking ``*args, **kwargs`` for every subclass (~6 k instructions a
+        task)."""
+        events: AppliedEvents = object.__new__(cls)
+        events.__init__(  # type: ignore[misc]
+            None,
+            store,
+            context,
+            task_id=task_id,
+            context_id=context_id,
+            initial_message=initial_message,
+        )
+        return events
+
     @property
     def manager(self) -> TaskManager:
         """The SDK's ``TaskManager`` of the task (made on first use when not given)."""
@@ -472,8 +498,7 @@ class FastPath:
         if not named_context:
             # Made for this request just now: no session has it (the turn need not read one).
             context.state[NEW_CONTEXT] = request.context_id
-        events = AppliedEvents(
-            None,
+        events = AppliedEvents.direct(
             self.store,
             context,
             task_id=task_id,
