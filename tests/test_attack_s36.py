@@ -5,6 +5,11 @@
 * the coordinator's delegation client (helper C: the request's body, the answer's parse, the
   metric series looked up while the peer works).
 
+Attacked: 204c676, 77432ed, d661cf6 (the route's glue: call context, REQUIRED check, request
+context, message key, named skill), 2520401 (models through pydantic's validator directly;
+InFlight), 807108e (the settled answer's parse), 6c815d2 (the metric series), a4c0887 (usage),
+6034858 (the settled task's wire bytes as its row). One break: 2520401's per-model decision.
+
 Each driver runs in a process of each tree: this checkout ("now") and ``git archive dd406de``
 ("before", the session's base), with PYTHONSAFEPATH=1 (``tests.test_attack_s35._env``): ``python
 -c`` puts the working directory first on sys.path, and a child started in the checkout would
