@@ -8,7 +8,8 @@
 Attacked: 204c676, 77432ed, d661cf6 (the route's glue: call context, REQUIRED check, request
 context, message key, named skill), 2520401 (models through pydantic's validator directly;
 InFlight), 807108e (the settled answer's parse), 6c815d2 (the metric series), a4c0887 (usage),
-6034858 (the settled task's wire bytes as its row). One break: 2520401's per-model decision.
+6034858 (the settled task's wire bytes as its row). One break: 2520401's per-model decision,
+fixed in session 37 (``dispatcher._plain`` decides on each call again).
 
 Each driver runs in a process of each tree: this checkout ("now") and ``git archive dd406de``
 ("before", the session's base), with PYTHONSAFEPATH=1 (``tests.test_attack_s35._env``): ``python
@@ -1537,18 +1538,10 @@ def test_skills_models_with_overrides_aliases_and_serializers_answer_as_the_tree
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="2520401: whether a skill's model keeps pydantic's own model_dump / model_validate "
-    "is decided once per model (dispatcher._plain) instead of on each request: a model_dump "
-    "assigned to the output model after its first request (or a model_validate to the input "
-    "model) is not called; dd406de answers {'k': 'patched-dump'} / 'patched-validate', now "
-    "the unpatched values. Before the patch and after its removal: the same",
-)
 def test_a_models_methods_replaced_between_requests_are_called_as_before(trees: Trees) -> None:
     """A model's model_dump replaced (then removed) after a first request, then the input
-    model's model_validate: each request's answer."""
+    model's model_validate: each request's answer. Broken by 2520401 (decided once per
+    model), fixed in session 37 (decided on each call)."""
     now, before = _both(trees, _MODELS_DRIVER, "patched")
     _same(now, before)
 

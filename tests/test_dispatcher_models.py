@@ -142,3 +142,34 @@ def test_invalid_values_are_refused_with_the_same_words() -> None:
         dispatcher.validate_input(made, bad)
     assert str(into.value) == f"invalid input for skill 's': {words}"
     assert into.value.errors == errors
+
+
+def test_methods_replaced_after_a_first_call_are_called_from_then_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whether a model keeps pydantic's own methods is decided on each call: a model_dump or
+    model_validate assigned to the class after its first request is called on the next one,
+    and pydantic's own path comes back once it is removed."""
+
+    class Patched(BaseModel):
+        k: str
+
+    dispatcher, made = _dispatcher(Patched)
+    assert dispatcher.validate_output(made, {"k": "v"}) == {"k": "v"}
+    assert dispatcher.validate_input(made, {"k": "v"}) == Patched(k="v")
+
+    def dump(self: BaseModel, **kwargs: Any) -> dict[str, Any]:
+        return {"k": "patched-dump"}
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Patched, "model_dump", dump, raising=False)
+        assert dispatcher.validate_output(made, {"k": "v"}) == {"k": "patched-dump"}
+    assert dispatcher.validate_output(made, {"k": "v"}) == {"k": "v"}
+
+    def validate(cls: type[Patched], obj: Any, **kwargs: Any) -> Patched:
+        return cls(k="patched-validate")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Patched, "model_validate", classmethod(validate), raising=False)
+        assert dispatcher.validate_input(made, {"k": "v"}) == Patched(k="patched-validate")
+    assert dispatcher.validate_input(made, {"k": "v"}) == Patched(k="v")
