@@ -501,21 +501,64 @@ class _Head:
 # Date within a second, the same length for the same shape of answer).
 _HEADS_READ: dict[bytes, _Head | None] = {}
 _HEADS_READ_KEPT = 16
+# The last heads read without their Date line (``_undated``), kept apart: a new Date a second
+# fills ``_HEADS_READ``, and these stay.
+_UNDATED_READ: dict[bytes, _Head | None] = {}
+_UNDATED_READ_KEPT = 16
 
 
 def _textbook(head: bytes) -> _Head | None:
     """``head`` (an answer's status line and headers, without the blank line) when it is one
     this module reads without h11; None for anything else. The same bytes read the same: the
-    last few are kept (a ``_Head`` is never changed)."""
+    last few are kept (a ``_Head`` is never changed).
+
+    A head not kept yet is read as the one without its Date line (``_undated``) when that
+    line is a field ``_read_head`` accepts: the same verdict (a Date says nothing of the
+    status, length, connection or encoding), and a peer's heads without it repeat across
+    seconds, so one whose Date just changed (every call, when calls are a second or more
+    apart) is found without the split and a regex per line (~3 us instead of ~8.5 us)."""
     try:
         return _HEADS_READ[head]
     except KeyError:
         pass
-    found = _read_head(head)
+    undated = _undated(head)
+    if undated is None:
+        found = _read_head(head)
+    else:
+        try:
+            found = _UNDATED_READ[undated]
+        except KeyError:
+            found = _read_head(undated)
+            if len(_UNDATED_READ) >= _UNDATED_READ_KEPT:
+                _UNDATED_READ.clear()
+            _UNDATED_READ[undated] = found
     if len(_HEADS_READ) >= _HEADS_READ_KEPT:
         _HEADS_READ.clear()
     _HEADS_READ[head] = found
     return found
+
+
+# A value ``_FIELD`` accepts (with the blanks around it): a line of "date:" and such a value
+# is a field it accepts, named date.
+_FIELD_VALUE = re.compile(rb"[ \t\x21-\x7e\x80-\xff]*")
+
+
+def _undated(head: bytes) -> bytes | None:
+    """``head`` without its first ``date`` (or ``Date``) header line, when ``_read_head``
+    accepts that line as a field (every byte of its value one ``_FIELD`` takes); else None.
+    The rest reads to the same ``_Head`` or None as ``head``: that line is not the status
+    line, and ``_read_head`` takes nothing from a field named date."""
+    start = head.find(b"\r\ndate:")
+    if start < 0:
+        start = head.find(b"\r\nDate:")
+        if start < 0:
+            return None
+    end = head.find(b"\r\n", start + 2)
+    if end < 0:
+        end = len(head)
+    if _FIELD_VALUE.fullmatch(head, start + 7, end) is None:
+        return None  # a byte the field's grammar refuses: read as it is (and refused there)
+    return head[:start] + head[end:]
 
 
 def _read_head(head: bytes) -> _Head | None:
