@@ -436,14 +436,14 @@ class Delegation:
                 # answer.
                 timeout = max(0.1, self.deadline - time.time())
                 after = self.long_after_s
+                # Sent by the peer itself (``Outgoing.send``'s call, one coroutine fewer on
+                # the hop's path each way).
+                message = self._message
                 if (
                     after is None
                     or after >= timeout
                     or not self.ctx.metadata.get("durable_children")
                 ):
-                    # Sent by the peer itself (``Outgoing.send``'s call, one coroutine fewer
-                    # on the hop's path each way).
-                    message = self._message
                     result = await peer.send(
                         message.payload,
                         skill=message.skill,
@@ -454,7 +454,30 @@ class Delegation:
                         sent=self.on_sent,
                     )
                 else:
-                    result = await self._blocking_or_long(peer, after)
+                    # The blocking send, unless it is still open after ``after`` seconds
+                    # (sooner than the deadline): then the call goes long (``_gone_long``).
+                    # Here, not in a coroutine of its own: a node's LLM turn calls so (two
+                    # coroutines fewer on the hop's path each way).
+                    gone = False
+                    try:
+                        # The send's own timeout is the switch: the request is dropped at
+                        # ``after`` as a timer around the send would drop it, with one timer
+                        # fewer per call.
+                        result = await peer.send(
+                            message.payload,
+                            skill=message.skill,
+                            message_id=message.message_id,
+                            context_id=message.context_id,
+                            metadata=message.metadata,
+                            timeout=after,
+                            sent=self.on_sent,
+                        )
+                    except RemoteError as exc:
+                        if exc.reason != "deadline":
+                            raise
+                        gone = True
+                    if gone:  # outside the handler: the send below is not raised "during" it
+                        result = await self._gone_long(peer, after)
         except RemoteError as exc:
             if exc.reason == "unavailable":
                 raise RemoteError.unavailable(self.peer, skill, exc.detail) from exc
@@ -519,20 +542,12 @@ class Delegation:
                 reason="deadline",
             ) from None
 
-    async def _blocking_or_long(self, peer: A2APeer, after: float) -> TaskResult:
-        """The blocking send, unless it is still open after ``after`` seconds (sooner than the
-        deadline): then the call goes long. The blocking request is dropped (the child's task
-        goes on) and the same message, re-sent without waiting, gives the child's task as it is
-        now (the peer deduplicates by message id); the call is then pending on it like a
-        declared long one."""
+    async def _gone_long(self, peer: A2APeer, after: float) -> TaskResult:
+        """A blocking send still open after ``after`` seconds (sooner than the deadline) was
+        dropped (the child's task goes on): the call goes long. The same message, re-sent
+        without waiting, gives the child's task as it is now (the peer deduplicates by message
+        id); the call is then pending on it like a declared long one."""
         assert self._message is not None
-        try:
-            # The send's own timeout is the switch: the request is dropped at ``after`` as a
-            # timer around the send would drop it, with one timer fewer per call.
-            return await self._message.send(peer, timeout=after, sent=self.on_sent)
-        except RemoteError as exc:
-            if exc.reason != "deadline":
-                raise
         self.long_running = True
         log.info(
             "%s %r: still running after %.1fs, followed from here on",
