@@ -32,7 +32,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Any
@@ -834,6 +834,20 @@ class Settled:
     shape: tuple[Any, ...]
     #: ``task``'s bytes when it was parsed from them (``one_shot._task_wire``): its row.
     row: bytes | None = None
+    #: Its history as held (``one_shot``'s list of it): an ``AgentText`` is written from its
+    #: values, any other entry read from ``task``. Empty: every entry read from ``task``.
+    history: Sequence[Any] = ()
+
+
+@dataclass(frozen=True)
+class AgentText:
+    """An agent message of one text part held as its fields (``one_shot._AgentText``): what
+    ``new_agent_message([new_text_part(text)])`` makes of them."""
+
+    message_id: str
+    task_id: str
+    context_id: str
+    text: str
 
 
 #: A settled answer's template (``_settled_plan``) by its layout: its state, the answer's keys
@@ -908,15 +922,86 @@ def _settled_text(settled: Settled, history_from: int, before: str, after: str) 
                 return None  # the walk's refusal
             values.append(_float_text(number))
     values.append(_quote(settled.text))
-    history = settled.task.history[history_from:]
+    # None of the history asked for (historyLength 0, mesh's own calls): nothing read.
     values.append(
-        ',"history":[' + ",".join([_message_text(m) for m in history]) + "]" if history else ""
+        "" if 0 < len(settled.history) <= history_from else _history_text(settled, history_from)
     )
     metadata = settled.metadata
     for key in metadata_keys:
         values.append(_quote(metadata[key]))
     values.append(after)
     return template % tuple(values)
+
+
+def _history_text(settled: Settled, history_from: int) -> str:
+    """The answer's ``"history"`` member (after a comma; "" for none): the task's history from
+    ``history_from`` on, each held agent text message written from its values (a template
+    filled in) rather than walked (the task's history read, a wrapper per message and part,
+    each ``ListFields``); any other message, or one the template does not write, walked."""
+    held = settled.history
+    if not held:
+        messages = settled.task.history[history_from:]
+        if not messages:
+            return ""
+        return ',"history":[' + ",".join([_message_text(m) for m in messages]) + "]"
+    texts: list[str] = []
+    task_history = None
+    for i in range(len(held))[history_from:]:
+        entry = held[i]
+        text = _agent_text(entry) if isinstance(entry, AgentText) else None
+        if text is None:
+            if task_history is None:
+                task_history = settled.task.history
+            text = _message_text(task_history[i])
+        texts.append(text)
+    if not texts:
+        return ""
+    return ',"history":[' + ",".join(texts) + "]"
+
+
+def _agent_text(message: AgentText) -> str | None:
+    """``_message_text`` of the message ``message`` holds, from its values; None for one the
+    template does not write (an empty id: the walk leaves its member out)."""
+    global _agent_template
+    if not (message.message_id and message.task_id and message.context_id):
+        return None
+    if _agent_template is None:
+        _agent_template = _agent_text_template()
+    if not _agent_template:
+        return None
+    return _agent_template % (
+        _quote(message.message_id),
+        _quote(message.context_id),
+        _quote(message.task_id),
+        _quote(message.text),
+    )
+
+
+def _agent_text_template() -> str:
+    """The walk's text of an agent text message with a ``%s`` for its message id, context id,
+    task id and text, in that order: the walk's own text of such a message of marker values,
+    each marker's quoted text replaced. "" when the walk writes them in another order."""
+    markers = [_quote(marker) for marker in ("\x00m", "\x00c", "\x00t", "\x00x")]
+    text = _message_text(
+        Message(
+            message_id="\x00m",
+            context_id="\x00c",
+            task_id="\x00t",
+            role=Role.ROLE_AGENT,
+            parts=[Part(text="\x00x")],
+        )
+    )
+    at = [text.find(marker) for marker in markers]
+    if min(at) < 0 or at != sorted(at) or any(text.count(marker) != 1 for marker in markers):
+        return ""
+    text = text.replace("%", "%%")
+    for marker in markers:
+        text = text.replace(marker, "%s")
+    return text
+
+
+#: ``_agent_text_template()``, made at the first use ("": the walk writes each message).
+_agent_template: str | None = None
 
 
 def _settled_plan(

@@ -46,7 +46,7 @@ from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from mesh._a2a.artifacts import AnswerParts
-from mesh._a2a.fastpath_json import Settled
+from mesh._a2a.fastpath_json import AgentText, Settled
 from mesh._a2a.ids import uuid4_text
 from mesh._a2a.states import TERMINAL_STATES, WORKING
 from mesh._a2a.updater import MeshTaskUpdater
@@ -73,17 +73,13 @@ class OneShotQueue(EventQueue):
 
 
 @dataclass(frozen=True)
-class _AgentText:
+class _AgentText(AgentText):
     """A held agent message of one text part (``OneShotUpdater.work``): what
     ``new_agent_message([new_text_part(text)])`` makes, kept as its fields, so it is built
     where it is kept (the final task's history, or its event's status) instead of built apart
-    and copied there (a copy is a serialize and a parse: ~10,000 instructions). It holds no
-    ``Struct``, whose map order would depend on how many times it was copied."""
-
-    message_id: str
-    task_id: str
-    context_id: str
-    text: str
+    and copied there (a copy is a serialize and a parse: ~10,000 instructions), and the
+    answer writes it from them (``fastpath_json.AgentText``). It holds no ``Struct``, whose
+    map order would depend on how many times it was copied."""
 
     def fields(self) -> dict[str, Any]:
         """The message's keywords, its part's too."""
@@ -392,6 +388,8 @@ class OneShotUpdater(MeshTaskUpdater):
             metadata=metadata[0],
             shape=shape,
             row=row,
+            # The answer writes a held agent message from its values, not from the task.
+            history=history,
         )
 
     def _built(
