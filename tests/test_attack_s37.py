@@ -1,0 +1,306 @@
+"""Attack cases (session 37) on this session's changes, each claiming no behaviour change:
+
+* the specialist's request read (helper A: ``_rpc_body.parse_json``'s UTF-8 object path, the
+  trace header's text, the fast route's call context);
+* the task, its history and its row (helper D: f049a76, a settled answer's held WORKING
+  messages written from their values);
+* the coordinator's delegation client (helper C: 8433960, an answer head read without its
+  Date line; 174cc78, a node turn's blocking send in line in ``Delegation._attempt``).
+
+Each driver runs in a process of each tree: this checkout ("now", or ``S37_NOW``: another
+tree, say a ``git archive HEAD``, to tell committed changes from a shared checkout's edits in
+progress) and ``git archive b007e39`` ("before", the session's base), with PYTHONSAFEPATH=1
+(``tests.test_attack_s35._env``), and the outputs are compared: answers, errors, stored rows,
+GetTask before and after a restart, log lines, metrics.
+
+A test that passes guards behaviour that held; one marked ``xfail(strict=True)`` is a break
+(the tree before behaves otherwise; each says how and which commit).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import test_attack_s35 as s35
+from tests.support import ROOT, archived_tree
+
+BEFORE = "b007e39"
+NOW = Path(os.environ.get("S37_NOW", str(ROOT)))
+
+
+@dataclass
+class Trees:
+    """Where the driver scripts run, and the tree of ``BEFORE`` (``git archive``)."""
+
+    work: Path
+    before: Path
+
+    def path(self, side: str) -> str:
+        return str(self.before) if side == "before" else str(NOW)
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> Trees:
+    tmp = tmp_path_factory.mktemp("s37-trees")
+    return Trees(tmp, archived_tree(BEFORE, tmp / "before"))
+
+
+_all = s35._all
+_same = s35._same
+
+
+def _both(trees: Trees, source: str, *args: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    now, before = _all(trees, [("now", source, args), ("before", source, args)])  # type: ignore[arg-type]
+    return now, before
+
+
+def _in_turn(trees: Trees, source: str, *args: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``_both``, one tree's process after the other's: for drivers racing a deadline."""
+    (now,) = _all(trees, [("now", source, args)])  # type: ignore[arg-type]
+    (before,) = _all(trees, [("before", source, args)])  # type: ignore[arg-type]
+    return now, before
+
+
+# --- helper A: the request body's read (_rpc_body.parse_json), the trace header ---------------
+#
+# A typed node answers raw bodies on JSON-RPC and REST: UTF-8 with and without a BOM, UTF-16
+# and UTF-32 (each byte order, with and without a BOM), "{" then a NUL, whitespace before and
+# after, trailing data, bodies that are no object, bad UTF-8 (overlong, latin-1, a cut
+# sequence), raw and escaped lone surrogates, NUL and control characters in strings,
+# non-finite numbers, 1e400, a 5000-digit integer, duplicate keys, 2 MB. Each answer's status,
+# content type and body, and the mesh log lines it made. Then the nesting depth at which each
+# binding's answer turns into "nested too deeply" (a RecursionError: the frames above the
+# parse count), searched on lists and objects, with the answers on either side of it.
+
+_BODIES_DRIVER = r'''
+import asyncio, json, logging, re, sys, tempfile
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+from typing import Any
+
+import mesh
+from mesh import Agent, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+VARY = re.compile(r"duration_ms=[\d.]+|127\.0\.0\.1:\d+|/tmp/[\w/.-]+|0x[0-9a-f]+")
+RUNS = re.compile(r"([a-z])\1{63,}")
+
+
+def canon(text):
+    text = RUNS.sub(lambda m: f"{m[1]}*{len(m[0])}", text)
+    text = VARY.sub("<v>", IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text))))
+    try:
+        return json.dumps(json.loads(text), sort_keys=True)
+    except ValueError:
+        return text
+
+
+class In(BaseModel):
+    key: str
+    v: Any = None
+
+
+class Out(BaseModel):
+    key: str
+    v: Any = None
+
+
+@skill
+def echo(req: In) -> Out:
+    """Echo."""
+    return Out(key=req.key, v=req.v)
+
+
+agent = Agent(name="s37-bodies", description="Bodies.", skills=[echo])
+H = {"A2A-Version": "1.0", "Content-Type": "application/json"}
+
+
+class Logs(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        if record.name.startswith("mesh") and record.name != "mesh.sqlite":
+            self.lines.append([record.levelname, record.name, canon(record.getMessage())])
+
+
+LOGS = Logs()
+
+
+def message(n, data='{"key":"k"}'):
+    return ('{"role":"ROLE_USER","messageId":"m-%d","parts":[{"data":%s}],"metadata":{"skill":"echo"}}'
+            % (n, data))
+
+
+def rpc(n, data='{"key":"k"}'):
+    return '{"jsonrpc":"2.0","id":%d,"method":"SendMessage","params":{"message":%s}}' % (n, message(n, data))
+
+
+def rest(n, data='{"key":"k"}'):
+    return '{"message":%s}' % message(n, data)
+
+
+def variants(make):
+    """(name, body bytes)."""
+    n = iter(range(10_000, 20_000))
+    t = lambda data='{"key":"k"}': make(next(n), data)
+    out = [
+        ("plain", t().encode()),
+        ("bom8", b"\xef\xbb\xbf" + t().encode()),
+        ("utf16le", t().encode("utf-16-le")),
+        ("utf16be", t().encode("utf-16-be")),
+        ("utf16bom", t().encode("utf-16")),
+        ("utf32le", t().encode("utf-32-le")),
+        ("utf32be", t().encode("utf-32-be")),
+        ("utf32bom", t().encode("utf-32")),
+        ("space_before", b" " + t().encode()),
+        ("newline_before", b"\r\n" + t().encode()),
+        ("tab_before", b"\t" + t().encode()),
+        ("space_after", t().encode() + b" \n\t\r"),
+        ("data_after", t().encode() + b" x"),
+        ("object_after", t().encode() + b"{}"),
+        ("nul_after", t().encode() + b"\x00"),
+        ("brace_after", t().encode() + b"}"),
+        ("brace_only", b"{"),
+        ("empty_object", b"{}"),
+        ("empty_object_spaced", b"{ \n}"),
+        ("brace_nul", b"{\x00"),
+        ("brace_nul_brace", b"{\x00}"),
+        ("brace_nul_4", b"{\x00\x00\x00"),
+        ("utf16le_empty", "{}".encode("utf-16-le")),
+        ("utf32le_empty", "{}".encode("utf-32-le")),
+        ("brace_x", b"{x"),
+        ("brace_quote", b'{"'),
+        ("member_no_value", b'{"a":}'),
+        ("member_no_colon", b'{"a"}'),
+        ("trailing_comma", b'{"a":1,}'),
+        ("empty", b""),
+        ("spaces", b"   "),
+        ("list", b"[]"),
+        ("null", b"null"),
+        ("number", b"1"),
+        ("string", b'"x"'),
+        ("latin1", t('{"key":"\xe9"}').encode("latin-1")),
+        ("overlong", t('{"key":"A"}').encode().replace(b'"A"', b'"\xc0\xc1"')),
+        ("cut_utf8", t('{"key":"A"}').encode().replace(b'"A"', b'"\xe2\x82"')),
+        ("ff_byte", t('{"key":"A"}').encode().replace(b'"A"', b'"\xff"')),
+        ("raw_surrogate", t('{"key":"A"}').encode().replace(b'"A"', b'"\xed\xa0\x80"')),
+        ("raw_surrogate_pair", t('{"key":"A"}').encode().replace(b'"A"', b'"\xed\xa0\xbd\xed\xb8\x82"')),
+        ("escaped_surrogate", t('{"key":"\\ud800"}').encode()),
+        ("escaped_pair", t('{"key":"\\ud83d\\ude42"}').encode()),
+        ("escaped_low_alone", t('{"key":"a\\udc00b"}').encode()),
+        ("raw_nul_in_string", t('{"key":"A"}').encode().replace(b'"A"', b'"a\x00b"')),
+        ("raw_newline_in_string", t('{"key":"A"}').encode().replace(b'"A"', b'"a\nb"')),
+        ("escaped_nul", t('{"key":"a\\u0000b"}').encode()),
+        ("u2028", t('{"key":"\u2028\u2029"}').encode()),
+        ("nan", t('{"key":"k","v":NaN}').encode()),
+        ("infinity", t('{"key":"k","v":Infinity}').encode()),
+        ("minus_infinity", t('{"key":"k","v":[1,-Infinity]}').encode()),
+        ("e400", t('{"key":"k","v":{"x":1e400}}').encode()),
+        ("digits5000", t('{"key":"k","v":%s}' % ("7" * 5000)).encode()),
+        ("digits4300", t('{"key":"k","v":%s}' % ("7" * 4300)).encode()),
+        ("minus_zero", t('{"key":"k","v":-0.0}').encode()),
+        ("big_float", t('{"key":"k","v":1.7976931348623157e308}').encode()),
+        ("dup_key", t('{"key":"a","key":"b"}').encode()),
+        ("two_mb", t('{"key":"%s"}' % ("y" * 2_000_000)).encode()),
+        ("bom8_space", b"\xef\xbb\xbf " + t().encode()),
+        ("utf16le_space", (" " + t()).encode("utf-16-le")),
+        ("utf16_nonascii", t('{"key":"\u00e9\U0001f642"}').encode("utf-16")),
+        ("utf32_nonascii", t('{"key":"\u00e9\U0001f642"}').encode("utf-32-be")),
+    ]
+    return out
+
+
+def nest(kind, depth):
+    return "[" * depth + "1" + "]" * depth if kind == "list" else '{"a":' * depth + "1" + "}" * depth
+
+
+async def post(http, path, body, ctype="application/json"):
+    LOGS.lines = []
+    r = await http.post(path, content=body, headers={**H, "Content-Type": ctype})
+    await asyncio.sleep(0)
+    return [r.status_code, r.headers.get("content-type"), canon(r.text)]
+
+
+async def boundary(http, path, make, kind):
+    """The least depth whose answer says "nested too deeply", and the answers around it."""
+    n = iter(range(30_000, 90_000))
+
+    async def at(depth):
+        i = next(n)
+        return await post(http, path, make(i, '{"key":"k","v":%s}' % nest(kind, depth)).encode())
+
+    deep = lambda answer: "nested too deeply" in json.dumps(answer)
+    lo, hi = 1, 4000
+    assert not deep(await at(lo)) and deep(await at(hi))
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if deep(await at(mid)):
+            hi = mid
+        else:
+            lo = mid
+    around = [await at(d) for d in (lo - 1, lo, hi, hi + 1)]
+    return [hi, around]
+
+
+async def main():
+    logging.getLogger().addHandler(LOGS)
+    logging.getLogger().setLevel(logging.INFO)
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=Path(tempfile.mkdtemp()), registry=None))
+    out = {"mesh": mesh.__file__}
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=60) as http,
+    ):
+        if sys.argv[1] == "bodies":
+            for binding, path, make in (("rpc", "/", rpc), ("rest", "/a2a/rest/message:send", rest)):
+                for name, body in variants(make):
+                    out[f"{binding}-{name}"] = [await post(http, path, body), LOGS.lines[:]]
+                # content types that are not JSON's, a body that is
+                for ctype in ("text/plain", "application/json; charset=utf-16", "application/a2a+json"):
+                    out[f"{binding}-ctype-{ctype}"] = [await post(http, path, make(5, '{"key":"c"}').encode(), ctype), LOGS.lines[:]]
+        else:
+            for binding, path, make in (("rpc", "/", rpc), ("rest", "/a2a/rest/message:send", rest)):
+                for kind in ("list", "object"):
+                    out[f"{binding}-{kind}"] = await boundary(http, path, make, kind)
+                    # the same search again: the boundary is the stack's, not the moment's
+                    out[f"{binding}-{kind}-again"] = (await boundary(http, path, make, kind))[0]
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_raw_bodies_of_every_encoding_are_answered_as_the_tree_before(trees: Trees) -> None:
+    """~65 raw bodies on JSON-RPC and on REST (see ``_BODIES_DRIVER``): status, content type,
+    body and log lines (helper A's UTF-8 object path in ``parse_json``)."""
+    now, before = _both(trees, _BODIES_DRIVER, "bodies")
+    assert now["rpc-plain"][0][0] == 200, now["rpc-plain"]
+    _same(now, before)
+
+
+@pytest.mark.integration
+def test_the_depth_a_body_may_nest_is_the_tree_befores(trees: Trees) -> None:
+    """The least nesting depth (lists, objects) each binding answers "nested too deeply"
+    (RecursionError in the parse: every frame above it counts), and the answers at the depths
+    around it."""
+    now, before = _in_turn(trees, _BODIES_DRIVER, "depth")
+    for key in ("rpc-list", "rest-object"):
+        assert now[key][0] == now[key + "-again"], now
+    _same(now, before)
