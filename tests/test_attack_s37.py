@@ -19,6 +19,7 @@ A test that passes guards behaviour that held; one marked ``xfail(strict=True)``
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,4 +304,140 @@ def test_the_depth_a_body_may_nest_is_the_tree_befores(trees: Trees) -> None:
     now, before = _in_turn(trees, _BODIES_DRIVER, "depth")
     for key in ("rpc-list", "rest-object"):
         assert now[key][0] == now[key + "-again"], now
+    _same(now, before)
+
+
+# The trace header a task gets (``traceparent_text``): a skill answers its context's
+# traceparent for message metadata of every shape (valid, each flag, versions 01 / fe / ff,
+# extra fields, all-zero ids, upper case, blanks around, a newline after, short and long ids,
+# non-hex, non-ASCII digits, non-strings); the answer's and the task line's header each told
+# as the one sent, the one sent stripped, version 00 of it, or a new trace (its shape).
+
+_TRACE_DRIVER = r'''
+import asyncio, json, logging, re, tempfile
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, SkillContext, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+T, S = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+NEW = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01")
+LINE = re.compile(r"traceparent=(\S*)")
+HEADERS = [
+    f"00-{T}-{S}-01", f"00-{T}-{S}-00", f"00-{T}-{S}-ff", f"00-{T}-{S}-7e", f"01-{T}-{S}-01",
+    f"01-{T}-{S}-01-extra", f"fe-{T}-{S}-09-x-y", f"ff-{T}-{S}-01", f"00-{T}-{S}-01-", f"00-{T}-{S}-01-x",
+    f"00-{'0' * 32}-{S}-01", f"00-{T}-{'0' * 16}-01", f"00-{'0' * 32}-{'0' * 16}-01", f"00-{T.upper()}-{S}-01",
+    f"00-{T}-{S.upper()}-01", f"00-{T}-{S}-0A", f"0A-{T}-{S}-01", f" 00-{T}-{S}-01", f"00-{T}-{S}-01 ",
+    f"00-{T}-{S}-01\n", f"\n00-{T}-{S}-01", f"\t00-{T}-{S}-01\t", f"00-{T[:-1]}-{S}-01", f"00-{T}0-{S}-01",
+    f"00-{T}-{S[:-1]}-01", f"00-{T}-{S}-1", f"00-{T}-{S}-011", f"00-{T[:-1]}g-{S}-01", f"00_{T}_{S}_01",
+    f"00-{T[:-1]}\u0661-{S}-01", f"00-{T}-{S}-\uff10\uff11", f"00-{T}-{S}-01\u2028", "", " ", "-", "00",
+    f"00-{T}-{S}-01" * 2, f"00-{T}-{S}-01-{T}", f"0-{T}-{S}-01", f"000-{T}-{S}-01",
+    5, None, True, [], {}, 1.5, [f"00-{T}-{S}-01"],
+]
+
+
+def told(sent, got):
+    if not isinstance(got, str):
+        return ["odd", repr(got)]
+    if isinstance(sent, str):
+        if got == sent:
+            return "sent"
+        if got == sent.strip():
+            return "stripped"
+        if got == "00" + sent.strip()[2:55]:
+            return "as version 00"
+    if NEW.fullmatch(got) and T not in got:
+        return "new"
+    return ["other", got]
+
+
+class In(BaseModel):
+    i: int
+
+
+class Out(BaseModel):
+    tp: str | None = None
+
+
+@skill
+def trace(req: In, ctx: SkillContext) -> Out:
+    """The context's traceparent."""
+    return Out(tp=ctx.traceparent)
+
+
+@skill(reply="message")
+def trace_direct(req: In, ctx: SkillContext) -> Out:
+    """The same, a direct reply."""
+    return Out(tp=ctx.traceparent)
+
+
+class Logs(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        if record.name.startswith("mesh"):
+            self.lines.append(record.getMessage())
+
+
+LOGS = Logs()
+agent = Agent(name="s37-trace", description="Traces.", skills=[trace, trace_direct])
+H = {"A2A-Version": "1.0"}
+
+
+async def main():
+    logging.getLogger().addHandler(LOGS)
+    logging.getLogger().setLevel(logging.INFO)
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=Path(tempfile.mkdtemp()), registry=None))
+    out = {"mesh": mesh.__file__, "res": []}
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=60) as http,
+    ):
+        n = 0
+        for sent in HEADERS:
+            for skill_id in ("trace", "trace_direct"):
+                for rest in (False, True):
+                    n += 1
+                    meta = {"skill": skill_id, "traceparent": sent}
+                    if sent is None:
+                        meta.pop("traceparent")
+                    msg = {"role": "ROLE_USER", "messageId": f"m{n}", "parts": [{"data": {"i": n}}], "metadata": meta}
+                    LOGS.lines = []
+                    if rest:
+                        r = await http.post("/a2a/rest/message:send", json={"message": msg}, headers=H)
+                    else:
+                        r = await http.post("/", json={"jsonrpc": "2.0", "id": n, "method": "SendMessage", "params": {"message": msg}}, headers=H)
+                    body = r.json()
+                    found = re.search(r'"tp": ?("[^"]*"|null)', json.dumps(body))
+                    got = json.loads(found[1]) if found else ["no tp", r.status_code, r.text[:300]]
+                    for _ in range(200):  # the task's line, logged after the answer
+                        if any("traceparent=" in line for line in LOGS.lines):
+                            break
+                        await asyncio.sleep(0.01)
+                    lines = [told(sent, m[1]) for line in LOGS.lines if (m := LINE.search(line))]
+                    out["res"].append([repr(sent), skill_id, rest, r.status_code, told(sent, got), lines])
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_a_tasks_trace_header_is_the_tree_befores_for_every_header_sent(trees: Trees) -> None:
+    """~47 traceparent values in the message's metadata, typed and direct replies, JSON-RPC and
+    REST: the header the skill's context holds and the task line's, each told apart as the
+    one sent, stripped, made version 00 or new (helper A's ``traceparent_text``)."""
+    now, before = _both(trees, _TRACE_DRIVER)
+    told = {json.dumps(r[4]) for r in now["res"]}
+    assert {'"sent"', '"new"'} <= told, told
     _same(now, before)
