@@ -37,6 +37,8 @@ __all__ = [
 TRACEPARENT_KEY = "traceparent"
 
 _HEADER = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+# A version 00 header with nothing around it or after its flags (traceparent_text).
+_HEADER_00 = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
@@ -122,10 +124,31 @@ def ensure_traceparent(header: str | None) -> TraceParent:
 def traceparent_text(header: str | None) -> str:
     """``ensure_traceparent(header).format()`` without the ``TraceParent`` (a frozen
     dataclass: every task reads its message's header once)."""
+    if type(header) is str:
+        if _HEADER_00.fullmatch(header) is not None:
+            # A version 00 header as written (what a mesh caller sends) is its own text; only
+            # all-zero ids make it invalid. ~1.5x cheaper than _ids's match, groups and tuple.
+            if header[3:35] != _ZERO_TRACE and header[36:52] != _ZERO_SPAN:
+                return header
+            return _new_text()
+    elif header is None:
+        return _new_text()
     ids = _ids(header)
     if ids is None:
-        return f"00-{_random_hex(16, _ZERO_TRACE)}-{_random_hex(8, _ZERO_SPAN)}-01"
+        return _new_text()
     return f"00-{ids[0]}-{ids[1]}-{ids[2]}"
+
+
+def _new_text() -> str:
+    """A new trace's text: its trace id and span id from one ``os.urandom`` call, without a
+    loop (~4 k instructions less than ``_random_hex`` for each). Each id is still uniform over
+    the values that are not all zeros, and independent of the other."""
+    ids = os.urandom(24).hex()
+    trace_id, span_id = ids[:32], ids[32:]
+    if trace_id != _ZERO_TRACE and span_id != _ZERO_SPAN:
+        return f"00-{trace_id}-{span_id}-01"
+    # An all-zero id (odds 2**-64 at worst): both drawn again, each until it is not.
+    return f"00-{_random_hex(16, _ZERO_TRACE)}-{_random_hex(8, _ZERO_SPAN)}-01"
 
 
 def trace_id_of(header: str | None) -> str | None:
