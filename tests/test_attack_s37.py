@@ -441,3 +441,160 @@ def test_a_tasks_trace_header_is_the_tree_befores_for_every_header_sent(trees: T
     told = {json.dumps(r[4]) for r in now["res"]}
     assert {'"sent"', '"new"'} <= told, told
     _same(now, before)
+
+
+# --- helper D (f049a76): a settled answer's held WORKING messages written from their values ---
+#
+# A typed skill reports progress texts (none, empty, "%" and "%s", quotes and escapes, line
+# separators, control characters, NUL, non-ASCII, 20 KB, five of them, JSON-looking) and answers;
+# each asked with every history length (none, 0, 1, 2, 3, 100), a context id and message id
+# of odd text, on JSON-RPC and REST. Each answer, GetTask (and GetTask with historyLength 1),
+# the same after a restart, the rows parsed; a failing skill's and a direct reply's too.
+
+_HISTORY_DRIVER = r'''
+import asyncio, json, re, sqlite3, tempfile
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, SkillContext, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+H = {"A2A-Version": "1.0"}
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+RUNS = re.compile(r"([a-z])\1{63,}")
+
+
+def canon(text):
+    """Ids and times out; objects' members sorted (a Struct's order is the process's, its
+    map's, in either tree)."""
+    text = RUNS.sub(lambda m: f"{m[1]}*{len(m[0])}", text)
+    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
+    try:
+        return json.dumps(json.loads(text), sort_keys=True)
+    except ValueError:
+        return text
+
+
+class Talk(BaseModel):
+    texts: list[str]
+    n: int = 0
+
+
+class Out(BaseModel):
+    n: int
+    last: str = ""
+
+
+@skill
+async def talk(req: Talk, ctx: SkillContext) -> Out:
+    """Reports each text, then answers."""
+    for text in req.texts:
+        await ctx.progress(text)
+    return Out(n=len(req.texts), last=req.texts[-1][:20] if req.texts else "")
+
+
+@skill
+async def talk_fail(req: Talk, ctx: SkillContext) -> Out:
+    """Reports each text, then fails."""
+    for text in req.texts:
+        await ctx.progress(text)
+    raise ValueError(f"failed after {len(req.texts)}")
+
+
+@skill
+async def talk_nap(req: Talk, ctx: SkillContext) -> Out:
+    """Reports each text with an await between, then answers."""
+    for text in req.texts:
+        await ctx.progress(text)
+        await asyncio.sleep(0)
+    return Out(n=len(req.texts))
+
+
+agent = Agent(name="s37-history", description="Talks.", skills=[talk, talk_fail, talk_nap])
+TEXTS = [[], [""], ["%"], ["%s", "%d", "%%", "%(x)s"], ['"\\/\b\f\n\r\t'], ["\u2028\u2029\x00\x1f\x7f"],
+         ["\u00e9\U0001f642\ufeff"], ["x" * 20000], ["a", "b", "c", "d", "e"], ['{"x":1}', "[]"]]
+LENGTHS = [None, 0, 1, 2, 3, 100]
+
+
+async def serve(data, steps):
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=data, registry=None))
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=60) as http,
+    ):
+        return await steps(http)
+
+
+async def get(http, tid, length=None):
+    params = {"id": tid, **({"historyLength": length} if length is not None else {})}
+    r = await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": params}, headers=H)
+    return canon(r.text)
+
+
+async def main():
+    data = Path(tempfile.mkdtemp())
+    ids = []
+
+    async def first(http):
+        res = []
+        n = 0
+        for skill_id in ("talk", "talk_fail", "talk_nap"):
+            for texts in TEXTS if skill_id == "talk" else TEXTS[::3]:
+                for length in LENGTHS if skill_id == "talk" else (None, 1):
+                    for rest in (False, True):
+                        n += 1
+                        msg = {"role": "ROLE_USER", "messageId": f"m%s-{n}" if n % 3 else f"\u00e9-{n}",
+                               "parts": [{"data": {"texts": texts, "n": n}}], "metadata": {"skill": skill_id}}
+                        if n % 4 == 0:
+                            msg["contextId"] = f"ctx-%s-{n}"
+                        params = {"message": msg}
+                        if length is not None:
+                            params["configuration"] = {"historyLength": length}
+                        if rest:
+                            r = await http.post("/a2a/rest/message:send", json=params, headers=H)
+                        else:
+                            r = await http.post("/", json={"jsonrpc": "2.0", "id": n, "method": "SendMessage", "params": params}, headers=H)
+                        body = r.json()
+                        task = (body.get("result") or body).get("task") or {}
+                        tid = task.get("id")
+                        ids.append(tid)
+                        res.append([skill_id, len(texts), length, rest, r.status_code, canon(r.text),
+                                    await get(http, tid) if tid else None, await get(http, tid, 1) if tid else None])
+        return res
+
+    out = {"mesh": mesh.__file__, "first": await serve(data, first)}
+
+    async def second(http):
+        return [[await get(http, tid), await get(http, tid, 2)] if tid else None for tid in ids]
+
+    out["restart"] = await serve(data, second)
+    from a2a.types import Task
+    from google.protobuf.json_format import MessageToJson
+
+    conn = sqlite3.connect(data / "node.db")
+    out["rows"] = sorted(canon(MessageToJson(Task.FromString(blob))) for (blob,) in conn.execute("select data from a2a_tasks"))
+    conn.close()
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_held_progress_messages_are_answered_and_stored_as_the_tree_before(trees: Trees) -> None:
+    """A typed skill's progress texts of odd values under every history length, JSON-RPC and
+    REST, odd message and context ids: the answer (f049a76 writes its held WORKING messages from
+    their values), GetTask, GetTask after a restart, the rows; failing and napping skills."""
+    now, before = _both(trees, _HISTORY_DRIVER)
+    assert any('"history"' in r[5] and r[2] is None for r in now["first"]), now["first"][:3]
+    assert any("%(x)s" in r[5] for r in now["first"]), now["first"][:3]
+    _same(now, before)
