@@ -598,3 +598,144 @@ def test_held_progress_messages_are_answered_and_stored_as_the_tree_before(trees
     assert any('"history"' in r[5] and r[2] is None for r in now["first"]), now["first"][:3]
     assert any("%(x)s" in r[5] for r in now["first"]), now["first"][:3]
     _same(now, before)
+
+
+# --- helper C (8433960): an answer head read as the one without its Date line ----------------
+#
+# ``_textbook``'s verdict for ~4000 heads (seeded): status lines good and bad, the fields that
+# decide (Content-Length once, twice, odd; Transfer-Encoding; Connection close; an encoding),
+# Date lines of every spelling (date, Date, DATE, "Date :", " Date" folded, X-Date, Dates),
+# anywhere, twice, empty, with bytes its grammar refuses (NUL, DEL, CR, LF, a bare CR at the
+# end) or takes (obs-text), a value that is itself "Content-Length: 5"; each head read twice
+# (once new, once kept), with new Dates a second past the 16 kept. Then a DirectPool against a
+# peer answering each POST with one of ~40 such heads (a Date per call, a new second each):
+# the status, the body or the error, and how many connections the peer saw.
+
+_HEADS_DRIVER = r'''
+import asyncio, json, random
+
+import httpx
+
+import mesh
+from mesh import _pool
+from mesh._pool import DirectPool
+
+STATUS = [b"HTTP/1.1 200 OK", b"HTTP/1.1 200", b"HTTP/1.1 404 Not Found", b"HTTP/1.1 500 x", b"HTTP/1.1 204 No Content",
+          b"HTTP/1.1 101 Switching", b"HTTP/1.0 200 OK", b"HTTP/1.1 200 \xe9", b"HTTP/1.1 2000 OK", b"http/1.1 200 OK", b""]
+DATES = [b"Date: Thu, 03 Dec 2026 05:49:%02d GMT", b"date: Thu, 03 Dec 2026 05:49:%02d GMT", b"DATE: %02d",
+         b"Date:%02d", b"Date: \t%02d\t ", b"Date :%02d", b" Date: %02d", b"X-Date: %02d", b"Dates: %02d",
+         b"Date:", b"Date: ", b"Date: a\x00%02d", b"Date: a\x7f%02d", b"Date: a\r%02d", b"Date: a\n%02d",
+         b"Date: \x80\xff%02d", b"Date: Content-Length: %02d", b"date: %02d\r", b"Date:: %02d", b"Date:\x0b%02d",
+         b"Date: a,b;c=%02d", b"date:%02d\r\ndate:%02d"]
+FIELDS = [b"Content-Length: 2", b"content-length: 2", b"Content-Length: 02", b"Content-Length: -1", b"Content-Length: 2 ",
+          b"Content-Length: 2, 2", b"Content-Length: 99999999999999999999999", b"Transfer-Encoding: chunked",
+          b"Connection: close", b"Connection: keep-alive, Close", b"Content-Encoding: gzip",
+          b"Content-Encoding: identity", b"Content-Type: application/json", b"Server: uvicorn", b"X: a\tb",
+          b"Bad Name: x", b"X:", b"\tfolded"]
+
+
+GOOD = [b"Content-Type: application/json", b"Server: uvicorn", b"Connection: keep-alive", b"X: a\tb"]
+
+
+def date(rng, second):
+    text = rng.choice(DATES[:5] if rng.random() < 0.5 else DATES)
+    return text % ((second,) * text.count(b"%02d"))
+
+
+def head(rng, second):
+    """Mostly a head the pool reads itself (that a Date line's cut may change), else any."""
+    lines = [STATUS[0] if rng.random() < 0.7 else rng.choice(STATUS)]
+    lines += [b"Content-Length: 2"] if rng.random() < 0.8 else []
+    lines += rng.sample(GOOD, rng.randint(0, 2)) + rng.sample(FIELDS, rng.choice([0, 0, 1, 2]))
+    rng.shuffle(lines)
+    lines.insert(0, lines.pop(lines.index(next(l for l in lines if l in STATUS))))
+    for _ in range(rng.choice([0, 1, 1, 1, 2])):
+        lines.insert(rng.randint(1 if rng.random() < 0.9 else 0, len(lines)), date(rng, second))
+    text = b"\r\n".join(lines)
+    return b"\r\n" + text if rng.random() < 0.02 else text
+
+
+def verdict(found):
+    return None if found is None else [found.status, found.length, found.closes, repr(found.encoding)]
+
+
+def textbook():
+    rng = random.Random(37)
+    heads = [head(rng, i % 60) for i in range(4000)]
+    # the same heads each a second later (kept without their Date: the 16 bounds), then again
+    heads += [h.replace(b":%02d" % (i % 60), b":%02d" % ((i + 1) % 60)) for i, h in enumerate(heads[:600])]
+    out = [verdict(_pool._textbook(h)) for h in heads]
+    again = [verdict(_pool._textbook(h)) for h in reversed(heads)]
+    return [out, again[::-1] == out, sum(v is not None for v in out)]
+
+
+ANSWERS = [b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%s\r\nContent-Length: 2",
+           b"HTTP/1.1 200 OK\r\n%s\r\nContent-Length: 2\r\nServer: x",
+           b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n%s",
+           b"HTTP/1.1 200 OK\r\n%s\r\n%s\r\nContent-Length: 2",
+           b"HTTP/1.1 200 OK\r\n%s\r\nConnection: close\r\nContent-Length: 2",
+           b"HTTP/1.1 200 OK\r\n%s\r\nTransfer-Encoding: chunked",
+           b"HTTP/1.1 503 Service Unavailable\r\n%s\r\nContent-Length: 2",
+           b"HTTP/1.1 200 OK\r\n%s\r\nContent-Encoding: gzip\r\nContent-Length: 2"]
+
+
+async def pool_calls():
+    seen = {"connections": 0}
+    plan = []
+    rng = random.Random(3)
+    for i in range(60):
+        shape = ANSWERS[i % len(ANSWERS)]
+        fills = tuple(date(rng, i % 60) for _ in range(shape.count(b"%s")))
+        plan.append(shape % fills)
+
+    async def handle(reader, writer):
+        seen["connections"] += 1
+        try:
+            while True:
+                request = await reader.readuntil(b"\r\n\r\n")
+                length = int([l for l in request.split(b"\r\n") if l.lower().startswith(b"content-length:")][0].split(b":")[1])
+                body = await reader.readexactly(length)
+                answer = plan[int(body)]
+                if b"chunked" in answer:
+                    writer.write(answer + b"\r\n\r\n2\r\nok\r\n0\r\n\r\n")
+                else:
+                    writer.write(answer + b"\r\n\r\nok")
+                await writer.drain()
+                if b"close" in answer.lower():
+                    writer.close()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = httpx.URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/")
+    pool = DirectPool(None, max_connections=4, keepalive_expiry=30.0)
+    res = []
+    try:
+        for i in range(len(plan)):
+            try:
+                got = await pool.post(url, [("Content-Type", "application/json")], b"%d" % i, timeout=10.0,
+                                      connect_timeout=5.0, max_bytes=1 << 20, too_large=lambda: RuntimeError("too large"))
+                res.append(["ok", got[0], got[1].decode("latin-1")])
+            except Exception as exc:
+                res.append(["error", type(exc).__name__, str(exc)])
+    finally:
+        await pool.aclose()
+        server.close()
+    return [res, seen["connections"]]
+
+
+out = {"mesh": mesh.__file__, "textbook": textbook(), "pool": asyncio.run(pool_calls())}
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.integration
+def test_answer_heads_with_date_lines_of_every_kind_read_as_the_tree_before(trees: Trees) -> None:
+    """8433960's read of a head without its Date line: ~4600 seeded heads' verdicts (new and
+    kept), and a DirectPool's 60 answers with a new Date each (see ``_HEADS_DRIVER``)."""
+    now, before = _both(trees, _HEADS_DRIVER)
+    assert now["textbook"][1] is True
+    assert now["textbook"][2] > 1000, now["textbook"][2]
+    assert any(r[0] == "ok" for r in now["pool"][0]), now["pool"]
+    _same(now, before)
