@@ -739,3 +739,285 @@ def test_answer_heads_with_date_lines_of_every_kind_read_as_the_tree_before(tree
     assert now["textbook"][2] > 1000, now["textbook"][2]
     assert any(r[0] == "ok" for r in now["pool"][0]), now["pool"]
     _same(now, before)
+
+
+# --- helper C (174cc78): a node turn's blocking send, in line in Delegation._attempt ---------
+#
+# remote() in a node's LLM turn (``durable_children``, a deadline past ``long_after_s``): the
+# blocking send that goes long. Against a real node: a skill that answers at once; one held
+# until the call has returned (went long: the re-send finds it working, the turn's call waits
+# for it), then answers, fails or asks; arguments refused; the call cancelled while its
+# blocking send is open and as it goes long (the re-send cancelled). Against a fake peer that never answers a
+# blocking send: its answer to the re-send (garbage, 503, reset, a JSON-RPC error, a task
+# completed, failed, or failed for a deadline). Each outcome, usage, the child tasks' states,
+# the coordinator's metrics and every mesh log line (both sides), the requests the fake got.
+
+_TURN_DRIVER = r'''
+import asyncio, json, logging, re, sys, tempfile, time
+from pathlib import Path
+
+import httpx
+from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, SkillContext, skill
+from mesh._asks import ChildWaiting
+from mesh._metrics import NodeMetrics
+from mesh._netguard import create_http_client
+from mesh._netpolicy import NetworkPolicy
+from mesh._node import Node
+from mesh._remote import remote
+from mesh._settings import NodeSettings
+from mesh._tools import ToolContext
+from mesh._trust import PeerTrust
+from tests.support import free_port, uvicorn_serving
+
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|[0-9a-f]{16}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+VARY = re.compile(r"127\.0\.0\.1:\d+|\d+\.\d+ ?(ms|s)\b|duration_ms=[\d.]+|/tmp/[\w/.-]+|\"deadline\": ?[\d.e+-]+")
+
+
+def canon(text):
+    return VARY.sub("<v>", IDS.sub("<id>", TIMES.sub("<time>", text)))
+
+
+class Key(BaseModel):
+    key: str
+
+
+class Out(BaseModel):
+    key: str
+    n: int = 1
+
+
+class Ok(BaseModel):
+    ok: bool
+
+
+STARTED = {}
+RELEASE = asyncio.Event()
+
+
+@skill
+def quick(req: Key) -> Out:
+    """At once."""
+    return Out(key=req.key)
+
+
+@skill
+async def held(req: Key) -> Out:
+    """Until released; "fail..." fails then."""
+    STARTED[req.key] = True
+    await RELEASE.wait()
+    if req.key.startswith("fail"):
+        raise ValueError(f"failed {req.key}")
+    return Out(key=req.key, n=2)
+
+
+@skill(asks=True)
+async def held_ask(req: Key, ctx: SkillContext) -> Out:
+    """Until released, then asks."""
+    await RELEASE.wait()
+    answer = await ctx.ask(f"go on with {req.key}?", schema=Ok)
+    return Out(key=req.key, n=3 if answer.ok else 4)
+
+
+agent = Agent(name="s37-spec", description="Held.", skills=[quick, held, held_ask])
+
+
+class Logs(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        if record.name.startswith("mesh") and record.name != "mesh.sqlite":
+            message = record.getMessage()
+            self.lines.append([record.levelname, record.name, canon(message)])
+            if "still running after" in message:
+                GONE.set()
+                for running in CANCEL:
+                    running.cancel()
+
+
+LOGS = Logs()
+GONE = asyncio.Event()
+CANCEL = []
+H = {"A2A-Version": "1.0"}
+
+
+async def until(predicate, what):
+    for _ in range(3000):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+def reply(body, status=b"200 OK"):
+    return b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (status, len(body), body)
+
+
+TASK = ('{"result":{"task":{"id":"T","contextId":"C","status":{"state":"%s","timestamp":"2026-12-03T05:00:00Z"},'
+        '"artifacts":%s,"metadata":%s}},"id":RID,"jsonrpc":"2.0"}')
+ART = '[{"artifactId":"a","name":"held","parts":[{"data":{"key":"f","n":9},"mediaType":"application/json"}]}]'
+MODES = {
+    "garbage": (b"200 OK", "nope"),
+    "s503": (b"503 Service Unavailable", '{"error":"busy"}'),
+    "close": None,
+    "rpc_error": (b"200 OK", '{"error":{"code":-32603,"message":"broke"},"id":RID,"jsonrpc":"2.0"}'),
+    "completed": (b"200 OK", TASK % ("TASK_STATE_COMPLETED", ART, '{"skill":"held"}')),
+    "failed": (b"200 OK", TASK % ("TASK_STATE_FAILED", "[]", '{"skill":"held","error":{"reason":"failed","message":"m"}}')),
+    "failed_deadline": (b"200 OK", TASK % ("TASK_STATE_FAILED", "[]", '{"skill":"held","error":{"reason":"deadline","message":"late"}}')),
+}
+
+
+async def fake_peer(box, mode):
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                body = await reader.readexactly(length)
+                if head.startswith(b"GET"):
+                    writer.write(reply(box["card"]))
+                    await writer.drain()
+                    continue
+                request = json.loads(body)
+                immediately = bool(((request.get("params") or {}).get("configuration") or {}).get("returnImmediately"))
+                box["requests"].append([request.get("method"), immediately])
+                if not immediately:
+                    await reader.read()  # never answered: until the caller drops it
+                    return
+                if MODES[mode] is None:
+                    writer.transport.abort()
+                    return
+                status, text = MODES[mode]
+                writer.write(reply(text.replace("RID", json.dumps(request.get("id"))).encode(), status))
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+CALLS = []
+
+
+async def call(url, skill_id, args, *, after, deadline_s=30.0, cancel=None):
+    LOGS.lines = []
+    GONE.clear()
+    anywhere = NetworkPolicy.parse("any")
+    http = create_http_client(anywhere, timeout=httpx.Timeout(35.0, connect=2.0))
+    registry = CollectorRegistry()
+    toolset = remote("s37-spec", skill=skill_id, url=url, deadline_s=deadline_s, long_after_s=after)
+    toolset.bind(http=http, metrics=NodeMetrics(registry, "s37-coordinator"), caller="s37-coordinator",
+                 trust=PeerTrust(networks=anywhere))
+    CALLS.append(skill_id)  # each call its own turn (its message id its own: no duplicate)
+    n = len(CALLS)
+    ctx = ToolContext(agent_name="s37-coordinator", user_id="a2a", session_id=f"s-{n}", invocation_id=f"i-{n}",
+                      metadata={"deadline": time.time() + 60, "usage_sink": [], "task_id": f"t-{n}",
+                                "durable_children": True,
+                                "traceparent": "00-" + "12" * 16 + "-" + "34" * 8 + "-01"})
+    try:
+        (tool,) = await toolset.tools(ctx)
+        running = asyncio.ensure_future(tool.call(args, ctx))
+        CANCEL[:] = [running] if cancel == "on gone" else []
+        if callable(cancel):
+            await until(lambda: cancel() or running.done(), "the moment to cancel")
+            running.cancel()
+        try:
+            got = ["ok", canon(json.dumps(await running, sort_keys=True, default=repr))]
+        except asyncio.CancelledError:
+            got = ["cancelled"]
+        except (Exception, ChildWaiting) as exc:
+            got = ["error", type(exc).__name__, canon(str(exc)),
+                   canon(json.dumps({k: getattr(exc, k, None) for k in ("reason", "peer", "skill", "detail")}, default=repr))]
+    finally:
+        await toolset.aclose()
+        await http.aclose()
+    metrics = sorted(canon(line) for line in generate_latest(registry).decode().splitlines()
+                     if not line.startswith(("#", "process_", "python_")) and "_bucket" not in line
+                     and "_sum" not in line and "_created" not in line)
+    return [got, canon(json.dumps(ctx.metadata.get("usage_sink"), sort_keys=True, default=repr)), metrics]
+
+
+async def children(http):
+    """Each task's skill and state, once none is working any more (a held one released)."""
+    async def listed():
+        r = await http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageSize": 100}}, headers=H)
+        return r.json()["result"]["tasks"]
+
+    for _ in range(1000):
+        tasks = await listed()
+        if not any(t["status"]["state"] in ("TASK_STATE_WORKING", "TASK_STATE_SUBMITTED") for t in tasks):
+            break
+        await asyncio.sleep(0.02)
+    return sorted([str(t.get("metadata", {}).get("skill")), t["status"]["state"]] for t in tasks)
+
+
+async def main():
+    logging.getLogger().addHandler(LOGS)
+    logging.getLogger().setLevel(logging.INFO)
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=Path(tempfile.mkdtemp()), registry=None))
+    url = f"http://127.0.0.1:{port}"
+    out = {"mesh": mesh.__file__}
+    async with (
+        uvicorn_serving(node.app, port, log_level="warning"),
+        httpx.AsyncClient(base_url=url, trust_env=False, timeout=60) as http,
+    ):
+        card = (await http.get("/.well-known/agent-card.json")).text
+
+        async def case(name, *args, **kw):
+            # A held child is released once the call has returned: a call that went long in a
+            # turn returns its child as the re-send found it (working: ChildWaiting), never
+            # as a race with the child's end would have it.
+            RELEASE.clear()
+            STARTED.clear()
+            got = await call(url, *args, **kw)
+            RELEASE.set()
+            got.append(await children(http))
+            got.append(sorted(LOGS.lines))
+            out[name] = got
+
+        await case("quick", "quick", {"key": "q"}, after=20.0)
+        await case("held_ok", "held", {"key": "ok"}, after=0.3)
+        await case("held_fail", "held", {"key": "fail-1"}, after=0.3)
+        await case("held_ask", "held_ask", {"key": "a"}, after=0.3)
+        await case("bad_args", "held", {"nokey": 1}, after=0.3)
+        await case("cancel_in_send", "held", {"key": "c1"}, after=20.0, cancel=lambda: bool(STARTED))
+        # cancelled as it goes long (by the log line's handler, in the call's own task): the
+        # re-send is what the cancel meets
+        await case("cancel_going_long", "held", {"key": "c2"}, after=0.3, cancel="on gone")
+        for mode in MODES:
+            box = {"requests": []}
+            server = await fake_peer(box, mode)
+            peer = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            box["card"] = card.replace(url, peer).encode()
+            try:
+                got = await call(peer, "held", {"key": mode}, after=0.3, deadline_s=8.0)
+            finally:
+                server.close()
+            out["fake-" + mode] = [got, box["requests"], sorted(LOGS.lines)]
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_a_turns_blocking_send_that_goes_long_ends_as_the_tree_before(trees: Trees) -> None:
+    """174cc78's turn send in line: calls that go long past ``long_after_s`` (their children
+    answer, fail or ask after), cancelled in the send and as it goes long, a fake peer's answers to the re-send (see ``_TURN_DRIVER``): outcomes, usage,
+    child states, metrics, log lines. One tree after the other (deadlines of seconds)."""
+    now, before = _in_turn(trees, _TURN_DRIVER)
+    assert now["held_ok"][0][1] == "ChildWaiting", now["held_ok"]
+    assert now["cancel_going_long"][0] == ["cancelled"], now["cancel_going_long"]
+    assert any("still running after" in json.dumps(line) for line in now["held_ok"][-1])
+    _same(now, before)
