@@ -1021,3 +1021,202 @@ def test_a_turns_blocking_send_that_goes_long_ends_as_the_tree_before(trees: Tre
     assert now["cancel_going_long"][0] == ["cancelled"], now["cancel_going_long"]
     assert any("still running after" in json.dumps(line) for line in now["held_ok"][-1])
     _same(now, before)
+
+
+# --- helper A: the request body's arrival (mesh._asgi.read_body) -----------------------------
+#
+# Raw HTTP/1.1 to a node (max_body_bytes 300 000, body_timeout_s 1): a body in three writes,
+# chunked in three chunks (one empty first), chunked past the limit, a declared length past it,
+# the limit exactly and one byte more, a body that stalls (408 naming the bytes that came), a
+# client gone mid-body (then a request on a new connection), Content-Length 0, Expect:
+# 100-continue; on JSON-RPC and REST. Each answer's status line, the headers that matter and
+# the body, and the mesh log lines.
+
+_PIECES_DRIVER = r'''
+import asyncio, json, logging, re, tempfile
+from pathlib import Path
+
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, skill
+from mesh._node import Node
+from mesh._settings import NodeSettings
+from tests.support import free_port, uvicorn_serving
+
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
+VARY = re.compile(r"duration_ms=[\d.]+|127\.0\.0\.1:\d+|date: [^\r\n]*|/tmp/[\w/.-]+", re.I)
+LIMIT = 300_000
+
+
+def canon(text):
+    return VARY.sub("<v>", IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text))))
+
+
+class In(BaseModel):
+    key: str
+
+
+class Out(BaseModel):
+    key: str
+
+
+@skill
+def echo(req: In) -> Out:
+    """Echo."""
+    return Out(key=req.key[:40])
+
+
+agent = Agent(name="s37-pieces", description="Pieces.", skills=[echo])
+
+
+class Logs(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        if record.name.startswith("mesh") and record.name != "mesh.sqlite":
+            self.lines.append([record.levelname, record.name, canon(record.getMessage())])
+
+
+LOGS = Logs()
+
+
+def body(rest, n, size=None):
+    msg = {"role": "ROLE_USER", "messageId": f"m-{n}", "parts": [{"data": {"key": "k"}}], "metadata": {"skill": "echo"}}
+    value = {"message": msg} if rest else {"jsonrpc": "2.0", "id": n, "method": "SendMessage", "params": {"message": msg}}
+    text = json.dumps(value, separators=(",", ":")).encode()
+    if size is not None:  # padded to ``size`` bytes with the key's text
+        msg["parts"][0]["data"]["key"] = "p" * (size - len(text) + 1)
+        text = json.dumps(value, separators=(",", ":")).encode()
+        assert len(text) == size, (len(text), size)
+    return text
+
+
+async def exchange(port, writes, close_after=False):
+    """The writes in turn (each drained), then the whole answer (until the connection ends or
+    its Content-Length is in)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for piece in writes:
+            writer.write(piece)
+            await writer.drain()
+        if close_after:
+            writer.close()
+            return None
+        data = b""
+        while b"\r\n\r\n" not in data:
+            more = await reader.read(65536)
+            if not more:
+                break
+            data += more
+        head, _, rest = data.partition(b"\r\n\r\n")
+        if head.startswith(b"HTTP/1.1 100"):  # an interim answer, then the final one
+            data = rest
+            while b"\r\n\r\n" not in data:
+                more = await reader.read(65536)
+                if not more:
+                    break
+                data += more
+            head, _, rest = data.partition(b"\r\n\r\n")
+        found = re.search(rb"content-length: (\d+)", head, re.I)
+        while found and len(rest) < int(found[1]):
+            more = await reader.read(65536)
+            if not more:
+                break
+            rest += more
+        lines = head.decode("latin-1").split("\r\n")
+        kept = sorted(l.lower() for l in lines[1:] if l.lower().startswith(("content-type", "connection", "retry-after", "transfer-encoding")))
+        text = canon(rest.decode("utf-8", "replace"))
+        try:  # members sorted: a Struct's order is the process's (its map's), in either tree
+            text = json.dumps(json.loads(text), sort_keys=True)
+        except ValueError:
+            pass
+        return [lines[0], kept, text]
+    finally:
+        writer.close()
+
+
+def head(path, length=None, extra=b""):
+    h = b"POST %s HTTP/1.1\r\nHost: x\r\nA2A-Version: 1.0\r\nContent-Type: application/json\r\n" % path.encode()
+    if length is None:
+        h += b"Transfer-Encoding: chunked\r\n"
+    else:
+        h += b"Content-Length: %d\r\n" % length
+    return h + extra + b"\r\n"
+
+
+def chunk(data):
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def main():
+    logging.getLogger().addHandler(LOGS)
+    logging.getLogger().setLevel(logging.INFO)
+    port = free_port()
+    settings = NodeSettings(port=port, data_dir=Path(tempfile.mkdtemp()), registry=None, max_body_bytes=LIMIT,
+                            body_timeout_s=1.0)
+    node = Node(agent, settings)
+    out = {"mesh": mesh.__file__}
+    n = 0
+    async with uvicorn_serving(node.app, port, log_level="warning"):
+        for rest, path in ((False, "/"), (True, "/a2a/rest/message:send")):
+            def case(name, answer):
+                out[f"{'rest' if rest else 'rpc'}-{name}"] = [answer, LOGS.lines[:]]
+                LOGS.lines = []
+
+            n += 1
+            b = body(rest, n)
+            third = len(b) // 3
+            case("three_writes", await exchange(port, [head(path, len(b)), b[:third], b[third:2 * third], b[2 * third:]]))
+            n += 1
+            b = body(rest, n)
+            case("chunked", await exchange(port, [head(path), chunk(b[:5]), chunk(b[5:40]), chunk(b[40:]) + b"0\r\n\r\n"]))
+            n += 1
+            b = body(rest, n, 400_000)
+            case("chunked_over", await exchange(port, [head(path)] + [chunk(b[i:i + 100_000]) for i in range(0, len(b), 100_000)] + [b"0\r\n\r\n"]))
+            case("declared_over", await exchange(port, [head(path, LIMIT + 1)]))
+            n += 1
+            b = body(rest, n, LIMIT)
+            case("at_limit", await exchange(port, [head(path, len(b)), b]))
+            n += 1
+            b = body(rest, n, LIMIT + 1)
+            case("limit_plus_one", await exchange(port, [head(path, len(b)), b[:1000], b[1000:]]))
+            n += 1
+            b = body(rest, n, LIMIT)
+            case("chunked_at_limit", await exchange(port, [head(path), chunk(b[:150_000]), chunk(b[150_000:]) + b"0\r\n\r\n"]))
+            n += 1
+            b = body(rest, n)
+            case("stalls", await exchange(port, [head(path, len(b)), b[:20]]))
+            n += 1
+            b = body(rest, n)
+            await exchange(port, [head(path, len(b)), b[:20]], close_after=True)
+            n += 1
+            after = body(rest, n)
+            case("gone_then_next", await exchange(port, [head(path, len(after)), after]))
+            case("empty", await exchange(port, [head(path, 0)]))
+            n += 1
+            b = body(rest, n)
+            case("expect_continue", await exchange(port, [head(path, len(b), b"Expect: 100-continue\r\n"), b]))
+            n += 1
+            b = body(rest, n)
+            case("keepalive_two", await exchange(port, [head(path, len(b)) + b + head(path, len(b)) + b]))
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_request_bodies_arriving_in_pieces_are_answered_as_the_tree_before(trees: Trees) -> None:
+    """A body in writes, chunked, past the limit (declared and chunked), at it and one byte
+    over, stalling (408), its client gone, empty, after 100-continue: each answer and log line
+    (helper A's one-message read in ``read_body``)."""
+    now, before = _in_turn(trees, _PIECES_DRIVER)
+    assert now["rpc-three_writes"][0][0] == "HTTP/1.1 200 OK", now["rpc-three_writes"]
+    assert now["rpc-stalls"][0][0].startswith("HTTP/1.1 408"), now["rpc-stalls"]
+    _same(now, before)
