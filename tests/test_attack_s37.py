@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from tests import test_attack_s35 as s35
+from tests import test_attack_s36 as s36
 from tests.support import ROOT, archived_tree
 
 BEFORE = "b007e39"
@@ -1219,4 +1220,31 @@ def test_request_bodies_arriving_in_pieces_are_answered_as_the_tree_before(trees
     now, before = _in_turn(trees, _PIECES_DRIVER)
     assert now["rpc-three_writes"][0][0] == "HTTP/1.1 200 OK", now["rpc-three_writes"]
     assert now["rpc-stalls"][0][0].startswith("HTTP/1.1 408"), now["rpc-stalls"]
+    _same(now, before)
+
+
+# --- session 36's drivers again, against this session's base ---------------------------------
+
+
+@pytest.mark.integration
+def test_a_card_of_every_kind_of_skill_answers_stores_and_reads_back_as_b007e39(
+    trees: Trees, tmp_path: Path
+) -> None:
+    """s36's ~290 requests to one card of 12 skills of every kind, sent and streamed, JSON-RPC
+    and REST (answers, lines, metrics, GetTask, ListTasks, rows), each database read by each
+    tree: all of this session's specialist-side changes at once."""
+    (made_now, made_before), reads = s36._skills(trees, tmp_path)  # type: ignore[arg-type]
+    _same(made_now, made_before)
+    now_by_now, now_by_before, before_by_before = reads
+    _same(now_by_before, before_by_before)
+    _same(now_by_now, before_by_before)
+
+
+@pytest.mark.integration
+def test_values_a_skill_produces_and_post_answer_work_are_b007e39s(trees: Trees) -> None:
+    """s36's values a skill produces (answers, GetTask, a restart, rows) and s35's post-answer
+    work seen right after each answer (lines, metrics), against this session's base."""
+    now, before = _both(trees, s36._PRODUCED_DRIVER)
+    _same(now, before)
+    now, before = _both(trees, s36._quiet(s35._AFTER_DRIVER), "main")
     _same(now, before)
