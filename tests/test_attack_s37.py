@@ -1248,3 +1248,135 @@ def test_values_a_skill_produces_and_post_answer_work_are_b007e39s(trees: Trees)
     _same(now, before)
     now, before = _both(trees, s36._quiet(s35._AFTER_DRIVER), "main")
     _same(now, before)
+
+
+# 8433960 as a turn meets it: remote() calls to a real node (uvicorn's lowercase ``date``
+# line), each in a new second (a call waits for the clock's second to change: its answer's
+# head differs from the one before only by its Date), over one toolset's kept connection,
+# typed values and failures in turn; then 20 calls at once across a second's edge.
+
+_SECONDS_DRIVER = r'''
+import asyncio, json, logging, re, tempfile, time
+from pathlib import Path
+
+import httpx
+from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import BaseModel
+
+import mesh
+from mesh import Agent, skill
+from mesh._metrics import NodeMetrics
+from mesh._netguard import create_http_client
+from mesh._netpolicy import NetworkPolicy
+from mesh._node import Node
+from mesh._remote import remote
+from mesh._settings import NodeSettings
+from mesh._tools import ToolContext
+from mesh._trust import PeerTrust
+from tests.support import free_port, uvicorn_serving
+
+IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|[0-9a-f]{16}")
+VARY = re.compile(r"127\.0\.0\.1:\d+|\d+\.\d+ ?(ms|s)\b|duration_ms=[\d.]+|/tmp/[\w/.-]+")
+
+
+def canon(text):
+    return VARY.sub("<v>", IDS.sub("<id>", text))
+
+
+class In(BaseModel):
+    key: str
+    n: int = 1
+
+
+class Out(BaseModel):
+    key: str
+    n: int
+
+
+@skill
+def echo(req: In) -> Out:
+    """Echo; n < 0 fails."""
+    if req.n < 0:
+        raise ValueError("negative")
+    return Out(key=req.key * req.n, n=req.n)
+
+
+agent = Agent(name="s37-seconds", description="Seconds.", skills=[echo])
+
+
+class Logs(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        if record.name.startswith("mesh") and record.name != "mesh.sqlite":
+            self.lines.append([record.levelname, record.name, canon(record.getMessage())])
+
+
+LOGS = Logs()
+
+
+async def next_second():
+    now = int(time.time())
+    while int(time.time()) == now:
+        await asyncio.sleep(0.02)
+
+
+async def main():
+    logging.getLogger().addHandler(LOGS)
+    logging.getLogger().setLevel(logging.INFO)
+    port = free_port()
+    node = Node(agent, NodeSettings(port=port, data_dir=Path(tempfile.mkdtemp()), registry=None))
+    url = f"http://127.0.0.1:{port}"
+    out = {"mesh": mesh.__file__, "calls": []}
+    async with uvicorn_serving(node.app, port, log_level="warning"):
+        anywhere = NetworkPolicy.parse("any")
+        http = create_http_client(anywhere, timeout=httpx.Timeout(35.0, connect=2.0))
+        registry = CollectorRegistry()
+        toolset = remote("s37-seconds", skill="echo", url=url, deadline_s=30.0)
+        toolset.bind(http=http, metrics=NodeMetrics(registry, "s37-coordinator"), caller="s37-coordinator",
+                     trust=PeerTrust(networks=anywhere))
+
+        def ctx(i):
+            return ToolContext(agent_name="s37-coordinator", user_id="a2a", session_id=f"s-{i}", invocation_id=f"i-{i}",
+                               metadata={"deadline": time.time() + 60, "usage_sink": [], "task_id": f"t-{i}",
+                                         "durable_children": i % 2 == 0})
+
+        async def one(i, args):
+            c = ctx(i)
+            try:
+                (tool,) = await toolset.tools(c)
+                return ["ok", json.dumps(await tool.call(args, c), sort_keys=True)]
+            except Exception as exc:
+                return ["error", type(exc).__name__, canon(str(exc))]
+
+        try:
+            for i, args in enumerate([{"key": "a"}, {"key": "b", "n": 3}, {"key": "c", "n": -1}, {"key": "\u00e9", "n": 2},
+                                      {"key": "d", "n": 70000}, {"key": "e"}]):
+                await next_second()
+                out["calls"].append(await one(i, args))
+            await next_second()
+            # 20 at once, the clock's second changing while they run (or not: each answer read)
+            out["many"] = sorted(json.dumps(g) for g in await asyncio.gather(*(one(100 + i, {"key": f"m{i}", "n": 1 + i % 3}) for i in range(20))))
+        finally:
+            await toolset.aclose()
+            await http.aclose()
+    out["metrics"] = sorted(canon(line) for line in generate_latest(registry).decode().splitlines()
+                            if line.startswith("mesh_delegation") and "_bucket" not in line and "_sum" not in line
+                            and "_created" not in line)
+    out["lines"] = sorted(json.dumps(l) for l in LOGS.lines)
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+'''
+
+
+@pytest.mark.integration
+def test_remote_calls_each_in_a_new_second_are_the_tree_befores(trees: Trees) -> None:
+    """remote() to a real node, each call in a new second (a head new only by its Date), and
+    20 at once: values, errors, delegation metrics, log lines (8433960 in its use)."""
+    now, before = _both(trees, _SECONDS_DRIVER)
+    assert now["calls"][0][0] == "ok", now["calls"]
+    _same(now, before)
