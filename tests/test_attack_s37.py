@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests import test_attack_s34 as s34
 from tests import test_attack_s35 as s35
 from tests import test_attack_s36 as s36
 from tests.support import ROOT, archived_tree
@@ -1379,4 +1380,36 @@ def test_remote_calls_each_in_a_new_second_are_the_tree_befores(trees: Trees) ->
     20 at once: values, errors, delegation metrics, log lines (8433960 in its use)."""
     now, before = _both(trees, _SECONDS_DRIVER)
     assert now["calls"][0][0] == "ok", now["calls"]
+    _same(now, before)
+
+
+_S34_REMOTE = 'remote("s34-bureau", skill=skill_id, url=url, deadline_s=deadline_s)'
+_S34_REMOTE_BY_NAME = 'remote("s34-bureau", skill=skill_id, deadline_s=deadline_s)'
+
+
+def _s34_turn_driver() -> str:
+    """s34's remote() driver (its calls carry ``durable_children``) with ``long_after_s`` at
+    0.9 of each toolset's deadline: every first attempt is 174cc78's in-line turn send (a
+    call past it goes long: the slow peer's)."""
+    source = s35._SERVE_LOGGING + s36._quiet(s34._REMOTE_DRIVER)
+    assert source.count(_S34_REMOTE) == 1
+    assert source.count(_S34_REMOTE_BY_NAME) == 1
+    return source.replace(
+        _S34_REMOTE, _S34_REMOTE[:-1] + ", long_after_s=deadline_s * 0.9)"
+    ).replace(_S34_REMOTE_BY_NAME, _S34_REMOTE_BY_NAME[:-1] + ", long_after_s=deadline_s * 0.9)")
+
+
+@pytest.mark.integration
+def test_remote_calls_to_hostile_peers_and_failover_through_a_turns_send_are_b007e39s(
+    trees: Trees,
+) -> None:
+    """s34's real node and 19 hostile peers (garbage, JSON-RPC errors, chunked, cut, reset,
+    5xx, 403, 404, 40 MB, slow past the deadline, gzip, a wrong content type) and failover
+    between the node and a replica that resets, is refused, answers 503 or garbage or cuts its
+    answer, each call a node turn's blocking send (174cc78): answers, errors, retries, breaker,
+    metrics, every mesh log line. One tree after the other (deadlines of a second)."""
+    modes = ("rst_at_once", "refused", "s503", "garbage", "cut_mid_body")
+    args = (*s34._REMOTE_HELD, *(f"failover:{m}" for m in modes))
+    now, before = _in_turn(trees, _s34_turn_driver(), *args)
+    assert now["score"][0][0][0] == "ok", now["score"]
     _same(now, before)
