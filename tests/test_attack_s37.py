@@ -421,7 +421,7 @@ async def main():
                     body = r.json()
                     found = re.search(r'"tp": ?("[^"]*"|null)', json.dumps(body))
                     got = json.loads(found[1]) if found else ["no tp", r.status_code, r.text[:300]]
-                    for _ in range(200):  # the task's line, logged after the answer
+                    for _ in range(2000):  # the task's line, logged after the answer
                         if any("traceparent=" in line for line in LOGS.lines):
                             break
                         await asyncio.sleep(0.01)
