@@ -52,6 +52,12 @@ class _NotFinite(ValueError):
     """Raised by the strict parser's hooks; the slow path then says where."""
 
 
+_TOO_DEEP = (
+    "Parse error: the JSON is nested too deeply to parse (a data part may nest at most about 48 "
+    "levels)"
+)
+
+
 def _no_constant(literal: str) -> Any:
     raise _NotFinite(literal)
 
@@ -118,11 +124,7 @@ def parse_json(body: bytes) -> Any:
     except UnicodeDecodeError:
         raise RpcRefused(-32700, "Parse error: the body is not UTF-8 JSON text") from None
     except RecursionError:
-        raise RpcRefused(
-            -32700,
-            "Parse error: the JSON is nested too deeply to parse (a data part may nest at most "
-            "about 48 levels)",
-        ) from None
+        raise RpcRefused(-32700, _TOO_DEEP) from None
     except ValueError:
         # _NotFinite, or an integer longer than Python converts (4300 digits).
         raise _locate(body) from None
@@ -199,12 +201,19 @@ def _mark_int(literal: str) -> Any:
 def _locate(body: bytes) -> RpcRefused:
     """The refusal for a body the strict parse rejected for one of its numbers (error path
     only: parses again with markers and walks to the first one)."""
-    data = json.loads(
-        body,
-        parse_constant=lambda literal: _Bad("constant", literal),
-        parse_float=_mark_float,
-        parse_int=_mark_int,
-    )
+    try:
+        data = json.loads(
+            body,
+            parse_constant=lambda literal: _Bad("constant", literal),
+            parse_float=_mark_float,
+            parse_int=_mark_int,
+        )
+    except json.JSONDecodeError as exc:
+        # Not JSON past the number the strict parse stopped at (``{"a": NaN x}``): the
+        # strict parse's hook ran before its scanner reached the syntax error.
+        return RpcRefused(-32700, f"Parse error: {exc}")
+    except RecursionError:
+        return RpcRefused(-32700, _TOO_DEEP)
     path, bad = next(_marks(data), ("", _Bad("range", "?")))
     where = path or "the body"
     if bad.kind == "constant":

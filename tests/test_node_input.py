@@ -486,3 +486,31 @@ def test_the_answer_does_not_echo_a_large_input(node: str) -> None:
     asked["params"]["configuration"] = {"historyLength": 5}
     task = _answer(_post(node, json.dumps(asked)))["result"]["task"]
     assert [m["role"] for m in task["history"]] == ["ROLE_USER", "ROLE_AGENT"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"a":NaN x}}',
+        "NaN{}",
+        '{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"a":[1e400,}}',
+        '{"a":' + "1" * 5000 + ",,}",
+        '{"a":Infinity,"b":' + "[" * 5000 + "]" * 4999 + "}",
+    ],
+)
+def test_a_number_no_double_holds_before_a_syntax_error_is_a_parse_error(
+    node: str, body: str
+) -> None:
+    """The strict parse stops at the number (its hook runs first); the body is still not
+    JSON further on, or too deep: a parse error, not a 500 with a traceback."""
+    log = _LOGS[node]
+    before = log.output().count("Traceback")
+    r = _post(node, body)
+    assert r.status_code == 200, r.text
+    answer = _answer(r)
+    assert answer["error"]["code"] == -32700, answer
+    assert answer["error"]["message"].startswith("Parse error: "), answer
+    assert answer["id"] is None
+    ok = _answer(_post(node, '{"jsonrpc":"2.0","id":"x",' + _GET + "}"))  # flushes the log
+    assert ok["error"]["code"] == -32001
+    assert log.output().count("Traceback") == before, log.output()[-2000:]
