@@ -223,6 +223,13 @@ def variants(make):
         ("utf16le_space", (" " + t()).encode("utf-16-le")),
         ("utf16_nonascii", t('{"key":"\u00e9\U0001f642"}').encode("utf-16")),
         ("utf32_nonascii", t('{"key":"\u00e9\U0001f642"}').encode("utf-32-be")),
+        # a number the strict parse stops at, then something that is not JSON after it
+        ("nan_then_garbage", t('{"key":"k","v":NaN x}').encode()),
+        ("e400_then_garbage", t('{"key":"k","v":[1e400,]}').encode()),
+        ("digits_then_garbage", t('{"key":"k","v":%s}' % ("7" * 5000)).encode() + b" x"),
+        ("nan_then_deep", t('{"key":"k","v":[NaN,%s]}' % ("[" * 3000 + "]" * 3000)).encode()),
+        ("nan_then_bad_utf8", t('{"key":"k","v":[NaN,"A"]}').encode().replace(b'"A"', b'"\xff"')),
+        ("nan_utf16", t('{"key":"k","v":NaN x}').encode("utf-16")),
     ]
     return out
 
@@ -295,7 +302,41 @@ def test_raw_bodies_of_every_encoding_are_answered_as_the_tree_before(trees: Tre
     body and log lines (helper A's UTF-8 object path in ``parse_json``)."""
     now, before = _both(trees, _BODIES_DRIVER, "bodies")
     assert now["rpc-plain"][0][0] == 200, now["rpc-plain"]
+    for out in (now, before):  # b007e39's 500s: the test below
+        for key in _PAST_A_NUMBER:
+            out.pop(key)
     _same(now, before)
+
+
+#: Bodies whose strict parse stops at a number JSON-RPC refuses (NaN, 1e400, 5000 digits) and
+#: that are not JSON past it, or nest too deeply past it: ``_locate``'s re-parse raised.
+_PAST_A_NUMBER = [
+    f"{binding}-{name}"
+    for binding in ("rpc", "rest")
+    for name in (
+        "nan_then_garbage",
+        "e400_then_garbage",
+        "digits_then_garbage",
+        "nan_then_deep",
+        "nan_utf16",
+    )
+]
+
+
+@pytest.mark.integration
+def test_a_body_not_json_past_a_refused_number_is_a_parse_error_not_a_500(trees: Trees) -> None:
+    """b007e39 (and every tree since ``_locate``) answers HTTP 500 "Internal Server Error" for
+    ``{"v": NaN x}``, ``[1e400,]``, 5000 digits then `` x``, ``[NaN, <3000 levels>]`` (and the
+    first in UTF-16): the strict parse's hook raises at the number, and ``_locate``'s re-parse
+    then raises JSONDecodeError (RecursionError) out of ``parse_json``. Not this session's
+    break: the base's, fixed in d27f38c (helper A): a parse error (-32700, REST 400), as for any
+    other body that is not JSON."""
+    now, before = _both(trees, _BODIES_DRIVER, "bodies")
+    assert {before[key][0][0] for key in _PAST_A_NUMBER} == {500}, before
+    for key in _PAST_A_NUMBER:
+        status, _, body = now[key][0]
+        assert status == (400 if key.startswith("rest") else 200), (key, now[key])
+        assert "Parse error" in body, (key, now[key])
 
 
 @pytest.mark.integration
