@@ -439,45 +439,37 @@ class Delegation:
                 # Sent by the peer itself (``Outgoing.send``'s call, one coroutine fewer on
                 # the hop's path each way).
                 message = self._message
-                if (
-                    after is None
-                    or after >= timeout
-                    or not self.ctx.metadata.get("durable_children")
-                ):
+                # A node's LLM turn (``durable_children``) goes long when the blocking send is
+                # still open after ``after`` seconds, sooner than the deadline: the send's own
+                # timeout is the switch (the request dropped at ``after`` as a timer around it
+                # would drop it, one timer fewer), and the rest is ``_gone_long``'s. Written
+                # here, not in a coroutine of its own: two coroutines fewer on the hop's path
+                # each way.
+                long_at = (
+                    after
+                    if after is not None
+                    and after < timeout
+                    and self.ctx.metadata.get("durable_children")
+                    else None
+                )
+                gone_at: float | None = None
+                try:
                     result = await peer.send(
                         message.payload,
                         skill=message.skill,
                         message_id=message.message_id,
                         context_id=message.context_id,
                         metadata=message.metadata,
-                        timeout=timeout,
+                        timeout=timeout if long_at is None else long_at,
                         sent=self.on_sent,
                     )
-                else:
-                    # The blocking send, unless it is still open after ``after`` seconds
-                    # (sooner than the deadline): then the call goes long (``_gone_long``).
-                    # Here, not in a coroutine of its own: a node's LLM turn calls so (two
-                    # coroutines fewer on the hop's path each way).
-                    gone = False
-                    try:
-                        # The send's own timeout is the switch: the request is dropped at
-                        # ``after`` as a timer around the send would drop it, with one timer
-                        # fewer per call.
-                        result = await peer.send(
-                            message.payload,
-                            skill=message.skill,
-                            message_id=message.message_id,
-                            context_id=message.context_id,
-                            metadata=message.metadata,
-                            timeout=after,
-                            sent=self.on_sent,
-                        )
-                    except RemoteError as exc:
-                        if exc.reason != "deadline":
-                            raise
-                        gone = True
-                    if gone:  # outside the handler: the send below is not raised "during" it
-                        result = await self._gone_long(peer, after)
+                except RemoteError as exc:
+                    if long_at is None or exc.reason != "deadline":
+                        raise
+                    gone_at = long_at
+                # Outside the handler: the send below is not raised "during" the timeout.
+                if gone_at is not None:
+                    result = await self._gone_long(peer, gone_at)
         except RemoteError as exc:
             if exc.reason == "unavailable":
                 raise RemoteError.unavailable(self.peer, skill, exc.detail) from exc
