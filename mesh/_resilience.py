@@ -26,6 +26,7 @@ A board's ``on_change`` belongs to whoever built it; others watch it with ``add_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import random
 import time
@@ -61,6 +62,11 @@ class BreakerState(enum.IntEnum):
     OPEN = 2
 
 
+# The states as module names: an enum member read through its class costs three times a
+# plain attribute (the breaker's closed-state checks on every call).
+_CLOSED = BreakerState.CLOSED
+
+
 @dataclass
 class CircuitBreaker:
     """The breaker of one instance. ``clock`` is injectable (monotonic seconds)."""
@@ -83,6 +89,8 @@ class CircuitBreaker:
 
     def allow(self) -> bool:
         """Whether a call may go to this instance now (claims the probe when half-open)."""
+        if self._state is _CLOSED:  # what ``state`` reads then (the enum's lookups spared)
+            return True
         state = self.state
         if state is BreakerState.CLOSED:
             return True
@@ -94,6 +102,10 @@ class CircuitBreaker:
         return True
 
     def record_success(self) -> None:
+        if self._state is _CLOSED:  # closed already: nothing changes, nobody is told
+            self.failures = 0
+            self._probe_in_flight = False
+            return
         self.failures = 0
         self._probe_in_flight = False
         self._set(BreakerState.CLOSED)
@@ -226,7 +238,7 @@ class RetryPolicy:
         ``clock``). Raises the last error, or ``DeadlineExceeded``."""
 
         # The first attempt runs outside tenacity (its machinery is ~5 % of a delegation's
-        # CPU); a retryable failure is handed to the loop below as its attempt 1, so waits,
+        # CPU); a retryable failure is handed to ``_retry``'s loop as its attempt 1, so waits,
         # stops and ``on_retry`` are tenacity's as before.
         try:
             return await self._bounded(attempt(1), deadline, clock)
@@ -234,6 +246,18 @@ class RetryPolicy:
             if not self.retryable(exc) or self.attempts <= 1:
                 raise
             first: BaseException = exc
+        return await self._retry(first, attempt, deadline, clock, on_retry)
+
+    async def _retry(
+        self,
+        first: BaseException,
+        attempt: Callable[[int], Awaitable[T]],
+        deadline: float | None,
+        clock: Callable[[], float],
+        on_retry: Callable[[int, BaseException], None] | None,
+    ) -> T:
+        """``run`` from its attempt 1's retryable failure ``first`` on: tenacity's loop, that
+        attempt raising ``first`` again, the next ones ``attempt(n)``."""
 
         # Tenacity's hooks, made only once a retry is due (three closures fewer per call).
         def wait(state: RetryCallState) -> float:
@@ -307,24 +331,49 @@ async def call_with_failover(
     """
     tried: list[str] = []
     offset = breakers.next_offset()
+    effective = _failover_policy(policy)
+
+    # The first try in line: what ``effective.run`` does with its attempt 1 (the deadline
+    # checked, then kept around the try; a TimeoutError under it is DeadlineExceeded), with
+    # ``one``'s choice and breaker bookkeeping, but without ``run``'s, ``_bounded``'s and
+    # ``one``'s coroutines and the two closures (~12 k instructions of a delegation's ~26 k
+    # around its attempt). A retryable failure goes on in ``run``'s loop as its attempt 1.
+    try:
+        remaining = None if deadline is None else deadline - clock()
+        if remaining is not None and remaining <= 0:
+            raise DeadlineExceeded("the deadline passed before the attempt started")
+        target, breaker = _pick(targets, 1, offset, tried, breakers)
+        try:
+            with _timeouts.timeout(remaining) if remaining is not None else _NO_DEADLINE:
+                # As ``one`` below (a change there is a change here).
+                try:
+                    if policy.attempt_timeout is None:
+                        result = await attempt(target)
+                    else:
+                        async with asyncio.timeout(policy.attempt_timeout):
+                            result = await attempt(target)
+                except asyncio.CancelledError:
+                    breaker.release()
+                    raise
+                except Exception as exc:
+                    if policy.retryable(exc):
+                        breaker.record_failure()
+                    else:
+                        breaker.record_success()
+                    raise
+                breaker.record_success()
+                return result
+        except TimeoutError as exc:
+            if remaining is None:
+                raise
+            raise DeadlineExceeded("the deadline passed during the attempt") from exc
+    except Exception as exc:
+        if not effective.retryable(exc) or effective.attempts <= 1:
+            raise
+        first: BaseException = exc
 
     async def one(number: int) -> T:
-        current = list(targets() if callable(targets) else targets)
-        if not current:
-            raise CircuitOpen([])
-        # Rotate so that a retry prefers an instance not tried yet (failover), and the first
-        # try of every call does not always pick the same one (crude load spreading).
-        start = (number - 1 + offset) % len(current)
-        ordered = current[start:] + current[:start]
-        if tried:  # none tried yet: every key would be 0, and the sort is stable
-            ordered.sort(key=lambda t: tried.count(t))
-        for target in ordered:
-            breaker = breakers.get(target)
-            if breaker.allow():
-                break
-        else:
-            raise CircuitOpen(current)
-        tried.append(target)
+        target, breaker = _pick(targets, number, offset, tried, breakers)
         try:
             if policy.attempt_timeout is None:
                 result = await attempt(target)
@@ -349,8 +398,39 @@ async def call_with_failover(
         if on_retry is not None:
             on_retry(tried[-1] if tried else "", exc)
 
-    effective = _failover_policy(policy)
-    return await effective.run(one, deadline=deadline, clock=clock, on_retry=retried)
+    return await effective._retry(first, one, deadline, clock, retried)
+
+
+# No deadline around the first try (``deadline=None``): ``_bounded`` awaits it bare.
+_NO_DEADLINE = contextlib.nullcontext()
+
+
+def _pick(
+    targets: Sequence[str] | Callable[[], Sequence[str]],
+    number: int,
+    offset: int,
+    tried: list[str],
+    breakers: BreakerBoard,
+) -> tuple[str, CircuitBreaker]:
+    """The target of try ``number`` (1-based) and its breaker, which let it through; added to
+    ``tried``. ``CircuitOpen`` when there is none or no breaker lets a call through."""
+    current = list(targets() if callable(targets) else targets)
+    if not current:
+        raise CircuitOpen([])
+    # Rotate so that a retry prefers an instance not tried yet (failover), and the first
+    # try of every call does not always pick the same one (crude load spreading).
+    start = (number - 1 + offset) % len(current)
+    ordered = current[start:] + current[:start]
+    if tried:  # none tried yet: every key would be 0, and the sort is stable
+        ordered.sort(key=lambda t: tried.count(t))
+    for target in ordered:
+        breaker = breakers.get(target)
+        if breaker.allow():
+            break
+    else:
+        raise CircuitOpen(current)
+    tried.append(target)
+    return target, breaker
 
 
 # ``_failover_policy``'s answers, by the caller's policy (one per toolset, the same call after
