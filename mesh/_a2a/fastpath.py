@@ -74,13 +74,14 @@ from a2a.utils.proto_utils import validate_proto_required_fields
 from a2a.utils.task import validate_history_length
 
 from mesh._a2a.executor import NEW_CONTEXT
-from mesh._a2a.fastpath_json import SETTLED, Settled
+from mesh._a2a.fastpath_json import SETTLED, WRITES_SETTLED, Settled
 from mesh._a2a.fastpath_required import missing_required
+from mesh._a2a.idempotency import WatchedTaskStore
 from mesh._a2a.ids import uuid4_text
 from mesh._a2a.json_text import json_object
 from mesh._a2a.one_shot import OneShotQueue, append_artifact
 from mesh._a2a.states import SETTLED_STATES, TERMINAL_STATES
-from mesh._a2a.store import SINGLE_WRITE, mark_single_write
+from mesh._a2a.store import SINGLE_WRITE, SqliteTaskStore, mark_single_write
 from mesh._errors import SkillInputError
 
 if TYPE_CHECKING:
@@ -139,8 +140,14 @@ class AppliedEvents(OneShotQueue):
         self._save_soon: asyncio.Handle | None = None
         self._saving: asyncio.Future[None] | None = None
         self.one_shot = self._later
-        #: The task as the last applied event left it (None until the first task event).
-        self.task: Task | None = None
+        # Its settled store takes a settled task's stand-in for it (``settle``): mesh's own
+        # (the handler's watch around the SQLite store), which read only its id and state.
+        self.takes_stand_in = (
+            self._later and type(store) is WatchedTaskStore and type(store.inner) is SqliteTaskStore
+        )
+        self._task: Task | None = None
+        # A settled task not parsed yet (``settle``): ``task`` parses it when read.
+        self._settled: Settled | None = None
         #: The answer of an executor that answered with a message instead of a task.
         self.message: Message | None = None
         #: The rule violation raised here last (it is the consumer's error, not the agent's).
@@ -188,6 +195,23 @@ class AppliedEvents(OneShotQueue):
                 initial_message=self._initial_message,
             )
         return self._manager
+
+    @property
+    def task(self) -> Task | None:
+        """The task as the last applied event left it (None until the first task event)."""
+        task = self._task
+        if task is None and self._settled is not None:
+            task = self._task = self._settled.task
+        return task
+
+    @task.setter
+    def task(self, task: Task | None) -> None:
+        self._task = task
+
+    @property
+    def settled(self) -> Settled | None:
+        """The settled task's values while the task is not parsed (``settle``), else None."""
+        return self._settled if self._task is None else None
 
     @property
     def context_id(self) -> str:
@@ -259,16 +283,23 @@ class AppliedEvents(OneShotQueue):
     async def settle(self, task: Task, settled: Settled | None = None) -> None:
         """The task of a run that published no event before (``OneShotUpdater``), in its
         final form: saved once, as its last event's save would have saved it. ``settled`` is
-        kept in the call's state for the answer's writer (``FastRoute``)."""
+        kept in the call's state for the answer's writer (``FastRoute``). ``task`` may be
+        ``settled``'s stand-in (``takes_stand_in``): the store's save reads its id and state,
+        and the task itself is parsed from its row when read (``task``)."""
         store, context = self._store, self._context
         if store is None or context is None or self.task is not None or self.message is not None:
             raise RuntimeError("AppliedEvents settles only a new task, with a store and a context")
-        self.task = task
         if settled is not None:
             context.state[SETTLED] = settled
+        if settled is not None and task is settled.stand_in and settled.parsed is None:
+            if not self.takes_stand_in:
+                raise RuntimeError("AppliedEvents' store does not take a stand-in")
+            self._settled = settled
+        else:
+            self.task = task
         await store.save(task, context)
         for tap in self.taps:
-            tap.put_nowait(task)
+            tap.put_nowait(self.task)
 
     def close(self) -> None:
         """The run ended: every subscription ends after what it was given."""
@@ -508,6 +539,12 @@ class FastPath:
         await self._run(request, events)
         if events.message is not None:
             return events.message
+        settled = events.settled
+        if settled is not None and context.state.get(WRITES_SETTLED) is True:
+            # The caller writes the answer from ``settled`` (``FastRoute``): its stand-in
+            # names it (``Settled.is_of``), and the task is not parsed.
+            assert settled.stand_in is not None
+            return settled.stand_in
         if events.task is None:
             raise InvalidAgentResponseError(f"Agent made no task or message for task {task_id}")
         return events.task

@@ -59,6 +59,7 @@ __all__ = [
     "RAW_MESSAGE",
     "SETTLED",
     "UNREAD",
+    "WRITES_SETTLED",
     "Settled",
     "data_part",
     "dumps",
@@ -506,10 +507,11 @@ def response_text(
     this index are left out, as of the task made without them (``_trimmed``). ``settled``:
     what a held run's final task was built from, written from that when ``answer`` is that
     task (``Settled``)."""
-    if settled is not None and settled.task is answer:
+    if settled is not None and settled.is_of(answer):
         text = _settled_text(settled, history_from, '{"task":', "}")
         if text is not None:
             return text
+        answer = settled.task  # walked (a stand-in is not the task)
     key = '{"task":' if isinstance(answer, Task) else '{"message":'
     try:
         if history_from:
@@ -534,7 +536,7 @@ def rpc_result(
     ``response_json``'s error for an answer it cannot write; ``history_from`` and ``settled``
     as for ``response_text``."""
     rid = _quote(request_id) if isinstance(request_id, str) else _int_text(request_id)
-    if settled is not None and settled.task is answer:
+    if settled is not None and settled.is_of(answer):
         # The envelope written with the task's text: one string made, not three.
         text = _settled_text(
             settled, history_from, '{"result":{"task":', '},"id":' + rid + ',"jsonrpc":"2.0"}'
@@ -812,6 +814,9 @@ _SPECIAL_TEXT: dict[str, _Convert] = {
 
 #: Key of ``ServerCallContext.state``: the ``Settled`` of the call's task, when it has one.
 SETTLED = "mesh.settled"
+#: Key of ``ServerCallContext.state``: True when the caller writes the answer from the call's
+#: ``Settled`` (``FastRoute``): ``FastPath.send`` answers with its stand-in when it has one.
+WRITES_SETTLED = "mesh.writes_settled"
 
 
 @dataclass(frozen=True)
@@ -819,9 +824,15 @@ class Settled:
     """A held run's final task and the values it was built from (``one_shot``), in the one
     shape ``_settled_text`` writes: a terminal status without a message, at ``at_ns``; one
     artifact, a typed answer (``artifacts.AnswerParts`` of a flat dict); the metadata of one
-    status update, of a known ``shape``."""
+    status update, of a known ``shape``.
 
-    task: Task
+    The task is ``parsed``, or (None) parsed from ``row`` when first read (``task``): the
+    fast route's answer and the stored row are written from the values and the bytes, so a
+    task nobody reads is never made (a parse: ~24,000 instructions a request). Until then
+    ``stand_in`` stands for it where only its id and state are read (the store's save, the
+    answer handed back to the route: ``is_of``)."""
+
+    parsed: Task | None
     task_id: str
     context_id: str
     state: int
@@ -837,6 +848,23 @@ class Settled:
     #: Its history as held (``one_shot``'s list of it): an ``AgentText`` is written from its
     #: values, any other entry read from ``task``. Empty: every entry read from ``task``.
     history: Sequence[Any] = ()
+    #: The task's id, context id and status alone (``row``'s first fields), while ``parsed``
+    #: is None: what is handed on instead of the task where only those are read.
+    stand_in: Task | None = None
+
+    @property
+    def task(self) -> Task:
+        """The task: ``parsed``, or ``row`` parsed now (once)."""
+        task = self.parsed
+        if task is None:
+            assert self.row is not None
+            task = Task.FromString(self.row)
+            object.__setattr__(self, "parsed", task)
+        return task
+
+    def is_of(self, answer: object) -> bool:
+        """Whether ``answer`` is this task (or its stand-in), without parsing it."""
+        return answer is self.stand_in or (answer is self.parsed and answer is not None)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,8 @@ from mesh._a2a.fastpath import FastPath
 from mesh._a2a.fastpath_json import (
     RAW_MESSAGE,
     SETTLED,
+    WRITES_SETTLED,
+    Settled,
     dumps,
     response_text,
     rpc_result,
@@ -116,11 +118,12 @@ class FastRoute:
             return None
         context.state["method"] = "SendMessage"
         context.state["request_id"] = request_id
+        context.state[WRITES_SETTLED] = True
         after = context.state[AFTER_ANSWER] = AfterAnswer()
         try:
             try:
-                result, start = self._answer(await self._call(params, context), params)
-                settled = context.state.get(SETTLED)
+                result = await self._call(params, context)
+                settled, result, start = self._answer(result, params, context.state.get(SETTLED))
                 answer = rpc_result(result, request_id, history_from=start, settled=settled)
             except A2AError as exc:
                 error = dumps(build_error_response(request_id, exc))
@@ -149,11 +152,12 @@ class FastRoute:
             context.state[RAW_MESSAGE] = (params.message, body["message"])
         if not self.fastpath.takes(params, context):
             return False
+        context.state[WRITES_SETTLED] = True
         after = context.state[AFTER_ANSWER] = AfterAnswer()
         try:
             try:
-                result, start = self._answer(await self._call(params, context), params)
-                settled = context.state.get(SETTLED)
+                result = await self._call(params, context)
+                settled, result, start = self._answer(result, params, context.state.get(SETTLED))
                 answer = response_text(result, history_from=start, settled=settled).encode()
             except Exception as exc:
                 if not isinstance(exc, A2AError):
@@ -216,12 +220,19 @@ class FastRoute:
         return self._checked(params, context)  # its own verdict, its own error
 
     @staticmethod
-    def _answer(result: Task | Message, params: SendMessageRequest) -> tuple[Task | Message, int]:
-        """``on_message_send``'s answer as ``result`` and the first history message its text
-        writes (``send_answer_cut``): the task is written without a copy of it."""
-        if isinstance(result, Task):
-            return send_answer_cut(result, params)
-        return result, 0
+    def _answer(
+        result: Task | Message, params: SendMessageRequest, settled: Settled | None
+    ) -> tuple[Settled | None, Task | Message, int]:
+        """The call's ``settled`` (kept for the writer), ``on_message_send``'s answer as
+        ``result`` and the first history message its text writes (``send_answer_cut``): the
+        task is written without a copy of it. A settled task's stand-in (``Settled.is_of``)
+        is cut by its held history: the task is not parsed."""
+        if not isinstance(result, Task):
+            return settled, result, 0
+        if settled is not None and result is settled.stand_in:
+            return settled, result, _settled_cut(settled, params)
+        task, start = send_answer_cut(result, params)
+        return settled, task, start
 
     def _prepare(self, body: Any) -> tuple[str | int, SendMessageRequest, bool] | None:
         """The request id and params of a ``SendMessage`` request, and whether ``send_request``
@@ -264,6 +275,22 @@ class FastRoute:
         except Exception:
             return None, False  # the SDK's route answers with its own error
         return params, False
+
+
+def _settled_cut(settled: Settled, params: SendMessageRequest) -> int:
+    """``send_answer_cut``'s index for the task ``settled`` holds (a status, always), read
+    from its history as held (``Settled.history``: each entry's message id is the task's)."""
+    history = settled.history
+    config = params.configuration
+    if config.HasField("history_length"):
+        # apply_history_length's rule: the last history_length messages, none for 0
+        length, kept = config.history_length, len(history)
+        return kept - length if length == 0 or 0 < length < kept else 0
+    sent = params.message.message_id
+    for i in range(len(history) - 1, -1, -1):
+        if history[i].message_id == sent:
+            return i + 1
+    return 0
 
 
 # The fields ``ServerCallContext(...)`` is given in ``_context`` (its ``model_fields_set``).

@@ -65,10 +65,13 @@ class OneShotQueue(EventQueue):
     #: Whether the run writing to it may be held (``OneShotUpdater``): nothing else writes to
     #: the database for the task before it settles.
     one_shot: bool = False
+    #: Whether ``settle`` takes a settled task's stand-in (``Settled.stand_in``) for the task.
+    takes_stand_in: bool = False
 
     async def settle(self, task: Task, settled: Settled | None = None) -> None:
         """The task of a run whose events were all held, in its final (terminal) form;
-        ``settled``: the values it was built from, when it has the shape that writes them."""
+        ``settled``: the values it was built from, when it has the shape that writes them
+        (``task`` its ``stand_in`` when it has one: see ``takes_stand_in``)."""
         raise NotImplementedError
 
 
@@ -316,9 +319,12 @@ class OneShotUpdater(MeshTaskUpdater):
         message to the history and merges its metadata; an artifact is added, or replaces one
         of its id), made at once from the lists the updates leave; and what it was made of,
         when it has the shape ``Settled`` describes. A task of that shape is written in
-        protobuf's wire format (``_task_wire``) and parsed: its row as the store writes it,
-        and the task it reads back, without the constructors' copies of its parts (each a
-        serialize and a parse)."""
+        protobuf's wire format (``_task_wire``): its row as the store writes it, and the task
+        it reads back, without the constructors' copies of its parts (each a serialize and a
+        parse). The task is parsed from it now only when its bytes may nest past upb's depth
+        (that parse decides) or the queue cannot take a stand-in (``takes_stand_in``); else
+        the task handed on is its stand-in, and the task is parsed when read
+        (``Settled.task``)."""
         first = self._first
         history: list[Message | _AgentText] = [first] if first is not None else []
         artifacts: list[_Artifact] = []
@@ -354,9 +360,9 @@ class OneShotUpdater(MeshTaskUpdater):
         ):
             return self._built(history, artifacts, metadata, last, shape), None
         made = artifacts[0]
-        row = None
+        wired = None
         if made.wire is not None and 0 <= at < _MAX_AT_NS:
-            row = _task_wire(
+            wired = _task_wire(
                 self.task_id,
                 self.context_id,
                 last.state,
@@ -365,18 +371,24 @@ class OneShotUpdater(MeshTaskUpdater):
                 history,
                 _metadata_wire(metadata[0], shape),
             )
-        task = None
-        if row is not None:
-            try:
-                task = Task.FromString(row)
-            except DecodeError:
-                # Nested past upb's depth from the task down (a request's data): built by the
-                # constructors, whose copies answer for it (their error, or the task).
-                row = None
-        if task is None:
+        task = stand_in = row = None
+        if wired is not None:
+            row, head, shallow = wired
+            if shallow and self.events.takes_stand_in:
+                # Its bytes parse (no chain of messages in them nears upb's depth): the task
+                # is parsed only if read (``Settled.task``); its id and state stand for it.
+                stand_in = Task.FromString(row[:head])
+            else:
+                try:
+                    task = Task.FromString(row)
+                except DecodeError:
+                    # Nested past upb's depth from the task down (a request's data): built by
+                    # the constructors, whose copies answer for it (their error, or the task).
+                    row = None
+        if task is None and stand_in is None:
             task = self._built(history, artifacts, metadata, last, shape)
-        return task, Settled(
-            task=task,
+        settled = Settled(
+            parsed=task,
             task_id=self.task_id,
             context_id=self.context_id,
             state=last.state,
@@ -390,7 +402,9 @@ class OneShotUpdater(MeshTaskUpdater):
             row=row,
             # The answer writes a held agent message from its values, not from the task.
             history=history,
+            stand_in=stand_in,
         )
+        return settled.task if stand_in is None else stand_in, settled
 
     def _built(
         self,
@@ -433,6 +447,16 @@ _MORE = [bytes((n | 0x80,)) for n in range(128)]
 _ROLE_AGENT = b"\x20" + _BYTE[int(_AGENT)]
 #: Past it a status time's seconds would not fit the ``Timestamp``'s int64: built instead.
 _MAX_AT_NS = 1 << 63
+#: The bytes a length-delimited field's key can begin with (wire type 2: a message, a string,
+#: bytes): each message nested in another begins with one (and takes two bytes at least), so
+#: a message holding fewer of them (or of bytes) nests fewer messages in it. The task's other
+#: parts nest a few levels, fixed (an agent text message, a flat answer's artifact, a
+#: metadata shape, the status).
+_NESTING = bytes(b for b in range(256) if b & 7 == 2)
+#: Most such bytes in a history message whose task's bytes surely parse: with the task and
+#: the message themselves, 92 levels, under upb's limit of 100 (a request's nesting past it
+#: is that parse's to refuse: tests/test_s38s_lazy_task.py).
+_SHALLOW = 90
 
 
 def _varint(n: int) -> bytes:
@@ -587,12 +611,14 @@ def _task_wire(
     artifact: bytes,
     history: list[Message | _AgentText],
     metadata: bytes,
-) -> bytes | None:
+) -> tuple[bytes, int, bool] | None:
     """The bytes of the task ``OneShotUpdater._built`` makes of a settled typed run: its ids, a
     status of ``state`` (> 0) at ``at_ns`` without a message, one artifact (its bytes), its
-    history and its metadata (the ``Struct``'s bytes); None for text that is not UTF-8 or a
-    history entry that is no ``Message``. The pieces go to one list joined once (each ``+``
-    of bytes copies both), each varint of a length under 128 read from a table (no call)."""
+    history and its metadata (the ``Struct``'s bytes), with the length of its first fields
+    (ids and status: a ``stand_in``'s bytes) and whether a parse of them cannot go past upb's
+    depth (``_SHALLOW``); None for text that is not UTF-8 or a history entry that is no
+    ``Message``. The pieces go to one list joined once (each ``+`` of bytes copies both),
+    each varint of a length under 128 read from a table (no call)."""
     global _second
     seconds, nanos = divmod(at_ns, 1_000_000_000)
     if seconds != _second[0]:
@@ -613,16 +639,26 @@ def _task_wire(
             n = len(data)
             add(b"\x12" + (_BYTE[n] if n < 0x80 else _varint(n)))
             add(data)
+        head = sum(map(len, out)) + 2 + len(status)
         n = len(artifact)
         add(
             b"\x1a" + _BYTE[len(status)] + status + b"\x22" + (_BYTE[n] if n < 0x80 else _varint(n))
         )
         add(artifact)
+        shallow = True
         for message in history:
             if isinstance(message, _AgentText):
                 data = message.wire()
             elif type(message) is Message:
                 data = message.SerializeToString()
+                # Each message nested in it takes two bytes at least (a key, a length), and
+                # begins with a key's byte: fewer of either than _SHALLOW, it is shallow.
+                if (
+                    shallow
+                    and len(data) > 2 * _SHALLOW
+                    and len(data) - len(data.translate(None, _NESTING)) > _SHALLOW
+                ):
+                    shallow = False
             else:
                 return None  # the constructors' to take or refuse
             n = len(data)
@@ -633,7 +669,7 @@ def _task_wire(
     n = len(metadata)
     add(b"\x32" + (_BYTE[n] if n < 0x80 else _varint(n)))
     add(metadata)
-    return b"".join(out)
+    return b"".join(out), head, shallow
 
 
 def merge_metadata(struct: Struct, values: dict[str, Any]) -> None:

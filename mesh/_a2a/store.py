@@ -597,7 +597,7 @@ class SqliteTaskStore(TaskStore):
         # A held run's final task (``AppliedEvents.settle``): its row's columns are the values
         # it was built from, not read back from it (a wrapper object per field read).
         made: Settled | None = context.state.get(SETTLED)
-        if made is not None and made.task is not task:
+        if made is not None and not made.is_of(task):
             made = None
         key = (owner, task.id if made is None else made.task_id)
         state = task.status.state if made is None else made.state
@@ -605,6 +605,8 @@ class SqliteTaskStore(TaskStore):
         # A held run's final task parsed from its bytes (``Settled.row``) is stored as them.
         written = made.row if made is not None else None
         if self._redact and task.id in self._redact:
+            if made is not None and task is made.stand_in:
+                task = made.task  # its history is rewritten: the task itself
             hidden = self._redact[task.id]
             if _redact_history(task, hidden):
                 written = None  # its history changed
