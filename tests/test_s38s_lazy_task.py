@@ -19,9 +19,11 @@ from typing import Any
 
 import pytest
 from a2a.server.context import ServerCallContext
-from a2a.types import Message, Part, Role, SendMessageRequest, Task, TaskState
+from a2a.types import Message, Part, Role, SendMessageRequest, Task, TaskState, TaskStatus
+from google.protobuf.internal.encoder import _VarintBytes
 from google.protobuf.json_format import ParseDict
 from google.protobuf.message import DecodeError
+from google.protobuf.timestamp_pb2 import Timestamp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +37,7 @@ from mesh._a2a.one_shot import (
     _metadata_wire,
     _shape,
     _task_wire,
+    _varint,
 )
 from mesh._a2a.server import A2AService
 from mesh._a2a.store import SINGLE_WRITE
@@ -61,7 +64,9 @@ def _nest(kind: str, depth: int) -> Any:
     return data
 
 
-def _wired(value: Any, *, text: str = "score me") -> tuple[bytes, int, bool] | None:
+def _wired(
+    value: Any, *, text: str = "score me", at: int = 1_764_700_000_123_456_000
+) -> tuple[bytes, int, bool] | None:
     """The settled task's bytes of a request whose data part holds ``value``."""
     first = Message(message_id="m-0", context_id=CONTEXT, role=Role.ROLE_USER)
     first.parts.add().text = text
@@ -82,7 +87,7 @@ def _wired(value: Any, *, text: str = "score me") -> tuple[bytes, int, bool] | N
         TASK,
         CONTEXT,
         int(TaskState.TASK_STATE_COMPLETED),
-        1_764_700_000_123_456_000,
+        at,
         artifact,
         [first, working],
         _metadata_wire(META, shape),
@@ -251,3 +256,28 @@ async def test_answers_are_the_stored_tasks_text_for_every_history_rule(
                         else rpc_result(cut, i, history_from=start)
                     )
                     assert raw == expected, (config, key, extra, message_id)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.one_of(
+        st.integers(0, 2**64 - 1),
+        st.integers(0, 10**9),
+        st.integers(0, 40).map(lambda k: 2 ** (7 * (k % 10)) + k - 20).filter(lambda n: n >= 0),
+    )
+)
+def test_a_varint_is_protobufs(n: int) -> None:
+    """``_varint`` (its five-byte branch: a status time's nanoseconds) writes protobuf's
+    bytes; a status of any time is the constructors' serialize."""
+    assert _varint(n) == _VarintBytes(n)
+    if n < 10**9:
+        at = 1_764_700_000 * 10**9 + n // 1000 * 1000
+        wired = _wired({"k": "v"}, at=at)
+        assert wired is not None
+        task = Task.FromString(wired[0])
+        stamp = Timestamp(seconds=at // 10**9, nanos=at % 10**9)
+        assert task.status.timestamp == stamp
+        assert (
+            task.status.SerializeToString()
+            == TaskStatus(state=TaskState.TASK_STATE_COMPLETED, timestamp=stamp).SerializeToString()
+        )

@@ -460,8 +460,9 @@ _SHALLOW = 90
 
 
 def _varint(n: int) -> bytes:
-    """``n`` (>= 0) as a protobuf varint: up to four bytes (a length, a ``Timestamp``'s
-    nanoseconds) from two tables of its 7-bit groups, no loop."""
+    """``n`` (>= 0) as a protobuf varint: up to five bytes (a length, a ``Timestamp``'s
+    nanoseconds: five past 2**28, most of them) from two tables of its 7-bit groups, no
+    loop."""
     if n < 0x80:
         return _BYTE[n]
     if n < 0x4000:
@@ -470,6 +471,14 @@ def _varint(n: int) -> bytes:
         if n < 0x200000:
             return _MORE[n & 0x7F] + _MORE[n >> 7 & 0x7F] + _BYTE[n >> 14]
         return _MORE[n & 0x7F] + _MORE[n >> 7 & 0x7F] + _MORE[n >> 14 & 0x7F] + _BYTE[n >> 21]
+    if n < 0x800000000:
+        return b"%b%b%b%b%b" % (
+            _MORE[n & 0x7F],
+            _MORE[n >> 7 & 0x7F],
+            _MORE[n >> 14 & 0x7F],
+            _MORE[n >> 21 & 0x7F],
+            _BYTE[n >> 28],
+        )
     out = bytearray()
     while n >= 0x80:
         out.append(n & 0x7F | 0x80)
@@ -625,7 +634,8 @@ def _task_wire(
         _second = (seconds, b"\x08" + _varint(seconds) if seconds else b"")
     stamp = _second[1] + b"\x10" + _varint(nanos) if nanos else _second[1]
     # status: its state (never 0 here: a settled state), its timestamp (present when zero)
-    status = b"\x08" + _varint(state) + b"\x1a" + _BYTE[len(stamp)] + stamp
+    status = b"\x08" + (_BYTE[state] if state < 0x80 else _varint(state)) + b"\x1a"
+    status += _BYTE[len(stamp)] + stamp
     out: list[bytes] = []
     add = out.append
     try:
