@@ -669,7 +669,12 @@ class DirectPool:
         when = None if timeout is None else asyncio.get_running_loop().time() + timeout
         waiting = True
         try:
-            if slots.locked():
+            if slots._value > 0 and not slots._waiters:
+                # A free slot and no one queued for one: what ``acquire()`` does at once then
+                # (its ``locked()`` is false), without its coroutine and ``locked()``'s
+                # generator over the waiters, twice (~3 k instructions a call).
+                slots._value -= 1
+            elif slots.locked():
                 with _timeouts.timeout_at(when):
                     await slots.acquire()
             else:

@@ -81,9 +81,19 @@ class timeout:
         delay = self._delay
         if delay is None:
             self.when = math.inf
-        else:
-            now = loop.time()
-            self._set(loop, now, delay if self._ABSOLUTE else now + delay)
+            return self
+        now = loop.time()
+        when = self.when = delay if self._ABSOLUTE else now + delay
+        if not when > now:
+            self._soon = loop.call_soon(self._expire)  # as ``_set``
+            return self
+        # ``_set``'s and ``_Wheel.add``'s other way written out (every delegation enters two
+        # deadlines: two Python calls fewer each).
+        wheel = self._wheel = _wheel(loop)
+        entry = self._entry = (when, next(wheel._order), self)
+        heapq.heappush(wheel.heap, entry)
+        if when < wheel.timer_at:
+            wheel._arm(when)
         return self
 
     def _set(self, loop: asyncio.AbstractEventLoop, now: float, when: float) -> None:
