@@ -37,6 +37,7 @@ from typing import Any
 
 import pytest
 
+from tests.attack_prelude import ASK_IDS, SPAN_IDS, prelude
 from tests.support import ROOT, archived_tree, clean_env
 
 BEFORE = "19420e3"
@@ -505,7 +506,9 @@ def test_a_head_past_h11s_limit_is_refused(trees: Trees, tls: str) -> None:
 # that awaits (its run released: the held WORKING message published as an event) and one
 # that fails.
 
-_TYPED_DRIVER = r'''
+_TYPED_DRIVER = (
+    prelude()
+    + r'''
 import asyncio, json, re, sqlite3, sys, tempfile
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -520,17 +523,10 @@ from mesh._settings import NodeSettings
 from tests.support import free_port, uvicorn_serving
 
 H = {"A2A-Version": "1.0", "Content-Type": "application/json"}
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
 
 
 def canon(status, text):
-    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
-    try:
-        return [status, json.loads(text)]
-    except ValueError:
-        return [status, text]
+    return [status, parsed(scrub(text))]
 
 
 class Out(BaseModel):
@@ -796,6 +792,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration
@@ -819,7 +816,9 @@ def test_typed_requests_of_odd_values_are_answered_and_stored_as_the_tree_before
 # call's answer or error (type, message, reason), the counters and gauges of the caller's
 # metrics, and the caller's log lines (sorted; durations, ids and ports replaced).
 
-_REMOTE_DRIVER = r'''
+_REMOTE_DRIVER = (
+    prelude(SPAN_IDS, traces=False)
+    + r'''
 import asyncio, json, logging, re, socket, struct, sys, tempfile, time
 from pathlib import Path
 
@@ -841,8 +840,6 @@ from mesh._discovery.base import Instance
 from mesh._discovery.client import DiscoveryClient
 from tests.support import free_port, uvicorn_serving
 
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|[0-9a-f]{16}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 PORTS = re.compile(r"127\.0\.0\.1:\d+")
 FLOATS = re.compile(r"\d+\.\d+ ?(ms|s)\b|duration_ms=[\d.]+|/tmp/[\w/.-]+")
 # A request's own deadline (now + 30 s), its length (the deadline's digits) and JSON-RPC id.
@@ -851,7 +848,7 @@ REQUEST_VARIES = re.compile(r'"deadline":[\d.e+-]+|Content-Length: \d+|"id":\d+'
 
 def canon(text):
     text = REQUEST_VARIES.sub("<varies>", text)
-    return FLOATS.sub("<dur>", PORTS.sub("<host>", IDS.sub("<id>", TIMES.sub("<time>", text))))
+    return FLOATS.sub("<dur>", PORTS.sub("<host>", scrub(text)))
 
 
 class ScoreIn(BaseModel):
@@ -974,16 +971,6 @@ async def fake_peer(box, mode, counts):
             pass
 
     return await asyncio.start_server(handle, "127.0.0.1", 0)
-
-
-class Logs(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines = []
-
-    def emit(self, record):
-        if record.name.startswith("mesh"):
-            self.lines.append([record.levelname, record.name, canon(record.getMessage())])
 
 
 LOGS = None
@@ -1134,6 +1121,7 @@ async def hostile(card, url, mode):
 
 asyncio.run(main())
 '''
+)
 
 _REMOTE_HELD = [
     "garbage",
@@ -1418,7 +1406,9 @@ def test_send_message_bodies_are_the_trees_before(trees: Trees) -> None:
 # answer, GetTask, the message again; a new node on the same database: GetTask and the message
 # again.
 
-_HELD_DRIVER = r'''
+_HELD_DRIVER = (
+    prelude()
+    + r'''
 import asyncio, json, re, sqlite3, sys, tempfile
 from pathlib import Path
 
@@ -1432,18 +1422,7 @@ from mesh._settings import NodeSettings
 from tests.support import free_port, uvicorn_serving
 
 H = {"A2A-Version": "1.0"}
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
 GATES = {}
-
-
-def canon(text):
-    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 class Gate(BaseModel):
@@ -1568,6 +1547,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration
@@ -1586,7 +1566,9 @@ def test_released_typed_runs_are_seen_as_the_tree_before(trees: Trees) -> None:
 # object, skill not a string, unknown, 300 characters, null, empty, a past deadline), on
 # JSON-RPC and (every third) REST: each answer, never a 500.
 
-_SHAPES_DRIVER = r'''
+_SHAPES_DRIVER = (
+    prelude()
+    + r'''
 import asyncio, json, re, sys, tempfile
 from pathlib import Path
 
@@ -1600,17 +1582,10 @@ from mesh._settings import NodeSettings
 from tests.support import free_port, uvicorn_serving
 
 H = {"A2A-Version": "1.0", "Content-Type": "application/json"}
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
 
 
 def canon(status, text):
-    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
-    try:
-        return [status, json.loads(text)]
-    except ValueError:
-        return [status, text]
+    return [status, parsed(scrub(text))]
 
 
 class In(BaseModel):
@@ -1676,6 +1651,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration
@@ -1840,7 +1816,9 @@ def test_a_refused_first_address_is_passed_over_as_before(trees: Trees) -> None:
 # Blocking and streamed, under four history lengths: the answer (or the stream's events),
 # GetTask, the question answered (``asker``), the message again.
 
-_PROGRESS_DRIVER = r'''
+_PROGRESS_DRIVER = (
+    prelude(ASK_IDS)
+    + r'''
 import asyncio, json, re, sys, tempfile
 from pathlib import Path
 
@@ -1854,17 +1832,6 @@ from mesh._settings import NodeSettings
 from tests.support import free_port, uvicorn_serving
 
 H = {"A2A-Version": "1.0"}
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|q-[0-9a-f]{8}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
-
-
-def canon(text):
-    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 class In(BaseModel):
@@ -1958,6 +1925,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration
@@ -2250,7 +2218,9 @@ def test_heads_of_every_size_and_arrival_read_as_the_tree_before(trees: Trees, l
 # with the specialist gone; the answers, the coordinator's session events, the specialist's
 # task rows.
 
-_COORDINATOR_DRIVER = r"""
+_COORDINATOR_DRIVER = (
+    prelude(SPAN_IDS, traces=False)
+    + r"""
 import asyncio, json, os, re, sqlite3, sys, tempfile
 from pathlib import Path
 
@@ -2268,18 +2238,12 @@ from tests.bench.agents.coordinator import remote_agent  # noqa: E402
 from tests.bench.agents.specialist import agent as specialist  # noqa: E402
 
 H = {"A2A-Version": "1.0"}
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|[0-9a-f]{16}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 NUMS = re.compile(r'"(durationMs|startedAt|endedAt|at|created_at|updated_at|timestamp|started_at|ended_at|deadline|duration_ms)":\s?[0-9.e+-]+')
 PORTS = re.compile(r"127\.0\.0\.1:\d+")
 
 
 def canon(text):
-    text = PORTS.sub("<host>", NUMS.sub(r'"\1":0', IDS.sub("<id>", TIMES.sub("<time>", text))))
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+    return parsed(PORTS.sub("<host>", NUMS.sub(r'"\1":0', scrub(text))))
 
 
 async def main():
@@ -2318,6 +2282,7 @@ async def main():
 
 asyncio.run(main())
 """
+)
 
 
 @pytest.mark.integration
@@ -2435,7 +2400,9 @@ def test_many_posts_in_flight_end_as_the_tree_before(trees: Trees, loop: str) ->
 # the answers, ListTasks and the rows' status times (``_made_row`` takes at_ns as it is in
 # range; ``_row`` read it from the task before).
 
-_CLOCK_DRIVER = r'''
+_CLOCK_DRIVER = (
+    prelude(times=False)
+    + r'''
 import asyncio, json, re, sqlite3, sys, tempfile, time
 from pathlib import Path
 
@@ -2449,8 +2416,6 @@ from mesh._settings import NodeSettings
 from tests.support import free_port, uvicorn_serving
 
 H = {"A2A-Version": "1.0"}
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
-TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
 
 # The process's wall clock moved (a host whose clock is wrong): to the year 2200, or before
 # the epoch. (Past 2262-04-11 a status time in ns overflows SQLite's integer: an internal
@@ -2484,11 +2449,7 @@ TIMES = re.compile(r'"(\d{4,5})-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z"')
 
 def canon(status, text):
     # A time kept to its year: the runs' clocks differ by the milliseconds they took.
-    text = TIMES.sub(r'"year \1"', IDS.sub("<id>", TRACES.sub("<trace>", text)))
-    try:
-        return [status, json.loads(text)]
-    except ValueError:
-        return [status, text]
+    return [status, parsed(TIMES.sub(r'"year \1"', scrub(text)))]
 
 
 async def main():
@@ -2514,6 +2475,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration

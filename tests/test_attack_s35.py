@@ -37,6 +37,7 @@ import pytest
 
 from tests import test_attack_s33 as s33
 from tests import test_attack_s34 as s34
+from tests.attack_prelude import ASK_IDS, SPAN_IDS, prelude
 from tests.postgres_support import pg_database, postgres_server  # noqa: F401 (fixtures)
 from tests.support import ROOT, archived_tree, clean_env
 
@@ -295,7 +296,9 @@ def test_typed_answers_and_settled_texts_are_the_tree_before(trees: Trees) -> No
 # tasks), new tasks, a restart, the listings again, a duplicate after the restart, retention
 # down to 10 ended tasks (which remain), the schema and the file's integrity.
 
-_STORE_DRIVER = r'''
+_STORE_DRIVER = (
+    prelude()
+    + r'''
 import asyncio, json, re, sqlite3, sys
 from pathlib import Path
 from typing import Any
@@ -314,10 +317,7 @@ from tests.support import free_port, uvicorn_serving
 
 H = {"A2A-Version": "1.0", "Content-Type": "application/json"}
 TRACE = "cd" * 16
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-TRACES = re.compile(r"00-([0-9a-f]{32})-[0-9a-f]{16}-0[01]")
 NUMS = re.compile(r'"(durationMs|duration_ms|startedAt|endedAt|created_at|updated_at|started_at|ended_at|at)": [0-9.e+-]+')
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
 VALS = ['0', '-0.0', '1.0', '9223372036854775808', '-1180591620717411303424', '1e308', '5e-324',
         '{"": {}}', '[]', '[[], [{}]]', '{"b": 1, "a": [1, 2.5]}', '"\\u00e9\\u2028\\ud83d\\ude42"',
         'null', 'true', '{"k": 1, "k": 2}', '123456789012345678901234567890']
@@ -365,21 +365,6 @@ class Names:
             text = text.replace(tid, name)
         text = TRACES.sub(lambda m: f"00-{m[1]}-<span>" if m[1] == TRACE else "<trace>", text)
         return sorted_texts(json.loads(IDS.sub("<id>", text)))
-
-
-def sorted_texts(value):
-    """A text part holding a JSON object, its keys sorted: its order is not the same from one
-    run to the next in either tree (4d880a6 too: sometimes sorted, sometimes as given)."""
-    if isinstance(value, dict):
-        return {k: sorted_texts(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [sorted_texts(v) for v in value]
-    if isinstance(value, str) and value.startswith("{"):
-        try:
-            return json.dumps(json.loads(value), sort_keys=True)
-        except ValueError:
-            pass
-    return value
 
 
 PG = sys.argv[3] if len(sys.argv) > 3 else None  # a PostgreSQL database's URL: the store there
@@ -536,6 +521,7 @@ async def main(phase, data):
 
 asyncio.run(main(sys.argv[1], sys.argv[2]))
 '''
+)
 
 
 def _schema_moved_forward(now: dict[str, Any], before: dict[str, Any]) -> None:
@@ -611,7 +597,9 @@ def _unordered(out: dict[str, Any]) -> dict[str, Any]:
 # waits, one whose caller went away, a duplicate while the first runs, 30 at once, a 8 MB
 # answer, and the metrics raising.
 
-_AFTER_DRIVER = r'''
+_AFTER_DRIVER = (
+    prelude(ASK_IDS)
+    + r'''
 import asyncio, json, logging, re, sys, tempfile, time
 from pathlib import Path
 
@@ -626,18 +614,11 @@ from mesh._settings import NodeSettings
 from tests.support import free_port, uvicorn_serving
 
 H = {"A2A-Version": "1.0"}
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|q-[0-9a-f]{8}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
 VARY = re.compile(r"duration_ms=[\d.]+|0x[0-9a-f]+|\d+\.\d+ ?s\b|127\.0\.0\.1:\d+|/tmp/\w+|, \d\.\d+(e-\d+)?,")
 
 
 def canon(text):
-    text = VARY.sub("<v>", IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text))))
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+    return parsed(VARY.sub("<v>", scrub(text)))
 
 
 class In(BaseModel):
@@ -708,16 +689,6 @@ def odd_direct(req: In) -> Loose:
 
 
 agent = Agent(name="s35-after", description="After.", skills=[work, plain, direct, asker, odd, odd_direct])
-
-
-class Logs(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines = []
-
-    def emit(self, record):
-        if record.name.startswith("mesh"):
-            self.lines.append([record.levelname, record.name, canon(record.getMessage())])
 
 
 LOGS = Logs()
@@ -856,6 +827,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration
@@ -1027,7 +999,9 @@ def test_a_log_reader_right_after_the_answer_finds_the_tasks_line(
 # written) (the logger's level up or down, logging.disable,
 # the caller lookup turned on, a record factory installed).
 
-_LINE_DRIVER = r'''
+_LINE_DRIVER = (
+    prelude(SPAN_IDS, traces=False, times=False)
+    + r'''
 import asyncio, io, json, logging, os, re, sys, tempfile, time
 from pathlib import Path
 
@@ -1048,12 +1022,11 @@ from mesh._tools import ToolContext
 from mesh._trust import PeerTrust
 from tests.support import free_port, uvicorn_serving
 
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|[0-9a-f]{16}")
 VARY = re.compile(r"duration_ms=[\d.]+|127\.0\.0\.1:\d+|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}")
 
 
 def canon(text):
-    return VARY.sub("<v>", IDS.sub("<id>", text))
+    return VARY.sub("<v>", scrub(text))
 
 
 class In(BaseModel):
@@ -1203,6 +1176,7 @@ async def main(which):
 
 asyncio.run(main(sys.argv[1]))
 '''
+)
 
 
 @pytest.mark.integration
@@ -1236,7 +1210,9 @@ def test_a_record_factory_installed_while_the_peer_works_makes_the_line(trees: T
 # the limit lifted, more requests; each answer,
 # GetTask of each, ListTasks, and the rows a new connection reads. In a process of its own.
 
-_WRITE_NOW_DRIVER = r'''
+_WRITE_NOW_DRIVER = (
+    prelude()
+    + r'''
 import asyncio, json, os, re, resource, signal, sqlite3, sys, tempfile, time
 from pathlib import Path
 
@@ -1251,18 +1227,11 @@ from tests.support import free_port, uvicorn_serving
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 H = {"A2A-Version": "1.0"}
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
 FILES = re.compile(r"/tmp/\w+")
 
 
 def canon(text):
-    text = FILES.sub("<dir>", IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text))))
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+    return parsed(FILES.sub("<dir>", scrub(text)))
 
 
 class In(BaseModel):
@@ -1355,6 +1324,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration

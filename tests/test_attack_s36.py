@@ -36,6 +36,7 @@ import pytest
 from tests import test_attack_s33 as s33
 from tests import test_attack_s34 as s34
 from tests import test_attack_s35 as s35
+from tests.attack_prelude import ASK_IDS, SPAN_IDS, prelude, quieted
 from tests.support import ROOT, archived_tree
 
 BEFORE = "dd406de"
@@ -79,18 +80,6 @@ def _in_turn(trees: Trees, source: str, *args: str) -> tuple[dict[str, Any], dic
     (now,) = _all(trees, [("now", source, args)])  # type: ignore[arg-type]
     (before,) = _all(trees, [("before", source, args)])  # type: ignore[arg-type]
     return now, before
-
-
-_MESH_RECORDS = 'if record.name.startswith("mesh"):'
-
-
-def _quiet(source: str) -> str:
-    """``source`` (an earlier session's driver) whose log handler leaves out the database's
-    slow-batch report (a batch over 2 ms on the loop: the host's load decides it)."""
-    assert source.count(_MESH_RECORDS) == 1
-    return source.replace(
-        _MESH_RECORDS, 'if record.name.startswith("mesh") and record.name != "mesh.sqlite":'
-    )
 
 
 # --- sessions 33 to 35's comparisons, against this session's base ------------------------------
@@ -143,7 +132,7 @@ def test_every_requests_line_and_metrics_are_there_right_after_its_answer(trees:
     """s35's post-answer work seen right after each answer (a scrape, the log lines): success,
     failures, invalid input, REST, direct replies, an ask and its answer, a deadline, a cancel,
     a caller gone, a duplicate, 30 at once, 8 MB."""
-    now, before = _both(trees, _quiet(s35._AFTER_DRIVER), "main")
+    now, before = _both(trees, quieted(s35._AFTER_DRIVER), "main")
     _same(now, before)
 
 
@@ -153,7 +142,7 @@ def test_remote_calls_are_the_tree_before(trees: Trees) -> None:
     chunked, cut or reset mid-body, 5xx, 403, 404, 40 MB, slow past the deadline, gzip, a
     wrong content type), 40 calls in flight, a 3 MB argument: answers, errors, retries,
     breaker, metrics and every mesh log line, with mesh serve's logging switch on."""
-    source = s35._SERVE_LOGGING + _quiet(s34._REMOTE_DRIVER)
+    source = s35._SERVE_LOGGING + quieted(s34._REMOTE_DRIVER)
     now, before = _in_turn(trees, source, *s34._REMOTE_HELD)
     assert now["score"][0][0][0] == "ok"
     _same(now, before)
@@ -164,7 +153,7 @@ def test_remote_failover_is_the_tree_before(trees: Trees) -> None:
     """s34's failover between the real node and a replica that resets, is refused, answers
     503 or garbage, or cuts its answer, in either order."""
     modes = ("rst_at_once", "refused", "s503", "garbage", "cut_mid_body", "rst_mid_body")
-    source = s35._SERVE_LOGGING + _quiet(s34._REMOTE_DRIVER)
+    source = s35._SERVE_LOGGING + quieted(s34._REMOTE_DRIVER)
     now, before = _in_turn(trees, source, *(f"failover:{m}" for m in modes))
     assert "ok" in json.dumps(now["failover:rst_at_once"])
     _same(now, before)
@@ -277,7 +266,9 @@ def test_a_database_of_either_tree_is_read_listed_continued_and_swept_alike(
 # types). remote() reads each: its value or error (type, message, reason), the request the peer
 # got, the caller's metrics and log lines; ``TaskResult.from_json`` of each task besides.
 
-_ANSWERS_DRIVER = r'''
+_ANSWERS_DRIVER = (
+    prelude(SPAN_IDS, traces=False)
+    + r'''
 import asyncio, json, logging, re, sys, tempfile, time
 from pathlib import Path
 from typing import Any
@@ -300,8 +291,6 @@ from mesh._tools import ToolContext
 from mesh._trust import PeerTrust
 from tests.support import free_port, uvicorn_serving
 
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|[0-9a-f]{16}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 PORTS = re.compile(r"127\.0\.0\.1:\d+")
 FLOATS = re.compile(r"\d+\.\d+ ?(ms|s)\b|duration_ms=[\d.]+|/tmp/[\w/.-]+")
 VARIES = re.compile(r'"deadline": ?[\d.e+-]+|Content-Length: \d+|"id": ?\d+')
@@ -310,7 +299,7 @@ DEADLINE = re.compile(r'"deadline": ?([^,}]+)')
 
 def canon(text):
     text = VARIES.sub("<varies>", text)
-    return FLOATS.sub("<dur>", PORTS.sub("<host>", IDS.sub("<id>", TIMES.sub("<time>", text))))
+    return FLOATS.sub("<dur>", PORTS.sub("<host>", scrub(text)))
 
 
 class In(BaseModel):
@@ -533,16 +522,6 @@ async def fake_peer(box):
     return await asyncio.start_server(handle, "127.0.0.1", 0)
 
 
-class Logs(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines = []
-
-    def emit(self, record):
-        if record.name.startswith("mesh"):
-            self.lines.append([record.levelname, record.name, canon(record.getMessage())])
-
-
 LOGS = Logs()
 
 
@@ -700,6 +679,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 def _diff_cases(now: dict[str, Any], before: dict[str, Any]) -> list[str]:
@@ -751,7 +731,9 @@ def test_request_bodies_of_odd_arguments_are_the_tree_before(trees: Trees) -> No
 # task metrics. "make" does that on a new data dir; "read" (another process, another tree
 # perhaps, on a copy) reads every task back, lists them, sends the same messages again.
 
-_SKILLS_DRIVER = r'''
+_SKILLS_DRIVER = (
+    prelude(ASK_IDS, quiet=True)
+    + r'''
 import asyncio, base64, json, logging, re, sqlite3, sys, time
 from pathlib import Path
 from typing import Any, Optional
@@ -765,22 +747,14 @@ from mesh._node import Node
 from mesh._settings import NodeSettings
 from tests.support import free_port, uvicorn_serving
 
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|q-[0-9a-f]{8}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
 NUMS = re.compile(r'"(durationMs|duration_ms|startedAt|endedAt|at|deadline)": ?[0-9.e+-]+')
 VARY = re.compile(r"duration_ms=[\d.]+|0x[0-9a-f]+|\d+\.\d+ ?s\b|127\.0\.0\.1:\d+|/tmp/[\w/.-]+")
-RUNS = re.compile(r"([a-z])\1{63,}")
 TOKENS = re.compile(r'"nextPageToken": ?"[^"]*"')
 
 
 def canon(text):
-    text = RUNS.sub(lambda m: f"{m[1]}*{len(m[0])}", TOKENS.sub('"nextPageToken": "<token>"', text))
-    text = NUMS.sub(r'"\1": 0', VARY.sub("<v>", IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))))
-    try:
-        return sorted_structs(json.loads(text))
-    except ValueError:
-        return text
+    text = counted_runs(TOKENS.sub('"nextPageToken": "<token>"', text))
+    return sorted_structs(parsed(NUMS.sub(r'"\1": 0', VARY.sub("<v>", scrub(text)))))
 
 
 def sorted_structs(value):
@@ -1013,17 +987,6 @@ RPC = {"send": "SendMessage", "stream": "SendStreamingMessage"}
 REST = {"send": "/a2a/rest/message:send", "stream": "/a2a/rest/message:stream"}
 
 
-class Logs(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines = []
-
-    def emit(self, record):
-        # Not the database's slow-batch report: the host's load decides it.
-        if record.name.startswith("mesh") and record.name != "mesh.sqlite":
-            self.lines.append([record.levelname, record.name, canon(record.getMessage())])
-
-
 LOGS = Logs()
 KEEP = ("mesh_tasks_total", "mesh_task_duration_seconds_count", "mesh_fastpath_sends_total", "mesh_tasks_in_flight")
 
@@ -1176,6 +1139,7 @@ async def main(phase, data):
 
 asyncio.run(main(sys.argv[1], sys.argv[2]))
 '''
+)
 
 
 def _skills(trees: Trees, tmp: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -1220,7 +1184,9 @@ def test_a_card_of_every_kind_of_skill_answers_stores_and_reads_back_as_the_tree
 # another model returned, inf / NaN under ``ser_json_inf_nan``; and a model whose model_dump
 # and model_validate are replaced (and restored) between two requests: the answer of each.
 
-_MODELS_DRIVER = r'''
+_MODELS_DRIVER = (
+    prelude()
+    + r'''
 import asyncio, json, re, sys, tempfile
 from pathlib import Path
 from typing import Any
@@ -1237,32 +1203,10 @@ from mesh._settings import NodeSettings
 from tests.support import free_port, uvicorn_serving
 
 H = {"A2A-Version": "1.0"}
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
 
 
 def canon(text):
-    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
-    try:
-        return sorted_texts(json.loads(text))
-    except ValueError:
-        return text
-
-
-def sorted_texts(value):
-    """A text part holding a JSON object, its keys sorted: members that came from the request's
-    Struct are in the process's order (its map's), in either tree."""
-    if isinstance(value, dict):
-        return {k: sorted_texts(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [sorted_texts(v) for v in value]
-    if isinstance(value, str) and value.startswith("{"):
-        try:
-            return json.dumps(json.loads(value), sort_keys=True)
-        except ValueError:
-            pass
-    return value
+    return sorted_texts(parsed(scrub(text)))
 
 
 class In(BaseModel):
@@ -1524,6 +1468,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration
@@ -1568,7 +1513,9 @@ def test_tasks_under_a_wrong_clock_are_stored_as_the_tree_before(trees: Trees) -
 # subnormals, deep nesting; attachments named oddly. Each answer; GetTask of each task; then a
 # new node on the same database: GetTask again (the stored bytes) and the rows parsed.
 
-_PRODUCED_DRIVER = r'''
+_PRODUCED_DRIVER = (
+    prelude()
+    + r'''
 import asyncio, json, re, sqlite3, sys, tempfile
 from pathlib import Path
 from typing import Any
@@ -1583,19 +1530,10 @@ from mesh._settings import NodeSettings
 from tests.support import free_port, uvicorn_serving
 
 H = {"A2A-Version": "1.0"}
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
-RUNS = re.compile(r"([a-z])\1{63,}")
 
 
 def canon(text):
-    text = RUNS.sub(lambda m: f"{m[1]}*{len(m[0])}", text)
-    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
-    try:
-        return sort(json.loads(text))
-    except ValueError:
-        return text
+    return sort(parsed(scrub(counted_runs(text))))
 
 
 def sort(value):
@@ -1692,6 +1630,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration

@@ -30,6 +30,7 @@ import pytest
 from tests import test_attack_s34 as s34
 from tests import test_attack_s35 as s35
 from tests import test_attack_s36 as s36
+from tests.attack_prelude import SPAN_IDS, prelude, quieted
 from tests.support import ROOT, archived_tree
 
 BEFORE = "b007e39"
@@ -80,7 +81,9 @@ def _in_turn(trees: Trees, source: str, *args: str) -> tuple[dict[str, Any], dic
 # binding's answer turns into "nested too deeply" (a RecursionError: the frames above the
 # parse count), searched on lists and objects, with the answers on either side of it.
 
-_BODIES_DRIVER = r'''
+_BODIES_DRIVER = (
+    prelude(quiet=True)
+    + r'''
 import asyncio, json, logging, re, sys, tempfile
 from pathlib import Path
 
@@ -94,20 +97,11 @@ from mesh._node import Node
 from mesh._settings import NodeSettings
 from tests.support import free_port, uvicorn_serving
 
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
 VARY = re.compile(r"duration_ms=[\d.]+|127\.0\.0\.1:\d+|/tmp/[\w/.-]+|0x[0-9a-f]+")
-RUNS = re.compile(r"([a-z])\1{63,}")
 
 
 def canon(text):
-    text = RUNS.sub(lambda m: f"{m[1]}*{len(m[0])}", text)
-    text = VARY.sub("<v>", IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text))))
-    try:
-        return json.dumps(json.loads(text), sort_keys=True)
-    except ValueError:
-        return text
+    return sorted_json(VARY.sub("<v>", scrub(counted_runs(text))))
 
 
 class In(BaseModel):
@@ -128,16 +122,6 @@ def echo(req: In) -> Out:
 
 agent = Agent(name="s37-bodies", description="Bodies.", skills=[echo])
 H = {"A2A-Version": "1.0", "Content-Type": "application/json"}
-
-
-class Logs(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines = []
-
-    def emit(self, record):
-        if record.name.startswith("mesh") and record.name != "mesh.sqlite":
-            self.lines.append([record.levelname, record.name, canon(record.getMessage())])
 
 
 LOGS = Logs()
@@ -294,6 +278,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration
@@ -494,7 +479,9 @@ def test_a_tasks_trace_header_is_the_tree_befores_for_every_header_sent(trees: T
 # of odd text, on JSON-RPC and REST. Each answer, GetTask (and GetTask with historyLength 1),
 # the same after a restart, the rows parsed; a failing skill's and a direct reply's too.
 
-_HISTORY_DRIVER = r'''
+_HISTORY_DRIVER = (
+    prelude()
+    + r'''
 import asyncio, json, re, sqlite3, tempfile
 from pathlib import Path
 
@@ -508,21 +495,12 @@ from mesh._settings import NodeSettings
 from tests.support import free_port, uvicorn_serving
 
 H = {"A2A-Version": "1.0"}
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
-RUNS = re.compile(r"([a-z])\1{63,}")
 
 
 def canon(text):
     """Ids and times out; objects' members sorted (a Struct's order is the process's, its
     map's, in either tree)."""
-    text = RUNS.sub(lambda m: f"{m[1]}*{len(m[0])}", text)
-    text = IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text)))
-    try:
-        return json.dumps(json.loads(text), sort_keys=True)
-    except ValueError:
-        return text
+    return sorted_json(scrub(counted_runs(text)))
 
 
 class Talk(BaseModel):
@@ -630,6 +608,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration
@@ -795,7 +774,9 @@ def test_answer_heads_with_date_lines_of_every_kind_read_as_the_tree_before(tree
 # completed, failed, or failed for a deadline). Each outcome, usage, the child tasks' states,
 # the coordinator's metrics and every mesh log line (both sides), the requests the fake got.
 
-_TURN_DRIVER = r'''
+_TURN_DRIVER = (
+    prelude(SPAN_IDS, traces=False, quiet=True)
+    + r'''
 import asyncio, json, logging, re, sys, tempfile, time
 from pathlib import Path
 
@@ -816,13 +797,11 @@ from mesh._tools import ToolContext
 from mesh._trust import PeerTrust
 from tests.support import free_port, uvicorn_serving
 
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|[0-9a-f]{16}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 VARY = re.compile(r"127\.0\.0\.1:\d+|\d+\.\d+ ?(ms|s)\b|duration_ms=[\d.]+|/tmp/[\w/.-]+|\"deadline\": ?[\d.e+-]+")
 
 
 def canon(text):
-    return VARY.sub("<v>", IDS.sub("<id>", TIMES.sub("<time>", text)))
+    return VARY.sub("<v>", scrub(text))
 
 
 class Key(BaseModel):
@@ -869,22 +848,15 @@ async def held_ask(req: Key, ctx: SkillContext) -> Out:
 agent = Agent(name="s37-spec", description="Held.", skills=[quick, held, held_ask])
 
 
-class Logs(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines = []
-
-    def emit(self, record):
-        if record.name.startswith("mesh") and record.name != "mesh.sqlite":
-            message = record.getMessage()
-            self.lines.append([record.levelname, record.name, canon(message)])
-            if "still running after" in message:
-                GONE.set()
-                for running in CANCEL:
-                    running.cancel()
+class GoingLogs(Logs):
+    def heard(self, message):
+        if "still running after" in message:
+            GONE.set()
+            for running in CANCEL:
+                running.cancel()
 
 
-LOGS = Logs()
+LOGS = GoingLogs()
 GONE = asyncio.Event()
 CANCEL = []
 H = {"A2A-Version": "1.0"}
@@ -1052,6 +1024,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration
@@ -1075,7 +1048,9 @@ def test_a_turns_blocking_send_that_goes_long_ends_as_the_tree_before(trees: Tre
 # 100-continue; on JSON-RPC and REST. Each answer's status line, the headers that matter and
 # the body, and the mesh log lines.
 
-_PIECES_DRIVER = r'''
+_PIECES_DRIVER = (
+    prelude(quiet=True)
+    + r'''
 import asyncio, json, logging, re, sys, tempfile
 from pathlib import Path
 
@@ -1087,15 +1062,12 @@ from mesh._node import Node
 from mesh._settings import NodeSettings
 from tests.support import free_port, uvicorn_serving
 
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
-TIMES = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-TRACES = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]")
 VARY = re.compile(r"duration_ms=[\d.]+|127\.0\.0\.1:\d+|date: [^\r\n]*|/tmp/[\w/.-]+", re.I)
 LIMIT = 300_000
 
 
 def canon(text):
-    return VARY.sub("<v>", IDS.sub("<id>", TIMES.sub("<time>", TRACES.sub("<trace>", text))))
+    return VARY.sub("<v>", scrub(text))
 
 
 class In(BaseModel):
@@ -1113,16 +1085,6 @@ def echo(req: In) -> Out:
 
 
 agent = Agent(name="s37-pieces", description="Pieces.", skills=[echo])
-
-
-class Logs(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines = []
-
-    def emit(self, record):
-        if record.name.startswith("mesh") and record.name != "mesh.sqlite":
-            self.lines.append([record.levelname, record.name, canon(record.getMessage())])
 
 
 LOGS = Logs()
@@ -1253,6 +1215,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration
@@ -1292,7 +1255,7 @@ def test_values_a_skill_produces_and_post_answer_work_are_b007e39s(trees: Trees)
     work seen right after each answer (lines, metrics), against this session's base."""
     now, before = _both(trees, s36._PRODUCED_DRIVER)
     _same(now, before)
-    now, before = _both(trees, s36._quiet(s35._AFTER_DRIVER), "main")
+    now, before = _both(trees, quieted(s35._AFTER_DRIVER), "main")
     _same(now, before)
 
 
@@ -1301,7 +1264,9 @@ def test_values_a_skill_produces_and_post_answer_work_are_b007e39s(trees: Trees)
 # head differs from the one before only by its Date), over one toolset's kept connection,
 # typed values and failures in turn; then 20 calls at once across a second's edge.
 
-_SECONDS_DRIVER = r'''
+_SECONDS_DRIVER = (
+    prelude(SPAN_IDS, traces=False, times=False, quiet=True)
+    + r'''
 import asyncio, json, logging, re, tempfile, time
 from pathlib import Path
 
@@ -1321,12 +1286,11 @@ from mesh._tools import ToolContext
 from mesh._trust import PeerTrust
 from tests.support import free_port, uvicorn_serving
 
-IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}|[0-9a-f]{16}")
 VARY = re.compile(r"127\.0\.0\.1:\d+|\d+\.\d+ ?(ms|s)\b|duration_ms=[\d.]+|/tmp/[\w/.-]+")
 
 
 def canon(text):
-    return VARY.sub("<v>", IDS.sub("<id>", text))
+    return VARY.sub("<v>", scrub(text))
 
 
 class In(BaseModel):
@@ -1348,16 +1312,6 @@ def echo(req: In) -> Out:
 
 
 agent = Agent(name="s37-seconds", description="Seconds.", skills=[echo])
-
-
-class Logs(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines = []
-
-    def emit(self, record):
-        if record.name.startswith("mesh") and record.name != "mesh.sqlite":
-            self.lines.append([record.levelname, record.name, canon(record.getMessage())])
 
 
 LOGS = Logs()
@@ -1417,6 +1371,7 @@ async def main():
 
 asyncio.run(main())
 '''
+)
 
 
 @pytest.mark.integration
@@ -1436,7 +1391,7 @@ def _s34_turn_driver() -> str:
     """s34's remote() driver (its calls carry ``durable_children``) with ``long_after_s`` at
     0.9 of each toolset's deadline: every first attempt is 174cc78's in-line turn send (a
     call past it goes long: the slow peer's)."""
-    source = s35._SERVE_LOGGING + s36._quiet(s34._REMOTE_DRIVER)
+    source = s35._SERVE_LOGGING + quieted(s34._REMOTE_DRIVER)
     assert source.count(_S34_REMOTE) == 1
     assert source.count(_S34_REMOTE_BY_NAME) == 1
     return source.replace(
