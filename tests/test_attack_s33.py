@@ -790,8 +790,12 @@ walk = fr.rpc_result
 def rpc_result(result, request_id, history_from=0, settled=None):
     if settled is not None:
         settled_answers[0] += 1
+        # Since ca5802b the fast route hands a settled task's stand-in (ids and status) as
+        # ``result``: the task it stands for is ``settled.task`` (an older tree has no is_of).
+        is_of = getattr(settled, "is_of", None)
+        task = settled.task if is_of is not None and is_of(result) else result
         try:
-            walked = walk(result, request_id, history_from=history_from)
+            walked = walk(task, request_id, history_from=history_from)
         except Exception as exc:
             walked = repr(exc)
         try:
