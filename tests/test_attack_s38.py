@@ -416,3 +416,240 @@ def test_settled_typed_tasks_are_answered_read_and_stored_as_the_tree_before(
     sends = now["first"]["sends"]
     assert any(r[3] == 200 and '"history"' in r[4] for r in sends), sends[:2]
     _same(now, before)
+
+
+# --- 0c0166f: DirectPool.post's free slot without acquire(); timeout.__enter__ written out ----
+#
+# A DirectPool of 2 connections against an in-process peer that answers each POST when let:
+# two posts hold the slots, waiters queue (one cancelled while queued, one past its deadline:
+# PoolTimeout, one cancelled right after a slot was handed to it), holders cancelled mid-answer,
+# then seeded storms of posts cancelled after 0 to 3 loop turns. Each post's outcome, and the
+# slots after each stage (the semaphore's value and waiters: none leaked, none released twice).
+# Then ``_timeouts.timeout`` / ``timeout_at``: delays None, 0, negative, NaN, short, long,
+# nested in every order, rescheduled, entered twice, left early; which fired, in what order,
+# the errors' texts.
+
+_POOL_DRIVER = r"""
+import asyncio, json, math, random, sys
+
+import httpx
+
+import mesh
+from mesh import _timeouts
+from mesh._pool import DirectPool
+
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+
+class Peer:
+    def __init__(self):
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.seen = 0
+
+    async def serve(self, reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int([l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0].split(b":")[1])
+                await reader.readexactly(length)
+                self.seen += 1
+                await self.gate.wait()
+                writer.write(ANSWER)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def slots(pool):
+    s = pool._slots
+    return None if s is None else [s._value, len(s._waiters or ())]
+
+
+async def outcome(aw):
+    try:
+        status, body = await aw
+        return ["ok", status, body.decode()]
+    except asyncio.CancelledError:
+        return ["cancelled"]
+    except Exception as exc:
+        return [type(exc).__name__, str(exc)]
+
+
+async def pools():
+    peer = Peer()
+    server = await asyncio.start_server(peer.serve, "127.0.0.1", 0)
+    url = httpx.URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/")
+    pool = DirectPool(None, max_connections=2, keepalive_expiry=30.0)
+    out = []
+
+    def post(timeout=30.0):
+        return pool.post(url, [("Content-Type", "application/json")], b"{}", timeout=timeout,
+                         connect_timeout=30.0, max_bytes=1000, too_large=lambda: ValueError("big"))
+
+    async def turns(n):
+        for _ in range(n):
+            await asyncio.sleep(0)
+
+    async def until(check):
+        for _ in range(100000):
+            if check():
+                return
+            await asyncio.sleep(0.001)
+        raise AssertionError("never")
+
+    out.append(["first", await outcome(post()), slots(pool)])
+    # two holders, then waiters
+    peer.gate.clear()
+    holders = [asyncio.create_task(outcome(post())) for _ in range(2)]
+    await until(lambda: peer.seen >= 3)
+    waiters = [asyncio.create_task(outcome(post(30.0 if i != 1 else 0.05))) for i in range(4)]
+    await turns(3)
+    out.append(["queued", slots(pool)])
+    waiters[0].cancel()
+    await until(lambda: waiters[1].done())
+    out.append(["timed out", slots(pool)])
+    peer.gate.set()
+    # a slot handed to waiter 2: cancel it before it runs
+    await until(lambda: holders[0].done() or holders[1].done())
+    waiters[2].cancel()
+    res = [await h for h in holders] + [await w if not w.cancelled() else ["task cancelled"] for w in waiters]
+    out.append(["after", res, slots(pool)])
+    # a holder cancelled mid-answer
+    peer.gate.clear()
+    held = asyncio.create_task(outcome(post()))
+    seen = peer.seen
+    await until(lambda: peer.seen > seen)
+    held.cancel()
+    out.append(["holder cancelled", await held if not held.cancelled() else ["task cancelled"], slots(pool)])
+    peer.gate.set()
+    out.append(["again", await outcome(post()), slots(pool)])
+    # storms: posts cancelled after 0..3 turns
+    rng = random.Random(int(sys.argv[1]))
+    for storm in range(8):
+        tasks = [asyncio.create_task(outcome(post())) for _ in range(rng.randint(1, 9))]
+        cut = [rng.choice([None, None, 0, 1, 2, 3]) for _ in tasks]
+        for t, c in zip(tasks, cut):
+            if c == 0:
+                t.cancel()
+        for n in range(1, 4):
+            await asyncio.sleep(0)
+            for t, c in zip(tasks, cut):
+                if c == n:
+                    t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await until(lambda: slots(pool)[0] == 2)
+        ok = [t.result()[0] for t, c in zip(tasks, cut) if c is None]
+        out.append(["storm", storm, ok, slots(pool)])
+    out.append(["last", [await outcome(post()) for _ in range(3)], slots(pool)])
+    await pool.aclose()
+    server.close()
+    return out
+
+
+async def deadlines():
+    out = []
+    loop = asyncio.get_running_loop()
+
+    async def run(name, delays, body):
+        fired = []
+        async def inner(level):
+            if level == len(delays):
+                return await body(fired)
+            d = delays[level]
+            cm = _timeouts.timeout(d) if not (isinstance(d, tuple)) else _timeouts.timeout_at(loop.time() + d[0])
+            try:
+                with cm:
+                    r = await inner(level + 1)
+                fired.append([level, "left", cm.expired()])
+                return r
+            except TimeoutError:
+                fired.append([level, "TimeoutError", cm.expired()])
+                raise
+        try:
+            r = await inner(0)
+            out.append([name, "returned", r, fired])
+        except BaseException as exc:
+            out.append([name, type(exc).__name__, str(exc), fired])
+
+    async def sleeper(seconds):
+        async def body(fired):
+            await asyncio.sleep(seconds)
+            return "slept"
+        return body
+
+    # Deadlines that may fire 140 ms apart at least: a loaded host does not swap them.
+    values = [None, 0, -1, math.nan, 0.01, 0.15, 1000, (0.3,), (-1,)]
+    for a in values:
+        for b in [None] + values[::2]:
+            fires = {a, b} - {None, 1000}
+            await run(f"{a} {b}", [a] if b is None else [a, b], await sleeper(0.6 if fires else 0))
+    await run("three", [0.3, 0.01, 1000], await sleeper(1))
+    await run("three'", [1000, 0.3, 0.01], await sleeper(1))
+
+    async def resched(fired):
+        t = _timeouts.timeout(1000)
+        with t:
+            t.reschedule(loop.time() + 0.01)
+            try:
+                await asyncio.sleep(1)
+            except asyncio.CancelledError:
+                fired.append("cancelled inside")
+                raise
+        return "not reached"
+    try:
+        await resched([])
+    except TimeoutError as exc:
+        out.append(["rescheduled", type(exc).__name__])
+    t = _timeouts.timeout(1)
+    with t:
+        pass
+    for op in (lambda: t.__enter__(), lambda: t.reschedule(1.0), lambda: _timeouts.timeout(1).reschedule(1.0)):
+        try:
+            op()
+            out.append(["op", "ok"])
+        except Exception as exc:
+            out.append(["op", type(exc).__name__, str(exc)])
+    try:
+        _timeouts.timeout("x").__enter__()
+    except Exception as exc:
+        out.append(["str delay", type(exc).__name__, str(exc)])
+    # many deadlines of one task entered and left early, then one that fires
+    for i in range(300):
+        with _timeouts.timeout(10 + i % 7):
+            await asyncio.sleep(0)
+    try:
+        with _timeouts.timeout(0.01):
+            await asyncio.sleep(1)
+    except TimeoutError:
+        out.append(["after 300 left", "fired"])
+    return out
+
+
+def outside():
+    try:
+        _timeouts.timeout(1).__enter__()
+    except RuntimeError as exc:
+        return str(exc)
+
+
+async def main():
+    print(json.dumps({"mesh": mesh.__file__, "pools": await pools(), "deadlines": await deadlines(), "outside": outside()}))
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.integration
+def test_pool_slots_and_deadlines_are_the_tree_befores(trees: Trees) -> None:
+    """A pool's slots with waiters queued, cancelled, timed out, handed a slot and cancelled,
+    holders cancelled, storms of cancelled posts: each outcome and the slots after (2 free, no
+    waiter left). Deadlines of every delay nested in every order, rescheduled, misused."""
+    now, before = _in_turn(trees, _POOL_DRIVER, "5")
+    for stage in now["pools"]:
+        if stage[0] in ("after", "again", "storm", "last"):
+            assert stage[-1] == [2, 0], stage
+    _same(now, before)
