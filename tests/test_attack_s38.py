@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
+from tests import test_attack_s34 as s34
 from tests import test_attack_s35 as s35
-from tests.attack_prelude import prelude
+from tests.attack_prelude import prelude, quieted
 from tests.support import ROOT, archived_tree
 
 BEFORE = "d67a51c"
@@ -652,4 +653,27 @@ def test_pool_slots_and_deadlines_are_the_tree_befores(trees: Trees) -> None:
     for stage in now["pools"]:
         if stage[0] in ("after", "again", "storm", "last"):
             assert stage[-1] == [2, 0], stage
+    _same(now, before)
+
+
+# --- 26fe846 / 0c0166f over the wire: remote() against a real node and hostile replicas -------
+#
+# Session 34's remote() driver (tests/test_attack_s34.py, run here against d67a51c): a real
+# node and 19 hostile peers, 40 calls in flight, a 3 MB argument, then failover between the
+# node and a replica that resets, is refused, answers 503 or garbage or cuts its answer, in
+# either order. Answers, errors, retries, breaker changes, metrics and every mesh log line.
+
+
+@pytest.mark.integration
+def test_remote_calls_to_hostile_peers_and_failover_are_the_tree_befores(trees: Trees) -> None:
+    """One tree after the other (deadlines of a second against resetting peers); a second
+    pair of runs when the first differs: a loaded host may decide one race otherwise, a break
+    differs again."""
+    modes = ("rst_at_once", "refused", "s503", "garbage", "cut_mid_body", "rst_mid_body")
+    args = (*s34._REMOTE_HELD, *(f"failover:{m}" for m in modes))
+    source = s35._SERVE_LOGGING + quieted(s34._REMOTE_DRIVER)
+    now, before = _in_turn(trees, source, *args)
+    assert now["score"][0][0][0] == "ok", now["score"]
+    if now != before:
+        now, before = _in_turn(trees, source, *args)
     _same(now, before)
