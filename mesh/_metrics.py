@@ -362,8 +362,21 @@ class NodeMetrics:
             ok = self._delegations(self.agent, peer, skill, outcome)
         if duration is None:
             duration = self._delegation_duration(self.agent, peer, skill)
-        ok.inc()
-        duration.observe(seconds)
+        # ``ok.inc()`` and ``duration.observe(seconds)`` for the labelled children these are
+        # (observable: their checks pass; no exemplar), without their two Python calls each
+        # of checks (~5 k instructions a delegation). Any other kind of series: its methods.
+        if type(ok) is Counter and ok._labelvalues:
+            ok._value.inc(1)
+        else:
+            ok.inc()
+        if type(duration) is Histogram and duration._labelvalues:
+            duration._sum.inc(seconds)
+            for i, bound in enumerate(duration._upper_bounds):
+                if seconds <= bound:
+                    duration._buckets[i].inc(1)
+                    break
+        else:
+            duration.observe(seconds)
 
     def delegation_series(self, peer: str, skill: str) -> DelegationSeries:
         """The series an ``ok`` delegation of ``skill`` at ``peer`` counts in (its count and

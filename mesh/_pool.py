@@ -717,7 +717,11 @@ class DirectPool:
                     when,
                 )
             finally:
-                slots.release()
+                # ``slots.release()`` (3.11-3.13: one more, then ``_wake_up_next``, which wakes
+                # the first waiter not done), its calls made only when someone waits.
+                slots._value += 1
+                if slots._waiters:
+                    slots._wake_up_next()
         except TimeoutError as exc:
             if waiting:
                 raise httpx.PoolTimeout(f"no free connection within {timeout}s") from exc
