@@ -141,7 +141,8 @@ class AppliedEvents(OneShotQueue):
         self._saving: asyncio.Future[None] | None = None
         self.one_shot = self._later
         # Its settled store takes a settled task's stand-in for it (``settle``): mesh's own
-        # (the handler's watch around the SQLite store), which read only its id and state.
+        # (the handler's watch around the SQLite store), which read its id and state from the
+        # ``Settled`` in the call's state (a stand-in is an empty task: ``Settled.is_of``).
         self.takes_stand_in = (
             self._later and type(store) is WatchedTaskStore and type(store.inner) is SqliteTaskStore
         )
@@ -284,8 +285,8 @@ class AppliedEvents(OneShotQueue):
         """The task of a run that published no event before (``OneShotUpdater``), in its
         final form: saved once, as its last event's save would have saved it. ``settled`` is
         kept in the call's state for the answer's writer (``FastRoute``). ``task`` may be
-        ``settled``'s stand-in (``takes_stand_in``): the store's save reads its id and state,
-        and the task itself is parsed from its row when read (``task``)."""
+        ``settled``'s stand-in (``takes_stand_in``): the store's save reads its id and state
+        from ``settled``, and the task itself is parsed from its row when read (``task``)."""
         store, context = self._store, self._context
         if store is None or context is None or self.task is not None or self.message is not None:
             raise RuntimeError("AppliedEvents settles only a new task, with a store and a context")

@@ -848,8 +848,9 @@ class Settled:
     #: Its history as held (``one_shot``'s list of it): an ``AgentText`` is written from its
     #: values, any other entry read from ``task``. Empty: every entry read from ``task``.
     history: Sequence[Any] = ()
-    #: The task's id, context id and status alone (``row``'s first fields), while ``parsed``
-    #: is None: what is handed on instead of the task where only those are read.
+    #: A new empty task, while ``parsed`` is None: what is handed on instead of the task
+    #: (``is_of``) to whoever reads its id and state from here (the store's save, the watch
+    #: around it) or writes the answer from here (``FastRoute``).
     stand_in: Task | None = None
 
     @property

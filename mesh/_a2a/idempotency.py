@@ -53,6 +53,7 @@ from a2a.types import (
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
 from a2a.utils.task import apply_history_length
 
+from mesh._a2a.fastpath_json import SETTLED, Settled
 from mesh._a2a.known_keys import KnownKeys
 from mesh._a2a.states import SETTLED_STATES
 from mesh._a2a.store import SqliteTaskStore
@@ -389,17 +390,24 @@ class WatchedTaskStore(TaskStore):
             self._waiters.pop(task_id, None)
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
-        if task.status.state not in SETTLED_STATES:
+        # A held run's final task may be its stand-in (``Settled.is_of``): its id and state
+        # are the settled values'.
+        made: Settled | None = context.state.get(SETTLED)
+        if made is not None and made.is_of(task):
+            task_id, state = made.task_id, made.state
+        else:
+            task_id, state = task.id, task.status.state
+        if state not in SETTLED_STATES:
             # Before the write: whoever learns of the task once it is stored finds it running.
-            self._running.add(task.id)
+            self._running.add(task_id)
             await self.inner.save(task, context)
             return
         try:
             await self.inner.save(task, context)
         finally:
             # Even when the write failed: a waiter re-reads the task rather than hang.
-            self._running.discard(task.id)
-            for event in self._waiters.pop(task.id, []):
+            self._running.discard(task_id)
+            for event in self._waiters.pop(task_id, []):
                 event.set()
 
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:

@@ -373,11 +373,13 @@ class OneShotUpdater(MeshTaskUpdater):
             )
         task = stand_in = row = None
         if wired is not None:
-            row, head, shallow = wired
+            row, _, shallow = wired
             if shallow and self.events.takes_stand_in:
                 # Its bytes parse (no chain of messages in them nears upb's depth): the task
-                # is parsed only if read (``Settled.task``); its id and state stand for it.
-                stand_in = Task.FromString(row[:head])
+                # is parsed only if read (``Settled.task``). A new empty task names it where
+                # it is handed on: whoever takes it reads its id and state from ``Settled``
+                # (``is_of``), not from it (a parse of its first fields, ~3,000 instructions).
+                stand_in = Task()
             else:
                 try:
                     task = Task.FromString(row)
@@ -624,9 +626,8 @@ def _task_wire(
     """The bytes of the task ``OneShotUpdater._built`` makes of a settled typed run: its ids, a
     status of ``state`` (> 0) at ``at_ns`` without a message, one artifact (its bytes), its
     history and its metadata (the ``Struct``'s bytes), with the length of its first fields
-    (ids and status: a ``stand_in``'s bytes) and whether a parse of them cannot go past upb's
-    depth (``_SHALLOW``); None for text that is not UTF-8 or a history entry that is no
-    ``Message``. The pieces go to one list joined once (each ``+`` of bytes copies both),
+    (ids and status) and whether a parse of them cannot go past upb's depth (``_SHALLOW``);
+    None for text that is not UTF-8 or a history entry that is no ``Message``. The pieces go to one list joined once (each ``+`` of bytes copies both),
     each varint of a length under 128 read from a table (no call)."""
     global _second
     seconds, nanos = divmod(at_ns, 1_000_000_000)

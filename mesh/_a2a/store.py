@@ -600,30 +600,31 @@ class SqliteTaskStore(TaskStore):
         if made is not None and not made.is_of(task):
             made = None
         key = (owner, task.id if made is None else made.task_id)
+        task_id = key[1]  # a stand-in's is the settled values' (``Settled.is_of``)
         state = task.status.state if made is None else made.state
         settled = state in SETTLED_STATES
         # A held run's final task parsed from its bytes (``Settled.row``) is stored as them.
         written = made.row if made is not None else None
-        if self._redact and task.id in self._redact:
+        if self._redact and task_id in self._redact:
             if made is not None and task is made.stand_in:
                 task = made.task  # its history is rewritten: the task itself
-            hidden = self._redact[task.id]
+            hidden = self._redact[task_id]
             if _redact_history(task, hidden):
                 written = None  # its history changed
                 if settled:
-                    del self._redact[task.id]
+                    del self._redact[task_id]
         data: bytes = task.SerializeToString() if written is None else written
         # Followed from another replica: each state is published (after its write, if any).
-        feed = self.feed if self.feed is not None and self.feed.wanted(task.id) else None
+        feed = self.feed if self.feed is not None and self.feed.wanted(task_id) else None
         if key in self._live and not settled:
             self._live[key] = data  # write-behind: persisted with the next settled state
             self._dirty.add(key)
             if feed is not None:
-                feed.publish(owner, task.id, data)
+                feed.publish(owner, task_id, data)
             return
         # A new task of a blocking send: nobody learns of it before its final state, which is
         # committed after this row (one queue, in order), so the first write is not awaited.
-        born = self._fresh.pop(task.id, None)
+        born = self._fresh.pop(task_id, None)
         lazy = not settled and born is not None and context.state.get(BLOCKING_SEND) is True
         self._live[key] = data
         self._dirty.discard(key)
@@ -650,9 +651,9 @@ class SqliteTaskStore(TaskStore):
         staged = self._staged.pop(key, [])
         runner = None if settled else self.runner
 
-        write = _task_write(row, owner, task.id, runner, staged)
+        write = _task_write(row, owner, task_id, runner, staged)
         if lazy:
-            self._queue_lazily(task.id, write, staged)
+            self._queue_lazily(task_id, write, staged)
             return
         try:
             # At once when the node's writes find no company lately (one request at a time):
@@ -673,7 +674,7 @@ class SqliteTaskStore(TaskStore):
             if not future.done():
                 future.set_result(None)
         if feed is not None:
-            feed.publish(owner, task.id, data)
+            feed.publish(owner, task_id, data)
 
     def _queue_lazily(
         self,
