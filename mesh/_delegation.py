@@ -124,6 +124,16 @@ def context_key(peer: str) -> str:
     return f"_mesh.contexts.{peer}"
 
 
+def _state_value(ctx: ToolContext, key: str) -> Any:
+    """``ctx.state.get(key)`` (``StateView.get``: the turn's pending write, else the session's),
+    without making the view for a plain context over a dict (two Python calls and an object
+    fewer a delegation)."""
+    if type(ctx) is ToolContext and type(ctx.session_state) is dict:
+        delta = ctx.state_delta
+        return delta[key] if key in delta else ctx.session_state.get(key)
+    return ctx.state.get(key)
+
+
 class SkillTool(Protocol):
     """What a delegation needs of the tool that stands for a remote skill. Its schemas are
     never changed in place (their compiled checks are kept by the object: ``check(fixed=)``)."""
@@ -273,7 +283,7 @@ class Delegation:
             await self.link.ready()
         self._start_clock()
         targets = await self.link.targets(skill)
-        context_id = ctx.state.get(context_key(self.peer))
+        context_id = _state_value(ctx, context_key(self.peer))
         context_id = context_id if isinstance(context_id, str) else None
         # The message id and the child span's id, from one ``os.urandom`` call (one system
         # call and the span's two Python calls fewer, ~4 k instructions): each uniform, and
