@@ -342,9 +342,11 @@ async def call_with_failover(
         remaining = None if deadline is None else deadline - clock()
         if remaining is not None and remaining <= 0:
             raise DeadlineExceeded("the deadline passed before the attempt started")
-        target, breaker = _pick(targets, 1, offset, tried, breakers)
         try:
             with _timeouts.timeout(remaining) if remaining is not None else _NO_DEADLINE:
+                # The choice under the deadline, as ``run`` made it: a ``targets()`` raising
+                # TimeoutError under a deadline is DeadlineExceeded (tests/test_attack_s38).
+                target, breaker = _pick(targets, 1, offset, tried, breakers)
                 # As ``one`` below (a change there is a change here).
                 try:
                     if policy.attempt_timeout is None:

@@ -213,12 +213,6 @@ def test_failover_calls_of_every_outcome_are_the_tree_befores(trees: Trees, seed
     _same(now, before)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="26fe846: a callable of instances raising TimeoutError under a deadline is the raw "
-    "TimeoutError (retryable: retried) where the tree before raised DeadlineExceeded",
-)
 def test_failover_whose_instances_callable_raises_timeout_is_the_tree_befores(
     trees: Trees,
 ) -> None:
@@ -226,7 +220,8 @@ def test_failover_whose_instances_callable_raises_timeout_is_the_tree_befores(
     before read it inside ``one``, under ``_bounded``'s deadline, whose ``except TimeoutError``
     made it ``DeadlineExceeded`` (reason "deadline", not retried); 26fe846 reads it in line
     before the deadline's ``with``, so it is the ``TimeoutError`` itself (reason "unavailable",
-    retried when attempts and the deadline allow). Without a deadline both raise it as is."""
+    retried when attempts and the deadline allow). Without a deadline both raise it as is.
+    Fixed: the choice is made under the deadline again."""
     now, before = _in_turn(trees, _FAILOVER_DRIVER, "3", "200", "raises_timeout")
     _same(now, before)
 
