@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +92,7 @@ from mesh._tracing import traceparent_text
 __all__ = [
     "ANSWER",
     "DIRECT",
+    "LOGGED_FAILURE",
     "MESSAGE_KEY",
     "NEW_CONTEXT",
     "REQUEST",
@@ -123,6 +125,13 @@ ANSWER = "answer"
 #: Key of ``ServerCallContext.state``: the checked input of a skill that replies with a
 #: message (``check_send``), for its run.
 DIRECT = "mesh.direct"
+#: The answer's text of a direct reply's failure this request logged already, with its
+#: traceback (``_reply``): the SDK's routes log the error they answer with again, as a line of
+#: their own, which ``mesh._a2a.server`` drops for that text only (a failure logged once).
+#: Set in the request's own asyncio task (the handler runs a direct reply there).
+LOGGED_FAILURE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "mesh.logged_failure", default=None
+)
 #: Key of ``ServerCallContext.state``: the context id made for this request (its message
 #: named none), so no session has it and the turn need not read one (``FastPath.send``).
 NEW_CONTEXT = "mesh.new_context"
@@ -333,7 +342,7 @@ class MeshExecutor(AgentExecutor):
         call = context.call_context
         direct = call.state.get(DIRECT) if call is not None and current is None else None
         if isinstance(direct, _Direct):
-            await self._reply(direct, context_id, event_queue, call)
+            await self._reply(direct, context_id, event_queue.enqueue_event, call)
             return
         key = None
         if self.keys is not None and message is not None:
@@ -554,11 +563,29 @@ class MeshExecutor(AgentExecutor):
             files = files_of(message.parts, skill.accepts) if skill.accepts else []
             call.state[DIRECT] = _Direct(req, skill, payload, files)
 
+    async def reply(self, context: RequestContext) -> Message:
+        """The answer of a ``reply="message"`` skill (``check_send`` kept its input in the call's
+        state), run by the handler in the request's task for a send the fast path does not
+        take (streamed, or with the fast path off), instead of through the SDK's task
+        machinery: its producer and consumer would log a failure's traceback twice more.
+        Raises as ``_reply``."""
+        call = context.call_context
+        direct = call.state.get(DIRECT) if call is not None else None
+        if not isinstance(direct, _Direct):
+            raise InternalError(message="no direct reply to run")
+        answer: list[Message] = []
+
+        async def keep(message: Message) -> None:
+            answer.append(message)
+
+        await self._reply(direct, str(context.context_id), keep, call)
+        return answer[0]
+
     async def _reply(
         self,
         direct: _Direct,
         context_id: str,
-        event_queue: EventQueue,
+        send: Callable[[Message], Awaitable[None]],
         call: ServerCallContext | None = None,
     ) -> None:
         """Run a ``reply="message"`` skill and answer with one agent ``Message``: the result's
@@ -601,10 +628,9 @@ class MeshExecutor(AgentExecutor):
                 raise InternalError(message=str(exc)) from None
             except Exception:
                 log.exception("skill %r raised", skill.id)
-                raise InternalError(
-                    message=f"skill '{skill.id}' failed with an internal error (details in the "
-                    "node log)"
-                ) from None
+                text = f"skill '{skill.id}' failed with an internal error (details in the node log)"
+                LOGGED_FAILURE.set(text)
+                raise InternalError(message=text) from None
             parts = answer_parts(result.data, result.text, typed=skill.typed)
             for artifact in ctx.metadata[ATTACHMENTS]:
                 parts.extend(artifact_parts(artifact))
@@ -615,7 +641,7 @@ class MeshExecutor(AgentExecutor):
                 parts=parts,
             )
             reply.metadata.update(self._task_metadata(req))
-            await event_queue.enqueue_event(reply)
+            await send(reply)
             outcome = "completed"
         finally:
             seconds = time.monotonic() - started

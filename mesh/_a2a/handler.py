@@ -36,11 +36,12 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from a2a.auth.user import User
 from a2a.helpers import get_data_parts, get_text_parts, new_text_part
-from a2a.server.agent_execution import SimpleRequestContextBuilder
+from a2a.server.agent_execution import RequestContext, SimpleRequestContextBuilder
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event
 from a2a.server.owner_resolver import resolve_user_scope
@@ -66,6 +67,7 @@ from a2a.types import (
     TaskArtifactUpdateEvent,
     TaskPushNotificationConfig,
     TaskState,
+    TaskStatus,
     TaskStatusUpdateEvent,
 )
 from a2a.utils.errors import (
@@ -74,8 +76,10 @@ from a2a.utils.errors import (
     TaskNotFoundError,
     UnsupportedOperationError,
 )
+from a2a.utils.proto_utils import validate_proto_required_fields
+from a2a.utils.task import validate_history_length
 
-from mesh._a2a.executor import MESSAGE_KEY, RESUME, MeshExecutor, answers_named
+from mesh._a2a.executor import DIRECT, MESSAGE_KEY, RESUME, MeshExecutor, answers_named
 from mesh._a2a.fastpath import FastPath
 from mesh._a2a.idempotency import (
     IdempotencyKeys,
@@ -376,7 +380,51 @@ class MeshRequestHandler(RequestHandler):
             mark_blocking_send(context)
         if self.fastpath is not None and self.fastpath.takes(params, context):
             return await self.fastpath.send(params, context)
+        if _direct(params, context):
+            return await self._reply(params, context)
         return await self.sdk.on_message_send(params, context)
+
+    async def _reply(self, params: SendMessageRequest, context: ServerCallContext) -> Message:
+        """A new send to a ``reply="message"`` skill the fast path does not take (streamed, or
+        the fast path off): its one ``Message``, run here in the request's task
+        (``MeshExecutor.reply``) after the SDK handler's own checks, in its order (required
+        fields, ``historyLength``). Not through the SDK's task machinery, whose producer and
+        consumer each log a failure's traceback again (ours is logged once); the FAILED task
+        it saved for a failure is saved as it was (``_failed_reply``)."""
+        validate_proto_required_fields(params)
+        validate_history_length(params.configuration)
+        request = await self.request_contexts.build(
+            params=params,
+            task_id=None,
+            context_id=params.message.context_id or None,
+            task=None,
+            context=context,
+        )
+        try:
+            return await self.executor.reply(request)
+        except Exception:
+            try:
+                await self._failed_reply(request, context)
+            except Exception:  # the answer is the run's error all the same, as in the SDK's
+                log.exception("direct reply: could not save its FAILED task")
+            raise
+
+    async def _failed_reply(self, request: RequestContext, context: ServerCallContext) -> None:
+        """What the SDK's task machinery left of a direct reply that raised, kept as it was:
+        a task of the send's message saved SUBMITTED, then FAILED (its consumer's
+        ``_write_failed_status`` for a request that failed before any task), without its
+        log records. (docs/node.md says a direct reply stores nothing: a question of its own.)"""
+        history = [request.message] if request.message is not None else []
+        task = Task(
+            id=str(request.task_id),
+            context_id=str(request.context_id),
+            status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+            history=history,
+        )
+        await self.task_store.save(task, context)
+        task.status.state = TaskState.TASK_STATE_FAILED
+        task.status.timestamp.FromDatetime(datetime.now(UTC))
+        await self.task_store.save(task, context)
 
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
@@ -393,6 +441,9 @@ class MeshRequestHandler(RequestHandler):
                 return
             if not params.message.task_id:
                 self.executor.check_send(params.message, context)
+            if _direct(params, context):
+                yield await self._reply(params, context)  # its one event (no progress)
+                return
             mark_streamed(context)  # the run's progress, and its children's, is relayed
             async for event in self.sdk.on_message_send_stream(params, context):
                 yield event
@@ -518,6 +569,15 @@ class MeshRequestHandler(RequestHandler):
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext
     ) -> AgentCard:
         return await self.sdk.on_get_extended_agent_card(params, context)
+
+
+def _direct(params: SendMessageRequest, context: ServerCallContext) -> bool:
+    """Whether ``params`` is a new send to a ``reply="message"`` skill (``check_send`` kept its
+    input) that the handler runs itself. One with a push config goes to the SDK as before
+    (which stores the config for its task id)."""
+    return DIRECT in context.state and not params.configuration.HasField(
+        "task_push_notification_config"
+    )
 
 
 def _answer(result: Task | Message, params: SendMessageRequest) -> Task | Message:

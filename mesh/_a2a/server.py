@@ -46,7 +46,7 @@ from starlette.routing import Mount, Route
 from mesh._a2a.card import REST_PREFIX, build_card
 from mesh._a2a.card_route import CardRoute
 from mesh._a2a.dispatcher import SkillDispatcher, TurnRunner
-from mesh._a2a.executor import MeshExecutor
+from mesh._a2a.executor import LOGGED_FAILURE, MeshExecutor
 from mesh._a2a.fastroute import FastRoute
 from mesh._a2a.handler import MeshRequestHandler
 from mesh._a2a.idempotency import IdempotencyKeys
@@ -77,6 +77,37 @@ __all__ = [
 ]
 
 log = logging.getLogger("mesh._a2a")
+
+#: The SDK's loggers of the error a route answers with (JSON-RPC's stream, REST's send and
+#: stream): each logs it once more, a line of its own.
+_ROUTE_LOGGERS = ("a2a.server.routes.jsonrpc_dispatcher", "a2a.utils.error_handlers")
+
+
+class _LoggedOnce(logging.Filter):
+    """Drops a route's line for a direct reply's failure that this request logged already
+    with its traceback (``LOGGED_FAILURE``, set in the request's task): a failure is logged
+    once, by mesh. Every other record of those loggers goes through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = LOGGED_FAILURE.get()
+        return (
+            text is None
+            or record.levelno != logging.ERROR
+            or not isinstance(record.args, tuple)
+            or text not in record.args
+        )
+
+
+_LOGGED_ONCE = _LoggedOnce()
+
+
+def _log_failures_once() -> None:
+    """Put ``_LoggedOnce`` on the route loggers (once per process: several nodes may mount)."""
+    for name in _ROUTE_LOGGERS:
+        logger = logging.getLogger(name)
+        if _LOGGED_ONCE not in logger.filters:
+            logger.addFilter(_LOGGED_ONCE)
+
 
 #: Every JSON-RPC method the SDK's route answers: the closed set of the request metrics' method
 #: label (mesh._gate).
@@ -234,6 +265,7 @@ class A2AService:
         signed (the node has keys)."""
         route = CardRoute(self.card, self.url, fixed=fixed_url, signer=signer)
         app.router.routes.append(route.route())
+        _log_failures_once()
         rest = [
             r
             for r in create_rest_routes(self.handler, path_prefix=REST_PREFIX)
