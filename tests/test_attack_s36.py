@@ -994,8 +994,11 @@ KEEP = ("mesh_tasks_total", "mesh_task_duration_seconds_count", "mesh_fastpath_s
 async def serve(data, steps):
     port = free_port()
     node = Node(agent, NodeSettings(port=port, data_dir=data, registry=None))
+    # The server shares this loop with the client, whose canon of a multi-MB answer can hold
+    # it past uvicorn's 5 s keep-alive on a loaded host: the timer then fires first and the
+    # next request meets a closed connection (httpx.ReadError, in either tree).
     async with (
-        uvicorn_serving(node.app, port, log_level="warning"),
+        uvicorn_serving(node.app, port, log_level="warning", timeout_keep_alive=600),
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=60) as http,
     ):
         return await steps(http)
