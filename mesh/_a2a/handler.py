@@ -413,7 +413,8 @@ class MeshRequestHandler(RequestHandler):
         """What the SDK's task machinery left of a direct reply that raised, kept as it was:
         a task of the send's message saved SUBMITTED, then FAILED (its consumer's
         ``_write_failed_status`` for a request that failed before any task), without its
-        log records. (docs/node.md says a direct reply stores nothing: a question of its own.)"""
+        log records (docs/node.md, "Direct replies": the one exception to "nothing is
+        stored")."""
         history = [request.message] if request.message is not None else []
         task = Task(
             id=str(request.task_id),
