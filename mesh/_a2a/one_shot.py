@@ -373,7 +373,7 @@ class OneShotUpdater(MeshTaskUpdater):
             )
         task = stand_in = row = None
         if wired is not None:
-            row, _, shallow = wired
+            row, shallow = wired
             if shallow and self.events.takes_stand_in:
                 # Its bytes parse (no chain of messages in them nears upb's depth): the task
                 # is parsed only if read (``Settled.task``). A new empty task names it where
@@ -622,12 +622,12 @@ def _task_wire(
     artifact: bytes,
     history: list[Message | _AgentText],
     metadata: bytes,
-) -> tuple[bytes, int, bool] | None:
+) -> tuple[bytes, bool] | None:
     """The bytes of the task ``OneShotUpdater._built`` makes of a settled typed run: its ids, a
     status of ``state`` (> 0) at ``at_ns`` without a message, one artifact (its bytes), its
-    history and its metadata (the ``Struct``'s bytes), with the length of its first fields
-    (ids and status) and whether a parse of them cannot go past upb's depth (``_SHALLOW``);
-    None for text that is not UTF-8 or a history entry that is no ``Message``. The pieces go to one list joined once (each ``+`` of bytes copies both),
+    history and its metadata (the ``Struct``'s bytes), with whether a parse of them cannot go
+    past upb's depth (``_SHALLOW``); None for text that is not UTF-8 or a history entry that is
+    no ``Message``. The pieces go to one list joined once (each ``+`` of bytes copies both),
     each varint of a length under 128 read from a table (no call)."""
     global _second
     seconds, nanos = divmod(at_ns, 1_000_000_000)
@@ -650,7 +650,6 @@ def _task_wire(
             n = len(data)
             add(b"\x12" + (_BYTE[n] if n < 0x80 else _varint(n)))
             add(data)
-        head = sum(map(len, out)) + 2 + len(status)
         n = len(artifact)
         add(
             b"\x1a" + _BYTE[len(status)] + status + b"\x22" + (_BYTE[n] if n < 0x80 else _varint(n))
@@ -680,7 +679,7 @@ def _task_wire(
     n = len(metadata)
     add(b"\x32" + (_BYTE[n] if n < 0x80 else _varint(n)))
     add(metadata)
-    return b"".join(out), head, shallow
+    return b"".join(out), shallow
 
 
 def merge_metadata(struct: Struct, values: dict[str, Any]) -> None:
